@@ -1,0 +1,271 @@
+//! `efapoll decode`: a dissector for EFA RDM v4 packets.
+//!
+//! One JSON object per packet, one per line:
+//! `{"name", "header_len", "payload_offset", "fields": {...}}`, or
+//! `{"error": "..."}`. Field names are the spec's; integers are exact.
+
+use std::io::{self, BufRead, Write};
+use std::process::ExitCode;
+
+use efapoll::wire::{
+    AtomRspRepr, CtsRepr, HandshakeRepr, IovList, Packet, RawAddr, ReqField, ReqRepr,
+};
+use serde_json::{Map, Value, json};
+
+/// Decodes the packets in `args`, or each non-empty line of stdin when
+/// there are none. Exit status 0 when every packet decoded, 1 otherwise.
+pub fn run(args: &[String]) -> ExitCode {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let mut all_ok = true;
+    let mut emit = |line: &str| -> io::Result<()> {
+        let (value, ok) = decode_line(line);
+        all_ok &= ok;
+        writeln!(out, "{value}")
+    };
+    let result = if args.is_empty() {
+        io::stdin().lock().lines().try_for_each(|line| {
+            let line = line?;
+            if line.trim().is_empty() {
+                Ok(())
+            } else {
+                emit(&line)
+            }
+        })
+    } else {
+        args.iter()
+            .filter(|a| !a.trim().is_empty())
+            .try_for_each(|a| emit(a))
+    };
+    match result.and_then(|()| out.flush()) {
+        // A reader that stopped early (`| head`) is not an error of ours.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            eprintln!("efapoll decode: {e}");
+            return ExitCode::FAILURE;
+        }
+        Ok(()) => {}
+    }
+    if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// One line of hex to its JSON object, and whether it decoded.
+pub fn decode_line(line: &str) -> (Value, bool) {
+    let bytes = match parse_hex(line) {
+        Ok(b) => b,
+        Err(e) => return (json!({ "error": e }), false),
+    };
+    match Packet::parse(&bytes) {
+        Ok(p) => (dissect(&p, &bytes), true),
+        Err(e) => (json!({ "error": e.to_string() }), false),
+    }
+}
+
+/// Hex digits, optionally prefixed by `0x`; spaces, colons and dashes
+/// between bytes are allowed.
+fn parse_hex(line: &str) -> Result<Vec<u8>, String> {
+    let s = line.trim();
+    let s = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    let digits: Vec<u8> = s
+        .bytes()
+        .filter(|c| !matches!(c, b' ' | b'\t' | b':' | b'-'))
+        .collect();
+    if !digits.len().is_multiple_of(2) {
+        return Err(format!(
+            "invalid hex: odd number of digits ({})",
+            digits.len()
+        ));
+    }
+    digits
+        .chunks_exact(2)
+        .map(|pair| {
+            let hi = (pair[0] as char).to_digit(16);
+            let lo = (pair[1] as char).to_digit(16);
+            match (hi, lo) {
+                (Some(h), Some(l)) => Ok((h * 16 + l) as u8),
+                _ => Err(format!(
+                    "invalid hex: {:?} is not a hex byte",
+                    String::from_utf8_lossy(pair)
+                )),
+            }
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn iovs(list: &IovList) -> Value {
+    list.iter()
+        .map(|v| json!({ "addr": v.addr, "len": v.len, "key": v.key }))
+        .collect()
+}
+
+fn dissect(packet: &Packet, bytes: &[u8]) -> Value {
+    let mut f = Map::new();
+    f.insert("type".into(), json!(bytes[0]));
+    f.insert("version".into(), json!(bytes[1]));
+    f.insert(
+        "flags".into(),
+        json!(u16::from_le_bytes([bytes[2], bytes[3]])),
+    );
+    let mut put = |name: &str, v: Value| {
+        f.insert(name.into(), v);
+    };
+    let mut payload = None;
+    match packet {
+        Packet::Cts(CtsRepr {
+            connid,
+            send_id,
+            recv_id,
+            recv_length,
+            ..
+        }) => {
+            if let Some(c) = connid {
+                put("connid", json!(c));
+            }
+            put("send_id", json!(send_id));
+            put("recv_id", json!(recv_id));
+            put("recv_length", json!(recv_length));
+        }
+        Packet::CtsData(r, data) => {
+            put("recv_id", json!(r.recv_id));
+            put("seg_length", json!(r.seg_length));
+            put("seg_offset", json!(r.seg_offset));
+            if let Some(c) = r.connid {
+                put("connid", json!(c));
+            }
+            payload = Some(*data);
+        }
+        Packet::ReadRsp(r, data) => {
+            if let Some(c) = r.connid {
+                put("connid", json!(c));
+            }
+            put("recv_id", json!(r.recv_id));
+            put("send_id", json!(r.send_id));
+            put("recv_length", json!(r.recv_length));
+            payload = Some(*data);
+        }
+        Packet::AtomRsp(
+            AtomRspRepr {
+                connid,
+                recv_id,
+                seg_length,
+                ..
+            },
+            data,
+        ) => {
+            if let Some(c) = connid {
+                put("connid", json!(c));
+            }
+            put("recv_id", json!(recv_id));
+            put("seg_length", json!(seg_length));
+            payload = Some(*data);
+        }
+        Packet::Eor(r) => {
+            put("send_id", json!(r.send_id));
+            put("recv_id", json!(r.recv_id));
+            if let Some(c) = r.connid {
+                put("connid", json!(c));
+            }
+        }
+        Packet::ReadNack(r) => {
+            put("send_id", json!(r.send_id));
+            put("recv_id", json!(r.recv_id));
+            if let Some(c) = r.connid {
+                put("connid", json!(c));
+            }
+        }
+        Packet::Receipt(r) => {
+            put("send_id", json!(r.send_id));
+            put("msg_id", json!(r.msg_id));
+            if let Some(c) = r.connid {
+                put("connid", json!(c));
+            }
+        }
+        Packet::Handshake(r) => dissect_handshake(r, &mut put),
+        Packet::Req(r, data) => {
+            dissect_req(r, &mut put);
+            payload = Some(*data);
+        }
+    }
+    if let Some(data) = payload {
+        put("payload", json!(hex(data)));
+    }
+    json!({
+        "name": packet.packet_type().name(),
+        "header_len": packet.header_len(),
+        "payload_offset": packet.payload_offset(),
+        "fields": f,
+    })
+}
+
+fn dissect_handshake(r: &HandshakeRepr, put: &mut impl FnMut(&str, Value)) {
+    put("nextra_p3", json!(r.nextra_p3()));
+    put(
+        "extra_info",
+        r.extra_info.iter().map(|w| json!(w)).collect(),
+    );
+    if let Some(c) = r.connid {
+        put("connid", json!(c));
+    }
+    if let Some(h) = r.host_id {
+        put("host_id", json!(h));
+    }
+    if let Some(v) = r.device_version {
+        put("device_version", json!(v));
+    }
+    if let Some(q) = r.user_recv_qp {
+        put("qpn", json!(q.qpn));
+        put("qkey", json!(q.qkey));
+    }
+}
+
+fn dissect_req(r: &ReqRepr, put: &mut impl FnMut(&str, Value)) {
+    let layout = r.layout();
+    for field in layout.fields() {
+        put(field.name(), json!(r.field(field)));
+        match field {
+            ReqField::RmaIovCount => put("rma_iov", iovs(&r.rma_iov)),
+            ReqField::ReadIovCount => put("read_iov", iovs(&r.read_iov)),
+            _ => {}
+        }
+    }
+    if let Some(addr) = r.raw_addr {
+        put("raw_addr_size", json!(addr.len()));
+        put("raw_addr", json!(hex(addr)));
+        // The codec guarantees at least 24 bytes.
+        if let Ok(a) = RawAddr::from_bytes(addr) {
+            put("raw_addr_gid", json!(hex(&a.gid)));
+            put("raw_addr_qpn", json!(a.qpn));
+            put("raw_addr_connid", json!(a.connid));
+        }
+    }
+    if let Some(cq) = r.cq_data {
+        put("cq_data", json!(cq));
+    }
+    if let Some(c) = r.connid {
+        put("connid", json!(c));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_forms() {
+        assert_eq!(parse_hex("0x40 04:00-00").unwrap(), [0x40, 4, 0, 0]);
+        assert_eq!(parse_hex(" 4004 ").unwrap(), [0x40, 4]);
+        assert!(parse_hex("400").unwrap_err().contains("odd number"));
+        assert!(parse_hex("40zz").unwrap_err().contains("\"zz\""));
+    }
+}
