@@ -4,4 +4,5 @@
 //! Each worker core owns one endpoint and busy-polls it; nothing on the hot
 //! path is shared between cores, allocates, locks or makes a system call.
 #![deny(unsafe_code)]
+pub mod relink;
 pub mod wire;

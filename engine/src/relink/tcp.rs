@@ -1,0 +1,463 @@
+//! A blocking Relink driver over `std::net::TcpStream`, for setup-time
+//! exchanges (addresses, memory keys) between the apps. Not on any hot
+//! path: it allocates freely and blocks with timeouts.
+//!
+//! ```no_run
+//! use efapoll::relink::{self, Options};
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), relink::TcpError> {
+//! let mut conn = relink::connect("10.0.0.2:7000", "pingpong", &Options::default())?;
+//! conn.send(0, &[b"my address", b"my key"])?;
+//! let (channel, parts) = conn.recv(Duration::from_secs(5))?;
+//! conn.shutdown()?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use super::link::{
+    Accepted, Acceptor, CommandError, ConnectorConfig, Event, HandshakeError, Limits, Link,
+    LinkError, Listener, Params,
+};
+
+/// Driver settings. Both peers must use the same `params`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub params: Params,
+    pub limits: Limits,
+    /// Limit for connecting, the handshake, a blocked send and shutdown.
+    pub timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            params: Params::default(),
+            limits: Limits::default(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum TcpError {
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("handshake failed: {0}")]
+    Handshake(#[from] HandshakeError),
+    #[error("link failed: {0}")]
+    Link(LinkError),
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    #[error("timed out")]
+    Timeout,
+    #[error("the peer closed the stream")]
+    Disconnected,
+    #[error("the link is shut down")]
+    ShutDown,
+    #[error("only a connector reconnects")]
+    NotConnector,
+}
+
+impl From<LinkError> for TcpError {
+    fn from(error: LinkError) -> Self {
+        match error {
+            LinkError::Handshake(error) => TcpError::Handshake(error),
+            error => TcpError::Link(error),
+        }
+    }
+}
+
+/// A message from one of the peer's channels.
+pub type Received = (u64, Vec<Vec<u8>>);
+
+/// One end of a Relink link over TCP.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    link: Link,
+    /// Where a connector dials again.
+    peer: Option<SocketAddr>,
+    timeout: Duration,
+    inbox: VecDeque<(u64, u32, Vec<Vec<u8>>)>,
+    events: VecDeque<Event>,
+    pongs: u64,
+    /// Whether the last handshake resumed the link.
+    resumed: bool,
+    tx: Vec<u8>,
+}
+
+const READ_CHUNK: usize = 64 << 10;
+
+fn dial(addr: impl ToSocketAddrs, timeout: Duration) -> Result<TcpStream, TcpError> {
+    let mut last = None;
+    for addr in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.map_or(TcpError::Disconnected, TcpError::Io))
+}
+
+fn prepare(stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+    // Control packets are small and latency matters more than batching.
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
+}
+
+/// Connects to a listener's endpoint and completes the handshake.
+pub fn connect(
+    addr: impl ToSocketAddrs,
+    endpoint_name: &str,
+    options: &Options,
+) -> Result<Conn, TcpError> {
+    let stream = dial(addr, options.timeout)?;
+    let peer = stream.peer_addr()?;
+    prepare(&stream, options.timeout)?;
+    let link = Link::connect(ConnectorConfig {
+        endpoint_name: endpoint_name.to_owned(),
+        params: options.params,
+        limits: options.limits,
+    })?;
+    let mut conn = Conn::new(stream, link, Some(peer), options.timeout);
+    conn.await_open()?;
+    Ok(conn)
+}
+
+/// Accepts one connection on `listener` as a fresh listener instance serving
+/// `known_names`, and completes the handshake. A connector asking to resume
+/// gets a new link; use [`Server`] to resume links.
+pub fn accept(
+    listener: &TcpListener,
+    known_names: &[&str],
+    options: &Options,
+) -> Result<Conn, TcpError> {
+    let mut instance = Listener::new(known_names.iter().copied(), options.params);
+    let (stream, accepted) = handshake(listener, &mut instance, options.timeout)?;
+    Conn::accepted(stream, accepted, options)
+}
+
+/// Accepts a stream and runs the listener's handshake on it.
+fn handshake(
+    listener: &TcpListener,
+    instance: &mut Listener,
+    timeout: Duration,
+) -> Result<(TcpStream, Accepted), TcpError> {
+    let (mut stream, _) = listener.accept()?;
+    prepare(&stream, timeout)?;
+    let deadline = Instant::now() + timeout;
+    let mut acceptor = Acceptor::new();
+    let mut buf = vec![0; READ_CHUNK];
+    let mut tx = Vec::new();
+    loop {
+        let n = read_until(&mut stream, &mut buf, deadline)?;
+        let result = acceptor.handle_input(&buf[..n], instance);
+        tx.clear();
+        acceptor.poll_transmit(&mut tx);
+        stream.write_all(&tx)?;
+        if let Some(accepted) = result? {
+            return Ok((stream, accepted));
+        }
+    }
+}
+
+/// One read before `deadline`; zero bytes read is a closed stream.
+fn read_until(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> Result<usize, TcpError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(TcpError::Timeout);
+        }
+        // A zero timeout means "block forever" to the socket.
+        stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        match stream.read(buf) {
+            Ok(0) => return Err(TcpError::Disconnected),
+            Ok(n) => return Ok(n),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A listener that keeps its instance across connections, so connectors can
+/// resume their links.
+#[derive(Debug)]
+pub struct Server {
+    tcp: TcpListener,
+    instance: Listener,
+    options: Options,
+}
+
+/// What a [`Server`] accepted.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A new link.
+    New(Box<Conn>),
+    /// A connector resuming a link: hand it to that link's [`Conn::resume`].
+    Resume(Resumption),
+}
+
+/// A new stream for an existing link.
+#[derive(Debug)]
+pub struct Resumption {
+    stream: TcpStream,
+    accepted: Accepted,
+}
+
+impl Resumption {
+    pub fn link_id(&self) -> u64 {
+        self.accepted.link_id
+    }
+}
+
+impl Server {
+    pub fn new(tcp: TcpListener, known_names: &[&str], options: Options) -> Self {
+        Server {
+            tcp,
+            instance: Listener::new(known_names.iter().copied(), options.params),
+            options,
+        }
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Blocks for the next connection and completes its handshake.
+    pub fn accept(&mut self) -> Result<Incoming, TcpError> {
+        let (stream, accepted) = handshake(&self.tcp, &mut self.instance, self.options.timeout)?;
+        if accepted.resumed {
+            return Ok(Incoming::Resume(Resumption { stream, accepted }));
+        }
+        Ok(Incoming::New(Box::new(Conn::accepted(
+            stream,
+            accepted,
+            &self.options,
+        )?)))
+    }
+
+    /// Forgets a finished link, so its id is never resumed.
+    pub fn forget(&mut self, link_id: u64) {
+        self.instance.forget(link_id);
+    }
+}
+
+impl Conn {
+    fn new(stream: TcpStream, link: Link, peer: Option<SocketAddr>, timeout: Duration) -> Self {
+        Conn {
+            stream,
+            link,
+            peer,
+            timeout,
+            inbox: VecDeque::new(),
+            events: VecDeque::new(),
+            pongs: 0,
+            resumed: false,
+            tx: Vec::new(),
+        }
+    }
+
+    fn accepted(
+        stream: TcpStream,
+        accepted: Accepted,
+        options: &Options,
+    ) -> Result<Self, TcpError> {
+        let link = Link::accept(accepted, options.limits)?;
+        let mut conn = Conn::new(stream, link, None, options.timeout);
+        conn.flush()?;
+        Ok(conn)
+    }
+
+    pub fn link(&self) -> &Link {
+        &self.link
+    }
+
+    pub fn link_id(&self) -> u64 {
+        self.link.link_id()
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.local_addr()
+    }
+
+    /// Sends a message on our `channel`; returns its sequence number. Blocks
+    /// while the channel's window is full, up to the timeout. While the
+    /// stream is broken the message is queued for the resumption.
+    pub fn send(&mut self, channel: u64, parts: &[&[u8]]) -> Result<u32, TcpError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match self.link.send(channel, parts) {
+                Ok(seq) => {
+                    self.flush()?;
+                    return Ok(seq);
+                }
+                Err(CommandError::Blocked { .. }) => {
+                    self.drive_until(deadline, |conn| conn.link.send_window(channel) > 0)?;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// The next message from the peer's channels, waiting up to `timeout`.
+    /// Its consumption is acknowledged.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Received, TcpError> {
+        let deadline = Instant::now() + timeout;
+        if self.inbox.is_empty() {
+            if self.link.is_done() {
+                return Err(TcpError::ShutDown);
+            }
+            self.drive_until(deadline, |conn| !conn.inbox.is_empty())?;
+        }
+        let Some((channel, seq, parts)) = self.inbox.pop_front() else {
+            return Err(TcpError::Timeout);
+        };
+        // Cannot fail: the message came from the link and is consumed once.
+        let _ = self.link.consume(channel, seq);
+        if !self.link.is_done() {
+            // A failed write shows again on the next call; the message is
+            // the caller's either way.
+            let _ = self.flush();
+        }
+        Ok((channel, parts))
+    }
+
+    /// Pings the peer and waits for the pong; returns the round-trip time.
+    pub fn ping(&mut self, timeout: Duration) -> Result<Duration, TcpError> {
+        let start = Instant::now();
+        let seen = self.pongs;
+        self.link.ping()?;
+        self.drive_until(start + timeout, |conn| conn.pongs > seen)?;
+        Ok(start.elapsed())
+    }
+
+    /// Events other than messages and pongs (commits, closures, ...).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Sends shutdown and waits for the peer's (relink 3.6), then closes the
+    /// stream gracefully. Messages that arrived meanwhile stay readable
+    /// with [`recv`](Self::recv).
+    pub fn shutdown(&mut self) -> Result<(), TcpError> {
+        let deadline = Instant::now() + self.timeout;
+        self.link.shutdown();
+        self.drive_until(deadline, |conn| conn.link.is_done())?;
+        // Half-close, then read to the peer's end, so neither side resets
+        // the connection while the other still reads.
+        let _ = self.stream.shutdown(Shutdown::Write);
+        let mut buf = [0; 1024];
+        while read_until(&mut self.stream, &mut buf, deadline).is_ok() {}
+        Ok(())
+    }
+
+    /// Connector: dials the listener again after the stream broke and
+    /// resumes the link; returns whether it was resumed (if not, everything
+    /// unacknowledged was discarded with the old link).
+    pub fn reconnect(&mut self) -> Result<bool, TcpError> {
+        let peer = self.peer.ok_or(TcpError::NotConnector)?;
+        self.link.stream_lost();
+        self.stream = dial(peer, self.timeout)?;
+        prepare(&self.stream, self.timeout)?;
+        self.link.reconnect(false)?;
+        self.await_open()?;
+        Ok(self.resumed)
+    }
+
+    /// Breaks the stream at once, keeping the link so that it can be
+    /// resumed (an abort, or a test of resumption).
+    pub fn disconnect(&mut self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+        self.link.stream_lost();
+    }
+
+    /// Listener: continues this link on the stream of `resumption`.
+    pub fn resume(&mut self, resumption: Resumption) -> Result<(), TcpError> {
+        self.link.resume(resumption.accepted)?;
+        self.stream = resumption.stream;
+        self.flush()
+    }
+
+    fn await_open(&mut self) -> Result<(), TcpError> {
+        let deadline = Instant::now() + self.timeout;
+        self.resumed = false;
+        self.drive_until(deadline, |conn| conn.link.is_open())
+    }
+
+    fn flush(&mut self) -> Result<(), TcpError> {
+        self.tx.clear();
+        self.link.poll_transmit(&mut self.tx);
+        if self.tx.is_empty() {
+            return Ok(());
+        }
+        if let Err(error) = self.stream.write_all(&self.tx) {
+            self.link.stream_lost();
+            return Err(error.into());
+        }
+        Ok(())
+    }
+
+    fn collect_events(&mut self) {
+        while let Some(event) = self.link.poll_event() {
+            match event {
+                Event::Message {
+                    channel,
+                    seq,
+                    parts,
+                } => self.inbox.push_back((channel, seq, parts)),
+                Event::Pong => self.pongs += 1,
+                Event::Connected { resumed, .. } => {
+                    self.resumed = resumed;
+                    self.events.push_back(event);
+                }
+                event => self.events.push_back(event),
+            }
+        }
+    }
+
+    /// Moves bytes both ways until `ready` holds or `deadline` passes.
+    fn drive_until(
+        &mut self,
+        deadline: Instant,
+        mut ready: impl FnMut(&Self) -> bool,
+    ) -> Result<(), TcpError> {
+        let mut buf = vec![0; READ_CHUNK];
+        loop {
+            self.flush()?;
+            self.collect_events();
+            if ready(self) {
+                return Ok(());
+            }
+            let n = match read_until(&mut self.stream, &mut buf, deadline) {
+                Ok(n) => n,
+                Err(error) => {
+                    if !matches!(error, TcpError::Timeout) {
+                        self.link.stream_lost();
+                    }
+                    return Err(error);
+                }
+            };
+            if let Err(error) = self.link.handle_input(&buf[..n]) {
+                self.link.stream_lost();
+                let _ = self.stream.shutdown(Shutdown::Both);
+                return Err(error.into());
+            }
+        }
+    }
+}

@@ -1,0 +1,1119 @@
+//! Relink link scenarios over real TCP socket pairs on 127.0.0.1, and the
+//! blocking TCP driver.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use efapoll::relink::{
+    self, Accepted, Acceptor, CommandError, ConnectorConfig, Event, HandshakeError, Incoming,
+    Limits, Link, LinkError, Listener, Options, Params, TcpError, WireError,
+};
+
+const ENDPOINT: &str = "setup";
+const DEADLINE: Duration = Duration::from_secs(2);
+
+/// Two connected, non-blocking streams.
+fn socket_pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let connector = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (accepted, _) = listener.accept().unwrap();
+    for stream in [&connector, &accepted] {
+        stream.set_nodelay(true).unwrap();
+        stream.set_nonblocking(true).unwrap();
+    }
+    (connector, accepted)
+}
+
+fn write_all(stream: &mut TcpStream, mut bytes: &[u8]) {
+    let deadline = Instant::now() + DEADLINE;
+    while !bytes.is_empty() {
+        match stream.write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "write stalled");
+                thread::yield_now();
+            }
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+}
+
+/// Whatever is readable now, up to `max` bytes; `None` at end of stream.
+fn read_now(stream: &mut TcpStream, max: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = [0; 4096];
+    while out.len() < max {
+        let want = buf.len().min(max - out.len());
+        match stream.read(&mut buf[..want]) {
+            Ok(0) => return if out.is_empty() { None } else { Some(out) },
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return None,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    Some(out)
+}
+
+/// One side of a link under test: the link, its stream, and every event.
+struct Peer {
+    link: Link,
+    stream: TcpStream,
+    events: Vec<Event>,
+}
+
+impl Peer {
+    fn transmit(&mut self) -> usize {
+        let mut out = Vec::new();
+        let n = self.link.poll_transmit(&mut out);
+        write_all(&mut self.stream, &out);
+        n
+    }
+
+    /// Feeds what is readable; returns the bytes read.
+    fn receive(&mut self) -> Result<usize, LinkError> {
+        let bytes = read_now(&mut self.stream, usize::MAX).unwrap_or_default();
+        self.link.handle_input(&bytes)?;
+        while let Some(event) = self.link.poll_event() {
+            self.events.push(event);
+        }
+        Ok(bytes.len())
+    }
+
+    fn messages(&self) -> Vec<(u64, u32, Vec<Vec<u8>>)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Message {
+                    channel,
+                    seq,
+                    parts,
+                } => Some((*channel, *seq, parts.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn count(&self, wanted: &Event) -> usize {
+        self.events.iter().filter(|e| *e == wanted).count()
+    }
+
+    /// Consumes every message received so far.
+    fn consume_all(&mut self) {
+        for (channel, seq, _) in self.messages() {
+            let _ = self.link.consume(channel, seq);
+        }
+    }
+}
+
+/// Moves bytes both ways until `done` holds; panics after the deadline.
+fn drive(a: &mut Peer, b: &mut Peer, mut done: impl FnMut(&Peer, &Peer) -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let sent = a.transmit() + b.transmit();
+        let read = a.receive().unwrap() + b.receive().unwrap();
+        if done(a, b) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "scenario did not finish");
+        if sent + read == 0 {
+            thread::yield_now();
+        }
+    }
+}
+
+/// Runs the listener's handshake on `stream` while pumping the connector.
+fn handshake(
+    connector: &mut Link,
+    connector_stream: &mut TcpStream,
+    listener_stream: &mut TcpStream,
+    instance: &mut Listener,
+) -> Result<Accepted, HandshakeError> {
+    let mut acceptor = Acceptor::new();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let mut out = Vec::new();
+        connector.poll_transmit(&mut out);
+        write_all(connector_stream, &out);
+        let bytes = read_now(listener_stream, usize::MAX).unwrap_or_default();
+        let result = acceptor.handle_input(&bytes, instance);
+        let mut reply = Vec::new();
+        acceptor.poll_transmit(&mut reply);
+        write_all(listener_stream, &reply);
+        if let Some(accepted) = result? {
+            return Ok(accepted);
+        }
+        if let Some(bytes) = read_now(connector_stream, usize::MAX) {
+            connector.handle_input(&bytes).map_err(|e| match e {
+                LinkError::Handshake(e) => e,
+                e => panic!("connector: {e}"),
+            })?;
+        }
+        assert!(Instant::now() < deadline, "handshake did not finish");
+        thread::yield_now();
+    }
+}
+
+fn connector_config(params: Params, limits: Limits) -> ConnectorConfig {
+    ConnectorConfig {
+        endpoint_name: ENDPOINT.to_owned(),
+        params,
+        limits,
+    }
+}
+
+/// A connected pair: the connector and the listener.
+fn establish(params: Params, limits: Limits, instance: &mut Listener) -> (Peer, Peer) {
+    let (mut cs, mut ls) = socket_pair();
+    let mut link = Link::connect(connector_config(params, limits)).unwrap();
+    let accepted = handshake(&mut link, &mut cs, &mut ls, instance).unwrap();
+    assert!(!accepted.resumed);
+    let listener_link = Link::accept(accepted, limits).unwrap();
+    let mut connector = Peer {
+        link,
+        stream: cs,
+        events: Vec::new(),
+    };
+    let mut listener = Peer {
+        link: listener_link,
+        stream: ls,
+        events: Vec::new(),
+    };
+    drive(&mut connector, &mut listener, |c, _| c.link.is_open());
+    (connector, listener)
+}
+
+fn default_pair() -> (Peer, Peer, Listener) {
+    let mut instance = Listener::new([ENDPOINT], Params::default());
+    let (c, l) = establish(Params::default(), Limits::default(), &mut instance);
+    (c, l, instance)
+}
+
+/// Both streams break; the connector dials again and the listener resumes.
+fn reconnect(connector: &mut Peer, listener: &mut Peer, instance: &mut Listener) -> bool {
+    connector.link.stream_lost();
+    listener.link.stream_lost();
+    let (mut cs, mut ls) = socket_pair();
+    connector.link.reconnect(false).unwrap();
+    let accepted = handshake(&mut connector.link, &mut cs, &mut ls, instance).unwrap();
+    let resumed = accepted.resumed;
+    if resumed {
+        listener.link.resume(accepted).unwrap();
+    } else {
+        listener.link = Link::accept(accepted, Limits::default()).unwrap();
+    }
+    connector.stream = cs;
+    listener.stream = ls;
+    drive(connector, listener, |c, _| c.link.is_open());
+    resumed
+}
+
+// ---- handshake ----
+
+#[test]
+fn handshake_connects_with_new_link_id_and_epoch() {
+    let mut instance =
+        Listener::new([ENDPOINT], Params::default()).with_epoch(1_700_000_000_000_000);
+    let (c, l) = establish(Params::default(), Limits::default(), &mut instance);
+    assert_eq!(c.link.link_id(), l.link.link_id());
+    assert!((1..1 << 63).contains(&c.link.link_id()));
+    assert_eq!(c.link.epoch(), 1_700_000_000_000_000);
+    let connected = Event::Connected {
+        link_id: c.link.link_id(),
+        epoch: c.link.epoch(),
+        resumed: false,
+    };
+    assert_eq!(c.events, std::slice::from_ref(&connected));
+    assert_eq!(l.events, [connected]);
+    // Link ids within one instance are unique.
+    let (c2, _) = establish(Params::default(), Limits::default(), &mut instance);
+    assert_ne!(c2.link.link_id(), c.link.link_id());
+}
+
+#[test]
+fn handshake_with_unsupported_version_terminates() {
+    // A listener answering a version we do not speak.
+    let (mut cs, mut ls) = socket_pair();
+    let mut link = Link::connect(connector_config(Params::default(), Limits::default())).unwrap();
+    let mut out = Vec::new();
+    link.poll_transmit(&mut out);
+    assert_eq!(out, [0; 8]);
+    write_all(&mut cs, &out);
+    write_all(&mut ls, &[1, 0, 0, 0, 0, 0, 0, 0]);
+    let deadline = Instant::now() + DEADLINE;
+    let reply = loop {
+        let bytes = read_now(&mut cs, usize::MAX).unwrap();
+        if !bytes.is_empty() {
+            break bytes;
+        }
+        assert!(Instant::now() < deadline);
+        thread::yield_now();
+    };
+    assert_eq!(
+        link.handle_input(&reply),
+        Err(LinkError::Handshake(HandshakeError::VersionUnsupported(1)))
+    );
+    assert!(!link.is_open());
+    assert_eq!(link.handle_input(&[0; 16]), Err(LinkError::NoStream));
+
+    // A connector offering a higher version gets ours, the lower one.
+    let mut instance = Listener::new([ENDPOINT], Params::default());
+    let mut acceptor = Acceptor::new();
+    assert_eq!(
+        acceptor.handle_input(&[7, 0, 0, 0, 0, 0, 0, 0], &mut instance),
+        Ok(None)
+    );
+    let mut reply = Vec::new();
+    acceptor.poll_transmit(&mut reply);
+    assert_eq!(reply, [0; 8]);
+}
+
+#[test]
+fn handshake_with_unknown_name_terminates() {
+    let (mut cs, mut ls) = socket_pair();
+    let mut instance = Listener::new(["other", "names"], Params::default());
+    let mut link = Link::connect(connector_config(Params::default(), Limits::default())).unwrap();
+    let result = handshake(&mut link, &mut cs, &mut ls, &mut instance);
+    assert_eq!(
+        result,
+        Err(HandshakeError::UnknownEndpoint(ENDPOINT.to_owned()))
+    );
+    // The listener closes; the connector sees the end of the stream.
+    drop(ls);
+    let deadline = Instant::now() + DEADLINE;
+    while read_now(&mut cs, usize::MAX).is_some() {
+        assert!(Instant::now() < deadline);
+        thread::yield_now();
+    }
+    assert!(!link.is_open());
+}
+
+#[test]
+fn handshake_with_different_params_terminates() {
+    for theirs in [
+        Params {
+            connector_id_len: 2,
+            ..Params::default()
+        },
+        Params {
+            listener_id_len: 8,
+            ..Params::default()
+        },
+        Params {
+            connector_transactions: true,
+            ..Params::default()
+        },
+        Params {
+            listener_transactions: true,
+            ..Params::default()
+        },
+    ] {
+        let (mut cs, mut ls) = socket_pair();
+        let mut instance = Listener::new([ENDPOINT], Params::default());
+        let mut link = Link::connect(connector_config(theirs, Limits::default())).unwrap();
+        assert_eq!(
+            handshake(&mut link, &mut cs, &mut ls, &mut instance),
+            Err(HandshakeError::ParamsMismatch {
+                ours: Params::default(),
+                theirs
+            })
+        );
+    }
+}
+
+#[test]
+fn zero_link_id_unasked_terminates() {
+    let (mut cs, mut ls) = socket_pair();
+    let mut link = Link::connect(connector_config(Params::default(), Limits::default())).unwrap();
+    let mut out = Vec::new();
+    link.poll_transmit(&mut out);
+    write_all(&mut cs, &out);
+    // A listener that answers version 0, then replies with link id zero.
+    write_all(&mut ls, &[0; 8]);
+    write_all(&mut ls, &[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let deadline = Instant::now() + DEADLINE;
+    let mut received = Vec::new();
+    while received.len() < 24 {
+        received.extend(read_now(&mut cs, usize::MAX).unwrap());
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(
+        link.handle_input(&received),
+        Err(LinkError::Handshake(HandshakeError::ZeroLinkId))
+    );
+}
+
+#[test]
+fn out_of_range_link_id_terminates() {
+    let mut link = Link::connect(connector_config(Params::default(), Limits::default())).unwrap();
+    let mut reply = vec![0; 8];
+    reply.extend_from_slice(&[0; 8]);
+    reply.extend_from_slice(&(1u64 << 63).to_le_bytes());
+    assert_eq!(
+        link.handle_input(&reply),
+        Err(LinkError::Handshake(HandshakeError::Wire(
+            WireError::LinkIdOutOfRange(1 << 63)
+        )))
+    );
+}
+
+#[test]
+fn required_old_link_unknown_gets_zero_and_terminates() {
+    let (mut c, mut l, mut instance) = default_pair();
+    let old = c.link.link_id();
+    // The listener instance restarts: new epoch, no links.
+    let mut restarted = Listener::new([ENDPOINT], Params::default());
+    assert_ne!(restarted.epoch(), instance.epoch());
+    c.link.stream_lost();
+    l.link.stream_lost();
+    let (mut cs, mut ls) = socket_pair();
+    c.link.reconnect(true).unwrap();
+    let mut acceptor_result = None;
+    let mut connector_result = Ok(());
+    let deadline = Instant::now() + DEADLINE;
+    let mut acceptor = Acceptor::new();
+    while connector_result.is_ok() {
+        let mut out = Vec::new();
+        c.link.poll_transmit(&mut out);
+        write_all(&mut cs, &out);
+        let bytes = read_now(&mut ls, usize::MAX).unwrap_or_default();
+        let result = acceptor.handle_input(&bytes, &mut restarted);
+        if result != Ok(None) {
+            acceptor_result = Some(result);
+        }
+        let mut reply = Vec::new();
+        acceptor.poll_transmit(&mut reply);
+        write_all(&mut ls, &reply);
+        connector_result = c
+            .link
+            .handle_input(&read_now(&mut cs, usize::MAX).unwrap_or_default());
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(acceptor_result, Some(Err(HandshakeError::LinkLost(old))));
+    assert_eq!(
+        connector_result,
+        Err(LinkError::Handshake(HandshakeError::LinkLost(old)))
+    );
+    // A resuming handshake cannot start a new link.
+    let (mut cs, mut ls) = socket_pair();
+    c.link.reconnect(true).unwrap();
+    let accepted = handshake(&mut c.link, &mut cs, &mut ls, &mut instance).unwrap();
+    assert!(accepted.resumed);
+    assert_eq!(
+        Link::accept(accepted.clone(), Limits::default()).err(),
+        Some(LinkError::NotNew(old))
+    );
+    l.link.resume(accepted).unwrap();
+    // The original instance still knows the link: requiring it works there.
+    assert!(instance.knows(old));
+    instance.forget(old);
+    assert!(!instance.knows(old));
+}
+
+// ---- messaging ----
+
+#[test]
+fn messages_are_delivered_in_order_and_acknowledged() {
+    let (mut c, mut l, _instance) = default_pair();
+    for i in 0..20u32 {
+        let channel = u64::from(i % 3);
+        let seq = c.link.send(channel, &[b"part", &i.to_le_bytes()]).unwrap();
+        assert_eq!(seq, i / 3);
+    }
+    l.link.send(7, &[b"back"]).unwrap();
+    assert_eq!(c.link.unacknowledged(), 20);
+    drive(&mut c, &mut l, |c, l| {
+        l.messages().len() == 20 && c.messages().len() == 1 && c.link.unacknowledged() == 0
+    });
+    let messages = l.messages();
+    for channel in 0..3u64 {
+        let on_channel: Vec<_> = messages.iter().filter(|m| m.0 == channel).collect();
+        for (expected_seq, (_, seq, parts)) in on_channel.iter().enumerate() {
+            assert_eq!(*seq, expected_seq as u32);
+            let i = u32::from_le_bytes(parts[1].clone().try_into().unwrap());
+            assert_eq!(u64::from(i % 3), channel);
+            assert_eq!(i / 3, *seq);
+            assert_eq!(parts[0], b"part");
+        }
+    }
+    assert_eq!(c.messages(), [(7, 0, vec![b"back".to_vec()])]);
+
+    // Received is not consumed: the window refills only on consumption.
+    let window = Limits::default().max_unconsumed;
+    assert_eq!(c.link.send_window(0), window - 7);
+    l.consume_all();
+    drive(&mut c, &mut l, |c, _| c.link.send_window(0) == window);
+    assert_eq!(c.link.send_window(1), window);
+}
+
+#[test]
+fn multicast_numbers_each_channel_and_repeats_repeated_ids() {
+    let (mut c, mut l, _instance) = default_pair();
+    c.link.send(2, &[b"first"]).unwrap();
+    c.link.send_multicast(&[1, 2, 2], &[b"all", b""]).unwrap();
+    drive(&mut c, &mut l, |_, l| l.messages().len() == 4);
+    let all = vec![b"all".to_vec(), Vec::new()];
+    assert_eq!(
+        l.messages(),
+        [
+            (2, 0, vec![b"first".to_vec()]),
+            (1, 0, all.clone()),
+            (2, 1, all.clone()),
+            (2, 2, all),
+        ]
+    );
+}
+
+#[test]
+fn full_window_blocks_until_consumed() {
+    let limits = Limits {
+        max_unconsumed: 4,
+        ..Limits::default()
+    };
+    let mut instance = Listener::new([ENDPOINT], Params::default());
+    let (mut c, mut l) = establish(Params::default(), limits, &mut instance);
+    for _ in 0..4 {
+        c.link.send(5, &[b"x"]).unwrap();
+    }
+    assert_eq!(
+        c.link.send(5, &[b"x"]),
+        Err(CommandError::Blocked { channel: 5 })
+    );
+    // Other channels have their own window.
+    c.link.send(6, &[b"y"]).unwrap();
+    drive(&mut c, &mut l, |c, _| c.link.unacknowledged() == 0);
+    assert_eq!(c.link.send_window(5), 0);
+    l.link.consume(5, 1).unwrap();
+    assert_eq!(
+        l.link.consume(5, 1),
+        Err(CommandError::NoSuchMessage { channel: 5, seq: 1 })
+    );
+    assert_eq!(
+        l.link.consume(5, 9),
+        Err(CommandError::NoSuchMessage { channel: 5, seq: 9 })
+    );
+    drive(&mut c, &mut l, |c, _| c.link.send_window(5) == 2);
+    c.link.send(5, &[b"z"]).unwrap();
+}
+
+#[test]
+fn command_checks() {
+    let (mut c, _l, _instance) = default_pair();
+    assert_eq!(
+        c.link.send(1 << 32, &[b"x"]),
+        Err(CommandError::ChannelIdTooWide {
+            channel: 1 << 32,
+            len: 4
+        })
+    );
+    assert_eq!(
+        c.link.commit(0),
+        Err(CommandError::TransactionsNotNegotiated)
+    );
+    assert_eq!(
+        c.link.close(3),
+        Err(CommandError::ChannelNotOpen { channel: 3 })
+    );
+    let big = vec![0; 17 << 20];
+    assert!(matches!(
+        c.link.send(0, &[&big]),
+        Err(CommandError::MessageTooLong { .. })
+    ));
+    assert_eq!(c.link.unacknowledged(), 0);
+}
+
+#[test]
+fn ping_gets_one_pong_each() {
+    let (mut c, mut l, _instance) = default_pair();
+    for _ in 0..3 {
+        c.link.ping().unwrap();
+    }
+    l.link.ping().unwrap();
+    drive(&mut c, &mut l, |c, l| {
+        c.count(&Event::Pong) == 3 && l.count(&Event::Pong) == 1
+    });
+}
+
+#[test]
+fn transactions_commit_and_rollback() {
+    let params = Params {
+        connector_transactions: true,
+        ..Params::default()
+    };
+    let mut instance = Listener::new([ENDPOINT], params);
+    let (mut c, mut l) = establish(params, Limits::default(), &mut instance);
+    assert_eq!(
+        c.link.commit(0),
+        Err(CommandError::NothingToCommit { channel: 0 })
+    );
+    for _ in 0..3 {
+        c.link.send(0, &[b"t1"]).unwrap();
+    }
+    assert_eq!(c.link.commit(0), Ok(2));
+    assert_eq!(
+        c.link.commit(0),
+        Err(CommandError::NothingToCommit { channel: 0 })
+    );
+    c.link.send(0, &[b"t2"]).unwrap();
+    assert_eq!(c.link.rollback(0), Ok(3));
+    c.link.send(0, &[b"t3"]).unwrap();
+    assert_eq!(c.link.commit(0), Ok(4));
+    // The listener's channels do not use transactions.
+    assert_eq!(
+        l.link.commit(0),
+        Err(CommandError::TransactionsNotNegotiated)
+    );
+
+    drive(&mut c, &mut l, |_, l| {
+        l.events.contains(&Event::Commit { channel: 0, seq: 4 })
+    });
+    let transactions: Vec<_> = l
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::Commit { .. } | Event::Rollback { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        transactions,
+        [
+            Event::Commit { channel: 0, seq: 2 },
+            Event::Rollback { channel: 0, seq: 3 },
+            Event::Commit { channel: 0, seq: 4 },
+        ]
+    );
+    // Outcomes in commit order.
+    assert_eq!(
+        l.link.resolve_commit(0, 4, true),
+        Err(CommandError::NoPendingCommit { channel: 0, seq: 4 })
+    );
+    l.link.resolve_commit(0, 2, true).unwrap();
+    l.link.resolve_commit(0, 4, false).unwrap();
+    drive(&mut c, &mut l, |c, _| {
+        c.events
+            .contains(&Event::Uncommitted { channel: 0, seq: 4 })
+    });
+    assert!(c.events.contains(&Event::Committed { channel: 0, seq: 2 }));
+}
+
+#[test]
+fn close_is_acknowledged_and_sending_reopens() {
+    let (mut c, mut l, _instance) = default_pair();
+    c.link.send(9, &[b"a"]).unwrap();
+    c.link.close(9).unwrap();
+    assert_eq!(
+        c.link.send(9, &[b"b"]),
+        Err(CommandError::ChannelClosing { channel: 9 })
+    );
+    drive(&mut c, &mut l, |c, _| {
+        c.events.contains(&Event::Closed { channel: 9 })
+    });
+    assert!(l.events.contains(&Event::PeerClosed { channel: 9 }));
+    // Reopened; its numbering goes on.
+    assert_eq!(c.link.send(9, &[b"c"]), Ok(1));
+    drive(&mut c, &mut l, |_, l| l.messages().len() == 2);
+    assert_eq!(l.messages()[1], (9, 1, vec![b"c".to_vec()]));
+}
+
+// ---- resumption ----
+
+/// Payloads as delivered: (channel, seq, index carried in the message).
+fn delivered(peer: &Peer) -> Vec<(u64, u32, u32)> {
+    peer.messages()
+        .into_iter()
+        .map(|(channel, seq, parts)| {
+            (
+                channel,
+                seq,
+                u32::from_le_bytes(parts[0].clone().try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+fn assert_exactly_once(peer: &Peer, channels: u64, per_channel: u32) {
+    let got = delivered(peer);
+    assert_eq!(got.len() as u32, channels as u32 * per_channel, "{got:?}");
+    for channel in 0..channels {
+        let seqs: Vec<_> = got
+            .iter()
+            .filter(|m| m.0 == channel)
+            .map(|m| (m.1, m.2))
+            .collect();
+        let want: Vec<_> = (0..per_channel).map(|i| (i, i)).collect();
+        assert_eq!(seqs, want, "channel {channel}");
+    }
+}
+
+#[test]
+fn stream_drop_mid_conversation_resumes_without_loss_or_duplicates() {
+    let (mut c, mut l, mut instance) = default_pair();
+    let link_id = c.link.link_id();
+    for i in 0..30u32 {
+        c.link
+            .send(u64::from(i % 2), &[&(i / 2).to_le_bytes(), &[0xab; 37]])
+            .unwrap();
+    }
+    for i in 0..10u32 {
+        l.link.send(0, &[&i.to_le_bytes()]).unwrap();
+    }
+    // The connector writes everything; the listener reads only part of it,
+    // cutting a packet, and its own packets never reach the connector.
+    c.transmit();
+    l.transmit();
+    thread::sleep(Duration::from_millis(5));
+    let partial = read_now(&mut l.stream, 700).unwrap();
+    assert_eq!(partial.len(), 700);
+    l.link.handle_input(&partial).unwrap();
+    while let Some(event) = l.link.poll_event() {
+        l.events.push(event);
+    }
+    let before = l.messages().len();
+    assert!(
+        before > 0 && before < 30,
+        "{before} messages before the drop"
+    );
+    l.transmit(); // acknowledgements that will be lost with the stream
+    l.stream.shutdown(Shutdown::Both).unwrap();
+
+    // More traffic while disconnected is queued.
+    for i in 30..40u32 {
+        c.link
+            .send(u64::from(i % 2), &[&(i / 2).to_le_bytes()])
+            .unwrap();
+    }
+
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    assert_eq!(c.link.link_id(), link_id);
+    assert!(c.events.contains(&Event::Connected {
+        link_id,
+        epoch: instance.epoch(),
+        resumed: true
+    }));
+    drive(&mut c, &mut l, |c, l| {
+        l.messages().len() == 40 && c.messages().len() == 10 && c.link.unacknowledged() == 0
+    });
+    assert_exactly_once(&l, 2, 20);
+    assert_exactly_once(&c, 1, 10);
+    assert!(c.events.contains(&Event::PeerResumed));
+    assert!(l.events.contains(&Event::PeerResumed));
+
+    // Consumption acknowledged across a second drop still refills windows.
+    l.consume_all();
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |c, _| {
+        c.link.send_window(0) == Limits::default().max_unconsumed
+    });
+    // And nothing was delivered twice.
+    assert_exactly_once(&l, 2, 20);
+}
+
+#[test]
+fn repeated_drops_while_sending_lose_and_duplicate_nothing() {
+    let (mut c, mut l, mut instance) = default_pair();
+    let mut sent = 0u32;
+    for round in 0..8 {
+        for _ in 0..12 {
+            c.link.send(0, &[&sent.to_le_bytes()]).unwrap();
+            sent += 1;
+        }
+        c.transmit();
+        thread::sleep(Duration::from_millis(1));
+        // Read a varying share of what arrived before the stream breaks.
+        let bytes = read_now(&mut l.stream, 40 + round * 37).unwrap_or_default();
+        l.link.handle_input(&bytes).unwrap();
+        while let Some(event) = l.link.poll_event() {
+            l.events.push(event);
+        }
+        if round % 2 == 0 {
+            l.transmit();
+            let _ = c.receive();
+        }
+        l.consume_all();
+        assert!(reconnect(&mut c, &mut l, &mut instance));
+    }
+    drive(&mut c, &mut l, |c, l| {
+        l.messages().len() == sent as usize && c.link.unacknowledged() == 0
+    });
+    assert_exactly_once(&l, 1, sent);
+}
+
+#[test]
+fn commits_and_close_survive_a_drop() {
+    let params = Params {
+        connector_transactions: true,
+        ..Params::default()
+    };
+    let mut instance = Listener::new([ENDPOINT], params);
+    let (mut c, mut l) = establish(params, Limits::default(), &mut instance);
+    for _ in 0..2 {
+        c.link.send(1, &[b"m"]).unwrap();
+    }
+    c.link.commit(1).unwrap();
+    drive(&mut c, &mut l, |_, l| {
+        l.events.contains(&Event::Commit { channel: 1, seq: 1 })
+    });
+    // The outcome is decided, but the stream breaks before it is sent.
+    l.link.resolve_commit(1, 1, true).unwrap();
+    c.link.send(2, &[b"n"]).unwrap();
+    c.link.close(2).unwrap();
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |c, _| {
+        c.events.contains(&Event::Committed { channel: 1, seq: 1 })
+            && c.events.contains(&Event::Closed { channel: 2 })
+    });
+    assert_eq!(l.count(&Event::Commit { channel: 1, seq: 1 }), 1);
+    assert_eq!(l.count(&Event::PeerClosed { channel: 2 }), 1);
+    assert_eq!(l.messages().len(), 3);
+}
+
+#[test]
+fn pongs_are_not_carried_across_a_reconnection() {
+    let (mut c, mut l, mut instance) = default_pair();
+    c.link.ping().unwrap();
+    c.transmit();
+    // The listener reads the ping but the stream breaks before its pong.
+    let deadline = Instant::now() + DEADLINE;
+    while l.link.poll_event().is_none() && l.receive().unwrap() == 0 {
+        assert!(Instant::now() < deadline);
+        thread::yield_now();
+    }
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    c.link.send(0, &[b"after"]).unwrap();
+    drive(&mut c, &mut l, |c, l| {
+        l.messages().len() == 1 && c.link.unacknowledged() == 0
+    });
+    assert_eq!(c.count(&Event::Pong), 0);
+}
+
+#[test]
+fn new_epoch_discards_the_old_link() {
+    let (mut c, mut l, _instance) = default_pair();
+    let old = c.link.link_id();
+    c.link.send(0, &[b"lost"]).unwrap();
+    let mut restarted = Listener::new([ENDPOINT], Params::default());
+    assert!(!reconnect(&mut c, &mut l, &mut restarted));
+    assert_eq!(c.link.unacknowledged(), 0);
+    assert!(c.events.contains(&Event::Connected {
+        link_id: c.link.link_id(),
+        epoch: restarted.epoch(),
+        resumed: false
+    }));
+    assert!(c.link.link_id() != old || c.link.epoch() == restarted.epoch());
+    // Messaging starts at once, numbering from zero.
+    assert_eq!(c.link.send(0, &[b"new"]), Ok(0));
+    drive(&mut c, &mut l, |_, l| !l.messages().is_empty());
+    assert_eq!(l.messages(), [(0, 0, vec![b"new".to_vec()])]);
+}
+
+#[test]
+fn messages_sent_before_the_first_handshake_go_out() {
+    let (mut cs, mut ls) = socket_pair();
+    let mut instance = Listener::new([ENDPOINT], Params::default());
+    let mut link = Link::connect(connector_config(Params::default(), Limits::default())).unwrap();
+    link.send(4, &[b"early"]).unwrap();
+    let accepted = handshake(&mut link, &mut cs, &mut ls, &mut instance).unwrap();
+    let mut l = Peer {
+        link: Link::accept(accepted, Limits::default()).unwrap(),
+        stream: ls,
+        events: Vec::new(),
+    };
+    let mut c = Peer {
+        link,
+        stream: cs,
+        events: Vec::new(),
+    };
+    drive(&mut c, &mut l, |_, l| !l.messages().is_empty());
+    assert_eq!(l.messages(), [(4, 0, vec![b"early".to_vec()])]);
+}
+
+// ---- shutdown ----
+
+#[test]
+fn shutdown_from_both_sides_ends_the_link() {
+    let (mut c, mut l, _instance) = default_pair();
+    c.link.send(0, &[b"last"]).unwrap();
+    c.link.shutdown();
+    // After shutdown no channel opens; open ones still send.
+    assert_eq!(c.link.send(1, &[b"x"]), Err(CommandError::ShutDown));
+    c.link.send(0, &[b"still"]).unwrap();
+    drive(&mut c, &mut l, |_, l| {
+        l.events.contains(&Event::PeerShutdown)
+    });
+    assert!(!c.link.is_done() && !l.link.is_done());
+    assert_eq!(l.messages().len(), 2);
+    l.link.shutdown();
+    drive(&mut c, &mut l, |c, l| c.link.is_done() && l.link.is_done());
+    assert!(c.events.contains(&Event::Done) && l.events.contains(&Event::Done));
+    assert_eq!(c.link.send(0, &[b"x"]), Err(CommandError::LinkDone));
+    assert_eq!(c.link.reconnect(false), Err(CommandError::LinkDone));
+}
+
+// ---- violations ----
+
+/// An open link fed raw bytes as if from its peer.
+fn open_listener_link(params: Params) -> Link {
+    let mut instance = Listener::new([ENDPOINT], params);
+    let mut acceptor = Acceptor::new();
+    let mut request = vec![0; 8];
+    let repr = relink::RequestRepr {
+        name: ENDPOINT,
+        connector_id_len: params.connector_id_len,
+        listener_id_len: params.listener_id_len,
+        flags: {
+            let mut flags = relink::HandshakeFlags::empty();
+            flags.set(
+                relink::HandshakeFlags::CONNECTOR_TRANSACTIONS,
+                params.connector_transactions,
+            );
+            flags.set(
+                relink::HandshakeFlags::LISTENER_TRANSACTIONS,
+                params.listener_transactions,
+            );
+            flags
+        },
+        epoch: 0,
+        link_id: 0,
+    };
+    let at = request.len();
+    request.resize(at + repr.buffer_len(), 0);
+    repr.emit(&mut request[at..]).unwrap();
+    let accepted = acceptor
+        .handle_input(&request, &mut instance)
+        .unwrap()
+        .unwrap();
+    Link::accept(accepted, Limits::default()).unwrap()
+}
+
+#[test]
+fn protocol_violations_terminate_the_stream() {
+    let params = Params {
+        connector_id_len: 1,
+        listener_id_len: 1,
+        ..Params::default()
+    };
+    // Unknown general packet type.
+    let mut link = open_listener_link(params);
+    assert_eq!(
+        link.handle_input(&[7 << 5, 0, 0, 0, 0, 0, 0, 0]),
+        Err(LinkError::Wire(WireError::UnknownGeneralType(7)))
+    );
+    // Acknowledging a message never sent (received ack, channel 3).
+    let mut link = open_listener_link(params);
+    assert_eq!(
+        link.handle_input(&[0x05, 0, 3, 0, 0, 0, 0, 0]),
+        Err(LinkError::AckBeyondSent { channel: 3, seq: 0 })
+    );
+    // A commit without negotiated transactions.
+    let mut link = open_listener_link(params);
+    assert_eq!(
+        link.handle_input(&[0x01, 0, 3, 0, 0, 0, 0, 0]),
+        Err(LinkError::TransactionsNotNegotiated { channel: 3 })
+    );
+    // A resume packet on a new link.
+    let mut link = open_listener_link(params);
+    assert_eq!(
+        link.handle_input(&[3 << 5, 0, 0, 0, 0, 0, 0, 0]),
+        Err(LinkError::UnexpectedResume)
+    );
+    // After a violation the stream is dead until the link gets a new one.
+    assert_eq!(link.handle_input(&[0; 8]), Err(LinkError::NoStream));
+}
+
+#[test]
+fn window_overrun_terminates() {
+    let mut link = open_listener_link(Params::default());
+    let max = Limits::default().max_unconsumed as usize;
+    // Message on channel 0 with 4-byte id, no parts: 8 bytes each.
+    let message = [0x11, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(link.handle_input(&message.repeat(max)), Ok(()));
+    assert_eq!(
+        link.handle_input(&message),
+        Err(LinkError::WindowExceeded {
+            channel: 0,
+            max: max as u32
+        })
+    );
+}
+
+#[test]
+fn mutated_streams_never_panic_the_link() {
+    let mut state = 0x0dd_c0ffee_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    // A valid stream: messages, acks, ops, pings on 1-byte channels.
+    let seed: Vec<u8> = [
+        &[
+            0x11, 2, 1, 0, 3, 0, 1, 0, b'a', b'b', b'c', 0, 0, 0, 0, 0, b'z', 0, 0, 0, 0, 0, 0, 0,
+        ][..],
+        &[0x20, 0, 0, 0, 0, 0, 0, 0],
+        &[0x41, 0, 1, 0, 0, 0, 0, 0],
+        &[0x0d, 0, 1, 0, 0, 0, 0, 0],
+        &[0x13, 0, 0, 0, 2, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0, 0],
+    ]
+    .concat();
+    let params = Params {
+        connector_id_len: 1,
+        listener_id_len: 1,
+        connector_transactions: true,
+        listener_transactions: true,
+    };
+    for _ in 0..20_000 {
+        let mut link = open_listener_link(params);
+        let _ = link.send(1, &[b"x"]);
+        let mut bytes = seed.clone();
+        for _ in 0..1 + next() % 6 {
+            let at = (next() % bytes.len() as u64) as usize;
+            bytes[at] = next() as u8;
+        }
+        // Feed in random chunks, as a stream would.
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let n = 1 + (next() % rest.len() as u64) as usize;
+            if link.handle_input(&rest[..n]).is_err() {
+                break;
+            }
+            rest = &rest[n..];
+            let mut out = Vec::new();
+            link.poll_transmit(&mut out);
+            while link.poll_event().is_some() {}
+        }
+    }
+}
+
+// ---- the blocking TCP driver ----
+
+fn options() -> Options {
+    Options {
+        timeout: Duration::from_secs(2),
+        ..Options::default()
+    }
+}
+
+#[test]
+fn tcp_apps_exchange_setup_data() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut conn = relink::accept(&tcp, &["pingpong", ENDPOINT], &options()).unwrap();
+        // One channel per lcore: collect each lcore's address.
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(conn.recv(Duration::from_secs(2)).unwrap());
+        }
+        conn.send(0, &[b"server-addr", &[1, 2, 3]]).unwrap();
+        conn.ping(Duration::from_secs(2)).unwrap();
+        conn.shutdown().unwrap();
+        got
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &options()).unwrap();
+    for lcore in 0..3u64 {
+        conn.send(lcore, &[b"addr", &lcore.to_le_bytes()]).unwrap();
+    }
+    let (channel, parts) = conn.recv(Duration::from_secs(2)).unwrap();
+    assert_eq!(channel, 0);
+    assert_eq!(parts, [b"server-addr".to_vec(), vec![1, 2, 3]]);
+    let rtt = conn.ping(Duration::from_secs(2)).unwrap();
+    assert!(rtt < Duration::from_secs(1));
+    conn.shutdown().unwrap();
+    assert!(conn.link().is_done());
+    assert!(matches!(
+        conn.recv(Duration::from_millis(1)),
+        Err(TcpError::ShutDown)
+    ));
+    let got = server.join().unwrap();
+    for (lcore, (channel, parts)) in got.into_iter().enumerate() {
+        assert_eq!(channel, lcore as u64);
+        assert_eq!(
+            parts,
+            [b"addr".to_vec(), (lcore as u64).to_le_bytes().to_vec()]
+        );
+    }
+}
+
+#[test]
+fn tcp_recv_times_out() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut conn = relink::accept(&tcp, &[ENDPOINT], &options()).unwrap();
+        conn.shutdown().unwrap();
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &options()).unwrap();
+    let start = Instant::now();
+    assert!(matches!(
+        conn.recv(Duration::from_millis(30)),
+        Err(TcpError::Timeout)
+    ));
+    assert!(start.elapsed() < Duration::from_millis(500));
+    conn.shutdown().unwrap();
+    server.join().unwrap();
+}
+
+#[test]
+fn tcp_unknown_endpoint_is_refused() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server = thread::spawn(move || relink::accept(&tcp, &["pingpong"], &options()));
+    let result = relink::connect(addr, "streaming", &options());
+    assert!(matches!(result, Err(TcpError::Disconnected)), "{result:?}");
+    assert!(matches!(
+        server.join().unwrap(),
+        Err(TcpError::Handshake(HandshakeError::UnknownEndpoint(name))) if name == "streaming"
+    ));
+}
+
+#[test]
+fn tcp_reconnect_resumes_the_link() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut server = relink::Server::new(tcp, &[ENDPOINT], options());
+        let Incoming::New(mut conn) = server.accept().unwrap() else {
+            panic!("expected a new link");
+        };
+        let mut got = vec![conn.recv(Duration::from_secs(2)).unwrap()];
+        // Break the stream; the connector comes back and resumes.
+        conn.disconnect();
+        let Incoming::Resume(resumption) = server.accept().unwrap() else {
+            panic!("expected a resumption");
+        };
+        assert_eq!(resumption.link_id(), conn.link_id());
+        conn.resume(resumption).unwrap();
+        while got.len() < 4 {
+            got.push(conn.recv(Duration::from_secs(2)).unwrap());
+        }
+        conn.shutdown().unwrap();
+        server.forget(conn.link_id());
+        got
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &options()).unwrap();
+    conn.send(0, &[b"one"]).unwrap();
+    // Wait until the server drops the stream.
+    let err = conn.recv(Duration::from_secs(2)).unwrap_err();
+    assert!(
+        matches!(err, TcpError::Disconnected | TcpError::Io(_)),
+        "{err:?}"
+    );
+    conn.send(0, &[b"two"]).unwrap_or_default();
+    assert!(conn.reconnect().unwrap());
+    conn.send(0, &[b"three"]).unwrap();
+    conn.send(1, &[b"four"]).unwrap();
+    conn.shutdown().unwrap();
+    let got = server.join().unwrap();
+    let payloads: Vec<_> = got.iter().map(|(c, p)| (*c, p[0].clone())).collect();
+    assert_eq!(
+        payloads,
+        [
+            (0, b"one".to_vec()),
+            (0, b"two".to_vec()),
+            (0, b"three".to_vec()),
+            (1, b"four".to_vec()),
+        ]
+    );
+}
