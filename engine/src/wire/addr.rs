@@ -4,7 +4,7 @@ use super::{WireError, get_u16, get_u32, put_u16, put_u32};
 
 /// An endpoint's raw address: GID, queue pair number and connection id.
 ///
-/// On the wire it is 32 bytes (spec table 1.5): gid[16], qpn u16, pad u16,
+/// On the wire it is 32 bytes (spec table 1.5): `gid[16]`, qpn u16, pad u16,
 /// connid u32, reserved u64. The reserved word is the provider's list pointer
 /// and may hold anything: it is ignored on receive and written as zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
