@@ -920,10 +920,16 @@ impl<'a> ReqRepr<'a> {
         if let Some(addr) = self.raw_addr {
             put_u32(buf, at, addr.len() as u32);
             at += RAW_ADDR_SIZE_LEN;
-            // The size every current provider uses copies as a constant.
-            match <&[u8; RawAddr::REQ_HDR_SIZE]>::try_from(addr) {
-                Ok(a) => buf[at..at + RawAddr::REQ_HDR_SIZE].copy_from_slice(a),
-                Err(_) => buf[at..at + addr.len()].copy_from_slice(addr),
+            // The size every current provider uses is copied word by word,
+            // not by a memcpy call.
+            if addr.len() == RawAddr::REQ_HDR_SIZE {
+                let dst = &mut buf[at..at + RawAddr::REQ_HDR_SIZE];
+                for word in (0..32).step_by(8) {
+                    put_u64(dst, word, get_u64(addr, word));
+                }
+                put_u32(dst, 32, get_u32(addr, 32));
+            } else {
+                buf[at..at + addr.len()].copy_from_slice(addr);
             }
             at += addr.len();
         }
