@@ -26,16 +26,10 @@ pub fn run(args: &[String]) -> ExitCode {
     let result = if args.is_empty() {
         io::stdin().lock().lines().try_for_each(|line| {
             let line = line?;
-            if line.trim().is_empty() {
-                Ok(())
-            } else {
-                emit(&line)
-            }
+            if line.trim().is_empty() { Ok(()) } else { emit(&line) }
         })
     } else {
-        args.iter()
-            .filter(|a| !a.trim().is_empty())
-            .try_for_each(|a| emit(a))
+        args.iter().filter(|a| !a.trim().is_empty()).try_for_each(|a| emit(a))
     };
     match result.and_then(|()| out.flush()) {
         // A reader that stopped early (`| head`) is not an error of ours.
@@ -46,11 +40,7 @@ pub fn run(args: &[String]) -> ExitCode {
         }
         Ok(()) => {}
     }
-    if all_ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 /// One line of hex to its JSON object, and whether it decoded.
@@ -69,19 +59,10 @@ pub fn decode_line(line: &str) -> (Value, bool) {
 /// between bytes are allowed.
 fn parse_hex(line: &str) -> Result<Vec<u8>, String> {
     let s = line.trim();
-    let s = s
-        .strip_prefix("0x")
-        .or_else(|| s.strip_prefix("0X"))
-        .unwrap_or(s);
-    let digits: Vec<u8> = s
-        .bytes()
-        .filter(|c| !matches!(c, b' ' | b'\t' | b':' | b'-'))
-        .collect();
+    let s = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
+    let digits: Vec<u8> = s.bytes().filter(|c| !matches!(c, b' ' | b'\t' | b':' | b'-')).collect();
     if !digits.len().is_multiple_of(2) {
-        return Err(format!(
-            "invalid hex: odd number of digits ({})",
-            digits.len()
-        ));
+        return Err(format!("invalid hex: odd number of digits ({})", digits.len()));
     }
     digits
         .chunks_exact(2)
@@ -104,31 +85,20 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn iovs(list: &IovList) -> Value {
-    list.iter()
-        .map(|v| json!({ "addr": v.addr, "len": v.len, "key": v.key }))
-        .collect()
+    list.iter().map(|v| json!({ "addr": v.addr, "len": v.len, "key": v.key })).collect()
 }
 
 fn dissect(packet: &Packet, bytes: &[u8]) -> Value {
     let mut f = Map::new();
     f.insert("type".into(), json!(bytes[0]));
     f.insert("version".into(), json!(bytes[1]));
-    f.insert(
-        "flags".into(),
-        json!(u16::from_le_bytes([bytes[2], bytes[3]])),
-    );
+    f.insert("flags".into(), json!(u16::from_le_bytes([bytes[2], bytes[3]])));
     let mut put = |name: &str, v: Value| {
         f.insert(name.into(), v);
     };
     let mut payload = None;
     match packet {
-        Packet::Cts(CtsRepr {
-            connid,
-            send_id,
-            recv_id,
-            recv_length,
-            ..
-        }) => {
+        Packet::Cts(CtsRepr { connid, send_id, recv_id, recv_length, .. }) => {
             if let Some(c) = connid {
                 put("connid", json!(c));
             }
@@ -154,15 +124,7 @@ fn dissect(packet: &Packet, bytes: &[u8]) -> Value {
             put("recv_length", json!(r.recv_length));
             payload = Some(*data);
         }
-        Packet::AtomRsp(
-            AtomRspRepr {
-                connid,
-                recv_id,
-                seg_length,
-                ..
-            },
-            data,
-        ) => {
+        Packet::AtomRsp(AtomRspRepr { connid, recv_id, seg_length, .. }, data) => {
             if let Some(c) = connid {
                 put("connid", json!(c));
             }
@@ -210,10 +172,7 @@ fn dissect(packet: &Packet, bytes: &[u8]) -> Value {
 
 fn dissect_handshake(r: &HandshakeRepr, put: &mut impl FnMut(&str, Value)) {
     put("nextra_p3", json!(r.nextra_p3()));
-    put(
-        "extra_info",
-        r.extra_info.iter().map(|w| json!(w)).collect(),
-    );
+    put("extra_info", r.extra_info.iter().map(|w| json!(w)).collect());
     if let Some(c) = r.connid {
         put("connid", json!(c));
     }

@@ -11,11 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "efapoll",
-    version,
-    about = "Poll-mode EFA RDM v4 messaging engine"
-)]
+#[command(name = "efapoll", version, about = "Poll-mode EFA RDM v4 messaging engine")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -21,18 +21,10 @@ fn decode(args: &[&str], stdin: &str) -> (Vec<Value>, bool) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
-    let lines = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     (lines, out.status.success())
 }
 
@@ -60,10 +52,7 @@ fn every_golden_packet_decodes_from_stdin() {
 
 #[test]
 fn req_fields_are_named_as_in_the_spec() {
-    let (lines, ok) = decode(
-        &[&hex(golden::RUNTREAD_MSGRTM), &hex(golden::LONGCTS_RTR)],
-        "",
-    );
+    let (lines, ok) = decode(&[&hex(golden::RUNTREAD_MSGRTM), &hex(golden::LONGCTS_RTR)], "");
     assert!(ok);
     let runt = &lines[0];
     assert_eq!(runt["name"], "RUNTREAD_MSGRTM");
@@ -133,23 +122,13 @@ fn renamed_fields_and_exact_u64() {
 fn bad_packets_give_an_error_object_and_exit_1() {
     let mut bad_version = golden::EAGER_TAGRTM.to_vec();
     bad_version[1] = 3;
-    let (lines, ok) = decode(
-        &[],
-        &format!("{}\n4004\nxyz\n{}\n", hex(&bad_version), hex(golden::EOR)),
-    );
+    let (lines, ok) =
+        decode(&[], &format!("{}\n4004\nxyz\n{}\n", hex(&bad_version), hex(golden::EOR)));
     assert!(!ok);
     assert_eq!(lines.len(), 4);
     assert_eq!(lines[0], json!({"error": "protocol version 3, expected 4"}));
-    assert_eq!(
-        lines[1],
-        json!({"error": "base header cut short: need 4 bytes, have 2"})
-    );
-    assert!(
-        lines[2]["error"]
-            .as_str()
-            .unwrap()
-            .starts_with("invalid hex")
-    );
+    assert_eq!(lines[1], json!({"error": "base header cut short: need 4 bytes, have 2"}));
+    assert!(lines[2]["error"].as_str().unwrap().starts_with("invalid hex"));
     assert_eq!(lines[3]["name"], "EOR");
     let (lines, ok) = decode(&["01040000"], "");
     assert!(!ok);

@@ -5,6 +5,8 @@
 //! path is shared between cores, allocates, locks or makes a system call.
 #![deny(unsafe_code)]
 #[allow(unsafe_code)]
+pub mod device;
+#[allow(unsafe_code)]
 pub mod mem;
 pub mod relink;
 pub mod wire;

@@ -86,11 +86,7 @@ impl Peer {
         self.events
             .iter()
             .filter_map(|e| match e {
-                Event::Message {
-                    channel,
-                    seq,
-                    parts,
-                } => Some((*channel, *seq, parts.clone())),
+                Event::Message { channel, seq, parts } => Some((*channel, *seq, parts.clone())),
                 _ => None,
             })
             .collect()
@@ -157,11 +153,7 @@ fn handshake(
 }
 
 fn connector_config(params: Params, limits: Limits) -> ConnectorConfig {
-    ConnectorConfig {
-        endpoint_name: ENDPOINT.to_owned(),
-        params,
-        limits,
-    }
+    ConnectorConfig { endpoint_name: ENDPOINT.to_owned(), params, limits }
 }
 
 /// A connected pair: the connector and the listener.
@@ -171,16 +163,8 @@ fn establish(params: Params, limits: Limits, instance: &mut Listener) -> (Peer, 
     let accepted = handshake(&mut link, &mut cs, &mut ls, instance).unwrap();
     assert!(!accepted.resumed);
     let listener_link = Link::accept(accepted, limits).unwrap();
-    let mut connector = Peer {
-        link,
-        stream: cs,
-        events: Vec::new(),
-    };
-    let mut listener = Peer {
-        link: listener_link,
-        stream: ls,
-        events: Vec::new(),
-    };
+    let mut connector = Peer { link, stream: cs, events: Vec::new() };
+    let mut listener = Peer { link: listener_link, stream: ls, events: Vec::new() };
     drive(&mut connector, &mut listener, |c, _| c.link.is_open());
     (connector, listener)
 }
@@ -220,11 +204,8 @@ fn handshake_connects_with_new_link_id_and_epoch() {
     assert_eq!(c.link.link_id(), l.link.link_id());
     assert!((1..1 << 63).contains(&c.link.link_id()));
     assert_eq!(c.link.epoch(), 1_700_000_000_000_000);
-    let connected = Event::Connected {
-        link_id: c.link.link_id(),
-        epoch: c.link.epoch(),
-        resumed: false,
-    };
+    let connected =
+        Event::Connected { link_id: c.link.link_id(), epoch: c.link.epoch(), resumed: false };
     assert_eq!(c.events, std::slice::from_ref(&connected));
     assert_eq!(l.events, [connected]);
     // Link ids within one instance are unique.
@@ -261,10 +242,7 @@ fn handshake_with_unsupported_version_terminates() {
     // A connector offering a higher version gets ours, the lower one.
     let mut instance = Listener::new([ENDPOINT], Params::default());
     let mut acceptor = Acceptor::new();
-    assert_eq!(
-        acceptor.handle_input(&[7, 0, 0, 0, 0, 0, 0, 0], &mut instance),
-        Ok(None)
-    );
+    assert_eq!(acceptor.handle_input(&[7, 0, 0, 0, 0, 0, 0, 0], &mut instance), Ok(None));
     let mut reply = Vec::new();
     acceptor.poll_transmit(&mut reply);
     assert_eq!(reply, [0; 8]);
@@ -276,10 +254,7 @@ fn handshake_with_unknown_name_terminates() {
     let mut instance = Listener::new(["other", "names"], Params::default());
     let mut link = Link::connect(connector_config(Params::default(), Limits::default())).unwrap();
     let result = handshake(&mut link, &mut cs, &mut ls, &mut instance);
-    assert_eq!(
-        result,
-        Err(HandshakeError::UnknownEndpoint(ENDPOINT.to_owned()))
-    );
+    assert_eq!(result, Err(HandshakeError::UnknownEndpoint(ENDPOINT.to_owned())));
     // The listener closes; the connector sees the end of the stream.
     drop(ls);
     let deadline = Instant::now() + DEADLINE;
@@ -293,32 +268,17 @@ fn handshake_with_unknown_name_terminates() {
 #[test]
 fn handshake_with_different_params_terminates() {
     for theirs in [
-        Params {
-            connector_id_len: 2,
-            ..Params::default()
-        },
-        Params {
-            listener_id_len: 8,
-            ..Params::default()
-        },
-        Params {
-            connector_transactions: true,
-            ..Params::default()
-        },
-        Params {
-            listener_transactions: true,
-            ..Params::default()
-        },
+        Params { connector_id_len: 2, ..Params::default() },
+        Params { listener_id_len: 8, ..Params::default() },
+        Params { connector_transactions: true, ..Params::default() },
+        Params { listener_transactions: true, ..Params::default() },
     ] {
         let (mut cs, mut ls) = socket_pair();
         let mut instance = Listener::new([ENDPOINT], Params::default());
         let mut link = Link::connect(connector_config(theirs, Limits::default())).unwrap();
         assert_eq!(
             handshake(&mut link, &mut cs, &mut ls, &mut instance),
-            Err(HandshakeError::ParamsMismatch {
-                ours: Params::default(),
-                theirs
-            })
+            Err(HandshakeError::ParamsMismatch { ours: Params::default(), theirs })
         );
     }
 }
@@ -339,10 +299,7 @@ fn zero_link_id_unasked_terminates() {
         received.extend(read_now(&mut cs, usize::MAX).unwrap());
         assert!(Instant::now() < deadline);
     }
-    assert_eq!(
-        link.handle_input(&received),
-        Err(LinkError::Handshake(HandshakeError::ZeroLinkId))
-    );
+    assert_eq!(link.handle_input(&received), Err(LinkError::Handshake(HandshakeError::ZeroLinkId)));
 }
 
 #[test]
@@ -353,9 +310,7 @@ fn out_of_range_link_id_terminates() {
     reply.extend_from_slice(&(1u64 << 63).to_le_bytes());
     assert_eq!(
         link.handle_input(&reply),
-        Err(LinkError::Handshake(HandshakeError::Wire(
-            WireError::LinkIdOutOfRange(1 << 63)
-        )))
+        Err(LinkError::Handshake(HandshakeError::Wire(WireError::LinkIdOutOfRange(1 << 63))))
     );
 }
 
@@ -386,16 +341,11 @@ fn required_old_link_unknown_gets_zero_and_terminates() {
         let mut reply = Vec::new();
         acceptor.poll_transmit(&mut reply);
         write_all(&mut ls, &reply);
-        connector_result = c
-            .link
-            .handle_input(&read_now(&mut cs, usize::MAX).unwrap_or_default());
+        connector_result = c.link.handle_input(&read_now(&mut cs, usize::MAX).unwrap_or_default());
         assert!(Instant::now() < deadline);
     }
     assert_eq!(acceptor_result, Some(Err(HandshakeError::LinkLost(old))));
-    assert_eq!(
-        connector_result,
-        Err(LinkError::Handshake(HandshakeError::LinkLost(old)))
-    );
+    assert_eq!(connector_result, Err(LinkError::Handshake(HandshakeError::LinkLost(old))));
     // A resuming handshake cannot start a new link.
     let (mut cs, mut ls) = socket_pair();
     c.link.reconnect(true).unwrap();
@@ -457,43 +407,26 @@ fn multicast_numbers_each_channel_and_repeats_repeated_ids() {
     let all = vec![b"all".to_vec(), Vec::new()];
     assert_eq!(
         l.messages(),
-        [
-            (2, 0, vec![b"first".to_vec()]),
-            (1, 0, all.clone()),
-            (2, 1, all.clone()),
-            (2, 2, all),
-        ]
+        [(2, 0, vec![b"first".to_vec()]), (1, 0, all.clone()), (2, 1, all.clone()), (2, 2, all),]
     );
 }
 
 #[test]
 fn full_window_blocks_until_consumed() {
-    let limits = Limits {
-        max_unconsumed: 4,
-        ..Limits::default()
-    };
+    let limits = Limits { max_unconsumed: 4, ..Limits::default() };
     let mut instance = Listener::new([ENDPOINT], Params::default());
     let (mut c, mut l) = establish(Params::default(), limits, &mut instance);
     for _ in 0..4 {
         c.link.send(5, &[b"x"]).unwrap();
     }
-    assert_eq!(
-        c.link.send(5, &[b"x"]),
-        Err(CommandError::Blocked { channel: 5 })
-    );
+    assert_eq!(c.link.send(5, &[b"x"]), Err(CommandError::Blocked { channel: 5 }));
     // Other channels have their own window.
     c.link.send(6, &[b"y"]).unwrap();
     drive(&mut c, &mut l, |c, _| c.link.unacknowledged() == 0);
     assert_eq!(c.link.send_window(5), 0);
     l.link.consume(5, 1).unwrap();
-    assert_eq!(
-        l.link.consume(5, 1),
-        Err(CommandError::NoSuchMessage { channel: 5, seq: 1 })
-    );
-    assert_eq!(
-        l.link.consume(5, 9),
-        Err(CommandError::NoSuchMessage { channel: 5, seq: 9 })
-    );
+    assert_eq!(l.link.consume(5, 1), Err(CommandError::NoSuchMessage { channel: 5, seq: 1 }));
+    assert_eq!(l.link.consume(5, 9), Err(CommandError::NoSuchMessage { channel: 5, seq: 9 }));
     drive(&mut c, &mut l, |c, _| c.link.send_window(5) == 2);
     c.link.send(5, &[b"z"]).unwrap();
 }
@@ -503,24 +436,12 @@ fn command_checks() {
     let (mut c, _l, _instance) = default_pair();
     assert_eq!(
         c.link.send(1 << 32, &[b"x"]),
-        Err(CommandError::ChannelIdTooWide {
-            channel: 1 << 32,
-            len: 4
-        })
+        Err(CommandError::ChannelIdTooWide { channel: 1 << 32, len: 4 })
     );
-    assert_eq!(
-        c.link.commit(0),
-        Err(CommandError::TransactionsNotNegotiated)
-    );
-    assert_eq!(
-        c.link.close(3),
-        Err(CommandError::ChannelNotOpen { channel: 3 })
-    );
+    assert_eq!(c.link.commit(0), Err(CommandError::TransactionsNotNegotiated));
+    assert_eq!(c.link.close(3), Err(CommandError::ChannelNotOpen { channel: 3 }));
     let big = vec![0; 17 << 20];
-    assert!(matches!(
-        c.link.send(0, &[&big]),
-        Err(CommandError::MessageTooLong { .. })
-    ));
+    assert!(matches!(c.link.send(0, &[&big]), Err(CommandError::MessageTooLong { .. })));
     assert_eq!(c.link.unacknowledged(), 0);
 }
 
@@ -531,44 +452,28 @@ fn ping_gets_one_pong_each() {
         c.link.ping().unwrap();
     }
     l.link.ping().unwrap();
-    drive(&mut c, &mut l, |c, l| {
-        c.count(&Event::Pong) == 3 && l.count(&Event::Pong) == 1
-    });
+    drive(&mut c, &mut l, |c, l| c.count(&Event::Pong) == 3 && l.count(&Event::Pong) == 1);
 }
 
 #[test]
 fn transactions_commit_and_rollback() {
-    let params = Params {
-        connector_transactions: true,
-        ..Params::default()
-    };
+    let params = Params { connector_transactions: true, ..Params::default() };
     let mut instance = Listener::new([ENDPOINT], params);
     let (mut c, mut l) = establish(params, Limits::default(), &mut instance);
-    assert_eq!(
-        c.link.commit(0),
-        Err(CommandError::NothingToCommit { channel: 0 })
-    );
+    assert_eq!(c.link.commit(0), Err(CommandError::NothingToCommit { channel: 0 }));
     for _ in 0..3 {
         c.link.send(0, &[b"t1"]).unwrap();
     }
     assert_eq!(c.link.commit(0), Ok(2));
-    assert_eq!(
-        c.link.commit(0),
-        Err(CommandError::NothingToCommit { channel: 0 })
-    );
+    assert_eq!(c.link.commit(0), Err(CommandError::NothingToCommit { channel: 0 }));
     c.link.send(0, &[b"t2"]).unwrap();
     assert_eq!(c.link.rollback(0), Ok(3));
     c.link.send(0, &[b"t3"]).unwrap();
     assert_eq!(c.link.commit(0), Ok(4));
     // The listener's channels do not use transactions.
-    assert_eq!(
-        l.link.commit(0),
-        Err(CommandError::TransactionsNotNegotiated)
-    );
+    assert_eq!(l.link.commit(0), Err(CommandError::TransactionsNotNegotiated));
 
-    drive(&mut c, &mut l, |_, l| {
-        l.events.contains(&Event::Commit { channel: 0, seq: 4 })
-    });
+    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::Commit { channel: 0, seq: 4 }));
     let transactions: Vec<_> = l
         .events
         .iter()
@@ -590,10 +495,7 @@ fn transactions_commit_and_rollback() {
     );
     l.link.resolve_commit(0, 2, true).unwrap();
     l.link.resolve_commit(0, 4, false).unwrap();
-    drive(&mut c, &mut l, |c, _| {
-        c.events
-            .contains(&Event::Uncommitted { channel: 0, seq: 4 })
-    });
+    drive(&mut c, &mut l, |c, _| c.events.contains(&Event::Uncommitted { channel: 0, seq: 4 }));
     assert!(c.events.contains(&Event::Committed { channel: 0, seq: 2 }));
 }
 
@@ -602,13 +504,8 @@ fn close_is_acknowledged_and_sending_reopens() {
     let (mut c, mut l, _instance) = default_pair();
     c.link.send(9, &[b"a"]).unwrap();
     c.link.close(9).unwrap();
-    assert_eq!(
-        c.link.send(9, &[b"b"]),
-        Err(CommandError::ChannelClosing { channel: 9 })
-    );
-    drive(&mut c, &mut l, |c, _| {
-        c.events.contains(&Event::Closed { channel: 9 })
-    });
+    assert_eq!(c.link.send(9, &[b"b"]), Err(CommandError::ChannelClosing { channel: 9 }));
+    drive(&mut c, &mut l, |c, _| c.events.contains(&Event::Closed { channel: 9 }));
     assert!(l.events.contains(&Event::PeerClosed { channel: 9 }));
     // Reopened; its numbering goes on.
     assert_eq!(c.link.send(9, &[b"c"]), Ok(1));
@@ -623,11 +520,7 @@ fn delivered(peer: &Peer) -> Vec<(u64, u32, u32)> {
     peer.messages()
         .into_iter()
         .map(|(channel, seq, parts)| {
-            (
-                channel,
-                seq,
-                u32::from_le_bytes(parts[0].clone().try_into().unwrap()),
-            )
+            (channel, seq, u32::from_le_bytes(parts[0].clone().try_into().unwrap()))
         })
         .collect()
 }
@@ -636,11 +529,7 @@ fn assert_exactly_once(peer: &Peer, channels: u64, per_channel: u32) {
     let got = delivered(peer);
     assert_eq!(got.len() as u32, channels as u32 * per_channel, "{got:?}");
     for channel in 0..channels {
-        let seqs: Vec<_> = got
-            .iter()
-            .filter(|m| m.0 == channel)
-            .map(|m| (m.1, m.2))
-            .collect();
+        let seqs: Vec<_> = got.iter().filter(|m| m.0 == channel).map(|m| (m.1, m.2)).collect();
         let want: Vec<_> = (0..per_channel).map(|i| (i, i)).collect();
         assert_eq!(seqs, want, "channel {channel}");
     }
@@ -651,9 +540,7 @@ fn stream_drop_mid_conversation_resumes_without_loss_or_duplicates() {
     let (mut c, mut l, mut instance) = default_pair();
     let link_id = c.link.link_id();
     for i in 0..30u32 {
-        c.link
-            .send(u64::from(i % 2), &[&(i / 2).to_le_bytes(), &[0xab; 37]])
-            .unwrap();
+        c.link.send(u64::from(i % 2), &[&(i / 2).to_le_bytes(), &[0xab; 37]]).unwrap();
     }
     for i in 0..10u32 {
         l.link.send(0, &[&i.to_le_bytes()]).unwrap();
@@ -670,18 +557,13 @@ fn stream_drop_mid_conversation_resumes_without_loss_or_duplicates() {
         l.events.push(event);
     }
     let before = l.messages().len();
-    assert!(
-        before > 0 && before < 30,
-        "{before} messages before the drop"
-    );
+    assert!(before > 0 && before < 30, "{before} messages before the drop");
     l.transmit(); // acknowledgements that will be lost with the stream
     l.stream.shutdown(Shutdown::Both).unwrap();
 
     // More traffic while disconnected is queued.
     for i in 30..40u32 {
-        c.link
-            .send(u64::from(i % 2), &[&(i / 2).to_le_bytes()])
-            .unwrap();
+        c.link.send(u64::from(i % 2), &[&(i / 2).to_le_bytes()]).unwrap();
     }
 
     assert!(reconnect(&mut c, &mut l, &mut instance));
@@ -702,9 +584,7 @@ fn stream_drop_mid_conversation_resumes_without_loss_or_duplicates() {
     // Consumption acknowledged across a second drop still refills windows.
     l.consume_all();
     assert!(reconnect(&mut c, &mut l, &mut instance));
-    drive(&mut c, &mut l, |c, _| {
-        c.link.send_window(0) == Limits::default().max_unconsumed
-    });
+    drive(&mut c, &mut l, |c, _| c.link.send_window(0) == Limits::default().max_unconsumed);
     // And nothing was delivered twice.
     assert_exactly_once(&l, 2, 20);
 }
@@ -741,19 +621,14 @@ fn repeated_drops_while_sending_lose_and_duplicate_nothing() {
 
 #[test]
 fn commits_and_close_survive_a_drop() {
-    let params = Params {
-        connector_transactions: true,
-        ..Params::default()
-    };
+    let params = Params { connector_transactions: true, ..Params::default() };
     let mut instance = Listener::new([ENDPOINT], params);
     let (mut c, mut l) = establish(params, Limits::default(), &mut instance);
     for _ in 0..2 {
         c.link.send(1, &[b"m"]).unwrap();
     }
     c.link.commit(1).unwrap();
-    drive(&mut c, &mut l, |_, l| {
-        l.events.contains(&Event::Commit { channel: 1, seq: 1 })
-    });
+    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::Commit { channel: 1, seq: 1 }));
     // The outcome is decided, but the stream breaks before it is sent.
     l.link.resolve_commit(1, 1, true).unwrap();
     c.link.send(2, &[b"n"]).unwrap();
@@ -781,9 +656,7 @@ fn pongs_are_not_carried_across_a_reconnection() {
     }
     assert!(reconnect(&mut c, &mut l, &mut instance));
     c.link.send(0, &[b"after"]).unwrap();
-    drive(&mut c, &mut l, |c, l| {
-        l.messages().len() == 1 && c.link.unacknowledged() == 0
-    });
+    drive(&mut c, &mut l, |c, l| l.messages().len() == 1 && c.link.unacknowledged() == 0);
     assert_eq!(c.count(&Event::Pong), 0);
 }
 
@@ -819,11 +692,7 @@ fn messages_sent_before_the_first_handshake_go_out() {
         stream: ls,
         events: Vec::new(),
     };
-    let mut c = Peer {
-        link,
-        stream: cs,
-        events: Vec::new(),
-    };
+    let mut c = Peer { link, stream: cs, events: Vec::new() };
     drive(&mut c, &mut l, |_, l| !l.messages().is_empty());
     assert_eq!(l.messages(), [(4, 0, vec![b"early".to_vec()])]);
 }
@@ -838,9 +707,7 @@ fn shutdown_from_both_sides_ends_the_link() {
     // After shutdown no channel opens; open ones still send.
     assert_eq!(c.link.send(1, &[b"x"]), Err(CommandError::ShutDown));
     c.link.send(0, &[b"still"]).unwrap();
-    drive(&mut c, &mut l, |_, l| {
-        l.events.contains(&Event::PeerShutdown)
-    });
+    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::PeerShutdown));
     assert!(!c.link.is_done() && !l.link.is_done());
     assert_eq!(l.messages().len(), 2);
     l.link.shutdown();
@@ -863,14 +730,9 @@ fn open_listener_link(params: Params) -> Link {
         listener_id_len: params.listener_id_len,
         flags: {
             let mut flags = relink::HandshakeFlags::empty();
-            flags.set(
-                relink::HandshakeFlags::CONNECTOR_TRANSACTIONS,
-                params.connector_transactions,
-            );
-            flags.set(
-                relink::HandshakeFlags::LISTENER_TRANSACTIONS,
-                params.listener_transactions,
-            );
+            flags
+                .set(relink::HandshakeFlags::CONNECTOR_TRANSACTIONS, params.connector_transactions);
+            flags.set(relink::HandshakeFlags::LISTENER_TRANSACTIONS, params.listener_transactions);
             flags
         },
         epoch: 0,
@@ -879,20 +741,13 @@ fn open_listener_link(params: Params) -> Link {
     let at = request.len();
     request.resize(at + repr.buffer_len(), 0);
     repr.emit(&mut request[at..]).unwrap();
-    let accepted = acceptor
-        .handle_input(&request, &mut instance)
-        .unwrap()
-        .unwrap();
+    let accepted = acceptor.handle_input(&request, &mut instance).unwrap().unwrap();
     Link::accept(accepted, Limits::default()).unwrap()
 }
 
 #[test]
 fn protocol_violations_terminate_the_stream() {
-    let params = Params {
-        connector_id_len: 1,
-        listener_id_len: 1,
-        ..Params::default()
-    };
+    let params = Params { connector_id_len: 1, listener_id_len: 1, ..Params::default() };
     // Unknown general packet type.
     let mut link = open_listener_link(params);
     assert_eq!(
@@ -913,10 +768,7 @@ fn protocol_violations_terminate_the_stream() {
     );
     // A resume packet on a new link.
     let mut link = open_listener_link(params);
-    assert_eq!(
-        link.handle_input(&[3 << 5, 0, 0, 0, 0, 0, 0, 0]),
-        Err(LinkError::UnexpectedResume)
-    );
+    assert_eq!(link.handle_input(&[3 << 5, 0, 0, 0, 0, 0, 0, 0]), Err(LinkError::UnexpectedResume));
     // After a violation the stream is dead until the link gets a new one.
     assert_eq!(link.handle_input(&[0; 8]), Err(LinkError::NoStream));
 }
@@ -930,10 +782,7 @@ fn window_overrun_terminates() {
     assert_eq!(link.handle_input(&message.repeat(max)), Ok(()));
     assert_eq!(
         link.handle_input(&message),
-        Err(LinkError::WindowExceeded {
-            channel: 0,
-            max: max as u32
-        })
+        Err(LinkError::WindowExceeded { channel: 0, max: max as u32 })
     );
 }
 
@@ -947,16 +796,18 @@ fn mutated_streams_never_panic_the_link() {
         state
     };
     // A valid stream: messages, acks, ops, pings on 1-byte channels.
-    let seed: Vec<u8> = [
-        &[
-            0x11, 2, 1, 0, 3, 0, 1, 0, b'a', b'b', b'c', 0, 0, 0, 0, 0, b'z', 0, 0, 0, 0, 0, 0, 0,
-        ][..],
-        &[0x20, 0, 0, 0, 0, 0, 0, 0],
-        &[0x41, 0, 1, 0, 0, 0, 0, 0],
-        &[0x0d, 0, 1, 0, 0, 0, 0, 0],
-        &[0x13, 0, 0, 0, 2, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0, 0],
-    ]
-    .concat();
+    let seed: Vec<u8> =
+        [
+            &[
+                0x11, 2, 1, 0, 3, 0, 1, 0, b'a', b'b', b'c', 0, 0, 0, 0, 0, b'z', 0, 0, 0, 0, 0, 0,
+                0,
+            ][..],
+            &[0x20, 0, 0, 0, 0, 0, 0, 0],
+            &[0x41, 0, 1, 0, 0, 0, 0, 0],
+            &[0x0d, 0, 1, 0, 0, 0, 0, 0],
+            &[0x13, 0, 0, 0, 2, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0, 0],
+        ]
+        .concat();
     let params = Params {
         connector_id_len: 1,
         listener_id_len: 1,
@@ -989,10 +840,7 @@ fn mutated_streams_never_panic_the_link() {
 // ---- the blocking TCP driver ----
 
 fn options() -> Options {
-    Options {
-        timeout: Duration::from_secs(2),
-        ..Options::default()
-    }
+    Options { timeout: Duration::from_secs(2), ..Options::default() }
 }
 
 #[test]
@@ -1022,17 +870,11 @@ fn tcp_apps_exchange_setup_data() {
     assert!(rtt < Duration::from_secs(1));
     conn.shutdown().unwrap();
     assert!(conn.link().is_done());
-    assert!(matches!(
-        conn.recv(Duration::from_millis(1)),
-        Err(TcpError::ShutDown)
-    ));
+    assert!(matches!(conn.recv(Duration::from_millis(1)), Err(TcpError::ShutDown)));
     let got = server.join().unwrap();
     for (lcore, (channel, parts)) in got.into_iter().enumerate() {
         assert_eq!(channel, lcore as u64);
-        assert_eq!(
-            parts,
-            [b"addr".to_vec(), (lcore as u64).to_le_bytes().to_vec()]
-        );
+        assert_eq!(parts, [b"addr".to_vec(), (lcore as u64).to_le_bytes().to_vec()]);
     }
 }
 
@@ -1046,10 +888,7 @@ fn tcp_recv_times_out() {
     });
     let mut conn = relink::connect(addr, ENDPOINT, &options()).unwrap();
     let start = Instant::now();
-    assert!(matches!(
-        conn.recv(Duration::from_millis(30)),
-        Err(TcpError::Timeout)
-    ));
+    assert!(matches!(conn.recv(Duration::from_millis(30)), Err(TcpError::Timeout)));
     assert!(start.elapsed() < Duration::from_millis(500));
     conn.shutdown().unwrap();
     server.join().unwrap();
@@ -1096,10 +935,7 @@ fn tcp_reconnect_resumes_the_link() {
     conn.send(0, &[b"one"]).unwrap();
     // Wait until the server drops the stream.
     let err = conn.recv(Duration::from_secs(2)).unwrap_err();
-    assert!(
-        matches!(err, TcpError::Disconnected | TcpError::Io(_)),
-        "{err:?}"
-    );
+    assert!(matches!(err, TcpError::Disconnected | TcpError::Io(_)), "{err:?}");
     conn.send(0, &[b"two"]).unwrap_or_default();
     assert!(conn.reconnect().unwrap());
     conn.send(0, &[b"three"]).unwrap();
@@ -1109,11 +945,6 @@ fn tcp_reconnect_resumes_the_link() {
     let payloads: Vec<_> = got.iter().map(|(c, p)| (*c, p[0].clone())).collect();
     assert_eq!(
         payloads,
-        [
-            (0, b"one".to_vec()),
-            (0, b"two".to_vec()),
-            (0, b"three".to_vec()),
-            (1, b"four".to_vec()),
-        ]
+        [(0, b"one".to_vec()), (0, b"two".to_vec()), (0, b"three".to_vec()), (1, b"four".to_vec()),]
     );
 }

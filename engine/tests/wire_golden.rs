@@ -28,10 +28,7 @@ fn golden_req_field(f: ReqField, repr: &ReqRepr) -> u64 {
 #[test]
 fn every_type_the_provider_sends_has_a_golden_packet() {
     for t in PacketType::ALL {
-        assert!(
-            ALL.iter().any(|(name, _)| *name == t.name()),
-            "no golden packet for {t}"
-        );
+        assert!(ALL.iter().any(|(name, _)| *name == t.name()), "no golden packet for {t}");
     }
 }
 
@@ -48,15 +45,8 @@ fn golden_packets_parse_and_re_emit_byte_exact() {
         assert_eq!(packet.buffer_len(), payload_at, "{name}");
         let written = packet.emit(&mut buf);
         assert_eq!(written, payload_at, "{name}: emit length");
-        assert_eq!(
-            &buf[..written],
-            &bytes[..written],
-            "{name}: emitted headers"
-        );
-        assert!(
-            buf[written..].iter().all(|b| *b == SENTINEL),
-            "{name}: wrote past its headers"
-        );
+        assert_eq!(&buf[..written], &bytes[..written], "{name}: emitted headers");
+        assert!(buf[written..].iter().all(|b| *b == SENTINEL), "{name}: wrote past its headers");
     }
 }
 
@@ -68,30 +58,16 @@ fn golden_req_fields_sit_where_the_notes_put_them() {
         };
         let layout = ReqLayout::of(repr.ptype).unwrap();
         for f in layout.fields() {
-            assert_eq!(
-                repr.field(f),
-                golden_req_field(f, &repr),
-                "{name}: {}",
-                f.name()
-            );
+            assert_eq!(repr.field(f), golden_req_field(f, &repr), "{name}: {}", f.name());
         }
         // The view agrees with the value form.
         let view = ReqPacket::new_checked(*bytes).unwrap();
         for f in ReqField::ALL {
-            assert_eq!(
-                view.field(f),
-                layout.has(f).then(|| repr.field(f)),
-                "{name}: {}",
-                f.name()
-            );
+            assert_eq!(view.field(f), layout.has(f).then(|| repr.field(f)), "{name}: {}", f.name());
         }
         if let Some(addr) = repr.raw_addr {
             assert_eq!(addr.len(), RawAddr::REQ_HDR_SIZE, "{name}");
-            assert_eq!(
-                RawAddr::from_bytes(addr).unwrap(),
-                golden::RAW_ADDR,
-                "{name}"
-            );
+            assert_eq!(RawAddr::from_bytes(addr).unwrap(), golden::RAW_ADDR, "{name}");
             assert_eq!(view.raw_addr(), Some(addr));
         }
         if repr.flags.contains(ReqFlags::CQ_DATA_HDR) {
@@ -103,37 +79,20 @@ fn golden_req_fields_sit_where_the_notes_put_them() {
         assert_eq!(view.cq_data(), repr.cq_data);
         assert_eq!(view.connid(), repr.connid);
         let iovs = [golden::IOV1, golden::IOV2];
-        assert!(
-            repr.rma_iov
-                .iter()
-                .eq(iovs.iter().copied().take(repr.rma_iov.len())),
-            "{name}"
-        );
+        assert!(repr.rma_iov.iter().eq(iovs.iter().copied().take(repr.rma_iov.len())), "{name}");
         let read = [golden::IOV2, golden::IOV1];
-        assert!(
-            repr.read_iov
-                .iter()
-                .eq(read.iter().copied().take(repr.read_iov.len())),
-            "{name}"
-        );
+        assert!(repr.read_iov.iter().eq(read.iter().copied().take(repr.read_iov.len())), "{name}");
         assert_eq!(view.rma_iov(), repr.rma_iov);
         assert_eq!(view.read_iov(), repr.read_iov);
         assert_eq!(view.payload(), payload);
         // The flags the provider sets for the type are there.
-        assert!(
-            repr.flags.contains(ReqFlags::for_type(repr.ptype)),
-            "{name}"
-        );
+        assert!(repr.flags.contains(ReqFlags::for_type(repr.ptype)), "{name}");
         let no_data = matches!(layout.class, ReqClass::Rtr)
             || matches!(
                 repr.ptype,
                 PacketType::LongReadMsgRtm | PacketType::LongReadTagRtm | PacketType::LongReadRtw
             );
-        assert_eq!(
-            payload,
-            if no_data { &[][..] } else { golden::PAYLOAD },
-            "{name}"
-        );
+        assert_eq!(payload, if no_data { &[][..] } else { golden::PAYLOAD }, "{name}");
     }
 }
 
@@ -189,18 +148,10 @@ fn golden_non_req_values() {
     assert_eq!(bare.connid, None);
     assert_eq!(bare.buffer_len(), 24);
     assert_eq!(payload, golden::PAYLOAD);
-    assert_eq!(
-        CtsDataPacket::new_checked(golden::CTSDATA)
-            .unwrap()
-            .payload(),
-        golden::PAYLOAD
-    );
+    assert_eq!(CtsDataPacket::new_checked(golden::CTSDATA).unwrap().payload(), golden::PAYLOAD);
 
     let (rsp, payload) = ReadRspRepr::parse(golden::READRSP).unwrap();
-    assert_eq!(
-        (rsp.recv_id, rsp.send_id),
-        (golden::RECV_ID, golden::SEND_ID)
-    );
+    assert_eq!((rsp.recv_id, rsp.send_id), (golden::RECV_ID, golden::SEND_ID));
     assert_eq!(rsp.recv_length, 8);
     assert_eq!(rsp.connid, Some(golden::CONNID));
     assert_eq!(payload, golden::PAYLOAD);
@@ -224,10 +175,7 @@ fn golden_non_req_values() {
         (golden::SEND_ID, golden::RECV_ID, Some(golden::CONNID))
     );
     let receipt = ReceiptRepr::parse(golden::RECEIPT).unwrap();
-    assert_eq!(
-        (receipt.send_id, receipt.msg_id),
-        (golden::SEND_ID, golden::MSG_ID)
-    );
+    assert_eq!((receipt.send_id, receipt.msg_id), (golden::SEND_ID, golden::MSG_ID));
     let view = CtrlPacket::new_checked(golden::RECEIPT, PacketType::Receipt).unwrap();
     assert_eq!(view.msg_id(), golden::MSG_ID);
 
@@ -249,13 +197,7 @@ fn golden_non_req_values() {
     let hs = HandshakeRepr::parse(golden::HANDSHAKE_USER_RECV_QP).unwrap();
     assert_eq!(hs.extra_info.iter().collect::<Vec<_>>(), [0xfb, 0]);
     assert_eq!(hs.host_id, None);
-    assert_eq!(
-        hs.user_recv_qp,
-        Some(UserRecvQp {
-            qpn: 0x33,
-            qkey: 0x44556677
-        })
-    );
+    assert_eq!(hs.user_recv_qp, Some(UserRecvQp { qpn: 0x33, qkey: 0x44556677 }));
     let view = HandshakePacket::new_checked(golden::HANDSHAKE_USER_RECV_QP).unwrap();
     assert_eq!(view.nextra_p3(), 5);
     assert_eq!(view.device_version(), Some(0xefa2));
@@ -304,16 +246,10 @@ fn dirty_padding_is_ignored_and_re_emitted_as_zero() {
 #[test]
 fn req_repr_new_sets_the_providers_flags() {
     assert_eq!(ReqRepr::new(PacketType::EagerMsgRtm).flags, ReqFlags::MSG);
-    assert_eq!(
-        ReqRepr::new(PacketType::DcMediumTagRtm).flags,
-        ReqFlags::MSG | ReqFlags::TAGGED
-    );
+    assert_eq!(ReqRepr::new(PacketType::DcMediumTagRtm).flags, ReqFlags::MSG | ReqFlags::TAGGED);
     assert_eq!(ReqRepr::new(PacketType::FetchRta).flags, ReqFlags::ATOMIC);
     // REQ_RMA is never set by the provider.
-    assert_eq!(
-        ReqRepr::new(PacketType::LongCtsRtw).flags,
-        ReqFlags::empty()
-    );
+    assert_eq!(ReqRepr::new(PacketType::LongCtsRtw).flags, ReqFlags::empty());
     assert_eq!(ReqRepr::new(PacketType::ShortRtr).flags, ReqFlags::empty());
 }
 

@@ -20,11 +20,7 @@ fn every_cut_inside_the_headers_is_truncated() {
             full.packet_type(),
             PacketType::CtsData | PacketType::ReadRsp | PacketType::AtomRsp
         );
-        let limit = if strict_len {
-            bytes.len()
-        } else {
-            full.payload_offset()
-        };
+        let limit = if strict_len { bytes.len() } else { full.payload_offset() };
         for cut in 0..limit {
             let err = Packet::parse(&bytes[..cut]).expect_err(&format!("{name} cut at {cut}"));
             match err {
@@ -50,10 +46,7 @@ fn version_other_than_4_is_rejected() {
             assert_eq!(err, WireError::Version { found: v }, "{name}");
         }
     }
-    assert_eq!(
-        WireError::Version { found: 5 }.to_string(),
-        "protocol version 5, expected 4"
-    );
+    assert_eq!(WireError::Version { found: 5 }.to_string(), "protocol version 5, expected 4");
 }
 
 #[test]
@@ -78,18 +71,10 @@ fn type_ids_not_sent_on_the_wire_are_rejected_with_the_reason() {
     ];
     for (id, status) in cases {
         let packet = with(golden::EAGER_TAGRTM, 0, &[id]);
-        assert_eq!(
-            Packet::parse(&packet),
-            Err(WireError::Type { id, status }),
-            "type {id}"
-        );
+        assert_eq!(Packet::parse(&packet), Err(WireError::Type { id, status }), "type {id}");
     }
     assert_eq!(
-        WireError::Type {
-            id: 1,
-            status: TypeStatus::Retired
-        }
-        .to_string(),
+        WireError::Type { id: 1, status: TypeStatus::Retired }.to_string(),
         "packet type 1 is retired"
     );
 }
@@ -98,17 +83,11 @@ fn type_ids_not_sent_on_the_wire_are_rejected_with_the_reason() {
 fn handshake_nextra_p3_below_3_or_beyond_the_packet() {
     for n in [0u32, 1, 2] {
         let packet = with(golden::HANDSHAKE, 4, &n.to_le_bytes());
-        assert_eq!(
-            HandshakeRepr::parse(&packet),
-            Err(WireError::NextraP3 { nextra_p3: n })
-        );
+        assert_eq!(HandshakeRepr::parse(&packet), Err(WireError::NextraP3 { nextra_p3: n }));
     }
     // One word more than present: the optional fields no longer fit.
     let packet = with(golden::HANDSHAKE, 4, &8u32.to_le_bytes());
-    assert!(matches!(
-        HandshakeRepr::parse(&packet),
-        Err(WireError::Truncated { .. })
-    ));
+    assert!(matches!(HandshakeRepr::parse(&packet), Err(WireError::Truncated { .. })));
     // A huge count must not wrap: need = 8 + (2^32 - 4) * 8.
     let packet = with(golden::HANDSHAKE, 4, &u32::MAX.to_le_bytes());
     assert_eq!(
@@ -134,21 +113,13 @@ fn handshake_optional_field_cut_short() {
     let cut = &golden::HANDSHAKE[..24];
     assert_eq!(
         HandshakeRepr::parse(cut),
-        Err(WireError::Truncated {
-            what: "HANDSHAKE host_id",
-            need: 32,
-            have: 24
-        })
+        Err(WireError::Truncated { what: "HANDSHAKE host_id", need: 32, have: 24 })
     );
     let mut qp = golden::HANDSHAKE.to_vec();
     qp[2..4].copy_from_slice(&(0x8000u16 | 0x7).to_le_bytes());
     assert_eq!(
         HandshakeRepr::parse(&qp),
-        Err(WireError::Truncated {
-            what: "HANDSHAKE qpn/qkey",
-            need: 48,
-            have: 40
-        })
+        Err(WireError::Truncated { what: "HANDSHAKE qpn/qkey", need: 48, have: 40 })
     );
 }
 
@@ -157,20 +128,12 @@ fn raw_address_size_under_24_or_past_the_end() {
     // EAGER_MSGRTM: size at offset 8.
     for size in [0u32, 1, 16, 23] {
         let packet = with(golden::EAGER_MSGRTM, 8, &size.to_le_bytes());
-        assert_eq!(
-            Packet::parse(&packet),
-            Err(WireError::RawAddrSize { size: size as u64 })
-        );
+        assert_eq!(Packet::parse(&packet), Err(WireError::RawAddrSize { size: size as u64 }));
     }
     // 24 is the shortest meaningful address; the rest becomes data.
     let packet = with(golden::EAGER_MSGRTM, 8, &24u32.to_le_bytes());
-    let Packet::Req(repr, payload) = Packet::parse(&packet).unwrap() else {
-        panic!()
-    };
-    assert_eq!(
-        RawAddr::from_bytes(repr.raw_addr.unwrap()).unwrap(),
-        golden::RAW_ADDR
-    );
+    let Packet::Req(repr, payload) = Packet::parse(&packet).unwrap() else { panic!() };
+    assert_eq!(RawAddr::from_bytes(repr.raw_addr.unwrap()).unwrap(), golden::RAW_ADDR);
     assert_eq!(payload.len(), golden::EAGER_MSGRTM.len() - 8 - 4 - 24);
     for size in [45u32, 1 << 20, u32::MAX] {
         let packet = with(golden::EAGER_MSGRTM, 8, &size.to_le_bytes());
@@ -193,26 +156,16 @@ fn req_optional_headers_cut_short() {
     p[2..4].copy_from_slice(&(0x0004u16 | 0x2).to_le_bytes());
     assert_eq!(
         Packet::parse(&p),
-        Err(WireError::Truncated {
-            what: "CQ data header",
-            need: 16,
-            have: 8
-        })
+        Err(WireError::Truncated { what: "CQ data header", need: 16, have: 8 })
     );
     p[2..4].copy_from_slice(&(0x0004u16 | 0x8000).to_le_bytes());
     p.extend_from_slice(&[1, 2, 3]);
     assert_eq!(
         Packet::parse(&p),
-        Err(WireError::Truncated {
-            what: "connid header",
-            need: 12,
-            have: 11
-        })
+        Err(WireError::Truncated { what: "connid header", need: 12, have: 11 })
     );
     p.push(4);
-    let Packet::Req(repr, payload) = Packet::parse(&p).unwrap() else {
-        panic!()
-    };
+    let Packet::Req(repr, payload) = Packet::parse(&p).unwrap() else { panic!() };
     assert_eq!(repr.connid, Some(0x04030201));
     assert!(payload.is_empty());
     // Raw address flagged, not even its size present.
@@ -220,11 +173,7 @@ fn req_optional_headers_cut_short() {
     p.truncate(10);
     assert_eq!(
         Packet::parse(&p),
-        Err(WireError::Truncated {
-            what: "raw address header",
-            need: 12,
-            have: 10
-        })
+        Err(WireError::Truncated { what: "raw address header", need: 12, have: 10 })
     );
     // CTSDATA with CONNID_HDR but only the 24-byte header.
     let mut d = golden::CTSDATA_NO_CONNID[..24].to_vec();
@@ -232,11 +181,7 @@ fn req_optional_headers_cut_short() {
     d[2..4].copy_from_slice(&0x8000u16.to_le_bytes());
     assert_eq!(
         Packet::parse(&d),
-        Err(WireError::Truncated {
-            what: "CTSDATA connid header",
-            need: 32,
-            have: 24
-        })
+        Err(WireError::Truncated { what: "CTSDATA connid header", need: 32, have: 24 })
     );
 }
 
@@ -255,22 +200,12 @@ fn iov_counts_cannot_wrap() {
     // A count whose product wraps a u32 to a small number: 0xAAAAAAAB * 24
     // = 0x1_0000_0000 + 8.
     let packet = with(golden::EAGER_RTW, 4, &0xAAAA_AAABu32.to_le_bytes());
-    assert!(matches!(
-        Packet::parse(&packet),
-        Err(WireError::Truncated {
-            what: "rma_iov[]",
-            ..
-        })
-    ));
+    assert!(matches!(Packet::parse(&packet), Err(WireError::Truncated { what: "rma_iov[]", .. })));
     // read_iov_count of LONGREAD_MSGRTM at 20.
     let packet = with(golden::LONGREAD_MSGRTM, 20, &3u32.to_le_bytes());
     assert_eq!(
         Packet::parse(&packet),
-        Err(WireError::Truncated {
-            what: "read_iov[]",
-            need: 28 + 72,
-            have: 28 + 48
-        })
+        Err(WireError::Truncated { what: "read_iov[]", need: 28 + 72, have: 28 + 48 })
     );
 }
 
@@ -286,24 +221,13 @@ fn data_lengths_that_disagree_with_the_data_present() {
             let packet = with(bytes, *at, &len.to_le_bytes());
             assert_eq!(
                 Packet::parse(&packet),
-                Err(WireError::Length {
-                    what,
-                    field: len,
-                    present: 8
-                }),
+                Err(WireError::Length { what, field: len, present: 8 }),
                 "{what} = {len}"
             );
         }
         let mut longer = bytes.to_vec();
         longer.push(0);
-        assert_eq!(
-            Packet::parse(&longer),
-            Err(WireError::Length {
-                what,
-                field: 8,
-                present: 9
-            })
-        );
+        assert_eq!(Packet::parse(&longer), Err(WireError::Length { what, field: 8, present: 9 }));
     }
 }
 
@@ -311,16 +235,11 @@ fn data_lengths_that_disagree_with_the_data_present() {
 fn a_codec_given_another_type_says_so() {
     assert_eq!(
         CtsRepr::parse(golden::EOR),
-        Err(WireError::WrongType {
-            expected: PacketType::Cts,
-            found: PacketType::Eor
-        })
+        Err(WireError::WrongType { expected: PacketType::Cts, found: PacketType::Eor })
     );
     assert_eq!(
         ReqRepr::parse(golden::CTS).map(|_| ()),
-        Err(WireError::NotReq {
-            ptype: PacketType::Cts
-        })
+        Err(WireError::NotReq { ptype: PacketType::Cts })
     );
 }
 
@@ -400,11 +319,6 @@ fn random_mutations_never_panic() {
     // The run exercised both outcomes and the main rejection reasons.
     assert!(parsed > ITERATIONS / 20, "parsed {parsed}");
     for kind in [0, 1, 2, 5, 6, 7] {
-        assert!(
-            rejected[kind] > 100,
-            "{}: {}",
-            WireError::kind_name(kind),
-            rejected[kind]
-        );
+        assert!(rejected[kind] > 100, "{}: {}", WireError::kind_name(kind), rejected[kind]);
     }
 }

@@ -29,11 +29,7 @@ struct ReqInput {
 }
 
 fn req_input() -> impl Strategy<Value = ReqInput> {
-    let types: Vec<PacketType> = PacketType::ALL
-        .iter()
-        .copied()
-        .filter(|t| t.is_req())
-        .collect();
+    let types: Vec<PacketType> = PacketType::ALL.iter().copied().filter(|t| t.is_req()).collect();
     (
         proptest::sample::select(types),
         any::<u16>(),
@@ -227,17 +223,8 @@ proptest! {
 /// type, lands in flag order and parses back.
 #[test]
 fn every_optional_header_combination_for_every_req_type() {
-    let addr = RawAddr {
-        gid: [7; 16],
-        qpn: 9,
-        connid: 0xabcd,
-    }
-    .to_req_hdr_bytes();
-    let iovs = [RmaIov {
-        addr: 1,
-        len: 2,
-        key: 3,
-    }];
+    let addr = RawAddr { gid: [7; 16], qpn: 9, connid: 0xabcd }.to_req_hdr_bytes();
+    let iovs = [RmaIov { addr: 1, len: 2, key: 3 }];
     for ptype in PacketType::ALL.iter().copied().filter(|t| t.is_req()) {
         for mask in 0..8u8 {
             let mut r = ReqRepr::new(ptype);
@@ -256,12 +243,8 @@ fn every_optional_header_combination_for_every_req_type() {
             assert_eq!(parsed.connid, r.connid, "{ptype} mask {mask}");
             let layout = ReqLayout::of(ptype).unwrap();
             // Optional headers follow rma_iov[] in flag-bit order.
-            let mut at = layout.header_len()
-                + if layout.has(ReqField::RmaIovCount) {
-                    24
-                } else {
-                    0
-                };
+            let mut at =
+                layout.header_len() + if layout.has(ReqField::RmaIovCount) { 24 } else { 0 };
             if mask & 1 != 0 {
                 assert_eq!(&buf[at..at + 4], &36u32.to_le_bytes());
                 at += 40;

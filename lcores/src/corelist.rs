@@ -78,10 +78,7 @@ impl CoreList {
     pub fn from_cores(cores: impl IntoIterator<Item = LcoreId>) -> Result<Self, CoreListError> {
         let mut cores: Vec<LcoreId> = cores.into_iter().collect();
         if let Some(&core) = cores.iter().find(|&&core| core > MAX_LCORE_ID) {
-            return Err(CoreListError::OutOfRange {
-                core: core.to_string(),
-                max: MAX_LCORE_ID,
-            });
+            return Err(CoreListError::OutOfRange { core: core.to_string(), max: MAX_LCORE_ID });
         }
         cores.sort_unstable();
         cores.dedup();
@@ -153,10 +150,7 @@ impl FromStr for CoreList {
                 return Err(if position + 1 == items.len() {
                     CoreListError::TrailingComma { list: list.into() }
                 } else {
-                    CoreListError::EmptyItem {
-                        position,
-                        list: list.into(),
-                    }
+                    CoreListError::EmptyItem { position, list: list.into() }
                 });
             }
             match item.split_once('-') {
@@ -186,10 +180,7 @@ fn parse_core(text: &str) -> Result<LcoreId, CoreListError> {
     match text.parse::<LcoreId>() {
         Ok(core) if core <= MAX_LCORE_ID => Ok(core),
         // All digits, so the only failure left is a number too large for any integer.
-        _ => Err(CoreListError::OutOfRange {
-            core: text.into(),
-            max: MAX_LCORE_ID,
-        }),
+        _ => Err(CoreListError::OutOfRange { core: text.into(), max: MAX_LCORE_ID }),
     }
 }
 
@@ -261,54 +252,29 @@ mod tests {
 
     #[test]
     fn trailing_comma() {
-        assert_eq!(
-            parse("0-3,"),
-            Err(CoreListError::TrailingComma {
-                list: "0-3,".into()
-            })
-        );
+        assert_eq!(parse("0-3,"), Err(CoreListError::TrailingComma { list: "0-3,".into() }));
     }
 
     #[test]
     fn empty_item() {
         assert_eq!(
             parse("0,,2"),
-            Err(CoreListError::EmptyItem {
-                position: 1,
-                list: "0,,2".into()
-            })
+            Err(CoreListError::EmptyItem { position: 1, list: "0,,2".into() })
         );
-        assert!(matches!(
-            parse(",1"),
-            Err(CoreListError::EmptyItem { position: 0, .. })
-        ));
+        assert!(matches!(parse(",1"), Err(CoreListError::EmptyItem { position: 0, .. })));
     }
 
     #[test]
     fn bad_number() {
-        for (list, text) in [
-            ("x", "x"),
-            ("0,a", "a"),
-            ("1-b", "b"),
-            ("+1", "+1"),
-            ("0x2", "0x2"),
-        ] {
-            assert_eq!(
-                parse(list),
-                Err(CoreListError::BadNumber { text: text.into() }),
-                "{list}"
-            );
+        for (list, text) in [("x", "x"), ("0,a", "a"), ("1-b", "b"), ("+1", "+1"), ("0x2", "0x2")] {
+            assert_eq!(parse(list), Err(CoreListError::BadNumber { text: text.into() }), "{list}");
         }
     }
 
     #[test]
     fn bad_range() {
         for item in ["1-", "-2", "1-2-3", "-"] {
-            assert_eq!(
-                parse(item),
-                Err(CoreListError::BadRange { item: item.into() }),
-                "{item}"
-            );
+            assert_eq!(parse(item), Err(CoreListError::BadRange { item: item.into() }), "{item}");
         }
     }
 
@@ -323,19 +289,13 @@ mod tests {
     fn out_of_range() {
         assert_eq!(
             parse("1024"),
-            Err(CoreListError::OutOfRange {
-                core: "1024".into(),
-                max: MAX_LCORE_ID
-            })
+            Err(CoreListError::OutOfRange { core: "1024".into(), max: MAX_LCORE_ID })
         );
         assert!(matches!(
             parse("0-99999999999999999999999"),
             Err(CoreListError::OutOfRange { .. })
         ));
-        assert!(matches!(
-            CoreList::from_cores([1, 5000]),
-            Err(CoreListError::OutOfRange { .. })
-        ));
+        assert!(matches!(CoreList::from_cores([1, 5000]), Err(CoreListError::OutOfRange { .. })));
     }
 
     #[test]

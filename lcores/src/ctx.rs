@@ -59,15 +59,7 @@ impl LcoreCtx {
         slots: StatsSlots,
         idle: IdleStrategy,
     ) -> Self {
-        Self {
-            lcore,
-            index,
-            stop,
-            slots,
-            idle,
-            clock: Clock::new(),
-            _single_thread: PhantomData,
-        }
+        Self { lcore, index, stop, slots, idle, clock: Clock::new(), _single_thread: PhantomData }
     }
 
     /// A context outside any [`Lcores`](crate::Lcores) launch, for embedders that manage
@@ -195,11 +187,7 @@ mod tests {
 
     #[test]
     fn a_step_that_never_works_has_no_busy_cycles() {
-        for idle in [
-            IdleStrategy::Spin,
-            IdleStrategy::Yield,
-            IdleStrategy::Backoff,
-        ] {
+        for idle in [IdleStrategy::Spin, IdleStrategy::Yield, IdleStrategy::Backoff] {
             let stop = StopFlag::new();
             let mut ctx = LcoreCtx::standalone(0, stop.clone(), idle);
             let run = ctx.run_until_stopped(stop_after(1_000, stop, false));

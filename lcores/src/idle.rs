@@ -71,10 +71,7 @@ pub(crate) struct Idler {
 
 impl Idler {
     pub(crate) fn new(strategy: IdleStrategy) -> Self {
-        Self {
-            strategy,
-            backoff_step: 0,
-        }
+        Self { strategy, backoff_step: 0 }
     }
 
     /// Waits once, after an iteration that did no work.

@@ -30,11 +30,7 @@ pub struct LcoresConfig {
 impl LcoresConfig {
     /// A configuration with the first core as main and the default (spinning) idle strategy.
     pub fn new(cores: CoreList) -> Self {
-        Self {
-            cores,
-            main_lcore: None,
-            idle: IdleStrategy::default(),
-        }
+        Self { cores, main_lcore: None, idle: IdleStrategy::default() }
     }
 }
 
@@ -141,10 +137,7 @@ impl<R: Send + 'static> Lcores<R> {
     pub fn new(config: LcoresConfig) -> Result<Self, LcoresError> {
         let main = config.main_lcore.unwrap_or(config.cores.main_lcore());
         if !config.cores.contains(main) {
-            return Err(LcoresError::MainNotInList {
-                main,
-                cores: config.cores,
-            });
+            return Err(LcoresError::MainNotInList { main, cores: config.cores });
         }
         check_cores_exist(&config.cores)?;
         pin_current_thread(main)?;
@@ -195,10 +188,7 @@ impl<R: Send + 'static> Lcores<R> {
         F: FnOnce(&mut LcoreCtx) -> R + Send + 'static,
     {
         let Some(index) = self.cores.index_of(lcore) else {
-            return Err(LaunchError::UnknownLcore {
-                lcore,
-                lcores: self.cores.clone(),
-            });
+            return Err(LaunchError::UnknownLcore { lcore, lcores: self.cores.clone() });
         };
         if lcore == self.main {
             return Err(LaunchError::MainLcore { lcore });
@@ -264,10 +254,7 @@ impl<R: Send + 'static> Lcores<R> {
             .filter(|(_, worker)| worker.is_some())
             .map(|(lcore, _)| lcore)
             .collect();
-        launched
-            .into_iter()
-            .filter_map(|lcore| Some((lcore, self.wait(lcore)?)))
-            .collect()
+        launched.into_iter().filter_map(|lcore| Some((lcore, self.wait(lcore)?))).collect()
     }
 
     /// A reader of every lcore's counters, to move into the main lcore's reporting code.
@@ -283,11 +270,7 @@ impl<R: Send + 'static> Lcores<R> {
 
     /// The counters of every lcore, in core order.
     pub fn stats_all(&self) -> Vec<LcoreStatsSnapshot> {
-        self.cores
-            .iter()
-            .zip(self.slots.iter())
-            .map(|(lcore, slot)| slot.snapshot(lcore))
-            .collect()
+        self.cores.iter().zip(self.slots.iter()).map(|(lcore, slot)| slot.snapshot(lcore)).collect()
     }
 }
 
@@ -303,10 +286,7 @@ impl<R: Send + 'static> Drop for Lcores<R> {
 
 fn join<R>(lcore: LcoreId, handle: JoinHandle<Result<R, LcoreError>>) -> Result<R, LcoreError> {
     handle.join().unwrap_or_else(|payload| {
-        Err(LcoreError::Panicked {
-            lcore,
-            message: panic_message(payload.as_ref()),
-        })
+        Err(LcoreError::Panicked { lcore, message: panic_message(payload.as_ref()) })
     })
 }
 

@@ -80,13 +80,7 @@ mod tests {
     fn a_missing_core_is_named_with_the_cores_that_exist() {
         let available = available_cores().unwrap();
         let err = pin_current_thread(MAX_LCORE_ID).unwrap_err();
-        assert_eq!(
-            err,
-            PinError::NoSuchCore {
-                core: MAX_LCORE_ID,
-                available: available.clone()
-            }
-        );
+        assert_eq!(err, PinError::NoSuchCore { core: MAX_LCORE_ID, available: available.clone() });
         let message = err.to_string();
         assert!(message.contains("core 1023"), "{message}");
         assert!(message.contains(&available.to_string()), "{message}");
@@ -94,10 +88,7 @@ mod tests {
         let asked = CoreList::from_cores([available.main_lcore(), MAX_LCORE_ID]).unwrap();
         assert!(matches!(
             check_cores_exist(&asked),
-            Err(PinError::NoSuchCore {
-                core: MAX_LCORE_ID,
-                ..
-            })
+            Err(PinError::NoSuchCore { core: MAX_LCORE_ID, .. })
         ));
     }
 
@@ -105,9 +96,6 @@ mod tests {
     fn pinning_to_an_existing_core_succeeds() {
         let core = available_cores().unwrap().main_lcore();
         // A thread of its own, so the test harness's thread keeps its mask.
-        std::thread::spawn(move || pin_current_thread(core))
-            .join()
-            .unwrap()
-            .unwrap();
+        std::thread::spawn(move || pin_current_thread(core)).join().unwrap().unwrap();
     }
 }

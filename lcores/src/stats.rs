@@ -53,18 +53,15 @@ impl LcoreStats {
     #[inline]
     pub(crate) fn publish_busy(&self, counts: &LoopCounts) {
         self.iterations.store(counts.iterations, Ordering::Relaxed);
-        self.busy_iterations
-            .store(counts.busy_iterations, Ordering::Relaxed);
-        self.busy_cycles
-            .store(counts.busy_cycles, Ordering::Relaxed);
+        self.busy_iterations.store(counts.busy_iterations, Ordering::Relaxed);
+        self.busy_cycles.store(counts.busy_cycles, Ordering::Relaxed);
     }
 
     /// Publishes the counters after an idle iteration (busy counts did not change).
     #[inline]
     pub(crate) fn publish_idle(&self, counts: &LoopCounts) {
         self.iterations.store(counts.iterations, Ordering::Relaxed);
-        self.idle_cycles
-            .store(counts.idle_cycles, Ordering::Relaxed);
+        self.idle_cycles.store(counts.idle_cycles, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self, lcore: LcoreId) -> LcoreStatsSnapshot {

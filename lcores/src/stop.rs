@@ -46,10 +46,8 @@ struct SignalState {
     flags: Vec<StopFlag>,
 }
 
-static SIGNAL_STATE: Mutex<SignalState> = Mutex::new(SignalState {
-    installed: false,
-    flags: Vec::new(),
-});
+static SIGNAL_STATE: Mutex<SignalState> =
+    Mutex::new(SignalState { installed: false, flags: Vec::new() });
 static SIGNALS_SEEN: AtomicUsize = AtomicUsize::new(0);
 
 /// Raises `stop` on Ctrl-C, SIGTERM or SIGHUP.

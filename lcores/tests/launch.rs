@@ -30,22 +30,14 @@ fn two_cores() -> Option<CoreList> {
 
 fn lcores_on_two_cores<R: Send + 'static>(idle: IdleStrategy) -> Option<(Lcores<R>, usize)> {
     let cores = two_cores()?;
-    let lcores: Lcores<R> = Lcores::new(LcoresConfig {
-        idle,
-        ..LcoresConfig::new(cores)
-    })
-    .unwrap();
+    let lcores: Lcores<R> = Lcores::new(LcoresConfig { idle, ..LcoresConfig::new(cores) }).unwrap();
     let worker = lcores.worker_lcores().next().unwrap();
     Some((lcores, worker))
 }
 
 /// The cores the calling thread may run on, as the kernel sees them now.
 fn current_affinity() -> Vec<usize> {
-    core_affinity::get_core_ids()
-        .unwrap()
-        .into_iter()
-        .map(|id| id.id)
-        .collect()
+    core_affinity::get_core_ids().unwrap().into_iter().map(|id| id.id).collect()
 }
 
 /// Waits (politely: the caller is not a polling lcore) until `done` holds.
@@ -68,15 +60,9 @@ fn work_runs_pinned_on_its_lcore_and_returns_its_result() {
         return;
     };
     let main = lcores.main_lcore();
-    assert_eq!(
-        current_affinity(),
-        [main],
-        "the calling thread is pinned to main"
-    );
+    assert_eq!(current_affinity(), [main], "the calling thread is pinned to main");
     lcores
-        .remote_launch(worker, |ctx| {
-            (ctx.lcore_id(), ctx.lcore_index(), current_affinity())
-        })
+        .remote_launch(worker, |ctx| (ctx.lcore_id(), ctx.lcore_index(), current_affinity()))
         .unwrap();
     let results = lcores.wait_all();
     assert_eq!(results.len(), 1);
@@ -107,9 +93,7 @@ fn a_panicking_lcore_is_reported_as_an_error() {
         return;
     };
     lcores
-        .remote_launch(worker, |ctx| {
-            panic!("lcore {} lost its endpoint", ctx.lcore_id())
-        })
+        .remote_launch(worker, |ctx| panic!("lcore {} lost its endpoint", ctx.lcore_id()))
         .unwrap();
     wait_until(|| lcores.state(worker) == Some(LcoreState::Finished));
     let results = lcores.wait_all();
@@ -134,10 +118,7 @@ fn launching_on_an_unknown_main_or_busy_lcore_is_refused() {
     let main = lcores.main_lcore();
     assert!(matches!(
         lcores.remote_launch(MAX_LCORE_ID, |_| ()),
-        Err(LaunchError::UnknownLcore {
-            lcore: MAX_LCORE_ID,
-            ..
-        })
+        Err(LaunchError::UnknownLcore { lcore: MAX_LCORE_ID, .. })
     ));
     assert!(matches!(
         lcores.remote_launch(main, |_| ()),
@@ -151,10 +132,7 @@ fn launching_on_an_unknown_main_or_busy_lcore_is_refused() {
         .unwrap();
     assert_eq!(lcores.state(worker), Some(LcoreState::Running));
     let refused = lcores.remote_launch(worker, |_| ());
-    assert!(
-        matches!(refused, Err(LaunchError::Busy { lcore }) if lcore == worker),
-        "{refused:?}"
-    );
+    assert!(matches!(refused, Err(LaunchError::Busy { lcore }) if lcore == worker), "{refused:?}");
     lcores.stop();
     let results = lcores.wait_all();
     assert!(results[0].1.is_ok());
@@ -168,10 +146,7 @@ fn a_finished_but_unwaited_lcore_is_still_busy() {
     };
     lcores.remote_launch(worker, |_| ()).unwrap();
     wait_until(|| lcores.state(worker) == Some(LcoreState::Finished));
-    assert!(matches!(
-        lcores.remote_launch(worker, |_| ()),
-        Err(LaunchError::Busy { .. })
-    ));
+    assert!(matches!(lcores.remote_launch(worker, |_| ()), Err(LaunchError::Busy { .. })));
     lcores.wait_all();
 }
 
@@ -181,9 +156,7 @@ fn the_stop_flag_ends_a_running_loop_and_idle_time_is_not_busy() {
     let Some((mut lcores, worker)) = lcores_on_two_cores(IdleStrategy::Spin) else {
         return;
     };
-    lcores
-        .remote_launch(worker, |ctx| ctx.run_until_stopped(|| false))
-        .unwrap();
+    lcores.remote_launch(worker, |ctx| ctx.run_until_stopped(|| false)).unwrap();
     wait_until(|| lcores.stats(worker).unwrap().iterations > 1_000);
     lcores.stop();
     let (_, result) = lcores.wait_all().pop().unwrap();
@@ -192,11 +165,7 @@ fn the_stop_flag_ends_a_running_loop_and_idle_time_is_not_busy() {
     assert_eq!(run.busy_iterations, 0);
     assert_eq!(run.busy_cycles, 0);
     assert!(run.idle_cycles > 0);
-    assert_eq!(
-        lcores.stats(worker).unwrap(),
-        run,
-        "the main lcore reads the same counts"
-    );
+    assert_eq!(lcores.stats(worker).unwrap(), run, "the main lcore reads the same counts");
 }
 
 #[test]
@@ -205,9 +174,7 @@ fn a_step_that_always_works_is_counted_all_busy() {
     let Some((mut lcores, worker)) = lcores_on_two_cores(IdleStrategy::Spin) else {
         return;
     };
-    lcores
-        .remote_launch(worker, |ctx| ctx.run_until_stopped(|| true))
-        .unwrap();
+    lcores.remote_launch(worker, |ctx| ctx.run_until_stopped(|| true)).unwrap();
     let reader = lcores.stats_reader();
     wait_until(|| reader.snapshot(worker).unwrap().iterations > 1_000);
     lcores.stop();
@@ -233,24 +200,13 @@ fn the_main_lcore_runs_on_the_calling_thread_with_its_own_stats() {
                 left -= 1;
                 if left == 0 { Step::Done } else { Step::Idle }
             });
-            (
-                ctx.lcore_id(),
-                ctx.idle_strategy(),
-                std::thread::current().id() == caller,
-                run,
-            )
+            (ctx.lcore_id(), ctx.idle_strategy(), std::thread::current().id() == caller, run)
         })
         .unwrap();
-    assert_eq!(
-        (lcore, idle, same_thread),
-        (main, IdleStrategy::Backoff, true)
-    );
+    assert_eq!((lcore, idle, same_thread), (main, IdleStrategy::Backoff, true));
     assert_eq!((run.iterations, run.busy_iterations), (100, 1));
     let all = lcores.stats_all();
-    assert_eq!(
-        all.iter().map(|s| s.lcore).collect::<Vec<_>>(),
-        [main, worker]
-    );
+    assert_eq!(all.iter().map(|s| s.lcore).collect::<Vec<_>>(), [main, worker]);
     assert_eq!(all[0].iterations, 100);
     assert_eq!(all[1].iterations, 0, "the worker never ran");
 }
@@ -262,11 +218,8 @@ fn main_lcore_can_be_chosen() {
         return;
     };
     let (first, second) = (cores.as_slice()[0], cores.as_slice()[1]);
-    let lcores: Lcores = Lcores::new(LcoresConfig {
-        main_lcore: Some(second),
-        ..LcoresConfig::new(cores)
-    })
-    .unwrap();
+    let lcores: Lcores =
+        Lcores::new(LcoresConfig { main_lcore: Some(second), ..LcoresConfig::new(cores) }).unwrap();
     assert_eq!(lcores.main_lcore(), second);
     assert_eq!(lcores.worker_lcores().collect::<Vec<_>>(), [first]);
 }
@@ -294,22 +247,14 @@ fn a_core_that_does_not_exist_is_refused_by_name() {
     let available = available_cores().unwrap();
     let cores = CoreList::from_cores([available.main_lcore(), MAX_LCORE_ID]).unwrap();
     let err = Lcores::<()>::new(LcoresConfig::new(cores)).unwrap_err();
-    assert_eq!(
-        err,
-        LcoresError::Pin(PinError::NoSuchCore {
-            core: MAX_LCORE_ID,
-            available
-        })
-    );
+    assert_eq!(err, LcoresError::Pin(PinError::NoSuchCore { core: MAX_LCORE_ID, available }));
 }
 
 #[test]
 fn a_main_lcore_outside_the_list_is_refused() {
     let cores: CoreList = "0".parse().unwrap();
-    let err = Lcores::<()>::new(LcoresConfig {
-        main_lcore: Some(1),
-        ..LcoresConfig::new(cores.clone())
-    })
-    .unwrap_err();
+    let err =
+        Lcores::<()>::new(LcoresConfig { main_lcore: Some(1), ..LcoresConfig::new(cores.clone()) })
+            .unwrap_err();
     assert_eq!(err, LcoresError::MainNotInList { main: 1, cores });
 }

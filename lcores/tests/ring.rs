@@ -16,10 +16,7 @@ fn ends_can_move_to_other_threads() {
 #[test]
 fn capacity_must_be_a_power_of_two() {
     for capacity in [0, 3, 6, 1000] {
-        assert_eq!(
-            spsc::<u8>(capacity).unwrap_err(),
-            CapacityError { capacity }
-        );
+        assert_eq!(spsc::<u8>(capacity).unwrap_err(), CapacityError { capacity });
     }
     for capacity in [1, 2, 1024] {
         let (tx, rx) = spsc::<u8>(capacity).unwrap();
@@ -86,10 +83,7 @@ fn push_burst_takes_what_fits_and_leaves_the_rest_in_the_iterator() {
     assert_eq!(rx.pop_burst(3).collect::<Vec<_>>(), [0, 1, 2]);
     assert_eq!(tx.push_burst(&mut (8..10)), 2);
     assert_eq!(tx.push_burst(&mut std::iter::empty()), 0);
-    assert_eq!(
-        rx.pop_burst(usize::MAX).collect::<Vec<_>>(),
-        [3, 4, 5, 6, 7, 8, 9]
-    );
+    assert_eq!(rx.pop_burst(usize::MAX).collect::<Vec<_>>(), [3, 4, 5, 6, 7, 8, 9]);
     assert_eq!(rx.pop_burst(32).count(), 0);
 }
 
@@ -102,11 +96,7 @@ fn pop_burst_leaves_items_it_did_not_yield() {
     assert_eq!(burst.next(), Some(0));
     drop(burst);
     assert_eq!(rx.len(), 5);
-    assert_eq!(
-        tx.free_space(),
-        3,
-        "the popped slot went back to the producer"
-    );
+    assert_eq!(tx.free_space(), 3, "the popped slot went back to the producer");
     assert_eq!(rx.pop_burst(32).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
 }
 
@@ -115,10 +105,7 @@ fn bulk_push_is_all_or_nothing() {
     let (mut tx, mut rx) = spsc::<u32>(4).unwrap();
     tx.push(0).unwrap();
     let mut too_many = vec![1, 2, 3, 4].into_iter();
-    assert_eq!(
-        tx.push_bulk(&mut too_many),
-        Err(NoRoom { needed: 4, free: 3 })
-    );
+    assert_eq!(tx.push_bulk(&mut too_many), Err(NoRoom { needed: 4, free: 3 }));
     assert_eq!(too_many.len(), 4, "nothing was taken");
     assert_eq!(rx.len(), 1, "nothing was pushed");
     let mut fits = vec![1, 2, 3].into_iter();
@@ -177,11 +164,7 @@ fn dropping_the_ring_drops_remaining_items_once() {
             drop(tx);
             drop(rx);
         }
-        assert_eq!(
-            drops.load(Ordering::Relaxed),
-            6,
-            "consumer_first={consumer_first}"
-        );
+        assert_eq!(drops.load(Ordering::Relaxed), 6, "consumer_first={consumer_first}");
     }
 }
 

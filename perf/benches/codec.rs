@@ -74,9 +74,7 @@ fn every_type(c: &mut Criterion) {
     let mut g = c.benchmark_group("parse");
     g.throughput(Throughput::Elements(1));
     for (name, bytes) in golden::ALL {
-        g.bench_function(*name, |b| {
-            b.iter(|| black_box(Packet::parse(black_box(bytes)).unwrap()))
-        });
+        g.bench_function(*name, |b| b.iter(|| black_box(Packet::parse(black_box(bytes)).unwrap())));
     }
     g.finish();
     let mut g = c.benchmark_group("emit");
@@ -84,9 +82,7 @@ fn every_type(c: &mut Criterion) {
     let mut buf = [0u8; 256];
     for (name, bytes) in golden::ALL {
         let packet = Packet::parse(bytes).unwrap();
-        g.bench_function(*name, |b| {
-            b.iter(|| black_box(black_box(&packet).emit(&mut buf)))
-        });
+        g.bench_function(*name, |b| b.iter(|| black_box(black_box(&packet).emit(&mut buf))));
     }
     g.finish();
 }

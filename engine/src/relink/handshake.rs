@@ -62,11 +62,7 @@ fn read_u64(buf: &[u8], at: usize) -> u64 {
 
 /// Zero ("none") or within [1, 2^63) (relink 1).
 fn check_link_id(link_id: u64) -> Result<u64, WireError> {
-    if link_id < LINK_ID_END {
-        Ok(link_id)
-    } else {
-        Err(WireError::LinkIdOutOfRange(link_id))
-    }
+    if link_id < LINK_ID_END { Ok(link_id) } else { Err(WireError::LinkIdOutOfRange(link_id)) }
 }
 
 /// Either peer's version transmission (relink 1): one byte and 7 of padding.
@@ -83,12 +79,7 @@ impl VersionRepr {
         if buf.len() < Self::LEN {
             return Parsed::Incomplete { need: Self::LEN };
         }
-        Parsed::Complete {
-            value: VersionRepr {
-                version: buf[field::VERSION],
-            },
-            len: Self::LEN,
-        }
+        Parsed::Complete { value: VersionRepr { version: buf[field::VERSION] }, len: Self::LEN }
     }
 
     pub const fn buffer_len(&self) -> usize {
@@ -97,10 +88,7 @@ impl VersionRepr {
 
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
         let Some(buf) = buf.get_mut(..Self::LEN) else {
-            return Err(EmitError::BufferTooShort {
-                need: Self::LEN,
-                have: buf.len(),
-            });
+            return Err(EmitError::BufferTooShort { need: Self::LEN, have: buf.len() });
         };
         buf.fill(0);
         buf[field::VERSION] = self.version;
@@ -155,9 +143,7 @@ const _: () = assert!(RequestLayout::new(6).len == 32);
 impl<'a> RequestRepr<'a> {
     pub fn parse(buf: &'a [u8]) -> Result<Parsed<Self>, WireError> {
         let Some(&name_len) = buf.get(field::NAME_LEN) else {
-            return Ok(Parsed::Incomplete {
-                need: RequestLayout::new(0).len,
-            });
+            return Ok(Parsed::Incomplete { need: RequestLayout::new(0).len });
         };
         let name_len = usize::from(name_len);
         let layout = RequestLayout::new(name_len);
@@ -204,10 +190,7 @@ impl<'a> RequestRepr<'a> {
         let layout = RequestLayout::new(name.len());
         let have = buf.len();
         let Some(buf) = buf.get_mut(..layout.len) else {
-            return Err(EmitError::BufferTooShort {
-                need: layout.len,
-                have,
-            });
+            return Err(EmitError::BufferTooShort { need: layout.len, have });
         };
         buf.fill(0);
         buf[field::NAME_LEN] = name_len;
@@ -255,10 +238,7 @@ impl ReplyRepr {
         }
         let have = buf.len();
         let Some(buf) = buf.get_mut(..Self::LEN) else {
-            return Err(EmitError::BufferTooShort {
-                need: Self::LEN,
-                have,
-            });
+            return Err(EmitError::BufferTooShort { need: Self::LEN, have });
         };
         buf[field::REPLY_EPOCH].copy_from_slice(&self.epoch.to_le_bytes());
         buf[field::REPLY_LINK_ID].copy_from_slice(&self.link_id.to_le_bytes());
@@ -297,13 +277,7 @@ mod tests {
     #[test]
     fn golden_connector_request() {
         let repr = request_6();
-        assert_eq!(
-            RequestRepr::parse(&REQUEST_6),
-            Ok(Parsed::Complete {
-                value: repr,
-                len: 32
-            })
-        );
+        assert_eq!(RequestRepr::parse(&REQUEST_6), Ok(Parsed::Complete { value: repr, len: 32 }));
         assert_eq!(repr.buffer_len(), 32);
         let mut buf = [SENTINEL; 48];
         assert_eq!(repr.emit(&mut buf), Ok(32));
@@ -321,34 +295,17 @@ mod tests {
     fn golden_versions_and_reply() {
         let mut buf = [SENTINEL; 12];
         assert_eq!(VersionRepr { version: 0 }.emit(&mut buf), Ok(8));
-        assert_eq!(
-            buf,
-            [
-                0, 0, 0, 0, 0, 0, 0, 0, SENTINEL, SENTINEL, SENTINEL, SENTINEL
-            ]
-        );
+        assert_eq!(buf, [0, 0, 0, 0, 0, 0, 0, 0, SENTINEL, SENTINEL, SENTINEL, SENTINEL]);
         // relink: padding is ignored when received.
         assert_eq!(
             VersionRepr::parse(&[3, 9, 9, 9, 9, 9, 9, 9]),
-            Parsed::Complete {
-                value: VersionRepr { version: 3 },
-                len: 8
-            }
+            Parsed::Complete { value: VersionRepr { version: 3 }, len: 8 }
         );
         assert_eq!(VersionRepr::parse(&[0; 7]), Parsed::Incomplete { need: 8 });
 
-        let reply = ReplyRepr {
-            epoch: 0x0102_0304_0506_0708,
-            link_id: 42,
-        };
+        let reply = ReplyRepr { epoch: 0x0102_0304_0506_0708, link_id: 42 };
         let bytes = [8, 7, 6, 5, 4, 3, 2, 1, 42, 0, 0, 0, 0, 0, 0, 0];
-        assert_eq!(
-            ReplyRepr::parse(&bytes),
-            Ok(Parsed::Complete {
-                value: reply,
-                len: 16
-            })
-        );
+        assert_eq!(ReplyRepr::parse(&bytes), Ok(Parsed::Complete { value: reply, len: 16 }));
         let mut buf = [SENTINEL; 20];
         assert_eq!(reply.emit(&mut buf), Ok(16));
         assert_eq!(&buf[..16], &bytes);
@@ -362,10 +319,7 @@ mod tests {
         bytes[10..16].fill(0xee);
         assert_eq!(
             RequestRepr::parse(&bytes),
-            Ok(Parsed::Complete {
-                value: request_6(),
-                len: 32
-            })
+            Ok(Parsed::Complete { value: request_6(), len: 32 })
         );
     }
 
@@ -377,31 +331,19 @@ mod tests {
 
         let mut wide = REQUEST_6;
         wide[7] = 9;
-        assert_eq!(
-            RequestRepr::parse(&wide),
-            Err(WireError::ChannelIdLenUnsupported(9))
-        );
+        assert_eq!(RequestRepr::parse(&wide), Err(WireError::ChannelIdLenUnsupported(9)));
 
         let mut link = REQUEST_6;
         link[24..32].copy_from_slice(&LINK_ID_END.to_le_bytes());
-        assert_eq!(
-            RequestRepr::parse(&link),
-            Err(WireError::LinkIdOutOfRange(LINK_ID_END))
-        );
+        assert_eq!(RequestRepr::parse(&link), Err(WireError::LinkIdOutOfRange(LINK_ID_END)));
 
         let mut reply = [0; 16];
         reply[8..].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert_eq!(
-            ReplyRepr::parse(&reply),
-            Err(WireError::LinkIdOutOfRange(u64::MAX))
-        );
+        assert_eq!(ReplyRepr::parse(&reply), Err(WireError::LinkIdOutOfRange(u64::MAX)));
         // Zero is "none" on the wire; the link decides whether it is allowed.
         assert!(matches!(
             ReplyRepr::parse(&[0; 16]),
-            Ok(Parsed::Complete {
-                value: ReplyRepr { link_id: 0, .. },
-                ..
-            })
+            Ok(Parsed::Complete { value: ReplyRepr { link_id: 0, .. }, .. })
         ));
     }
 
@@ -414,10 +356,7 @@ mod tests {
         assert_eq!(repr.emit(&mut buf), Err(EmitError::NameTooLong(256)));
         let mut repr = request_6();
         repr.link_id = LINK_ID_END;
-        assert_eq!(
-            repr.emit(&mut buf),
-            Err(EmitError::LinkIdOutOfRange(LINK_ID_END))
-        );
+        assert_eq!(repr.emit(&mut buf), Err(EmitError::LinkIdOutOfRange(LINK_ID_END)));
         let repr = request_6();
         assert_eq!(
             repr.emit(&mut buf[..31]),

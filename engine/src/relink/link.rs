@@ -87,14 +87,8 @@ impl Params {
 
     fn flags(&self) -> HandshakeFlags {
         let mut flags = HandshakeFlags::empty();
-        flags.set(
-            HandshakeFlags::CONNECTOR_TRANSACTIONS,
-            self.connector_transactions,
-        );
-        flags.set(
-            HandshakeFlags::LISTENER_TRANSACTIONS,
-            self.listener_transactions,
-        );
+        flags.set(HandshakeFlags::CONNECTOR_TRANSACTIONS, self.connector_transactions);
+        flags.set(HandshakeFlags::LISTENER_TRANSACTIONS, self.listener_transactions);
         flags
     }
 
@@ -102,12 +96,8 @@ impl Params {
         Params {
             connector_id_len: request.connector_id_len,
             listener_id_len: request.listener_id_len,
-            connector_transactions: request
-                .flags
-                .contains(HandshakeFlags::CONNECTOR_TRANSACTIONS),
-            listener_transactions: request
-                .flags
-                .contains(HandshakeFlags::LISTENER_TRANSACTIONS),
+            connector_transactions: request.flags.contains(HandshakeFlags::CONNECTOR_TRANSACTIONS),
+            listener_transactions: request.flags.contains(HandshakeFlags::LISTENER_TRANSACTIONS),
         }
     }
 
@@ -156,10 +146,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            wire: WireLimits::default(),
-            max_unconsumed: 1024,
-        }
+        Limits { wire: WireLimits::default(), max_unconsumed: 1024 }
     }
 }
 
@@ -187,20 +174,12 @@ impl ConnectorConfig {
 pub enum Event {
     /// A handshake completed. `resumed` says whether the old link went on;
     /// if not, everything from an earlier link was discarded.
-    Connected {
-        link_id: u64,
-        epoch: u64,
-        resumed: bool,
-    },
+    Connected { link_id: u64, epoch: u64, resumed: bool },
     /// The peer caught up after a resumed handshake; messaging goes on.
     PeerResumed,
     /// A message on one of the peer's channels. Acknowledge it with
     /// [`Link::consume`] once done with it.
-    Message {
-        channel: u64,
-        seq: u32,
-        parts: Vec<Vec<u8>>,
-    },
+    Message { channel: u64, seq: u32, parts: Vec<Vec<u8>> },
     /// The peer asks to process its messages through `seq`; answer with
     /// [`Link::resolve_commit`].
     Commit { channel: u64, seq: u32 },
@@ -385,10 +364,7 @@ impl OutChannel {
     }
 
     fn pending_commits(&self) -> usize {
-        self.log
-            .iter()
-            .filter(|item| matches!(item, Logged::Commit(_)))
-            .count()
+        self.log.iter().filter(|item| matches!(item, Logged::Commit(_))).count()
     }
 
     /// Drops messages the peer acknowledged, received or consumed.
@@ -456,21 +432,10 @@ impl InChannel {
 /// Channel packets waiting for their first transmission, in command order.
 #[derive(Debug)]
 enum Unsent {
-    Message {
-        channels: Vec<u64>,
-        data: MessageData,
-    },
-    Commit {
-        channel: u64,
-        seq: u32,
-    },
-    Rollback {
-        channel: u64,
-        seq: u32,
-    },
-    Close {
-        channel: u64,
-    },
+    Message { channels: Vec<u64>, data: MessageData },
+    Commit { channel: u64, seq: u32 },
+    Rollback { channel: u64, seq: u32 },
+    Close { channel: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -555,12 +520,8 @@ impl Link {
         if config.endpoint_name.len() > usize::from(u8::MAX) {
             return Err(HandshakeError::NameTooLong(config.endpoint_name.len()));
         }
-        let mut link = Link::new(
-            Role::Connector,
-            config.endpoint_name,
-            config.params,
-            config.limits,
-        );
+        let mut link =
+            Link::new(Role::Connector, config.endpoint_name, config.params, config.limits);
         link.start_handshake(false);
         Ok(link)
     }
@@ -571,12 +532,7 @@ impl Link {
         if accepted.resumed {
             return Err(LinkError::NotNew(accepted.link_id));
         }
-        let mut link = Link::new(
-            Role::Listener,
-            accepted.endpoint_name,
-            accepted.params,
-            limits,
-        );
+        let mut link = Link::new(Role::Listener, accepted.endpoint_name, accepted.params, limits);
         link.epoch = accepted.epoch;
         link.link_id = accepted.link_id;
         link.open(false);
@@ -595,10 +551,7 @@ impl Link {
             || accepted.link_id != self.link_id
             || accepted.epoch != self.epoch
         {
-            return Err(LinkError::WrongLink {
-                want: self.link_id,
-                got: accepted.link_id,
-            });
+            return Err(LinkError::WrongLink { want: self.link_id, got: accepted.link_id });
         }
         self.reset_stream();
         self.open(true);
@@ -680,10 +633,9 @@ impl Link {
         for (&channel, state) in &self.out {
             for item in &state.log {
                 unsent.push_back(match item {
-                    Logged::Message { data, .. } => Unsent::Message {
-                        channels: vec![channel],
-                        data: Arc::clone(data),
-                    },
+                    Logged::Message { data, .. } => {
+                        Unsent::Message { channels: vec![channel], data: Arc::clone(data) }
+                    }
                     Logged::Commit(seq) => Unsent::Commit { channel, seq: *seq },
                     Logged::Close => Unsent::Close { channel },
                 });
@@ -754,10 +706,7 @@ impl Link {
     /// is queued.
     pub fn send(&mut self, channel: u64, parts: &[&[u8]]) -> Result<u32, CommandError> {
         self.send_multicast(&[channel], parts)?;
-        Ok(self
-            .out
-            .get(&channel)
-            .map_or(0, |c| c.next_seq.wrapping_sub(1)))
+        Ok(self.out.get(&channel).map_or(0, |c| c.next_seq.wrapping_sub(1)))
     }
 
     /// Sends one message to several of our channels, each numbering it in
@@ -777,16 +726,10 @@ impl Link {
             // relink 3.3: sending reopens a closed channel. Its numbering
             // goes on, so late acknowledgements of the old one stay stale.
             state.closed = false;
-            state.log.push_back(Logged::Message {
-                seq,
-                data: Arc::clone(&data),
-            });
+            state.log.push_back(Logged::Message { seq, data: Arc::clone(&data) });
         }
         if self.is_messaging() && !channels.is_empty() {
-            self.stream.unsent.push_back(Unsent::Message {
-                channels: channels.to_vec(),
-                data,
-            });
+            self.stream.unsent.push_back(Unsent::Message { channels: channels.to_vec(), data });
         }
         Ok(())
     }
@@ -797,10 +740,7 @@ impl Link {
         }
         let wire = &self.limits.wire;
         if parts.len() > wire.max_parts as usize {
-            return Err(CommandError::TooManyParts {
-                count: parts.len(),
-                max: wire.max_parts,
-            });
+            return Err(CommandError::TooManyParts { count: parts.len(), max: wire.max_parts });
         }
         if channels.len() > wire.max_channel_ids as usize {
             return Err(CommandError::TooManyChannels {
@@ -812,10 +752,7 @@ impl Link {
         let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
         for &channel in channels {
             if !channel_id_fits(channel, id_len) {
-                return Err(CommandError::ChannelIdTooWide {
-                    channel,
-                    len: id_len,
-                });
+                return Err(CommandError::ChannelIdTooWide { channel, len: id_len });
             }
             *counts.entry(channel).or_default() += 1;
         }
@@ -843,10 +780,7 @@ impl Link {
         let len = PacketRepr::Message(MessageRepr::new(target, parts))
             .buffer_len(self.params.sender_ids(self.role));
         if len > wire.max_packet_len {
-            return Err(CommandError::MessageTooLong {
-                len,
-                max: wire.max_packet_len,
-            });
+            return Err(CommandError::MessageTooLong { len, max: wire.max_packet_len });
         }
         Ok(())
     }
@@ -858,10 +792,7 @@ impl Link {
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
         }
-        let state = self
-            .out
-            .get(&channel)
-            .ok_or(CommandError::NothingToCommit { channel })?;
+        let state = self.out.get(&channel).ok_or(CommandError::NothingToCommit { channel })?;
         let last = state.next_seq.wrapping_sub(1);
         if last == state.transaction_end {
             return Err(CommandError::NothingToCommit { channel });
@@ -885,9 +816,7 @@ impl Link {
         state.transaction_end = seq;
         state.log.push_back(Logged::Commit(seq));
         if messaging {
-            self.stream
-                .unsent
-                .push_back(Unsent::Commit { channel, seq });
+            self.stream.unsent.push_back(Unsent::Commit { channel, seq });
         }
         Ok(seq)
     }
@@ -902,9 +831,7 @@ impl Link {
             state.transaction_end = seq;
         }
         if messaging {
-            self.stream
-                .unsent
-                .push_back(Unsent::Rollback { channel, seq });
+            self.stream.unsent.push_back(Unsent::Rollback { channel, seq });
         }
         Ok(seq)
     }
@@ -932,10 +859,8 @@ impl Link {
     /// Acknowledges that the application consumed the peer's messages on
     /// `channel` through `seq` (relink 3.1).
     pub fn consume(&mut self, channel: u64, seq: u32) -> Result<(), CommandError> {
-        let state = self
-            .inc
-            .get_mut(&channel)
-            .ok_or(CommandError::NoSuchMessage { channel, seq })?;
+        let state =
+            self.inc.get_mut(&channel).ok_or(CommandError::NoSuchMessage { channel, seq })?;
         let d = distance(state.consumed, seq);
         if d == 0 || d > distance(state.consumed, state.received) {
             return Err(CommandError::NoSuchMessage { channel, seq });
@@ -1071,38 +996,20 @@ impl Link {
                     [channel] => Target::Unicast(*channel),
                     _ => Target::Multicast(ChannelIds::from_slice(&channels)),
                 };
-                push_packet(
-                    out,
-                    &PacketRepr::Message(MessageRepr::new(target, &parts)),
-                    ids,
-                );
+                push_packet(out, &PacketRepr::Message(MessageRepr::new(target, &parts)), ids);
             }
             Unsent::Commit { channel, seq } => {
                 let Some(state) = self.out.get_mut(&channel) else {
                     return;
                 };
-                push_op(
-                    out,
-                    ids,
-                    channel,
-                    SequenceOp::Commit,
-                    state.commit_sent,
-                    seq,
-                );
+                push_op(out, ids, channel, SequenceOp::Commit, state.commit_sent, seq);
                 state.commit_sent = Some(seq);
             }
             Unsent::Rollback { channel, seq } => {
                 let Some(state) = self.out.get_mut(&channel) else {
                     return;
                 };
-                push_op(
-                    out,
-                    ids,
-                    channel,
-                    SequenceOp::Rollback,
-                    state.rollback_sent,
-                    seq,
-                );
+                push_op(out, ids, channel, SequenceOp::Rollback, state.rollback_sent, seq);
                 state.rollback_sent = Some(seq);
             }
             Unsent::Close { channel } => {
@@ -1185,10 +1092,7 @@ impl Link {
 
     fn send_request(&mut self) {
         let mut flags = self.params.flags();
-        flags.set(
-            HandshakeFlags::REQUIRE_OLD_LINK_ID,
-            self.require_old_link_id,
-        );
+        flags.set(HandshakeFlags::REQUIRE_OLD_LINK_ID, self.require_old_link_id);
         let request = RequestRepr {
             name: &self.endpoint_name,
             connector_id_len: self.params.connector_id_len,
@@ -1260,19 +1164,15 @@ impl Link {
                     ChannelAck::Committed => SequenceAck::Committed,
                     ChannelAck::Uncommitted => SequenceAck::Uncommitted,
                     ChannelAck::Closed => {
-                        target
-                            .iter()
-                            .for_each(|channel| self.handle_closed(channel));
+                        target.iter().for_each(|channel| self.handle_closed(channel));
                         return Ok(());
                     }
                 };
-                target
-                    .iter()
-                    .try_for_each(|channel| self.handle_ack(channel, ack, None))
+                target.iter().try_for_each(|channel| self.handle_ack(channel, ack, None))
             }
-            PacketRepr::SequenceAcknowledgement { target, ack, seq } => target
-                .iter()
-                .try_for_each(|channel| self.handle_ack(channel, ack, Some(seq))),
+            PacketRepr::SequenceAcknowledgement { target, ack, seq } => {
+                target.iter().try_for_each(|channel| self.handle_ack(channel, ack, Some(seq)))
+            }
             PacketRepr::Message(message) => {
                 self.check_resume_written()?;
                 for channel in message.target.iter() {
@@ -1311,11 +1211,7 @@ impl Link {
 
     /// relink 1: no messaging on a resumed link before it is resumed.
     fn check_resume_written(&self) -> Result<(), LinkError> {
-        if self.stream.resume_written {
-            Ok(())
-        } else {
-            Err(LinkError::MessageBeforeResume)
-        }
+        if self.stream.resume_written { Ok(()) } else { Err(LinkError::MessageBeforeResume) }
     }
 
     fn check_done(&mut self) {
@@ -1335,11 +1231,7 @@ impl Link {
         state.received = seq;
         state.any_received = true;
         state.closed = false;
-        self.events.push_back(Event::Message {
-            channel,
-            seq,
-            parts: parts.to_vecs(),
-        });
+        self.events.push_back(Event::Message { channel, seq, parts: parts.to_vecs() });
         Ok(())
     }
 
@@ -1373,32 +1265,20 @@ impl Link {
             return Ok(());
         }
         if distance(cursor, target) > distance(cursor, state.received) {
-            return Err(LinkError::OpBeyondReceived {
-                channel,
-                seq: target,
-            });
+            return Err(LinkError::OpBeyondReceived { channel, seq: target });
         }
         match op {
             SequenceOp::Commit => {
                 if state.undecided.len() >= MAX_PENDING_COMMITS {
-                    return Err(LinkError::TooManyCommits {
-                        channel,
-                        max: MAX_PENDING_COMMITS,
-                    });
+                    return Err(LinkError::TooManyCommits { channel, max: MAX_PENDING_COMMITS });
                 }
                 state.commit = target;
                 state.undecided.push_back(target);
-                self.events.push_back(Event::Commit {
-                    channel,
-                    seq: target,
-                });
+                self.events.push_back(Event::Commit { channel, seq: target });
             }
             SequenceOp::Rollback => {
                 state.rollback = target;
-                self.events.push_back(Event::Rollback {
-                    channel,
-                    seq: target,
-                });
+                self.events.push_back(Event::Rollback { channel, seq: target });
             }
         }
         Ok(())
@@ -1416,15 +1296,9 @@ impl Link {
         }
         let Some(state) = self.out.get_mut(&channel) else {
             return Err(if transactional {
-                LinkError::UnexpectedOutcome {
-                    channel,
-                    seq: seq.unwrap_or(0),
-                }
+                LinkError::UnexpectedOutcome { channel, seq: seq.unwrap_or(0) }
             } else {
-                LinkError::AckBeyondSent {
-                    channel,
-                    seq: seq.unwrap_or(0),
-                }
+                LinkError::AckBeyondSent { channel, seq: seq.unwrap_or(0) }
             });
         };
         let cursor = match ack {
@@ -1441,37 +1315,24 @@ impl Link {
             }
             let sent = state.next_seq.wrapping_sub(cursor.wrapping_add(1));
             if distance(*cursor, target) > sent {
-                return Err(LinkError::AckBeyondSent {
-                    channel,
-                    seq: target,
-                });
+                return Err(LinkError::AckBeyondSent { channel, seq: target });
             }
             *cursor = target;
             state.trim_log();
             return Ok(());
         }
-        let pending = state
-            .log
-            .iter()
-            .enumerate()
-            .find_map(|(i, item)| match item {
-                Logged::Commit(seq) => Some((i, *seq)),
-                _ => None,
-            });
+        let pending = state.log.iter().enumerate().find_map(|(i, item)| match item {
+            Logged::Commit(seq) => Some((i, *seq)),
+            _ => None,
+        });
         match pending {
             Some((index, pending_seq)) if pending_seq == target => {
                 *cursor = target;
                 state.log.remove(index);
                 self.events.push_back(if ack == SequenceAck::Committed {
-                    Event::Committed {
-                        channel,
-                        seq: target,
-                    }
+                    Event::Committed { channel, seq: target }
                 } else {
-                    Event::Uncommitted {
-                        channel,
-                        seq: target,
-                    }
+                    Event::Uncommitted { channel, seq: target }
                 });
                 Ok(())
             }
@@ -1485,10 +1346,7 @@ impl Link {
                 *cursor = target;
                 Ok(())
             }
-            Some(_) => Err(LinkError::UnexpectedOutcome {
-                channel,
-                seq: target,
-            }),
+            Some(_) => Err(LinkError::UnexpectedOutcome { channel, seq: target }),
         }
     }
 
@@ -1499,10 +1357,7 @@ impl Link {
         let Some(state) = self.out.get_mut(&channel) else {
             return;
         };
-        let messages_left = state
-            .log
-            .iter()
-            .any(|item| matches!(item, Logged::Message { .. }));
+        let messages_left = state.log.iter().any(|item| matches!(item, Logged::Message { .. }));
         if state.closing && !messages_left {
             state.closing = false;
             state.closed = true;
@@ -1736,10 +1591,7 @@ impl Acceptor {
         }
         let theirs = Params::from_request(&request);
         if theirs != listener.params {
-            return Err(HandshakeError::ParamsMismatch {
-                ours: listener.params,
-                theirs,
-            });
+            return Err(HandshakeError::ParamsMismatch { ours: listener.params, theirs });
         }
         let known = request.link_id != 0
             && request.epoch == listener.epoch
@@ -1751,11 +1603,7 @@ impl Acceptor {
             push_repr(&mut self.tx, |buf| reply.emit(buf), ReplyRepr::LEN);
             return Err(HandshakeError::LinkLost(request.link_id));
         }
-        let link_id = if known {
-            request.link_id
-        } else {
-            listener.allocate()
-        };
+        let link_id = if known { request.link_id } else { listener.allocate() };
         let accepted = Accepted {
             endpoint_name: request.name.to_owned(),
             params: theirs,

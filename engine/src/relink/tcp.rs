@@ -184,11 +184,7 @@ fn read_until(
         match stream.read(buf) {
             Ok(0) => return Err(TcpError::Disconnected),
             Ok(n) => return Ok(n),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
@@ -245,11 +241,7 @@ impl Server {
         if accepted.resumed {
             return Ok(Incoming::Resume(Resumption { stream, accepted }));
         }
-        Ok(Incoming::New(Box::new(Conn::accepted(
-            stream,
-            accepted,
-            &self.options,
-        )?)))
+        Ok(Incoming::New(Box::new(Conn::accepted(stream, accepted, &self.options)?)))
     }
 
     /// Forgets a finished link, so its id is never resumed.
@@ -416,11 +408,9 @@ impl Conn {
     fn collect_events(&mut self) {
         while let Some(event) = self.link.poll_event() {
             match event {
-                Event::Message {
-                    channel,
-                    seq,
-                    parts,
-                } => self.inbox.push_back((channel, seq, parts)),
+                Event::Message { channel, seq, parts } => {
+                    self.inbox.push_back((channel, seq, parts))
+                }
                 Event::Pong => self.pongs += 1,
                 Event::Connected { resumed, .. } => {
                     self.resumed = resumed;

@@ -74,10 +74,7 @@ const fn align_up_u64(n: u64, align: u64) -> Option<u64> {
 
 /// Little-endian unsigned integer of `bytes.len()` (at most 8) bytes.
 pub(crate) fn read_uint(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .rev()
-        .fold(0, |acc, &b| (acc << 8) | u64::from(b))
+    bytes.iter().rev().fold(0, |acc, &b| (acc << 8) | u64::from(b))
 }
 
 /// Writes the low `out.len()` (at most 8) bytes of `value`, little-endian.
@@ -305,16 +302,8 @@ impl IdSizes {
     /// Sizes above 8 become 8; for values already checked.
     pub(crate) const fn clamped(sender: u8, receiver: u8) -> Self {
         IdSizes {
-            sender: if sender > MAX_CHANNEL_ID_LEN {
-                MAX_CHANNEL_ID_LEN
-            } else {
-                sender
-            },
-            receiver: if receiver > MAX_CHANNEL_ID_LEN {
-                MAX_CHANNEL_ID_LEN
-            } else {
-                receiver
-            },
+            sender: if sender > MAX_CHANNEL_ID_LEN { MAX_CHANNEL_ID_LEN } else { sender },
+            receiver: if receiver > MAX_CHANNEL_ID_LEN { MAX_CHANNEL_ID_LEN } else { receiver },
         }
     }
 
@@ -330,18 +319,11 @@ impl IdSizes {
 
     /// The same sizes seen from the other peer.
     pub const fn reversed(self) -> Self {
-        IdSizes {
-            sender: self.receiver,
-            receiver: self.sender,
-        }
+        IdSizes { sender: self.receiver, receiver: self.sender }
     }
 
     const fn for_format(self, format: ChannelFormat) -> u8 {
-        if format.uses_sender_ids() {
-            self.sender
-        } else {
-            self.receiver
-        }
+        if format.uses_sender_ids() { self.sender } else { self.receiver }
     }
 }
 
@@ -361,11 +343,7 @@ pub struct WireLimits {
 
 impl Default for WireLimits {
     fn default() -> Self {
-        WireLimits {
-            max_packet_len: 16 << 20,
-            max_channel_ids: 4096,
-            max_parts: 4096,
-        }
+        WireLimits { max_packet_len: 16 << 20, max_channel_ids: 4096, max_parts: 4096 }
     }
 }
 
@@ -377,11 +355,7 @@ pub struct ChannelIds<'a>(IdsInner<'a>);
 #[derive(Clone, Copy)]
 enum IdsInner<'a> {
     Slice(&'a [u64]),
-    Wire {
-        bytes: &'a [u8],
-        id_len: u8,
-        count: u32,
-    },
+    Wire { bytes: &'a [u8], id_len: u8, count: u32 },
 }
 
 impl<'a> ChannelIds<'a> {
@@ -401,10 +375,7 @@ impl<'a> ChannelIds<'a> {
     }
 
     pub fn iter(&self) -> ChannelIdIter<'a> {
-        ChannelIdIter {
-            ids: *self,
-            index: 0,
-        }
+        ChannelIdIter { ids: *self, index: 0 }
     }
 
     fn get(&self, index: usize) -> Option<u64> {
@@ -552,12 +523,7 @@ pub struct Parts<'a>(PartsInner<'a>);
 #[derive(Clone, Copy)]
 enum PartsInner<'a> {
     Slice(&'a [&'a [u8]]),
-    Wire {
-        sizes: &'a [u8],
-        large: bool,
-        count: u32,
-        data: &'a [u8],
-    },
+    Wire { sizes: &'a [u8], large: bool, count: u32, data: &'a [u8] },
 }
 
 impl<'a> Parts<'a> {
@@ -578,11 +544,7 @@ impl<'a> Parts<'a> {
     }
 
     pub fn iter(&self) -> PartIter<'a> {
-        PartIter {
-            parts: *self,
-            index: 0,
-            data_at: 0,
-        }
+        PartIter { parts: *self, index: 0, data_at: 0 }
     }
 
     /// Copies every part out.
@@ -627,20 +589,11 @@ impl<'a> Iterator for PartIter<'a> {
                 self.index += 1;
                 Some(part)
             }
-            PartsInner::Wire {
-                sizes,
-                large,
-                count,
-                data,
-            } => {
+            PartsInner::Wire { sizes, large, count, data } => {
                 if self.index >= count as usize {
                     return None;
                 }
-                let width = if large {
-                    field::LARGE_SIZE_LEN
-                } else {
-                    field::SMALL_SIZE_LEN
-                };
+                let width = if large { field::LARGE_SIZE_LEN } else { field::SMALL_SIZE_LEN };
                 let at = self.index * width;
                 let size = usize::try_from(read_uint(sizes.get(at..at + width)?)).ok()?;
                 let end = self.data_at.checked_add(size)?;
@@ -708,32 +661,18 @@ impl MessageLayout {
     ) -> Self {
         // relink 2.3.3: message fields are 2-byte aligned.
         let long_at = align_up(field::HEADER_LEN.saturating_add(target_len), 2);
-        let after_len = if long {
-            long_at.saturating_add(field::LONG_LEN)
-        } else {
-            long_at
-        };
+        let after_len = if long { long_at.saturating_add(field::LONG_LEN) } else { long_at };
         let (sizes_at, data_at) = if large {
             // relink 2.3.3.2: the large size vector is 8-byte aligned.
             let at = align_up(after_len, PACKET_ALIGN);
-            (
-                at,
-                at.saturating_add(count.saturating_mul(field::LARGE_SIZE_LEN)),
-            )
+            (at, at.saturating_add(count.saturating_mul(field::LARGE_SIZE_LEN)))
         } else {
             // relink 2.3.3.3: the data vector after a small one is 8-byte aligned.
             let end = after_len.saturating_add(count.saturating_mul(field::SMALL_SIZE_LEN));
             (after_len, align_up(end, PACKET_ALIGN))
         };
-        let len = sizes.fold(data_at, |at, size| {
-            at.saturating_add(align_up(size, PACKET_ALIGN))
-        });
-        MessageLayout {
-            long_at,
-            sizes_at,
-            data_at,
-            len,
-        }
+        let len = sizes.fold(data_at, |at, size| at.saturating_add(align_up(size, PACKET_ALIGN)));
+        MessageLayout { long_at, sizes_at, data_at, len }
     }
 }
 
@@ -778,10 +717,7 @@ impl Bounds {
     /// are needed; an error when `end` exceeds the limit.
     fn check(&self, end: u64) -> Result<Option<usize>, WireError> {
         if end > self.max as u64 {
-            return Err(WireError::PacketTooLong {
-                len: end,
-                max: self.max,
-            });
+            return Err(WireError::PacketTooLong { len: end, max: self.max });
         }
         if end <= self.have as u64 {
             return Ok(None);
@@ -815,10 +751,7 @@ impl<'a> PacketRepr<'a> {
         let Some(&flags) = buf.get(field::HEADER_FLAGS) else {
             return Ok(Parsed::Incomplete { need: PACKET_ALIGN });
         };
-        let bounds = Bounds {
-            have: buf.len(),
-            max: limits.max_packet_len,
-        };
+        let bounds = Bounds { have: buf.len(), max: limits.max_packet_len };
         let data = flags >> DATA_SHIFT;
 
         if flags & CHANNEL_BIT == 0 {
@@ -840,10 +773,9 @@ impl<'a> PacketRepr<'a> {
             ChannelFormat::SequenceOperation => Kind::SeqOp(SequenceOp::try_from(data)?),
             ChannelFormat::SequenceAcknowledgement => Kind::SeqAck(SequenceAck::try_from(data)?),
             // relink 2.3.3: bit 2 of the message flags is unused.
-            ChannelFormat::Message => Kind::Message {
-                long: data & LONG_FLAG != 0,
-                large: data & LARGE_FLAG != 0,
-            },
+            ChannelFormat::Message => {
+                Kind::Message { long: data & LONG_FLAG != 0, large: data & LARGE_FLAG != 0 }
+            }
         };
         let id_len = ids.for_format(format);
 
@@ -851,10 +783,7 @@ impl<'a> PacketRepr<'a> {
             require!(bounds, field::MULTICAST_IDS as u64);
             let count = read_u32(buf, field::MULTICAST_COUNT.start);
             if count > limits.max_channel_ids {
-                return Err(WireError::TooManyChannelIds {
-                    count,
-                    max: limits.max_channel_ids,
-                });
+                return Err(WireError::TooManyChannelIds { count, max: limits.max_channel_ids });
             }
             let end = field::MULTICAST_IDS as u64 + u64::from(id_len) * u64::from(count);
             require!(bounds, end);
@@ -868,10 +797,7 @@ impl<'a> PacketRepr<'a> {
         } else {
             let end = field::UNICAST_ID + usize::from(id_len);
             require!(bounds, end as u64);
-            (
-                Target::Unicast(read_uint(&buf[field::UNICAST_ID..end])),
-                end,
-            )
+            (Target::Unicast(read_uint(&buf[field::UNICAST_ID..end])), end)
         };
 
         let (value, len) = match kind {
@@ -892,10 +818,9 @@ impl<'a> PacketRepr<'a> {
                 Parsed::Incomplete { need } => return Ok(Parsed::Incomplete { need }),
             },
             Kind::SeqAck(ack) => match parse_seq(buf, &bounds, target_end)? {
-                Parsed::Complete { value: seq, len } => (
-                    PacketRepr::SequenceAcknowledgement { target, ack, seq },
-                    len,
-                ),
+                Parsed::Complete { value: seq, len } => {
+                    (PacketRepr::SequenceAcknowledgement { target, ack, seq }, len)
+                }
                 Parsed::Incomplete { need } => return Ok(Parsed::Incomplete { need }),
             },
             Kind::Message { long, large } => {
@@ -980,10 +905,7 @@ impl<'a> PacketRepr<'a> {
         }
         let len = self.buffer_len(ids);
         if buf.len() < len {
-            return Err(EmitError::BufferTooShort {
-                need: len,
-                have: buf.len(),
-            });
+            return Err(EmitError::BufferTooShort { need: len, have: buf.len() });
         }
         let buf = &mut buf[..len];
         // relink: padding and unused bits are sent as zero.
@@ -1046,10 +968,7 @@ fn op_len(target_len: usize) -> usize {
 fn seq_layout(target_len: usize) -> (usize, usize) {
     // relink 2.3.2: the sequence number is 4-byte aligned.
     let at = align_up(field::HEADER_LEN.saturating_add(target_len), 4);
-    (
-        at,
-        align_up(at.saturating_add(field::SEQ_LEN), PACKET_ALIGN),
-    )
+    (at, align_up(at.saturating_add(field::SEQ_LEN), PACKET_ALIGN))
 }
 
 /// The 4-byte aligned sequence number (relink 2.3.2) and the packet length.
@@ -1058,10 +977,7 @@ fn parse_seq(buf: &[u8], bounds: &Bounds, target_end: usize) -> Result<Parsed<u3
     if let Some(need) = bounds.check(len as u64)? {
         return Ok(Parsed::Incomplete { need });
     }
-    Ok(Parsed::Complete {
-        value: read_u32(buf, at),
-        len,
-    })
+    Ok(Parsed::Complete { value: read_u32(buf, at), len })
 }
 
 fn parse_message<'a>(
@@ -1086,10 +1002,7 @@ fn parse_message<'a>(
         u32::from(buf[field::SHORT_LEN])
     };
     if count > limits.max_parts {
-        return Err(WireError::TooManyParts {
-            count,
-            max: limits.max_parts,
-        });
+        return Err(WireError::TooManyParts { count, max: limits.max_parts });
     }
     let (sizes_at, sizes_end, data_at) = if large {
         // relink 2.3.3.2: the large size vector is 8-byte aligned.
@@ -1103,43 +1016,21 @@ fn parse_message<'a>(
     };
     require!(bounds, sizes_end);
     let sizes = &buf[sizes_at as usize..sizes_end as usize];
-    let width = if large {
-        field::LARGE_SIZE_LEN
-    } else {
-        field::SMALL_SIZE_LEN
-    };
-    let too_long = WireError::PacketTooLong {
-        len: u64::MAX,
-        max: bounds.max,
-    };
+    let width = if large { field::LARGE_SIZE_LEN } else { field::SMALL_SIZE_LEN };
+    let too_long = WireError::PacketTooLong { len: u64::MAX, max: bounds.max };
     let mut end = data_at;
     for size in sizes.chunks_exact(width) {
         // relink 2.3.3.3: each part is padded to 8 bytes.
         let padded = align_up_u64(read_uint(size), PACKET_ALIGN as u64).ok_or(too_long.clone())?;
         end = end.checked_add(padded).ok_or(too_long.clone())?;
         if end > bounds.max as u64 {
-            return Err(WireError::PacketTooLong {
-                len: end,
-                max: bounds.max,
-            });
+            return Err(WireError::PacketTooLong { len: end, max: bounds.max });
         }
     }
     require!(bounds, end);
-    let parts = Parts(PartsInner::Wire {
-        sizes,
-        large,
-        count,
-        data: &buf[data_at as usize..end as usize],
-    });
-    Ok(Parsed::Complete {
-        value: MessageRepr {
-            target,
-            long,
-            large,
-            parts,
-        },
-        len: end as usize,
-    })
+    let parts =
+        Parts(PartsInner::Wire { sizes, large, count, data: &buf[data_at as usize..end as usize] });
+    Ok(Parsed::Complete { value: MessageRepr { target, long, large, parts }, len: end as usize })
 }
 
 /// Writes the message fields after the target; `buf` is zeroed and exactly
@@ -1153,11 +1044,7 @@ fn emit_message(buf: &mut [u8], message: &MessageRepr<'_>, id_len: u8) {
     } else {
         buf[field::SHORT_LEN] = count as u8;
     }
-    let width = if message.large {
-        field::LARGE_SIZE_LEN
-    } else {
-        field::SMALL_SIZE_LEN
-    };
+    let width = if message.large { field::LARGE_SIZE_LEN } else { field::SMALL_SIZE_LEN };
     let mut size_at = layout.sizes_at;
     let mut data_at = layout.data_at;
     for part in message.parts.iter() {
@@ -1188,13 +1075,7 @@ mod tests {
     /// nothing past it touched.
     fn check_golden(bytes: &[u8], repr: &PacketRepr<'_>, ids: IdSizes) {
         let parsed = PacketRepr::parse(bytes, ids, &limits()).unwrap();
-        assert_eq!(
-            parsed,
-            Parsed::Complete {
-                value: *repr,
-                len: bytes.len()
-            }
-        );
+        assert_eq!(parsed, Parsed::Complete { value: *repr, len: bytes.len() });
         assert_eq!(repr.buffer_len(ids), bytes.len());
         let mut buf = vec![SENTINEL; bytes.len() + 24];
         assert_eq!(repr.emit(&mut buf, ids), Ok(bytes.len()));
@@ -1278,9 +1159,7 @@ mod tests {
     #[test]
     fn golden_sequence_op_multicast() {
         // header 2 + pad 2 + count 4 + two 3-byte ids = 14, seq at 16.
-        let bytes = [
-            0x2b, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0,
-        ];
+        let bytes = [0x2b, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0];
         let channels = [1, 2];
         let repr = PacketRepr::SequenceOperation {
             target: Target::Multicast(ChannelIds::from_slice(&channels)),
@@ -1294,10 +1173,7 @@ mod tests {
     fn golden_channel_op_and_ack() {
         // relink 2.3.1 example layout: unicast with a 2-byte channel id.
         let close = [0x41, 0, 0x34, 0x12, 0, 0, 0, 0];
-        let repr = PacketRepr::Operation {
-            target: Target::Unicast(0x1234),
-            op: ChannelOp::Close,
-        };
+        let repr = PacketRepr::Operation { target: Target::Unicast(0x1234), op: ChannelOp::Close };
         check_golden(&close, &repr, ids(2, 5));
 
         // Multicast with id size zero: a count and no id data (relink 2.3).
@@ -1328,32 +1204,23 @@ mod tests {
         for at in [3, 10, 11, 12, 13, 14, 15, 19, 20, 21, 22, 23, 29, 30, 31] {
             bytes[at] = 0xff;
         }
-        let (value, len) = PacketRepr::parse(&bytes, ids(1, 1), &limits())
-            .unwrap()
-            .complete(bytes.len())
-            .unwrap();
+        let (value, len) =
+            PacketRepr::parse(&bytes, ids(1, 1), &limits()).unwrap().complete(bytes.len()).unwrap();
         assert_eq!(len, 32);
         let parts: [&[u8]; 3] = [b"abc", b"", b"hello"];
-        assert_eq!(
-            value,
-            PacketRepr::Message(MessageRepr::new(Target::Unicast(0x2a), &parts))
-        );
+        assert_eq!(value, PacketRepr::Message(MessageRepr::new(Target::Unicast(0x2a), &parts)));
 
         // General packets: bits 1-4 and bytes 1-7 unused.
         let ping = [0x20 | 0x1e, 9, 9, 9, 9, 9, 9, 9];
         let parsed = PacketRepr::parse(&ping, ids(0, 0), &limits()).unwrap();
         assert_eq!(
             parsed,
-            Parsed::Complete {
-                value: PacketRepr::General(GeneralType::Ping),
-                len: 8
-            }
+            Parsed::Complete { value: PacketRepr::General(GeneralType::Ping), len: 8 }
         );
 
         // Byte 1 of a non-message channel packet, and multicast padding.
-        let mut bytes = [
-            0x07, 0xff, 0xff, 0xff, 1, 0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-        ];
+        let mut bytes =
+            [0x07, 0xff, 0xff, 0xff, 1, 0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
         bytes[0] = 0x07;
         let parsed = PacketRepr::parse(&bytes, ids(0, 1), &limits()).unwrap();
         let five = [5];
@@ -1376,34 +1243,19 @@ mod tests {
             assert_eq!(parse(kind << 5), Err(WireError::UnknownGeneralType(kind)));
         }
         for format in 5..8 {
-            assert_eq!(
-                parse(1 | (format << 2)),
-                Err(WireError::UnknownChannelFormat(format))
-            );
+            assert_eq!(parse(1 | (format << 2)), Err(WireError::UnknownChannelFormat(format)));
         }
         for kind in 3..8 {
-            assert_eq!(
-                parse(1 | (kind << 5)),
-                Err(WireError::UnknownChannelOp(kind))
-            );
+            assert_eq!(parse(1 | (kind << 5)), Err(WireError::UnknownChannelOp(kind)));
         }
         for kind in 5..8 {
-            assert_eq!(
-                parse(1 | (1 << 2) | (kind << 5)),
-                Err(WireError::UnknownChannelAck(kind))
-            );
+            assert_eq!(parse(1 | (1 << 2) | (kind << 5)), Err(WireError::UnknownChannelAck(kind)));
         }
         for kind in 2..8 {
-            assert_eq!(
-                parse(1 | (2 << 2) | (kind << 5)),
-                Err(WireError::UnknownSequenceOp(kind))
-            );
+            assert_eq!(parse(1 | (2 << 2) | (kind << 5)), Err(WireError::UnknownSequenceOp(kind)));
         }
         for kind in 4..8 {
-            assert_eq!(
-                parse(1 | (3 << 2) | (kind << 5)),
-                Err(WireError::UnknownSequenceAck(kind))
-            );
+            assert_eq!(parse(1 | (3 << 2) | (kind << 5)), Err(WireError::UnknownSequenceAck(kind)));
         }
     }
 
@@ -1412,10 +1264,7 @@ mod tests {
         let cut = &LONG_LARGE[..41];
         let parsed = PacketRepr::parse(cut, ids(4, 4), &limits()).unwrap();
         assert_eq!(parsed, Parsed::Incomplete { need: 64 });
-        assert_eq!(
-            parsed.complete(cut.len()),
-            Err(WireError::Truncated { need: 64, have: 41 })
-        );
+        assert_eq!(parsed.complete(cut.len()), Err(WireError::Truncated { need: 64, have: 41 }));
         assert_eq!(
             PacketRepr::parse(&[], ids(4, 4), &limits()),
             Ok(Parsed::Incomplete { need: 8 })
@@ -1424,11 +1273,7 @@ mod tests {
 
     #[test]
     fn overlong_counts_and_lengths_are_errors() {
-        let small = WireLimits {
-            max_packet_len: 1024,
-            max_channel_ids: 16,
-            max_parts: 8,
-        };
+        let small = WireLimits { max_packet_len: 1024, max_channel_ids: 16, max_parts: 8 };
         // Multicast count over the limit, known from the first 8 bytes.
         let mut bytes = [0x03, 0, 0, 0, 17, 0, 0, 0];
         assert_eq!(
@@ -1440,15 +1285,9 @@ mod tests {
             PacketRepr::parse(
                 &bytes,
                 ids(4, 4),
-                &WireLimits {
-                    max_channel_ids: u32::MAX,
-                    ..small
-                }
+                &WireLimits { max_channel_ids: u32::MAX, ..small }
             ),
-            Err(WireError::PacketTooLong {
-                len: 8 + 4 * u64::from(u32::MAX),
-                max: 1024
-            })
+            Err(WireError::PacketTooLong { len: 8 + 4 * u64::from(u32::MAX), max: 1024 })
         );
         // Long message length over the limit (at offset 2: no id bytes).
         let long = [0x31, 0, 9, 0, 0, 0, 0, 0];
@@ -1462,9 +1301,7 @@ mod tests {
             Err(WireError::TooManyParts { count: 9, max: 8 })
         );
         // A large size that overflows when padded, and one over the limit.
-        let mut large = [
-            0x51, 1, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-        ];
+        let mut large = [0x51, 1, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
         assert!(matches!(
             PacketRepr::parse(&large, ids(0, 0), &small),
             Err(WireError::PacketTooLong { .. })
@@ -1472,10 +1309,7 @@ mod tests {
         large[8..16].copy_from_slice(&2000u64.to_le_bytes());
         assert_eq!(
             PacketRepr::parse(&large, ids(0, 0), &small),
-            Err(WireError::PacketTooLong {
-                len: 2016,
-                max: 1024
-            })
+            Err(WireError::PacketTooLong { len: 2016, max: 1024 })
         );
         // Many small sizes that add up past the limit.
         let mut sizes = vec![0x11, 8];
@@ -1489,16 +1323,11 @@ mod tests {
     #[test]
     fn emit_refuses_what_does_not_fit() {
         let mut buf = [0; 64];
-        let repr = PacketRepr::Operation {
-            target: Target::Unicast(0x1_0000),
-            op: ChannelOp::Close,
-        };
+        let repr =
+            PacketRepr::Operation { target: Target::Unicast(0x1_0000), op: ChannelOp::Close };
         assert_eq!(
             repr.emit(&mut buf, ids(2, 2)),
-            Err(EmitError::ChannelIdTooWide {
-                id: 0x1_0000,
-                len: 2
-            })
+            Err(EmitError::ChannelIdTooWide { id: 0x1_0000, len: 2 })
         );
         assert_eq!(repr.emit(&mut buf, ids(3, 2)), Ok(8));
         assert_eq!(
@@ -1522,14 +1351,9 @@ mod tests {
         assert!(message.long && !message.large);
         let len = PacketRepr::Message(message).buffer_len(ids(0, 0));
         let mut out = vec![SENTINEL; len];
-        assert_eq!(
-            PacketRepr::Message(message).emit(&mut out, ids(0, 0)),
-            Ok(len)
-        );
-        let (parsed, _) = PacketRepr::parse(&out, ids(0, 0), &limits())
-            .unwrap()
-            .complete(len)
-            .unwrap();
+        assert_eq!(PacketRepr::Message(message).emit(&mut out, ids(0, 0)), Ok(len));
+        let (parsed, _) =
+            PacketRepr::parse(&out, ids(0, 0), &limits()).unwrap().complete(len).unwrap();
         assert_eq!(parsed, PacketRepr::Message(message));
         message.long = false;
         assert_eq!(
@@ -1547,23 +1371,15 @@ mod tests {
         let mut out = vec![SENTINEL; len + 8];
         assert_eq!(repr.emit(&mut out, ids(1, 1)), Ok(len));
         assert!(out[len..].iter().all(|&b| b == SENTINEL));
-        let (parsed, n) = PacketRepr::parse(&out[..len], ids(1, 1), &limits())
-            .unwrap()
-            .complete(len)
-            .unwrap();
+        let (parsed, n) =
+            PacketRepr::parse(&out[..len], ids(1, 1), &limits()).unwrap().complete(len).unwrap();
         assert_eq!((parsed, n), (repr, len));
     }
 
     #[test]
     fn id_sizes_over_8_are_unsupported() {
-        assert_eq!(
-            IdSizes::new(9, 0),
-            Err(WireError::ChannelIdLenUnsupported(9))
-        );
-        assert_eq!(
-            IdSizes::new(0, 255),
-            Err(WireError::ChannelIdLenUnsupported(255))
-        );
+        assert_eq!(IdSizes::new(9, 0), Err(WireError::ChannelIdLenUnsupported(9)));
+        assert_eq!(IdSizes::new(0, 255), Err(WireError::ChannelIdLenUnsupported(255)));
     }
 
     // ---- property round trips ----
@@ -1581,20 +1397,11 @@ mod tests {
         Ack(OwnedTarget, ChannelAck),
         SeqOp(OwnedTarget, SequenceOp, u32),
         SeqAck(OwnedTarget, SequenceAck, u32),
-        Message {
-            target: OwnedTarget,
-            long: bool,
-            large: bool,
-            parts: Vec<Vec<u8>>,
-        },
+        Message { target: OwnedTarget, long: bool, large: bool, parts: Vec<Vec<u8>> },
     }
 
     fn mask(id: u64, len: u8) -> u64 {
-        if len >= 8 {
-            id
-        } else {
-            id & ((1u64 << (8 * len)) - 1)
-        }
+        if len >= 8 { id } else { id & ((1u64 << (8 * len)) - 1) }
     }
 
     fn target_strategy() -> impl Strategy<Value = OwnedTarget> {
@@ -1611,17 +1418,9 @@ mod tests {
                 .prop_map(|(t, op)| Owned::Op(t, op)),
             (target_strategy(), prop::sample::select(ChannelAck::ALL))
                 .prop_map(|(t, ack)| Owned::Ack(t, ack)),
-            (
-                target_strategy(),
-                prop::sample::select(SequenceOp::ALL),
-                any::<u32>()
-            )
+            (target_strategy(), prop::sample::select(SequenceOp::ALL), any::<u32>())
                 .prop_map(|(t, op, seq)| Owned::SeqOp(t, op, seq)),
-            (
-                target_strategy(),
-                prop::sample::select(SequenceAck::ALL),
-                any::<u32>()
-            )
+            (target_strategy(), prop::sample::select(SequenceAck::ALL), any::<u32>())
                 .prop_map(|(t, ack, seq)| Owned::SeqAck(t, ack, seq)),
             (
                 target_strategy(),
@@ -1665,16 +1464,12 @@ mod tests {
             Owned::General(_) => unreachable!(),
             Owned::Op(_, op) => PacketRepr::Operation { target, op: *op },
             Owned::Ack(_, ack) => PacketRepr::Acknowledgement { target, ack: *ack },
-            Owned::SeqOp(_, op, seq) => PacketRepr::SequenceOperation {
-                target,
-                op: *op,
-                seq: *seq,
-            },
-            Owned::SeqAck(_, ack, seq) => PacketRepr::SequenceAcknowledgement {
-                target,
-                ack: *ack,
-                seq: *seq,
-            },
+            Owned::SeqOp(_, op, seq) => {
+                PacketRepr::SequenceOperation { target, op: *op, seq: *seq }
+            }
+            Owned::SeqAck(_, ack, seq) => {
+                PacketRepr::SequenceAcknowledgement { target, ack: *ack, seq: *seq }
+            }
             Owned::Message { long, large, .. } => PacketRepr::Message(MessageRepr {
                 target,
                 long: *long,
@@ -1782,19 +1577,9 @@ mod tests {
                 Target::Multicast(ChannelIds::from_slice(&channels))
             };
             let repr = match format {
-                0 => PacketRepr::Operation {
-                    target,
-                    op: ChannelOp::Commit,
-                },
-                1 => PacketRepr::Acknowledgement {
-                    target,
-                    ack: ChannelAck::Closed,
-                },
-                2 => PacketRepr::SequenceOperation {
-                    target,
-                    op: SequenceOp::Commit,
-                    seq: 9,
-                },
+                0 => PacketRepr::Operation { target, op: ChannelOp::Commit },
+                1 => PacketRepr::Acknowledgement { target, ack: ChannelAck::Closed },
+                2 => PacketRepr::SequenceOperation { target, op: SequenceOp::Commit, seq: 9 },
                 3 => PacketRepr::SequenceAcknowledgement {
                     target,
                     ack: SequenceAck::Received,
@@ -1818,11 +1603,7 @@ mod tests {
             corpus.push(buf);
         }
 
-        let limits = WireLimits {
-            max_packet_len: 1 << 16,
-            max_channel_ids: 64,
-            max_parts: 64,
-        };
+        let limits = WireLimits { max_packet_len: 1 << 16, max_channel_ids: 64, max_parts: 64 };
         let (mut complete, mut incomplete, mut errors) = (0, 0, 0);
         for _ in 0..150_000 {
             let base = &corpus[rng.below(corpus.len())];

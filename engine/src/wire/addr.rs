@@ -63,17 +63,11 @@ impl RawAddr {
     /// than 32 (the format may grow, spec 3.1) but not shorter than 24.
     pub fn from_bytes(b: &[u8]) -> Result<RawAddr, WireError> {
         if b.len() < RawAddr::MIN_LEN {
-            return Err(WireError::RawAddrSize {
-                size: b.len() as u64,
-            });
+            return Err(WireError::RawAddrSize { size: b.len() as u64 });
         }
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&b[field::GID]);
-        Ok(RawAddr {
-            gid,
-            qpn: get_u16(b, field::QPN),
-            connid: get_u32(b, field::CONNID),
-        })
+        Ok(RawAddr { gid, qpn: get_u16(b, field::QPN), connid: get_u32(b, field::CONNID) })
     }
 }
 
@@ -97,9 +91,7 @@ mod tests {
     #[test]
     fn golden_bytes() {
         let addr = RawAddr {
-            gid: [
-                0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80,
-            ],
+            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80],
             qpn: 0x0102,
             connid: 0xdeadbeef,
         };
@@ -118,9 +110,6 @@ mod tests {
         assert_eq!(RawAddr::from_bytes(&dirty).unwrap(), addr);
         // 24 bytes are enough (the format may shrink to what carries meaning).
         assert_eq!(RawAddr::from_bytes(&want[..24]).unwrap(), addr);
-        assert_eq!(
-            RawAddr::from_bytes(&want[..23]),
-            Err(WireError::RawAddrSize { size: 23 })
-        );
+        assert_eq!(RawAddr::from_bytes(&want[..23]), Err(WireError::RawAddrSize { size: 23 }));
     }
 }

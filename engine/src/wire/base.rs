@@ -214,10 +214,7 @@ impl<T: AsRef<[u8]>> BaseHeader<T> {
         }
         let ptype = self.packet_type();
         if let Some(status) = ptype.status() {
-            return Err(WireError::Type {
-                id: ptype.id(),
-                status,
-            });
+            return Err(WireError::Type { id: ptype.id(), status });
         }
         let version = self.version();
         if version != PROTOCOL_VERSION {
@@ -277,18 +274,10 @@ mod tests {
         assert_eq!(PacketType::from(2).status(), Some(TypeStatus::Retired));
         assert_eq!(PacketType::from(6).status(), Some(TypeStatus::Internal));
         for id in [131, 132, 142, 143, 144, 147] {
-            assert_eq!(
-                PacketType::from(id).status(),
-                Some(TypeStatus::NeverSent),
-                "{id}"
-            );
+            assert_eq!(PacketType::from(id).status(), Some(TypeStatus::NeverSent), "{id}");
         }
         for id in [0, 12, 63, 77, 127, 148, 255] {
-            assert_eq!(
-                PacketType::from(id).status(),
-                Some(TypeStatus::Unassigned),
-                "{id}"
-            );
+            assert_eq!(PacketType::from(id).status(), Some(TypeStatus::Unassigned), "{id}");
         }
         assert_eq!(PacketType::from(146), PacketType::RuntReadTagRtm);
         assert_eq!(PacketType::DcLongCtsTagRtm.name(), "DC_LONGCTS_TAGRTM");
@@ -297,24 +286,11 @@ mod tests {
     #[test]
     fn base_header_checks_type_before_version() {
         let err = BaseHeader::new_checked([1u8, 3, 0, 0]).unwrap_err();
-        assert_eq!(
-            err,
-            WireError::Type {
-                id: 1,
-                status: TypeStatus::Retired
-            }
-        );
+        assert_eq!(err, WireError::Type { id: 1, status: TypeStatus::Retired });
         let err = BaseHeader::new_checked([64u8, 5, 0, 0]).unwrap_err();
         assert_eq!(err, WireError::Version { found: 5 });
         let err = BaseHeader::new_checked([64u8, 4, 0]).unwrap_err();
-        assert_eq!(
-            err,
-            WireError::Truncated {
-                what: "base header",
-                need: 4,
-                have: 3
-            }
-        );
+        assert_eq!(err, WireError::Truncated { what: "base header", need: 4, have: 3 });
         let hdr = BaseHeader::new_checked([65u8, 4, 0x0c, 0x80]).unwrap();
         assert_eq!(hdr.packet_type(), PacketType::EagerTagRtm);
         assert_eq!(hdr.flags(), 0x800c);

@@ -58,9 +58,7 @@ impl<T: AsRef<[u8]>> CtrlPacket<T> {
     /// The sender's connid, when CONNID_HDR is set.
     pub fn connid(&self) -> Option<u32> {
         let b = self.buffer.as_ref();
-        self.flags()
-            .contains(PktFlags::CONNID_HDR)
-            .then(|| get_u32(b, field::CONNID))
+        self.flags().contains(PktFlags::CONNID_HDR).then(|| get_u32(b, field::CONNID))
     }
 }
 
@@ -129,12 +127,7 @@ macro_rules! ctrl_codec {
             /// Checks and reads the packet.
             pub fn parse(buf: &[u8]) -> Result<$repr, WireError> {
                 let (flags, send_id, $second, connid) = parse_ctrl(buf, $ptype)?;
-                Ok($repr {
-                    flags,
-                    send_id,
-                    $second,
-                    connid,
-                })
+                Ok($repr { flags, send_id, $second, connid })
             }
 
             /// Bytes `emit` writes.
@@ -144,13 +137,7 @@ macro_rules! ctrl_codec {
 
             /// Writes the packet; returns its length.
             pub fn emit(&self, buf: &mut [u8]) -> usize {
-                emit_ctrl(
-                    buf,
-                    $ptype,
-                    self.flags,
-                    [self.send_id, self.$second],
-                    self.connid,
-                )
+                emit_ctrl(buf, $ptype, self.flags, [self.send_id, self.$second], self.connid)
             }
         }
     };

@@ -48,9 +48,7 @@ impl<T: AsRef<[u8]>> CtsPacket<T> {
     /// The sender's connid, when CONNID_HDR is set.
     pub fn connid(&self) -> Option<u32> {
         let b = self.buffer.as_ref();
-        self.flags()
-            .contains(CtsFlags::CONNID_HDR)
-            .then(|| get_u32(b, cts_field::CONNID))
+        self.flags().contains(CtsFlags::CONNID_HDR).then(|| get_u32(b, cts_field::CONNID))
     }
 
     /// The sender's send operation (from the LONGCTS REQ).
@@ -234,11 +232,7 @@ impl CtsDataRepr {
 
     /// Bytes of header `emit` writes: 24, or 32 with connid.
     pub const fn buffer_len(&self) -> usize {
-        if self.connid.is_some() {
-            data_field::CONNID_HEADER_LEN
-        } else {
-            data_field::HEADER_LEN
-        }
+        if self.connid.is_some() { data_field::CONNID_HEADER_LEN } else { data_field::HEADER_LEN }
     }
 
     /// Writes the header; returns where the data goes.

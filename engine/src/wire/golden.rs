@@ -34,24 +34,16 @@ pub const CONNID: u32 = 0xc0ffee11;
 pub const CQ_DATA: u64 = 0x0123456789abcdef;
 /// The raw address carried by REQs with a raw address header.
 pub const RAW_ADDR: super::RawAddr = super::RawAddr {
-    gid: [
-        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x1a, 0x2b, 0xff, 0xfe, 0x3c, 0x4d, 0x5e,
-    ],
+    gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x1a, 0x2b, 0xff, 0xfe, 0x3c, 0x4d, 0x5e],
     qpn: 0x0102,
     connid: CONNID,
 };
 /// The first `rma_iov` (and second `read_iov`).
-pub const IOV1: super::RmaIov = super::RmaIov {
-    addr: 0x00007f0012340000,
-    len: 0x1000,
-    key: 0xabcdef01,
-};
+pub const IOV1: super::RmaIov =
+    super::RmaIov { addr: 0x00007f0012340000, len: 0x1000, key: 0xabcdef01 };
 /// The second `rma_iov` (and first `read_iov`).
-pub const IOV2: super::RmaIov = super::RmaIov {
-    addr: 0x00007f0056780000,
-    len: 0x2000,
-    key: 0xabcdef02,
-};
+pub const IOV2: super::RmaIov =
+    super::RmaIov { addr: 0x00007f0056780000, len: 0x2000, key: 0xabcdef02 };
 /// The application data of every packet that carries some.
 pub const PAYLOAD: &[u8] = b"efapoll!";
 

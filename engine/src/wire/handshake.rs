@@ -119,50 +119,27 @@ impl<T: AsRef<[u8]>> HandshakePacket<T> {
         let have = buf.len();
         let mut end = field::EXTRA_INFO as u64 + (nextra_p3 - NEXTRA_BIAS) as u64 * 8;
         if end > have as u64 {
-            return Err(WireError::Truncated {
-                what: "HANDSHAKE extra_info[]",
-                need: end,
-                have,
-            });
+            return Err(WireError::Truncated { what: "HANDSHAKE extra_info[]", need: end, have });
         }
-        let mut at = OptAt {
-            extra_end: end as usize,
-            ..OptAt::default()
-        };
+        let mut at = OptAt { extra_end: end as usize, ..OptAt::default() };
         // Spec 2.1.1: present fields keep the table's order, absent ones
         // take no space.
         let order = [
-            (
-                HandshakeFlags::CONNID_HDR,
-                &mut at.connid,
-                "HANDSHAKE connid",
-            ),
-            (
-                HandshakeFlags::HOST_ID_HDR,
-                &mut at.host_id,
-                "HANDSHAKE host_id",
-            ),
+            (HandshakeFlags::CONNID_HDR, &mut at.connid, "HANDSHAKE connid"),
+            (HandshakeFlags::HOST_ID_HDR, &mut at.host_id, "HANDSHAKE host_id"),
             (
                 HandshakeFlags::DEVICE_VERSION_HDR,
                 &mut at.device_version,
                 "HANDSHAKE device_version",
             ),
-            (
-                HandshakeFlags::USER_RECV_QP_HDR,
-                &mut at.user_recv_qp,
-                "HANDSHAKE qpn/qkey",
-            ),
+            (HandshakeFlags::USER_RECV_QP_HDR, &mut at.user_recv_qp, "HANDSHAKE qpn/qkey"),
         ];
         for (flag, slot, what) in order {
             if flags.contains(flag) {
                 *slot = Some(end as usize);
                 end += field::OPT_LEN as u64;
                 if end > have as u64 {
-                    return Err(WireError::Truncated {
-                        what,
-                        need: end,
-                        have,
-                    });
+                    return Err(WireError::Truncated { what, need: end, have });
                 }
             }
         }
@@ -196,18 +173,13 @@ impl<T: AsRef<[u8]>> HandshakePacket<T> {
 
     /// The sender's EFA device version.
     pub fn device_version(&self) -> Option<u32> {
-        self.at
-            .device_version
-            .map(|o| get_u32(self.buffer.as_ref(), o))
+        self.at.device_version.map(|o| get_u32(self.buffer.as_ref(), o))
     }
 
     /// The sender's user receive QP (qpn, qkey).
     pub fn user_recv_qp(&self) -> Option<UserRecvQp> {
         let b = self.buffer.as_ref();
-        self.at.user_recv_qp.map(|o| UserRecvQp {
-            qpn: get_u32(b, o),
-            qkey: get_u32(b, o + 4),
-        })
+        self.at.user_recv_qp.map(|o| UserRecvQp { qpn: get_u32(b, o), qkey: get_u32(b, o + 4) })
     }
 }
 
@@ -264,14 +236,8 @@ impl<'a> HandshakeRepr<'a> {
         let mut flags = self.flags.difference(HandshakeFlags::OPT_FIELDS);
         flags.set(HandshakeFlags::CONNID_HDR, self.connid.is_some());
         flags.set(HandshakeFlags::HOST_ID_HDR, self.host_id.is_some());
-        flags.set(
-            HandshakeFlags::DEVICE_VERSION_HDR,
-            self.device_version.is_some(),
-        );
-        flags.set(
-            HandshakeFlags::USER_RECV_QP_HDR,
-            self.user_recv_qp.is_some(),
-        );
+        flags.set(HandshakeFlags::DEVICE_VERSION_HDR, self.device_version.is_some());
+        flags.set(HandshakeFlags::USER_RECV_QP_HDR, self.user_recv_qp.is_some());
         flags
     }
 

@@ -29,11 +29,7 @@ impl WireItem for RmaIov {
     const LEN: usize = 24;
     #[inline]
     fn read(b: &[u8]) -> Self {
-        RmaIov {
-            addr: get_u64(b, 0),
-            len: get_u64(b, 8),
-            key: get_u64(b, 16),
-        }
+        RmaIov { addr: get_u64(b, 0), len: get_u64(b, 8), key: get_u64(b, 16) }
     }
     #[inline]
     fn write(&self, b: &mut [u8]) {
@@ -149,16 +145,8 @@ mod tests {
     #[test]
     fn wire_and_host_forms_agree() {
         let host = [
-            RmaIov {
-                addr: 0x1122334455667788,
-                len: 4096,
-                key: 7,
-            },
-            RmaIov {
-                addr: 1,
-                len: u64::MAX,
-                key: u64::MAX - 1,
-            },
+            RmaIov { addr: 0x1122334455667788, len: 4096, key: 7 },
+            RmaIov { addr: 1, len: u64::MAX, key: u64::MAX - 1 },
         ];
         let list = IovList::Host(&host);
         let mut bytes = [0xa5u8; 49];

@@ -63,11 +63,7 @@ bitflags::bitflags! {
 pub enum WireError {
     /// Fewer bytes than a header, count or size requires.
     #[error("{what} cut short: need {need} bytes, have {have}")]
-    Truncated {
-        what: &'static str,
-        need: u64,
-        have: usize,
-    },
+    Truncated { what: &'static str, need: u64, have: usize },
     /// The version byte is not 4.
     #[error("protocol version {found}, expected 4")]
     Version { found: u8 },
@@ -79,10 +75,7 @@ pub enum WireError {
     NotReq { ptype: PacketType },
     /// A packet of another type given to a type's codec.
     #[error("expected {expected}, found {found}")]
-    WrongType {
-        expected: PacketType,
-        found: PacketType,
-    },
+    WrongType { expected: PacketType, found: PacketType },
     /// HANDSHAKE `nextra_p3` below 3 (it counts extra_info words plus 3).
     #[error("HANDSHAKE nextra_p3 {nextra_p3} is below 3")]
     NextraP3 { nextra_p3: u32 },
@@ -91,11 +84,7 @@ pub enum WireError {
     RawAddrSize { size: u64 },
     /// A data length field that disagrees with the data present.
     #[error("{what} {field} disagrees with the {present} data bytes present")]
-    Length {
-        what: &'static str,
-        field: u64,
-        present: usize,
-    },
+    Length { what: &'static str, field: u64, present: usize },
 }
 
 impl WireError {

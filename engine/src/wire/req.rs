@@ -44,9 +44,8 @@ bitflags! {
 impl ReqFlags {
     /// The flags that announce optional headers; `emit` derives them from
     /// the [`ReqRepr`]'s options.
-    pub const OPT_HDRS: ReqFlags = ReqFlags::RAW_ADDR_HDR
-        .union(ReqFlags::CQ_DATA_HDR)
-        .union(ReqFlags::CONNID_HDR);
+    pub const OPT_HDRS: ReqFlags =
+        ReqFlags::RAW_ADDR_HDR.union(ReqFlags::CQ_DATA_HDR).union(ReqFlags::CONNID_HDR);
 
     /// What the provider sets for a packet of this type: MSG on every RTM,
     /// TAGGED on tagged RTMs, ATOMIC on every RTA.
@@ -119,55 +118,19 @@ const NONE: ReqLayout = ReqLayout {
 
 const fn tagged(l: ReqLayout) -> ReqLayout {
     // The tag is always the last 8 bytes of the fixed header (interop notes).
-    ReqLayout {
-        tag: l.header_len,
-        header_len: l.header_len + 8,
-        ..l
-    }
+    ReqLayout { tag: l.header_len, header_len: l.header_len + 8, ..l }
 }
 
-const EAGER_RTM: ReqLayout = ReqLayout {
-    header_len: 8,
-    msg_id: 4,
-    ..NONE
-};
-const MEDIUM_RTM: ReqLayout = ReqLayout {
-    header_len: 24,
-    msg_id: 4,
-    msg_length: 8,
-    seg_offset: 16,
-    ..NONE
-};
-const LONGCTS_RTM: ReqLayout = ReqLayout {
-    header_len: 24,
-    msg_id: 4,
-    msg_length: 8,
-    send_id: 16,
-    credit_request: 20,
-    ..NONE
-};
-const LONGREAD_RTM: ReqLayout = ReqLayout {
-    header_len: 24,
-    msg_id: 4,
-    msg_length: 8,
-    send_id: 16,
-    read_iov_count: 20,
-    ..NONE
-};
-const DC_EAGER_RTM: ReqLayout = ReqLayout {
-    header_len: 16,
-    msg_id: 4,
-    send_id: 8,
-    ..NONE
-};
-const DC_MEDIUM_RTM: ReqLayout = ReqLayout {
-    header_len: 32,
-    msg_id: 4,
-    send_id: 8,
-    msg_length: 16,
-    seg_offset: 24,
-    ..NONE
-};
+const EAGER_RTM: ReqLayout = ReqLayout { header_len: 8, msg_id: 4, ..NONE };
+const MEDIUM_RTM: ReqLayout =
+    ReqLayout { header_len: 24, msg_id: 4, msg_length: 8, seg_offset: 16, ..NONE };
+const LONGCTS_RTM: ReqLayout =
+    ReqLayout { header_len: 24, msg_id: 4, msg_length: 8, send_id: 16, credit_request: 20, ..NONE };
+const LONGREAD_RTM: ReqLayout =
+    ReqLayout { header_len: 24, msg_id: 4, msg_length: 8, send_id: 16, read_iov_count: 20, ..NONE };
+const DC_EAGER_RTM: ReqLayout = ReqLayout { header_len: 16, msg_id: 4, send_id: 8, ..NONE };
+const DC_MEDIUM_RTM: ReqLayout =
+    ReqLayout { header_len: 32, msg_id: 4, send_id: 8, msg_length: 16, seg_offset: 24, ..NONE };
 const RUNTREAD_RTM: ReqLayout = ReqLayout {
     header_len: 40,
     msg_id: 4,
@@ -178,19 +141,10 @@ const RUNTREAD_RTM: ReqLayout = ReqLayout {
     runt_length: 32,
     ..NONE
 };
-const EAGER_RTW: ReqLayout = ReqLayout {
-    class: ReqClass::Rtw,
-    header_len: 8,
-    rma_iov_count: 4,
-    ..NONE
-};
-const DC_EAGER_RTW: ReqLayout = ReqLayout {
-    class: ReqClass::Rtw,
-    header_len: 16,
-    rma_iov_count: 4,
-    send_id: 8,
-    ..NONE
-};
+const EAGER_RTW: ReqLayout =
+    ReqLayout { class: ReqClass::Rtw, header_len: 8, rma_iov_count: 4, ..NONE };
+const DC_EAGER_RTW: ReqLayout =
+    ReqLayout { class: ReqClass::Rtw, header_len: 16, rma_iov_count: 4, send_id: 8, ..NONE };
 const LONGCTS_RTW: ReqLayout = ReqLayout {
     class: ReqClass::Rtw,
     header_len: 24,
@@ -228,14 +182,8 @@ const WRITE_RTA: ReqLayout = ReqLayout {
     atomic_op: 16,
     ..NONE
 };
-const FETCH_RTA: ReqLayout = ReqLayout {
-    recv_id: 20,
-    ..WRITE_RTA
-};
-const DC_WRITE_RTA: ReqLayout = ReqLayout {
-    send_id: 20,
-    ..WRITE_RTA
-};
+const FETCH_RTA: ReqLayout = ReqLayout { recv_id: 20, ..WRITE_RTA };
+const DC_WRITE_RTA: ReqLayout = ReqLayout { send_id: 20, ..WRITE_RTA };
 
 const _: () = {
     assert!(tagged(EAGER_RTM).header_len == 16);
@@ -443,20 +391,14 @@ fn fast_base(buf: &[u8]) -> Option<u8> {
 fn not_req(buf: &[u8]) -> WireError {
     match BaseHeader::new_checked(buf) {
         Err(e) => e,
-        Ok(base) => WireError::NotReq {
-            ptype: base.packet_type(),
-        },
+        Ok(base) => WireError::NotReq { ptype: base.packet_type() },
     }
 }
 
 /// Fails unless `need` bytes are present.
 #[inline(always)]
 fn need(what: &'static str, need: u64, have: usize) -> Result<(), WireError> {
-    if need > have as u64 {
-        Err(truncated(what, need, have))
-    } else {
-        Ok(())
-    }
+    if need > have as u64 { Err(truncated(what, need, have)) } else { Ok(()) }
 }
 
 #[cold]
@@ -524,18 +466,8 @@ impl<'a> Parts<'a> {
             at += get_u32(buf, o) as u64 * RmaIov::LEN as u64;
             need("read_iov[]", at, have)?;
         }
-        let at = Offsets {
-            opt,
-            cq_data,
-            read_iov,
-            payload: at as usize,
-        };
-        Ok(Parts {
-            buf,
-            layout,
-            flags,
-            at,
-        })
+        let at = Offsets { opt, cq_data, read_iov, payload: at as usize };
+        Ok(Parts { buf, layout, flags, at })
     }
 
     #[inline]
@@ -556,16 +488,12 @@ impl<'a> Parts<'a> {
     #[inline]
     fn raw_addr(&self) -> Option<&'a [u8]> {
         let start = self.at.opt + RAW_ADDR_SIZE_LEN;
-        self.flags
-            .contains(ReqFlags::RAW_ADDR_HDR)
-            .then(|| &self.buf[start..self.at.cq_data])
+        self.flags.contains(ReqFlags::RAW_ADDR_HDR).then(|| &self.buf[start..self.at.cq_data])
     }
 
     #[inline]
     fn cq_data(&self) -> Option<u64> {
-        self.flags
-            .contains(ReqFlags::CQ_DATA_HDR)
-            .then(|| get_u64(self.buf, self.at.cq_data))
+        self.flags.contains(ReqFlags::CQ_DATA_HDR).then(|| get_u64(self.buf, self.at.cq_data))
     }
 
     #[inline]
@@ -606,12 +534,7 @@ impl<T: AsRef<[u8]>> ReqPacket<T> {
     fn parts(&self) -> Parts<'_> {
         let buf = self.buffer.as_ref();
         let flags = ReqFlags::from_bits_retain(BaseHeader::new_unchecked(buf).flags());
-        Parts {
-            buf,
-            layout: self.layout,
-            flags,
-            at: self.at,
-        }
+        Parts { buf, layout: self.layout, flags, at: self.at }
     }
 
     /// The packet type.
@@ -637,11 +560,7 @@ impl<T: AsRef<[u8]>> ReqPacket<T> {
     pub fn field(&self, field: ReqField) -> Option<u64> {
         let buf = self.buffer.as_ref();
         let o = self.layout.offset(field)?;
-        Some(if field.is_u64() {
-            get_u64(buf, o)
-        } else {
-            get_u32(buf, o) as u64
-        })
+        Some(if field.is_u64() { get_u64(buf, o) } else { get_u32(buf, o) as u64 })
     }
 
     /// `rma_iov[]` (empty for types without it).
@@ -857,11 +776,8 @@ impl<'a> ReqRepr<'a> {
     /// follows at this offset.
     #[inline]
     pub fn buffer_len(&self) -> usize {
-        let read_iov = if self.layout().has(ReqField::ReadIovCount) {
-            self.read_iov.wire_len()
-        } else {
-            0
-        };
+        let read_iov =
+            if self.layout().has(ReqField::ReadIovCount) { self.read_iov.wire_len() } else { 0 };
         self.header_len() + read_iov
     }
 

@@ -41,11 +41,7 @@ impl<T: AsRef<[u8]>> RspPacket<T> {
                 PacketType::ReadRsp => "READRSP recv_length",
                 _ => "ATOMRSP seg_length",
             };
-            return Err(WireError::Length {
-                what,
-                field: length,
-                present,
-            });
+            return Err(WireError::Length { what, field: length, present });
         }
         Ok(p)
     }
@@ -62,25 +58,18 @@ impl<T: AsRef<[u8]>> RspPacket<T> {
     /// The sender's connid, when CONNID_HDR is set.
     pub fn connid(&self) -> Option<u32> {
         let b = self.buffer.as_ref();
-        self.flags()
-            .contains(PktFlags::CONNID_HDR)
-            .then(|| get_u32(b, field::CONNID))
+        self.flags().contains(PktFlags::CONNID_HDR).then(|| get_u32(b, field::CONNID))
     }
 
     /// The requester's receive operation.
     pub fn recv_id(&self) -> u32 {
-        let at = if self.is_readrsp() {
-            field::READRSP_RECV_ID
-        } else {
-            field::ATOMRSP_RECV_ID
-        };
+        let at = if self.is_readrsp() { field::READRSP_RECV_ID } else { field::ATOMRSP_RECV_ID };
         get_u32(self.buffer.as_ref(), at)
     }
 
     /// READRSP: the responder's send operation; ATOMRSP has none.
     pub fn send_id(&self) -> Option<u32> {
-        self.is_readrsp()
-            .then(|| get_u32(self.buffer.as_ref(), field::READRSP_SEND_ID))
+        self.is_readrsp().then(|| get_u32(self.buffer.as_ref(), field::READRSP_SEND_ID))
     }
 
     /// Bytes of data in this packet (READRSP `recv_length`, ATOMRSP
@@ -128,13 +117,7 @@ impl ReadRspRepr {
 
     /// Writes the header; returns where the data goes.
     pub fn emit(&self, buf: &mut [u8]) -> usize {
-        emit_rsp(
-            buf,
-            PacketType::ReadRsp,
-            self.flags,
-            self.connid,
-            self.recv_length,
-        );
+        emit_rsp(buf, PacketType::ReadRsp, self.flags, self.connid, self.recv_length);
         put_u32(buf, field::READRSP_RECV_ID, self.recv_id);
         put_u32(buf, field::READRSP_SEND_ID, self.send_id);
         HEADER_LEN
@@ -172,13 +155,7 @@ impl AtomRspRepr {
 
     /// Writes the header; returns where the data goes.
     pub fn emit(&self, buf: &mut [u8]) -> usize {
-        emit_rsp(
-            buf,
-            PacketType::AtomRsp,
-            self.flags,
-            self.connid,
-            self.seg_length,
-        );
+        emit_rsp(buf, PacketType::AtomRsp, self.flags, self.connid, self.seg_length);
         put_u32(buf, field::ATOMRSP_RESERVED, 0);
         put_u32(buf, field::ATOMRSP_RECV_ID, self.recv_id);
         HEADER_LEN

@@ -75,24 +75,12 @@ fn spsc_from_index<T>(
     let ring = Arc::new(Ring {
         head: CachePadded::new(AtomicUsize::new(start)),
         tail: CachePadded::new(AtomicUsize::new(start)),
-        slots: (0..capacity)
-            .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
-            .collect(),
+        slots: (0..capacity).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect(),
     });
     let mask = capacity - 1;
     Ok((
-        Producer {
-            ring: Arc::clone(&ring),
-            mask,
-            tail: start,
-            cached_head: start,
-        },
-        Consumer {
-            ring,
-            mask,
-            head: start,
-            cached_tail: start,
-        },
+        Producer { ring: Arc::clone(&ring), mask, tail: start, cached_head: start },
+        Consumer { ring, mask, head: start, cached_tail: start },
     ))
 }
 
@@ -356,10 +344,7 @@ impl<T> Consumer<T> {
     /// items that were ready, oldest first. Items it does not yield stay in the ring.
     pub fn pop_burst(&mut self, max: usize) -> PopBurst<'_, T> {
         let ready = self.ready_for(max);
-        PopBurst {
-            remaining: ready.min(max),
-            consumer: self,
-        }
+        PopBurst { remaining: ready.min(max), consumer: self }
     }
 
     /// Pops exactly `count` items, or none if fewer are ready (`rte_ring_dequeue_bulk`).
@@ -367,10 +352,7 @@ impl<T> Consumer<T> {
         if self.ready_for(count) < count {
             return None;
         }
-        Some(PopBurst {
-            remaining: count,
-            consumer: self,
-        })
+        Some(PopBurst { remaining: count, consumer: self })
     }
 }
 
@@ -427,9 +409,7 @@ impl<T> Drop for PopBurst<'_, T> {
 
 impl<T> fmt::Debug for PopBurst<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PopBurst")
-            .field("remaining", &self.remaining)
-            .finish()
+        f.debug_struct("PopBurst").field("remaining", &self.remaining).finish()
     }
 }
 

@@ -1,0 +1,279 @@
+//! What the endpoint needs from a NIC, and the NICs that provide it.
+//!
+//! The model is EFA's (spec 1.1, 2.2): unordered, reliable datagrams of at
+//! most `mtu` bytes between queue pairs; RDMA read and write where the
+//! device supports them; completions polled in bursts; an address book
+//! that turns a peer's raw address into an address handle, and that
+//! reports a received packet's sender as "unknown" (with its QPN only)
+//! until the receiver has inserted the sender's address.
+//!
+//! A device owns two kinds of memory, so that it can give its hardware (or
+//! its model of it) stable addresses:
+//!
+//! * **packet buffers**: `Caps::bufs` buffers of `mtu` bytes, named by a
+//!   [`BufId`]. The endpoint writes a packet into a buffer and posts it;
+//!   it posts empty buffers for receiving and reads them on completion.
+//!   A posted buffer belongs to the device until its completion.
+//! * **registered regions** ([`Mr`]): application memory that local
+//!   operations read and write and that peers may reach by RDMA, with the
+//!   access rights given at registration. A region's `addr` and `key` are
+//!   what a peer puts in an `efa_rma_iov`.
+//!
+//! Every device checks remote access against the target's registration
+//! (key known, range inside the region without overflow, right granted;
+//! RDMAP 7.2) before a byte moves, and completes a violating operation
+//! with [`CqStatus::RemoteAccess`], leaving the target untouched.
+//!
+//! Posting is in bursts: `post_send`, `post_recv` and `post_rdma` accept a
+//! prefix of what they are given and return its length; accepting fewer is
+//! back-pressure (the queue is full), not an error. Polling writes up to
+//! `out.len()` completions into a caller-owned array.
+
+mod mem;
+pub mod sim;
+
+use bitflags::bitflags;
+
+use crate::wire::RawAddr;
+
+/// A packet buffer owned by the device.
+pub type BufId = u32;
+
+/// An address handle: the device's name for a peer address it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ah(pub u32);
+
+/// What a device can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Largest packet, in bytes (the EFA device's MTU: 8 KiB and up).
+    pub mtu: usize,
+    /// Packet buffers the device owns (ids `0..bufs`).
+    pub bufs: u32,
+    /// Sends and RDMA operations that may be outstanding at once.
+    pub tx_depth: usize,
+    /// Receive buffers that may be posted at once.
+    pub rx_depth: usize,
+    /// Bytes a send may carry inline (an optimisation hint).
+    pub inline_size: usize,
+    /// Largest single RDMA read or write, in bytes.
+    pub max_rdma_size: u64,
+    /// The device performs RDMA read.
+    pub rdma_read: bool,
+    /// The device performs RDMA write (with optional immediate data).
+    pub rdma_write: bool,
+    /// The EFA device version reported in HANDSHAKE packets.
+    pub device_version: u32,
+}
+
+bitflags! {
+    /// Rights a registration grants.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct Access: u32 {
+        /// Local operations may read and write it (always granted).
+        const LOCAL = 1 << 0;
+        /// Peers may read it.
+        const REMOTE_READ = 1 << 1;
+        /// Peers may write it.
+        const REMOTE_WRITE = 1 << 2;
+        /// Peers may apply atomics to it.
+        const REMOTE_ATOMIC = 1 << 3;
+    }
+}
+
+/// A local handle of a registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MrId(pub u32);
+
+/// A registered region: its local handle and what a peer needs to reach
+/// it (`addr` is the address of byte 0 in the region's address space).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mr {
+    pub id: MrId,
+    pub key: u64,
+    pub addr: u64,
+    pub len: u64,
+    pub access: Access,
+}
+
+impl Mr {
+    /// The remote address of the region's byte `offset`.
+    pub fn addr_at(&self, offset: u64) -> u64 {
+        self.addr.wrapping_add(offset)
+    }
+
+    /// Where `[addr, addr + len)` lies in this region, if it lies wholly
+    /// inside (no overflow) and the region grants `need`.
+    pub fn resolve(&self, addr: u64, len: u64, need: Access) -> Option<u64> {
+        let offset = addr.checked_sub(self.addr)?;
+        let end = offset.checked_add(len)?;
+        (end <= self.len && self.access.contains(need)).then_some(offset)
+    }
+}
+
+/// A send work request: packet buffer `buf`, its first `len` bytes, to `ah`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr {
+    pub ah: Ah,
+    pub buf: BufId,
+    pub len: u32,
+    /// Returned in the completion.
+    pub wr_id: u64,
+}
+
+/// Which way an RDMA operation moves data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaOp {
+    /// Remote memory into local memory.
+    Read,
+    /// Local memory into remote memory; with immediate data, the target
+    /// gets a [`CqOp::RecvWriteImm`] completion carrying it (consuming one
+    /// posted receive buffer, as EFA does).
+    Write { imm: Option<u32> },
+}
+
+/// An RDMA work request between local region bytes
+/// `[local_offset, local_offset + len)` and the peer's `[remote_addr,
+/// remote_addr + len)` under `remote_key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaWr {
+    pub op: RdmaOp,
+    pub ah: Ah,
+    pub local: MrId,
+    pub local_offset: u64,
+    pub len: u64,
+    pub remote_addr: u64,
+    pub remote_key: u64,
+    /// Returned in the completion.
+    pub wr_id: u64,
+}
+
+/// What a completion completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CqOp {
+    #[default]
+    Send,
+    /// A packet arrived in buffer `wr_id`.
+    Recv,
+    Read,
+    Write,
+    /// A peer's RDMA write with immediate data landed; `wr_id` is the
+    /// receive buffer it consumed (which holds no data).
+    RecvWriteImm,
+}
+
+/// How an operation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CqStatus {
+    #[default]
+    Ok,
+    /// The target refused the access: unknown key, out of bounds, or a
+    /// right not granted. Target memory is untouched.
+    RemoteAccess,
+    /// The peer is gone (its endpoint closed or its process died).
+    PeerUnreachable,
+    /// A local argument was invalid (a region, a range, a buffer).
+    LocalError,
+    /// The device failed the operation (an injected fault, a flush).
+    DeviceError,
+}
+
+/// The sender of a received packet, as EFA reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Source {
+    /// Not a receive.
+    #[default]
+    None,
+    /// A sender whose address is in the address book.
+    Known(Ah),
+    /// A sender whose address is not: only its QPN is known (spec 2.2).
+    Unknown { qpn: u16 },
+}
+
+/// A completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cqe {
+    pub op: CqOp,
+    pub status: CqStatus,
+    /// The work request's `wr_id`; for receives, the buffer.
+    pub wr_id: u64,
+    /// Receives: bytes that arrived.
+    pub len: u32,
+    /// Receives: who sent it.
+    pub src: Source,
+    /// [`CqOp::RecvWriteImm`]: the immediate data.
+    pub imm: u32,
+}
+
+/// Why a device refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// A table or pool is full; retry later.
+    #[error("device resources exhausted")]
+    Again,
+    /// Memory registration failed (the device's limit, or an injected
+    /// fault).
+    #[error("memory registration failed")]
+    Registration,
+    /// The handle is not known to the device.
+    #[error("unknown handle")]
+    UnknownHandle,
+    /// The address cannot be reached from this device.
+    #[error("address not reachable from this device")]
+    BadAddress,
+}
+
+/// A NIC as the endpoint sees it. Implementations are `!Send` where they
+/// hold per-core state, so an endpoint stays on its core.
+pub trait Device {
+    /// What the device can do.
+    fn caps(&self) -> Caps;
+
+    /// This queue pair's raw address.
+    fn addr(&self) -> RawAddr;
+
+    /// Adds a peer to the address book; the same address gives the same
+    /// handle.
+    fn insert_addr(&mut self, addr: &RawAddr) -> Result<Ah, DeviceError>;
+
+    /// Removes a peer from the address book: its packets are reported from
+    /// an unknown sender again.
+    fn remove_addr(&mut self, ah: Ah);
+
+    /// Packet buffer `id` (all `mtu` bytes).
+    fn buf(&self, id: BufId) -> &[u8];
+
+    /// Packet buffer `id`, to write a packet into.
+    fn buf_mut(&mut self, id: BufId) -> &mut [u8];
+
+    /// Allocates and registers a region of `len` bytes, zeroed.
+    fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError>;
+
+    /// Deregisters a region. The caller guarantees no posted operation
+    /// uses it.
+    fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError>;
+
+    /// A region's bytes.
+    fn region(&self, mr: MrId) -> &[u8];
+
+    /// A region's bytes, to write.
+    fn region_mut(&mut self, mr: MrId) -> &mut [u8];
+
+    /// Packet buffer `buf` and region `mr` at once, for copying between
+    /// them.
+    fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]);
+
+    /// Posts empty buffers for receiving; returns how many were taken.
+    fn post_recv(&mut self, bufs: &[BufId]) -> usize;
+
+    /// Posts sends; returns how many were taken (fewer: the TX queue is
+    /// full).
+    fn post_send(&mut self, wrs: &[SendWr]) -> usize;
+
+    /// Posts RDMA operations; returns how many were taken. A device
+    /// without the capability takes none.
+    fn post_rdma(&mut self, wrs: &[RdmaWr]) -> usize;
+
+    /// Writes up to `out.len()` completions; returns how many.
+    fn poll(&mut self, out: &mut [Cqe]) -> usize;
+}

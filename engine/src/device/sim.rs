@@ -1,0 +1,984 @@
+//! `sim`: a deterministic, in-process model of EFA for tests and for
+//! measuring the engine without a device in the way.
+//!
+//! A [`SimFabric`] connects any number of [`SimDevice`]s in one thread.
+//! Everything that happens is a function of the seed and of the order of
+//! calls: a packet is delivered when its receiver polls, chosen at random
+//! among the first `reorder_window` packets in flight to it (1 keeps them
+//! in order). What EFA does, the model does:
+//!
+//! * a send completes when its packet lands in a posted receive buffer of
+//!   the peer; with none posted the packet waits (the NIC's RNR retry) and
+//!   the wait is counted, so a slow receiver back-pressures the sender's
+//!   TX queue;
+//! * the receiver learns the sender's address handle only if it inserted
+//!   the sender's address; otherwise the sender is `Unknown { qpn }`;
+//! * RDMA read and write run when the target polls, after the target's
+//!   registration is checked (key, bounds, rights); a violation completes
+//!   the operation with `RemoteAccess` and moves no byte;
+//! * a peer that vanished fails what is sent to it with `PeerUnreachable`.
+//!
+//! Faults for tests: failed registrations, failed sends, a vanished peer, a
+//! restarted peer reusing its QPN with a new connid, duplicated packets,
+//! and arbitrary (hostile) bytes injected as if a peer had sent them.
+//!
+//! Nothing allocates per packet unless duplication or injection is on.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use super::mem::Bytes;
+use super::{
+    Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Mr, MrId, RdmaOp, RdmaWr,
+    SendWr, Source,
+};
+use crate::wire::RawAddr;
+
+/// The model's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Seeds every random choice.
+    pub seed: u64,
+    /// Delivery picks among the first this many packets in flight to a
+    /// receiver; 1 delivers in order.
+    pub reorder_window: usize,
+    /// Largest packet.
+    pub mtu: usize,
+    /// Packet buffers per device.
+    pub bufs: u32,
+    /// Outstanding sends and RDMA operations per device.
+    pub tx_depth: usize,
+    /// Posted receive buffers per device.
+    pub rx_depth: usize,
+    /// Devices perform RDMA read.
+    pub rdma_read: bool,
+    /// Devices perform RDMA write.
+    pub rdma_write: bool,
+    /// Largest RDMA operation.
+    pub max_rdma_size: u64,
+    /// Each delivered packet is delivered again with this probability, in
+    /// millionths.
+    pub duplicate_ppm: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            seed: 1,
+            reorder_window: 1,
+            mtu: 8192,
+            bufs: 2048,
+            tx_depth: 512,
+            rx_depth: 512,
+            rdma_read: true,
+            rdma_write: true,
+            max_rdma_size: 1 << 30,
+            duplicate_ppm: 0,
+        }
+    }
+}
+
+/// What happened at one device, for tests and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SimStats {
+    /// Packets delivered into this device's receive buffers.
+    pub delivered: u64,
+    /// Times a packet for this device waited because no receive buffer
+    /// was posted (the NIC would have retried).
+    pub rnr_waits: u64,
+    /// Packets delivered a second time by the duplication fault.
+    pub duplicated: u64,
+    /// Injected packets delivered.
+    pub injected: u64,
+    /// RDMA operations refused by this device's registration checks.
+    pub remote_access_errors: u64,
+}
+
+/// The address every sim device shares the GID of.
+const SIM_GID: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x51, 0x4d, 0, 0, 0, 0, 0, 1];
+
+/// An in-process fabric: create devices from it, inject faults into it.
+#[derive(Debug, Clone)]
+pub struct SimFabric {
+    inner: Rc<RefCell<Fabric>>,
+}
+
+#[derive(Debug)]
+struct Fabric {
+    cfg: SimConfig,
+    rng: u64,
+    nodes: Vec<Node>,
+}
+
+#[derive(Debug)]
+struct Region {
+    bytes: Rc<Bytes>,
+    mr: Mr,
+}
+
+#[derive(Debug)]
+enum Flight {
+    /// A posted send: bytes stay in the sender's buffer until delivery.
+    Packet { src: usize, incarnation: u32, buf: BufId, len: u32, wr_id: u64 },
+    /// Bytes held by the fabric: a duplicate or an injected packet.
+    Raw { src: usize, bytes: Vec<u8> },
+    /// An RDMA operation to run at its target.
+    Rdma { src: usize, incarnation: u32, wr: RdmaWr, local: Rc<Bytes> },
+}
+
+#[derive(Debug)]
+struct Node {
+    incarnation: u32,
+    alive: bool,
+    pool: Rc<Bytes>,
+    regions: Vec<Option<Region>>,
+    /// Address book: by handle, the node it reaches.
+    book: Vec<usize>,
+    /// The reverse: by node, its handle here (`u32::MAX`: not inserted).
+    ah_of_node: Vec<u32>,
+    posted_rx: VecDeque<BufId>,
+    inbox: VecDeque<Flight>,
+    cq: VecDeque<Cqe>,
+    tx_outstanding: usize,
+    fail_registrations: u32,
+    fail_sends: u32,
+    stats: SimStats,
+}
+
+const NO_AH: u32 = u32::MAX;
+
+impl SimFabric {
+    /// A fabric with `cfg`.
+    pub fn new(cfg: SimConfig) -> SimFabric {
+        assert!(cfg.reorder_window >= 1, "reorder_window is at least 1");
+        assert!(cfg.mtu >= 64 && cfg.bufs > 0, "mtu and bufs");
+        // A zero seed would stall xorshift.
+        let rng = cfg.seed ^ 0x9e37_79b9_7f4a_7c15;
+        SimFabric { inner: Rc::new(RefCell::new(Fabric { cfg, rng, nodes: Vec::new() })) }
+    }
+
+    /// The fabric's parameters.
+    pub fn config(&self) -> SimConfig {
+        self.inner.borrow().cfg
+    }
+
+    /// A new device on the fabric; its QPN is its index.
+    pub fn device(&self) -> SimDevice {
+        let qpn = self.inner.borrow().nodes.len();
+        assert!(qpn < u16::MAX as usize, "sim QPNs are 16-bit");
+        self.attach(qpn)
+    }
+
+    /// A peer that restarted: a new device at `addr`'s QPN with a new
+    /// connid. The old device is gone (its peers' packets reach the new
+    /// one, as on EFA, where GID and QPN are all the NIC knows).
+    pub fn restart(&self, addr: &RawAddr) -> SimDevice {
+        self.kill(addr);
+        self.attach(addr.qpn as usize)
+    }
+
+    fn attach(&self, qpn: usize) -> SimDevice {
+        let mut f = self.inner.borrow_mut();
+        let cfg = f.cfg;
+        let connid = (f.next_random() >> 32) as u32;
+        let pool = Rc::new(Bytes::zeroed(cfg.mtu * cfg.bufs as usize));
+        let addr = RawAddr { gid: SIM_GID, qpn: qpn as u16, connid };
+        let incarnation = f.nodes.get(qpn).map_or(0, |n| n.incarnation + 1);
+        let node = Node {
+            incarnation,
+            alive: true,
+            pool: pool.clone(),
+            regions: Vec::new(),
+            book: Vec::new(),
+            ah_of_node: Vec::new(),
+            posted_rx: VecDeque::with_capacity(cfg.rx_depth),
+            inbox: VecDeque::with_capacity(cfg.tx_depth * 2),
+            cq: VecDeque::with_capacity(cfg.tx_depth + cfg.rx_depth),
+            tx_outstanding: 0,
+            fail_registrations: 0,
+            fail_sends: 0,
+            stats: SimStats::default(),
+        };
+        if qpn == f.nodes.len() {
+            f.nodes.push(node);
+        } else {
+            f.nodes[qpn] = node;
+        }
+        let caps = Caps {
+            mtu: cfg.mtu,
+            bufs: cfg.bufs,
+            tx_depth: cfg.tx_depth,
+            rx_depth: cfg.rx_depth,
+            inline_size: 32,
+            max_rdma_size: cfg.max_rdma_size,
+            rdma_read: cfg.rdma_read,
+            rdma_write: cfg.rdma_write,
+            device_version: 0x51,
+        };
+        SimDevice {
+            fabric: self.inner.clone(),
+            node: qpn,
+            incarnation,
+            caps,
+            addr,
+            pool,
+            regions: Vec::new(),
+        }
+    }
+
+    /// The device at `addr` vanishes: what is in flight to it, and what is
+    /// sent to it from now on, fails with `PeerUnreachable`.
+    pub fn kill(&self, addr: &RawAddr) {
+        let mut f = self.inner.borrow_mut();
+        let n = addr.qpn as usize;
+        if n >= f.nodes.len() || !f.nodes[n].alive {
+            return;
+        }
+        f.nodes[n].alive = false;
+        let flights: Vec<Flight> = f.nodes[n].inbox.drain(..).collect();
+        for flight in flights {
+            f.fail_flight(flight, CqStatus::PeerUnreachable);
+        }
+        // Its own operations in flight elsewhere complete nowhere.
+    }
+
+    /// The next `n` registrations at `addr`'s device fail.
+    pub fn fail_registrations(&self, addr: &RawAddr, n: u32) {
+        self.inner.borrow_mut().nodes[addr.qpn as usize].fail_registrations = n;
+    }
+
+    /// The next `n` sends posted at `addr`'s device complete in error
+    /// without being delivered.
+    pub fn fail_sends(&self, addr: &RawAddr, n: u32) {
+        self.inner.borrow_mut().nodes[addr.qpn as usize].fail_sends = n;
+    }
+
+    /// Sets the duplication fault (millionths of delivered packets).
+    pub fn set_duplicate_ppm(&self, ppm: u32) {
+        self.inner.borrow_mut().cfg.duplicate_ppm = ppm;
+    }
+
+    /// Sets the reorder window (1: in order).
+    pub fn set_reorder_window(&self, window: usize) {
+        self.inner.borrow_mut().cfg.reorder_window = window.max(1);
+    }
+
+    /// Puts `bytes` in flight to `to` as if the device at QPN `from_qpn`
+    /// had sent them (with no send completion anywhere): a hostile or
+    /// malformed packet.
+    pub fn inject(&self, to: &RawAddr, from_qpn: u16, bytes: &[u8]) {
+        let mut f = self.inner.borrow_mut();
+        let mtu = f.cfg.mtu;
+        let bytes = bytes[..bytes.len().min(mtu)].to_vec();
+        f.nodes[to.qpn as usize].inbox.push_back(Flight::Raw { src: from_qpn as usize, bytes });
+    }
+
+    /// What happened at `addr`'s device so far.
+    pub fn stats(&self, addr: &RawAddr) -> SimStats {
+        self.inner.borrow().nodes[addr.qpn as usize].stats
+    }
+
+    /// Packets and operations in flight to `addr`'s device, plus its
+    /// completions not yet polled.
+    pub fn pending(&self, addr: &RawAddr) -> usize {
+        let f = self.inner.borrow();
+        let n = &f.nodes[addr.qpn as usize];
+        n.inbox.len() + n.cq.len()
+    }
+
+    /// Everything in flight on the fabric, plus completions not yet polled.
+    pub fn pending_total(&self) -> usize {
+        let f = self.inner.borrow();
+        f.nodes.iter().map(|n| n.inbox.len() + n.cq.len()).sum()
+    }
+}
+
+impl Fabric {
+    /// xorshift64*.
+    fn next_random(&mut self) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Completes `flight` at its sender with `status`.
+    fn fail_flight(&mut self, flight: Flight, status: CqStatus) {
+        let (src, incarnation, op, wr_id) = match flight {
+            Flight::Packet { src, incarnation, wr_id, .. } => (src, incarnation, CqOp::Send, wr_id),
+            Flight::Rdma { src, incarnation, wr, .. } => {
+                let op = if wr.op == RdmaOp::Read { CqOp::Read } else { CqOp::Write };
+                (src, incarnation, op, wr.wr_id)
+            }
+            Flight::Raw { .. } => return,
+        };
+        self.complete_at(src, incarnation, Cqe { op, status, wr_id, ..Cqe::default() });
+    }
+
+    /// Queues a completion for a sender's operation, if that sender is
+    /// still the incarnation that posted it.
+    fn complete_at(&mut self, node: usize, incarnation: u32, cqe: Cqe) {
+        let n = &mut self.nodes[node];
+        if n.alive && n.incarnation == incarnation {
+            n.tx_outstanding -= 1;
+            n.cq.push_back(cqe);
+        }
+    }
+
+    fn source(&self, at: usize, src: usize) -> Source {
+        match self.nodes[at].ah_of_node.get(src) {
+            Some(&ah) if ah != NO_AH => Source::Known(Ah(ah)),
+            _ => Source::Unknown { qpn: src as u16 },
+        }
+    }
+
+    /// Delivers one flight to `at`, writing at most one completion for
+    /// `at` into `out`; returns how many it wrote, or `None` when nothing
+    /// could be delivered (empty, or only packets and no posted buffer).
+    fn deliver_one(&mut self, at: usize, out: &mut Cqe) -> Option<usize> {
+        let window = self.cfg.reorder_window.min(self.nodes[at].inbox.len());
+        if window == 0 {
+            return None;
+        }
+        let has_buf = !self.nodes[at].posted_rx.is_empty();
+        let mut pick = if window == 1 { 0 } else { (self.next_random() % window as u64) as usize };
+        if !has_buf {
+            // Only operations that need no receive buffer can land.
+            let needs_buf = |f: &Flight| match f {
+                Flight::Rdma { wr, .. } => matches!(wr.op, RdmaOp::Write { imm: Some(_) }),
+                _ => true,
+            };
+            match (0..window).find(|&i| !needs_buf(&self.nodes[at].inbox[i])) {
+                Some(i) => pick = i,
+                None => {
+                    self.nodes[at].stats.rnr_waits += 1;
+                    return None;
+                }
+            }
+        }
+        let flight = self.nodes[at].inbox.remove(pick).expect("picked inside the window");
+        Some(match flight {
+            Flight::Packet { src, incarnation, buf, len, wr_id } => {
+                let mtu = self.cfg.mtu;
+                let rx = self.nodes[at].posted_rx.pop_front().expect("checked above");
+                Bytes::copy(
+                    &self.nodes[src].pool,
+                    buf as usize * mtu,
+                    &self.nodes[at].pool,
+                    rx as usize * mtu,
+                    len as usize,
+                );
+                self.nodes[at].stats.delivered += 1;
+                *out = self.recv_cqe(at, src, rx, len);
+                if self.cfg.duplicate_ppm > 0
+                    && self.next_random() % 1_000_000 < self.cfg.duplicate_ppm as u64
+                {
+                    let bytes = self.nodes[at].pool_bytes(rx, len, mtu);
+                    self.nodes[at].stats.duplicated += 1;
+                    self.nodes[at].inbox.push_back(Flight::Raw { src, bytes });
+                }
+                self.complete_at(src, incarnation, Cqe { op: CqOp::Send, wr_id, ..Cqe::default() });
+                1
+            }
+            Flight::Raw { src, bytes } => {
+                let mtu = self.cfg.mtu;
+                let rx = self.nodes[at].posted_rx.pop_front().expect("checked above");
+                let len = bytes.len();
+                let node = &mut self.nodes[at];
+                // SAFETY: buffer `rx` was posted to the device, so the
+                // fabric may write it; the range is inside the pool.
+                unsafe { node.pool.slice_mut(rx as usize * mtu, len) }.copy_from_slice(&bytes);
+                node.stats.injected += 1;
+                *out = self.recv_cqe(at, src, rx, len as u32);
+                1
+            }
+            Flight::Rdma { src, incarnation, wr, local } => {
+                self.run_rdma(at, src, incarnation, wr, &local, out)
+            }
+        })
+    }
+
+    fn recv_cqe(&self, at: usize, src: usize, rx: BufId, len: u32) -> Cqe {
+        Cqe {
+            op: CqOp::Recv,
+            status: CqStatus::Ok,
+            wr_id: rx as u64,
+            len,
+            src: self.source(at, src),
+            imm: 0,
+        }
+    }
+
+    /// Runs an RDMA operation at its target `at`, after checking the
+    /// target's registration.
+    fn run_rdma(
+        &mut self,
+        at: usize,
+        src: usize,
+        incarnation: u32,
+        wr: RdmaWr,
+        local: &Rc<Bytes>,
+        out: &mut Cqe,
+    ) -> usize {
+        let (need, op) = match wr.op {
+            RdmaOp::Read => (Access::REMOTE_READ, CqOp::Read),
+            RdmaOp::Write { .. } => (Access::REMOTE_WRITE, CqOp::Write),
+        };
+        let target = self.nodes[at].regions.iter().flatten().find(|r| r.mr.key == wr.remote_key);
+        let resolved = target
+            .and_then(|r| r.mr.resolve(wr.remote_addr, wr.len, need).map(|o| (r.bytes.clone(), o)));
+        let Some((remote, offset)) = resolved else {
+            self.nodes[at].stats.remote_access_errors += 1;
+            let cqe = Cqe { op, status: CqStatus::RemoteAccess, wr_id: wr.wr_id, ..Cqe::default() };
+            self.complete_at(src, incarnation, cqe);
+            return 0;
+        };
+        let (local_off, remote_off, len) =
+            (wr.local_offset as usize, offset as usize, wr.len as usize);
+        let mut wrote = 0;
+        match wr.op {
+            RdmaOp::Read => Bytes::copy(&remote, remote_off, local, local_off, len),
+            RdmaOp::Write { imm } => {
+                Bytes::copy(local, local_off, &remote, remote_off, len);
+                if let Some(imm) = imm {
+                    let rx = self.nodes[at].posted_rx.pop_front().expect("checked by deliver_one");
+                    *out = Cqe {
+                        op: CqOp::RecvWriteImm,
+                        status: CqStatus::Ok,
+                        wr_id: rx as u64,
+                        len: 0,
+                        src: self.source(at, src),
+                        imm,
+                    };
+                    wrote = 1;
+                }
+            }
+        }
+        self.complete_at(src, incarnation, Cqe { op, wr_id: wr.wr_id, ..Cqe::default() });
+        wrote
+    }
+}
+
+impl Node {
+    fn pool_bytes(&self, buf: BufId, len: u32, mtu: usize) -> Vec<u8> {
+        // SAFETY: the buffer was just delivered into and is not yet handed
+        // to the endpoint; reading it aliases no writer.
+        unsafe { self.pool.slice(buf as usize * mtu, len as usize) }.to_vec()
+    }
+}
+
+/// One queue pair on a [`SimFabric`]. `!Send`: it shares the fabric with
+/// its peers in one thread.
+#[derive(Debug)]
+pub struct SimDevice {
+    fabric: Rc<RefCell<Fabric>>,
+    node: usize,
+    incarnation: u32,
+    caps: Caps,
+    addr: RawAddr,
+    pool: Rc<Bytes>,
+    /// By `MrId`: the region's memory, mirrored from the fabric so that
+    /// access needs no fabric borrow.
+    regions: Vec<Option<Rc<Bytes>>>,
+}
+
+impl SimDevice {
+    /// The fabric this device is on.
+    pub fn fabric(&self) -> SimFabric {
+        SimFabric { inner: self.fabric.clone() }
+    }
+
+    fn is_current(&self, f: &Fabric) -> bool {
+        let n = &f.nodes[self.node];
+        n.alive && n.incarnation == self.incarnation
+    }
+
+    fn region_bytes(&self, mr: MrId) -> &Rc<Bytes> {
+        self.regions
+            .get(mr.0 as usize)
+            .and_then(Option::as_ref)
+            .unwrap_or_else(|| panic!("{mr:?} is not registered"))
+    }
+}
+
+impl Device for SimDevice {
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    fn addr(&self) -> RawAddr {
+        self.addr
+    }
+
+    fn insert_addr(&mut self, addr: &RawAddr) -> Result<Ah, DeviceError> {
+        let mut f = self.fabric.borrow_mut();
+        let target = addr.qpn as usize;
+        if addr.gid != SIM_GID || target >= f.nodes.len() {
+            return Err(DeviceError::BadAddress);
+        }
+        let node = &mut f.nodes[self.node];
+        if node.ah_of_node.len() <= target {
+            node.ah_of_node.resize(target + 1, NO_AH);
+        }
+        if node.ah_of_node[target] != NO_AH {
+            return Ok(Ah(node.ah_of_node[target]));
+        }
+        let ah = match node.book.iter().position(|&n| n == usize::MAX) {
+            Some(free) => free,
+            None => {
+                node.book.push(usize::MAX);
+                node.book.len() - 1
+            }
+        };
+        node.book[ah] = target;
+        node.ah_of_node[target] = ah as u32;
+        Ok(Ah(ah as u32))
+    }
+
+    fn remove_addr(&mut self, ah: Ah) {
+        let mut f = self.fabric.borrow_mut();
+        let node = &mut f.nodes[self.node];
+        if let Some(target) = node.book.get_mut(ah.0 as usize)
+            && *target != usize::MAX
+        {
+            node.ah_of_node[*target] = NO_AH;
+            *target = usize::MAX;
+        }
+    }
+
+    fn buf(&self, id: BufId) -> &[u8] {
+        assert!(id < self.caps.bufs, "buffer {id} out of range");
+        // SAFETY: the endpoint reads buffers only while they are not posted
+        // (the fabric writes only posted buffers); `&self` excludes this
+        // device's own writers.
+        unsafe { self.pool.slice(id as usize * self.caps.mtu, self.caps.mtu) }
+    }
+
+    fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
+        assert!(id < self.caps.bufs, "buffer {id} out of range");
+        // SAFETY: `&mut self` is the only way to this pool's slices, and
+        // the fabric touches only posted buffers, which the endpoint does
+        // not write.
+        unsafe { self.pool.slice_mut(id as usize * self.caps.mtu, self.caps.mtu) }
+    }
+
+    fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError> {
+        let mut f = self.fabric.borrow_mut();
+        let key_salt = f.next_random();
+        let node = &mut f.nodes[self.node];
+        if node.fail_registrations > 0 {
+            node.fail_registrations -= 1;
+            return Err(DeviceError::Registration);
+        }
+        let len_usize = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
+        let bytes = Rc::new(Bytes::zeroed(len_usize));
+        let index = node.regions.iter().position(Option::is_none).unwrap_or(node.regions.len());
+        // Keys are hard to guess: a forged key is refused, not lucky.
+        let key = (key_salt & !0xffff_ffff) | index as u64;
+        let mr = Mr {
+            id: MrId(index as u32),
+            key,
+            addr: bytes.addr(),
+            len,
+            access: access | Access::LOCAL,
+        };
+        let region = Region { bytes: bytes.clone(), mr };
+        if index == node.regions.len() {
+            node.regions.push(Some(region));
+            self.regions.push(Some(bytes));
+        } else {
+            node.regions[index] = Some(region);
+            self.regions[index] = Some(bytes);
+        }
+        Ok(mr)
+    }
+
+    fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
+        let mut f = self.fabric.borrow_mut();
+        let slot =
+            f.nodes[self.node].regions.get_mut(mr.0 as usize).ok_or(DeviceError::UnknownHandle)?;
+        slot.take().ok_or(DeviceError::UnknownHandle)?;
+        self.regions[mr.0 as usize] = None;
+        Ok(())
+    }
+
+    fn region(&self, mr: MrId) -> &[u8] {
+        let bytes = self.region_bytes(mr);
+        // SAFETY: the fabric writes a region only inside this device's
+        // `poll` (RDMA into it) or for an operation this device posted on
+        // it; `&self` excludes the former and the endpoint does not read
+        // ranges it posted.
+        unsafe { bytes.slice(0, bytes.len()) }
+    }
+
+    fn region_mut(&mut self, mr: MrId) -> &mut [u8] {
+        let bytes = self.region_bytes(mr);
+        // SAFETY: as `region`, with `&mut self` the only slice.
+        unsafe { bytes.slice_mut(0, bytes.len()) }
+    }
+
+    fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]) {
+        assert!(buf < self.caps.bufs, "buffer {buf} out of range");
+        let bytes = self.region_bytes(mr);
+        // SAFETY: the pool and the region are separate allocations; each
+        // slice is exclusive as in `buf_mut` and `region_mut`.
+        unsafe {
+            (
+                self.pool.slice_mut(buf as usize * self.caps.mtu, self.caps.mtu),
+                bytes.slice_mut(0, bytes.len()),
+            )
+        }
+    }
+
+    fn post_recv(&mut self, bufs: &[BufId]) -> usize {
+        let mut f = self.fabric.borrow_mut();
+        if !self.is_current(&f) {
+            return 0;
+        }
+        let rx_depth = f.cfg.rx_depth;
+        let node = &mut f.nodes[self.node];
+        let n = bufs.len().min(rx_depth - node.posted_rx.len());
+        for &b in &bufs[..n] {
+            assert!(b < self.caps.bufs, "buffer {b} out of range");
+            node.posted_rx.push_back(b);
+        }
+        n
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> usize {
+        let mut f = self.fabric.borrow_mut();
+        if !self.is_current(&f) {
+            return 0;
+        }
+        let tx_depth = f.cfg.tx_depth;
+        let n = wrs.len().min(tx_depth - f.nodes[self.node].tx_outstanding);
+        for wr in &wrs[..n] {
+            assert!(wr.buf < self.caps.bufs && wr.len as usize <= self.caps.mtu, "bad send {wr:?}");
+            let me = &mut f.nodes[self.node];
+            me.tx_outstanding += 1;
+            let target = me.book.get(wr.ah.0 as usize).copied().unwrap_or(usize::MAX);
+            let status = if me.fail_sends > 0 {
+                me.fail_sends -= 1;
+                Some(CqStatus::DeviceError)
+            } else if target == usize::MAX {
+                Some(CqStatus::LocalError)
+            } else if !f.nodes[target].alive {
+                Some(CqStatus::PeerUnreachable)
+            } else {
+                None
+            };
+            match status {
+                Some(status) => {
+                    let cqe = Cqe { op: CqOp::Send, status, wr_id: wr.wr_id, ..Cqe::default() };
+                    f.complete_at(self.node, self.incarnation, cqe);
+                }
+                None => f.nodes[target].inbox.push_back(Flight::Packet {
+                    src: self.node,
+                    incarnation: self.incarnation,
+                    buf: wr.buf,
+                    len: wr.len,
+                    wr_id: wr.wr_id,
+                }),
+            }
+        }
+        n
+    }
+
+    fn post_rdma(&mut self, wrs: &[RdmaWr]) -> usize {
+        let mut f = self.fabric.borrow_mut();
+        if !self.is_current(&f) {
+            return 0;
+        }
+        let tx_depth = f.cfg.tx_depth;
+        let mut taken = 0;
+        for wr in wrs {
+            let supported = match wr.op {
+                RdmaOp::Read => self.caps.rdma_read,
+                RdmaOp::Write { .. } => self.caps.rdma_write,
+            };
+            if !supported || f.nodes[self.node].tx_outstanding >= tx_depth {
+                break;
+            }
+            taken += 1;
+            f.nodes[self.node].tx_outstanding += 1;
+            let local = self.regions.get(wr.local.0 as usize).and_then(Option::as_ref);
+            let local_ok = local.is_some_and(|b| {
+                wr.local_offset.checked_add(wr.len).is_some_and(|end| end <= b.len() as u64)
+            }) && wr.len <= self.caps.max_rdma_size;
+            let me = &f.nodes[self.node];
+            let target = me.book.get(wr.ah.0 as usize).copied().unwrap_or(usize::MAX);
+            let status = if !local_ok || target == usize::MAX {
+                Some(CqStatus::LocalError)
+            } else if !f.nodes[target].alive {
+                Some(CqStatus::PeerUnreachable)
+            } else {
+                None
+            };
+            match (status, local) {
+                (None, Some(local)) => f.nodes[target].inbox.push_back(Flight::Rdma {
+                    src: self.node,
+                    incarnation: self.incarnation,
+                    wr: *wr,
+                    local: local.clone(),
+                }),
+                (status, _) => {
+                    let op = if wr.op == RdmaOp::Read { CqOp::Read } else { CqOp::Write };
+                    let status = status.unwrap_or(CqStatus::LocalError);
+                    let cqe = Cqe { op, status, wr_id: wr.wr_id, ..Cqe::default() };
+                    f.complete_at(self.node, self.incarnation, cqe);
+                }
+            }
+        }
+        taken
+    }
+
+    fn poll(&mut self, out: &mut [Cqe]) -> usize {
+        let mut f = self.fabric.borrow_mut();
+        if !self.is_current(&f) {
+            return 0;
+        }
+        let mut n = 0;
+        while n < out.len() {
+            match f.nodes[self.node].cq.pop_front() {
+                Some(c) => {
+                    out[n] = c;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        while n < out.len() {
+            match f.deliver_one(self.node, &mut out[n]) {
+                Some(wrote) => n += wrote,
+                None => break,
+            }
+            // Completions of this device's own operations (a peer that is
+            // this device) come back through its queue.
+            while n < out.len() {
+                match f.nodes[self.node].cq.pop_front() {
+                    Some(c) => {
+                        out[n] = c;
+                        n += 1;
+                    }
+                    None => break,
+                }
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(cfg: SimConfig) -> (SimFabric, SimDevice, SimDevice) {
+        let fabric = SimFabric::new(cfg);
+        let a = fabric.device();
+        let b = fabric.device();
+        (fabric, a, b)
+    }
+
+    fn send(dev: &mut SimDevice, ah: Ah, buf: BufId, bytes: &[u8], wr_id: u64) {
+        dev.buf_mut(buf)[..bytes.len()].copy_from_slice(bytes);
+        let wr = SendWr { ah, buf, len: bytes.len() as u32, wr_id };
+        assert_eq!(dev.post_send(&[wr]), 1);
+    }
+
+    fn poll_all(dev: &mut SimDevice) -> Vec<Cqe> {
+        let mut out = [Cqe::default(); 8];
+        let mut all = Vec::new();
+        loop {
+            let n = dev.poll(&mut out);
+            if n == 0 {
+                return all;
+            }
+            all.extend_from_slice(&out[..n]);
+        }
+    }
+
+    #[test]
+    fn delivery_reports_unknown_sender_until_inserted() {
+        let (_f, mut a, mut b) = pair(SimConfig::default());
+        let ah_b = a.insert_addr(&b.addr()).unwrap();
+        assert_eq!(a.insert_addr(&b.addr()).unwrap(), ah_b, "same address, same handle");
+        assert_eq!(b.post_recv(&[10, 11]), 2);
+        send(&mut a, ah_b, 0, b"hello", 7);
+        let got = poll_all(&mut b);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].op, CqOp::Recv);
+        assert_eq!(got[0].wr_id, 10);
+        assert_eq!(got[0].len, 5);
+        assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
+        assert_eq!(&b.buf(10)[..5], b"hello");
+        let sent = poll_all(&mut a);
+        assert_eq!(sent, [Cqe { op: CqOp::Send, wr_id: 7, ..Cqe::default() }]);
+
+        let ah_a = b.insert_addr(&a.addr()).unwrap();
+        send(&mut a, ah_b, 1, b"again", 8);
+        assert_eq!(poll_all(&mut b)[0].src, Source::Known(ah_a));
+        b.remove_addr(ah_a);
+        assert_eq!(b.post_recv(&[12]), 1);
+        send(&mut a, ah_b, 2, b"third", 9);
+        assert_eq!(poll_all(&mut b)[0].src, Source::Unknown { qpn: a.addr().qpn });
+    }
+
+    #[test]
+    fn no_posted_buffer_holds_the_packet_and_back_pressures_the_sender() {
+        let cfg = SimConfig { tx_depth: 2, ..SimConfig::default() };
+        let (fabric, mut a, mut b) = pair(cfg);
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        send(&mut a, ah, 0, b"x", 0);
+        send(&mut a, ah, 1, b"y", 1);
+        let wr = SendWr { ah, buf: 2, len: 1, wr_id: 2 };
+        assert_eq!(a.post_send(&[wr]), 0, "TX queue full");
+        assert!(poll_all(&mut b).is_empty());
+        assert_eq!(fabric.stats(&b.addr()).rnr_waits, 1);
+        assert!(poll_all(&mut a).is_empty(), "no send completes before delivery");
+        b.post_recv(&[5, 6]);
+        assert_eq!(poll_all(&mut b).len(), 2);
+        assert_eq!(poll_all(&mut a).len(), 2);
+        assert_eq!(a.post_send(&[wr]), 1);
+    }
+
+    #[test]
+    fn reordering_is_deterministic_per_seed() {
+        let order = |seed| {
+            let cfg = SimConfig { seed, reorder_window: 8, ..SimConfig::default() };
+            let (_f, mut a, mut b) = pair(cfg);
+            let ah = a.insert_addr(&b.addr()).unwrap();
+            for i in 0..32u8 {
+                send(&mut a, ah, i as u32, &[i], i as u64);
+            }
+            b.post_recv(&(100..132).collect::<Vec<_>>());
+            poll_all(&mut b).iter().map(|c| b.buf(c.wr_id as u32)[0]).collect::<Vec<_>>()
+        };
+        let first = order(3);
+        assert_eq!(first, order(3));
+        assert_ne!(first, order(4));
+        assert_ne!(first, (0..32).collect::<Vec<_>>());
+        let mut sorted = first.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "nothing lost or duplicated");
+    }
+
+    #[test]
+    fn rdma_checks_the_targets_registration() {
+        let (fabric, mut a, mut b) = pair(SimConfig::default());
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        let local = a.register(64, Access::LOCAL).unwrap();
+        let remote = b.register(64, Access::REMOTE_READ).unwrap();
+        b.region_mut(remote.id).copy_from_slice(&[9; 64]);
+        a.region_mut(local.id)[..4].copy_from_slice(b"abcd");
+        let rd = RdmaWr {
+            op: RdmaOp::Read,
+            ah,
+            local: local.id,
+            local_offset: 8,
+            len: 16,
+            remote_addr: remote.addr_at(4),
+            remote_key: remote.key,
+            wr_id: 1,
+        };
+        let bad = [
+            RdmaWr { remote_key: remote.key ^ 1, wr_id: 2, ..rd },
+            RdmaWr { remote_addr: remote.addr_at(60), wr_id: 3, ..rd },
+            RdmaWr { remote_addr: remote.addr.wrapping_sub(1), wr_id: 4, ..rd },
+            RdmaWr { op: RdmaOp::Write { imm: None }, wr_id: 5, ..rd },
+            RdmaWr { len: u64::MAX, local_offset: 0, wr_id: 6, ..rd },
+        ];
+        assert_eq!(a.post_rdma(&[rd]), 1);
+        assert_eq!(a.post_rdma(&bad), bad.len());
+        poll_all(&mut b);
+        let done = poll_all(&mut a);
+        let status = |id| done.iter().find(|c| c.wr_id == id).unwrap().status;
+        assert_eq!(status(1), CqStatus::Ok);
+        for id in 2..=5 {
+            assert_eq!(status(id), CqStatus::RemoteAccess, "wr {id}");
+        }
+        assert_eq!(status(6), CqStatus::LocalError);
+        assert_eq!(&a.region(local.id)[..8], b"abcd\0\0\0\0");
+        assert_eq!(&a.region(local.id)[8..24], &[9; 16]);
+        assert!(b.region(remote.id).iter().all(|&x| x == 9), "target untouched");
+        assert_eq!(fabric.stats(&b.addr()).remote_access_errors, 4);
+    }
+
+    #[test]
+    fn write_with_immediate_consumes_a_receive_buffer() {
+        let (_f, mut a, mut b) = pair(SimConfig::default());
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        let local = a.register(8, Access::LOCAL).unwrap();
+        let remote = b.register(8, Access::REMOTE_WRITE).unwrap();
+        a.region_mut(local.id).copy_from_slice(b"12345678");
+        let wr = RdmaWr {
+            op: RdmaOp::Write { imm: Some(42) },
+            ah,
+            local: local.id,
+            local_offset: 0,
+            len: 8,
+            remote_addr: remote.addr,
+            remote_key: remote.key,
+            wr_id: 1,
+        };
+        assert_eq!(a.post_rdma(&[wr]), 1);
+        assert!(poll_all(&mut b).is_empty(), "waits for a receive buffer");
+        b.post_recv(&[3]);
+        let got = poll_all(&mut b);
+        assert_eq!((got[0].op, got[0].imm, got[0].wr_id), (CqOp::RecvWriteImm, 42, 3));
+        assert_eq!(b.region(remote.id), b"12345678");
+        assert_eq!(poll_all(&mut a)[0].op, CqOp::Write);
+    }
+
+    #[test]
+    fn faults() {
+        let (fabric, mut a, mut b) = pair(SimConfig::default());
+        fabric.fail_registrations(&a.addr(), 1);
+        assert_eq!(a.register(8, Access::LOCAL), Err(DeviceError::Registration));
+        assert!(a.register(8, Access::LOCAL).is_ok());
+
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        fabric.fail_sends(&a.addr(), 1);
+        send(&mut a, ah, 0, b"lost", 1);
+        assert_eq!(poll_all(&mut a)[0].status, CqStatus::DeviceError);
+
+        b.post_recv(&[1, 2]);
+        fabric.inject(&b.addr(), 77, b"\x40\x04");
+        let got = poll_all(&mut b);
+        assert_eq!(got[0].src, Source::Unknown { qpn: 77 });
+        assert_eq!(&b.buf(1)[..2], b"\x40\x04");
+
+        send(&mut a, ah, 1, b"doomed", 2);
+        fabric.kill(&b.addr());
+        assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
+        send(&mut a, ah, 2, b"late", 3);
+        assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
+        assert!(poll_all(&mut b).is_empty(), "a dead device completes nothing");
+
+        // A restarted peer answers at the same QPN with a new connid.
+        let mut b2 = fabric.restart(&b.addr());
+        assert_eq!(b2.addr().qpn, b.addr().qpn);
+        assert_ne!(b2.addr().connid, b.addr().connid);
+        b2.post_recv(&[0]);
+        send(&mut a, ah, 3, b"hi", 4);
+        assert_eq!(poll_all(&mut b2).len(), 1);
+    }
+
+    #[test]
+    fn duplicates_are_delivered_twice() {
+        let cfg = SimConfig { duplicate_ppm: 1_000_000, ..SimConfig::default() };
+        let (fabric, mut a, mut b) = pair(cfg);
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        b.post_recv(&[0, 1, 2]);
+        send(&mut a, ah, 0, b"twice", 1);
+        let mut out = [Cqe::default(); 1];
+        assert_eq!(b.poll(&mut out), 1);
+        // Stop before the duplicate is itself duplicated.
+        fabric.set_duplicate_ppm(0);
+        let mut got = vec![out[0]];
+        got.extend(poll_all(&mut b));
+        assert_eq!(got.len(), 2);
+        assert_eq!(&b.buf(got[1].wr_id as u32)[..5], b"twice");
+        assert_eq!(poll_all(&mut a).len(), 1, "one send completion");
+    }
+}
