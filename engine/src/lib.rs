@@ -6,6 +6,7 @@
 #![deny(unsafe_code)]
 #[allow(unsafe_code)]
 pub mod device;
+pub mod endpoint;
 #[allow(unsafe_code)]
 pub mod mem;
 pub mod relink;

@@ -109,6 +109,8 @@ struct Fabric {
     cfg: SimConfig,
     rng: u64,
     nodes: Vec<Node>,
+    /// Delivered packets, when capturing: (from qpn, to qpn, bytes).
+    capture: Option<Vec<(u16, u16, Vec<u8>)>>,
 }
 
 #[derive(Debug)]
@@ -155,7 +157,9 @@ impl SimFabric {
         assert!(cfg.mtu >= 64 && cfg.bufs > 0, "mtu and bufs");
         // A zero seed would stall xorshift.
         let rng = cfg.seed ^ 0x9e37_79b9_7f4a_7c15;
-        SimFabric { inner: Rc::new(RefCell::new(Fabric { cfg, rng, nodes: Vec::new() })) }
+        SimFabric {
+            inner: Rc::new(RefCell::new(Fabric { cfg, rng, nodes: Vec::new(), capture: None })),
+        }
     }
 
     /// The fabric's parameters.
@@ -274,6 +278,18 @@ impl SimFabric {
         f.nodes[to.qpn as usize].inbox.push_back(Flight::Raw { src: from_qpn as usize, bytes });
     }
 
+    /// Starts (or stops) keeping a copy of every packet delivered, for
+    /// tests that look at the wire.
+    pub fn set_capture(&self, on: bool) {
+        self.inner.borrow_mut().capture = on.then(Vec::new);
+    }
+
+    /// The packets delivered since capture started: (from QPN, to QPN,
+    /// bytes), in delivery order. Clears the capture.
+    pub fn take_capture(&self) -> Vec<(u16, u16, Vec<u8>)> {
+        self.inner.borrow_mut().capture.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// What happened at `addr`'s device so far.
     pub fn stats(&self, addr: &RawAddr) -> SimStats {
         self.inner.borrow().nodes[addr.qpn as usize].stats
@@ -357,7 +373,9 @@ impl Fabric {
                 }
             }
         }
-        let flight = self.nodes[at].inbox.remove(pick).expect("picked inside the window");
+        let inbox = &mut self.nodes[at].inbox;
+        let flight = if pick == 0 { inbox.pop_front() } else { inbox.remove(pick) };
+        let flight = flight.expect("picked inside the window");
         Some(match flight {
             Flight::Packet { src, incarnation, buf, len, wr_id } => {
                 let mtu = self.cfg.mtu;
@@ -371,6 +389,9 @@ impl Fabric {
                 );
                 self.nodes[at].stats.delivered += 1;
                 *out = self.recv_cqe(at, src, rx, len);
+                if let Some(capture) = &mut self.capture {
+                    capture.push((src as u16, at as u16, self.nodes[at].pool_bytes(rx, len, mtu)));
+                }
                 if self.cfg.duplicate_ppm > 0
                     && self.next_random() % 1_000_000 < self.cfg.duplicate_ppm as u64
                 {

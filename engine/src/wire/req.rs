@@ -544,7 +544,7 @@ impl<T: AsRef<[u8]>> ReqPacket<T> {
     }
 
     /// The type's layout.
-    #[inline]
+    #[inline(always)]
     pub fn layout(&self) -> &'static ReqLayout {
         self.layout
     }
@@ -594,7 +594,7 @@ impl<T: AsRef<[u8]>> ReqPacket<T> {
     }
 
     /// Bytes of header: fixed header, `rma_iov[]` and optional headers.
-    #[inline]
+    #[inline(always)]
     pub fn header_len(&self) -> usize {
         self.at.read_iov
     }
@@ -717,7 +717,7 @@ impl<'a> ReqRepr<'a> {
     }
 
     /// The type's layout. Panics if `ptype` is not a REQ type.
-    #[inline]
+    #[inline(always)]
     pub fn layout(&self) -> &'static ReqLayout {
         ReqLayout::of(self.ptype).expect("ReqRepr holds a REQ type")
     }
@@ -742,7 +742,7 @@ impl<'a> ReqRepr<'a> {
     }
 
     /// The flags as emitted: optional-header bits follow the options.
-    #[inline]
+    #[inline(always)]
     pub fn wire_flags(&self) -> ReqFlags {
         let mut flags = self.flags.difference(ReqFlags::OPT_HDRS);
         flags.set(ReqFlags::RAW_ADDR_HDR, self.raw_addr.is_some());
@@ -753,7 +753,7 @@ impl<'a> ReqRepr<'a> {
 
     /// Bytes of header, without `read_iov[]`: fixed header, `rma_iov[]`
     /// and optional headers.
-    #[inline]
+    #[inline(always)]
     pub fn header_len(&self) -> usize {
         let layout = self.layout();
         let mut len = layout.header_len();
@@ -774,7 +774,7 @@ impl<'a> ReqRepr<'a> {
 
     /// Bytes `emit` writes: the headers and `read_iov[]`; application data
     /// follows at this offset.
-    #[inline]
+    #[inline(always)]
     pub fn buffer_len(&self) -> usize {
         let read_iov =
             if self.layout().has(ReqField::ReadIovCount) { self.read_iov.wire_len() } else { 0 };

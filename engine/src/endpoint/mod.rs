@@ -1,0 +1,421 @@
+//! The RDM endpoint: the protocol state machine that turns sends and
+//! receives into EFA RDM v4 packets and back.
+//!
+//! An [`Endpoint`] owns one [`Device`] and runs on the thread that made it
+//! (it is `!Send` whenever its device is, and holds no lock). The protocol
+//! logic does no I/O of its own; [`Endpoint::progress`] is the loop that
+//! moves data between it and the device, in this order:
+//!
+//! 1. poll the device for a burst of completions and handle each: a sent
+//!    packet frees its buffer and advances its operation; a received
+//!    packet is parsed, its sender resolved (and answered with a
+//!    HANDSHAKE the first time), put in msg_id order, matched, copied;
+//! 2. build the packets that are due — queued control packets first
+//!    (HANDSHAKE, CTS...), then operations with data to send — while
+//!    packet buffers and TX slots last, and post them in bursts;
+//! 3. post free receive buffers.
+//!
+//! Application commands (`send`, `recv`, `inject`...) enqueue work and may
+//! build packets at once; they return [`Error::Again`] when a pool is full
+//! (back-pressure, not failure). Completions wait in a queue that
+//! [`Endpoint::poll_cq`] drains.
+//!
+//! Everything from the wire is checked before use: a packet the codec
+//! rejects, a send_id/recv_id that names no live operation (slab index
+//! plus generation), a msg_id outside the reorder window, a segment
+//! outside its message, a connid that is not its sender's: each is
+//! counted by reason (see [`Counters`]) and dropped.
+
+mod counters;
+mod cq;
+mod matching;
+mod msg;
+mod ops;
+mod peer;
+mod rx;
+mod slab;
+mod tx;
+
+use std::collections::VecDeque;
+
+pub use counters::{Counters, DropReason};
+pub use cq::{Completion, Op, Status};
+
+use crate::device::{Access, BufId, Caps, Cqe, Device, DeviceError, Mr, MrId};
+use crate::wire::RawAddr;
+use matching::Matcher;
+use ops::{RxOp, TxOp};
+use peer::Peers;
+use slab::Slab;
+use tx::TxQueue;
+
+/// A peer in the endpoint's address vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u32);
+
+/// A range of a registered region: what operations read and write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub mr: MrId,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Span {
+    /// `len` bytes of `mr` from `offset`.
+    pub fn new(mr: &Mr, offset: u64, len: u64) -> Span {
+        Span { mr: mr.id, offset, len }
+    }
+
+    /// All of `mr`.
+    pub fn whole(mr: &Mr) -> Span {
+        Span { mr: mr.id, offset: 0, len: mr.len }
+    }
+}
+
+/// Why a command was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A pool or queue is full: progress the endpoint and retry.
+    #[error("resources exhausted, retry after progress")]
+    Again,
+    /// The peer is not in the address vector.
+    #[error("unknown peer")]
+    UnknownPeer,
+    /// The span names no registered region, or lies outside it.
+    #[error("span outside its registered region")]
+    BadSpan,
+    /// Larger than the operation allows (inject: one packet).
+    #[error("too large for this operation")]
+    TooLarge,
+    /// The device refused.
+    #[error("device: {0}")]
+    Device(#[from] DeviceError),
+}
+
+/// Tunables. The defaults are the provider's where it has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Deliver messages from each peer in send order (FI_ORDER_SAS).
+    pub ordered: bool,
+    /// msg_ids a receiver holds ahead of the next expected one, per peer.
+    pub reorder_window: u32,
+    /// Largest message sent with the medium protocol (provider: 64 KiB).
+    pub medium_max: u64,
+    /// Largest message sent eagerly; `None`: whatever fits in one packet.
+    pub eager_max: Option<u64>,
+    /// Packets a receiver grants per CTS in long-CTS transfers.
+    pub cts_window: u32,
+    /// Send operations in flight.
+    pub tx_ops: usize,
+    /// Receives posted, in progress or unexpected.
+    pub rx_ops: usize,
+    /// Ask each inserted peer for its HANDSHAKE at once (the provider waits
+    /// for the first message), so the first large message can use what the
+    /// peer supports.
+    pub handshake_on_insert: bool,
+    /// Sent in HANDSHAKE packets when non-zero.
+    pub host_id: u64,
+    /// The msg_id of the first message to and from each peer (the
+    /// provider's is 0); both sides must agree. For tests of wrap-around.
+    pub first_msg_id: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ordered: true,
+            reorder_window: 1024,
+            medium_max: 64 * 1024,
+            eager_max: None,
+            cts_window: 32,
+            tx_ops: 4096,
+            rx_ops: 16384,
+            handshake_on_insert: false,
+            host_id: 0,
+            first_msg_id: 0,
+        }
+    }
+}
+
+/// Tags of a tagged receive that must match: a bit set in `ignore` matches
+/// anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TagMatch {
+    pub tag: u64,
+    pub ignore: u64,
+}
+
+/// How the endpoint's receive buffers are laid out in the device's pool.
+#[derive(Debug, Clone, Copy)]
+struct BufLayout {
+    /// TX buffers are `0..tx`, RX buffers `tx..total`.
+    tx: u32,
+    total: u32,
+}
+
+/// An RDM endpoint over device `D`.
+#[derive(Debug)]
+pub struct Endpoint<D: Device> {
+    dev: D,
+    caps: Caps,
+    cfg: Config,
+    addr: RawAddr,
+    /// This endpoint's raw address as REQ raw address headers carry it.
+    addr_hdr: [u8; RawAddr::REQ_HDR_SIZE],
+    peers: Peers,
+    tx_ops: Slab<TxOp>,
+    rx_ops: Slab<RxOp>,
+    matcher: Matcher,
+    txq: TxQueue,
+    bufs: BufLayout,
+    /// RX buffers neither posted nor holding a packet.
+    rx_free: Vec<BufId>,
+    rx_posted: usize,
+    /// Per buffer: length of the packet it holds, its sender, and the next
+    /// buffer in the chain of held packets it belongs to.
+    rx_meta: Vec<RxMeta>,
+    /// Registered regions by `MrId`.
+    mrs: Vec<Option<Mr>>,
+    cq: cq::CompletionQueue,
+    counters: Counters,
+    cqes: Box<[Cqe; POLL_BURST]>,
+    /// Posting order of receives.
+    next_seq: u64,
+    /// Medium and long messages in progress, by (peer, msg_id).
+    in_progress: matching::MsgIndex,
+    /// Peers whose next message waits for a receive entry (ordered).
+    stalled_peers: VecDeque<u32>,
+    /// Packets waiting for a receive entry (unordered).
+    stalled_bufs: VecDeque<BufId>,
+}
+
+/// Completions polled per device call (DPDK's burst).
+const POLL_BURST: usize = 32;
+
+/// "No buffer" in chains of held packets.
+const NO_BUF: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct RxMeta {
+    len: u32,
+    peer: u32,
+    next: u32,
+}
+
+impl<D: Device> Endpoint<D> {
+    /// An endpoint over `dev`. Partitions the device's packet buffers:
+    /// one TX buffer per TX slot, the rest for receiving and holding.
+    pub fn new(dev: D, cfg: Config) -> Result<Endpoint<D>, Error> {
+        let caps = dev.caps();
+        assert!(caps.mtu >= 256, "mtu {} is too small for EFA RDM headers", caps.mtu);
+        assert!(cfg.cts_window > 0 && cfg.reorder_window > 0, "windows are at least 1");
+        let tx = (caps.tx_depth as u32).min(caps.bufs / 2);
+        let bufs = BufLayout { tx, total: caps.bufs };
+        let addr = dev.addr();
+        let tx_ops = cfg.tx_ops.min(slab::MAX_CAPACITY);
+        let rx_ops = cfg.rx_ops.min(slab::MAX_CAPACITY);
+        let rx_free: Vec<BufId> = (tx..caps.bufs).rev().collect();
+        let mut ep = Endpoint {
+            caps,
+            cfg,
+            addr,
+            addr_hdr: addr.to_req_hdr_bytes(),
+            peers: Peers::default(),
+            tx_ops: Slab::with_capacity(tx_ops),
+            rx_ops: Slab::with_capacity(rx_ops),
+            matcher: Matcher::with_capacity(rx_ops),
+            txq: TxQueue::new(tx, tx_ops + rx_ops),
+            bufs,
+            rx_free,
+            rx_posted: 0,
+            rx_meta: vec![RxMeta { len: 0, peer: 0, next: NO_BUF }; caps.bufs as usize],
+            mrs: Vec::new(),
+            cq: cq::CompletionQueue::with_capacity(tx_ops + rx_ops),
+            counters: Counters::default(),
+            cqes: Box::new([Cqe::default(); POLL_BURST]),
+            next_seq: 0,
+            in_progress: matching::MsgIndex::with_capacity(rx_ops),
+            stalled_peers: VecDeque::with_capacity(64),
+            stalled_bufs: VecDeque::with_capacity(64),
+            dev,
+        };
+        ep.post_rx_buffers();
+        Ok(ep)
+    }
+
+    /// This endpoint's raw address, to give to peers.
+    pub fn addr(&self) -> RawAddr {
+        self.addr
+    }
+
+    /// The device's capabilities.
+    pub fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// What the endpoint has counted.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The device, for its own statistics.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// Adds a peer to the address vector (like `fi_av_insert`); inserting
+    /// the same address again gives the same id.
+    pub fn insert_peer(&mut self, addr: &RawAddr) -> Result<PeerId, Error> {
+        let id = self.peer_for_addr(addr)?;
+        if self.cfg.handshake_on_insert {
+            self.request_handshake(id.0);
+        }
+        Ok(id)
+    }
+
+    /// A peer's raw address.
+    pub fn peer_addr(&self, peer: PeerId) -> Option<RawAddr> {
+        self.peers.get(peer.0).map(|p| p.addr)
+    }
+
+    /// Whether the peer's HANDSHAKE has arrived (its features are known).
+    pub fn peer_handshake_received(&self, peer: PeerId) -> bool {
+        self.peers.get(peer.0).is_some_and(|p| p.handshake_received)
+    }
+
+    /// The extra features the peer advertised (0 before its HANDSHAKE).
+    pub fn peer_features(&self, peer: PeerId) -> u64 {
+        self.peers.get(peer.0).map_or(0, |p| p.features)
+    }
+
+    /// The largest message that goes to `peer` in one packet now (it grows
+    /// once the peer's HANDSHAKE arrives and REQs stop carrying our raw
+    /// address).
+    pub fn max_eager_size(&self, peer: PeerId, tagged: bool) -> u64 {
+        use crate::wire::PacketType;
+        let ptype = if tagged { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
+        let room = (self.caps.mtu - self.req_header_len(ptype, peer.0, false)) as u64;
+        self.cfg.eager_max.map_or(room, |m| m.min(room))
+    }
+
+    /// Registers `len` bytes of new, zeroed memory with `access` rights.
+    pub fn register(&mut self, len: u64, access: Access) -> Result<Mr, Error> {
+        let mr = self.dev.register(len, access)?;
+        let i = mr.id.0 as usize;
+        if self.mrs.len() <= i {
+            self.mrs.resize(i + 1, None);
+        }
+        self.mrs[i] = Some(mr);
+        Ok(mr)
+    }
+
+    /// Deregisters a region.
+    pub fn deregister(&mut self, mr: MrId) -> Result<(), Error> {
+        let slot = self.mrs.get_mut(mr.0 as usize).ok_or(Error::BadSpan)?;
+        slot.take().ok_or(Error::BadSpan)?;
+        self.dev.deregister(mr)?;
+        Ok(())
+    }
+
+    /// A registered region's bytes.
+    pub fn mem(&self, mr: MrId) -> &[u8] {
+        self.dev.region(mr)
+    }
+
+    /// A registered region's bytes, to fill. Memory granted remote write
+    /// may change under the application as a NIC writes it; read it after
+    /// the completion that says it was written.
+    pub fn mem_mut(&mut self, mr: MrId) -> &mut [u8] {
+        self.dev.region_mut(mr)
+    }
+
+    /// Checks that `span` lies in a registered region.
+    fn check_span(&self, span: &Span) -> Result<(), Error> {
+        let mr = self.mrs.get(span.mr.0 as usize).and_then(|m| m.as_ref()).ok_or(Error::BadSpan)?;
+        match span.offset.checked_add(span.len) {
+            Some(end) if end <= mr.len => Ok(()),
+            _ => Err(Error::BadSpan),
+        }
+    }
+
+    /// The next completion, if any.
+    #[inline]
+    pub fn poll_cq(&mut self) -> Option<Completion> {
+        self.cq.pop()
+    }
+
+    /// Completions waiting.
+    pub fn cq_len(&self) -> usize {
+        self.cq.len()
+    }
+
+    /// Runs the progress loop once (see the module's doc); returns whether
+    /// it did any work.
+    pub fn progress(&mut self) -> bool {
+        let mut did = false;
+        loop {
+            let n = self.dev.poll(&mut self.cqes[..]);
+            did |= n > 0;
+            for i in 0..n {
+                let cqe = self.cqes[i];
+                self.handle_cqe(cqe);
+            }
+            if n < POLL_BURST {
+                break;
+            }
+        }
+        did |= self.flush_tx();
+        self.post_rx_buffers();
+        did
+    }
+
+    fn handle_cqe(&mut self, cqe: Cqe) {
+        use crate::device::CqOp;
+        match cqe.op {
+            CqOp::Send => self.handle_send_done(cqe),
+            CqOp::Recv => self.handle_recv(cqe),
+            CqOp::Read | CqOp::Write | CqOp::RecvWriteImm => {
+                // RDMA operations arrive with the one-sided protocols; until
+                // then a stray completion is counted.
+                if cqe.op == CqOp::RecvWriteImm {
+                    self.release_rx(cqe.wr_id as BufId);
+                }
+                self.counters.drop(DropReason::Unsupported);
+            }
+        }
+    }
+
+    /// Returns RX buffer `buf` to the free list.
+    #[inline]
+    fn release_rx(&mut self, buf: BufId) {
+        debug_assert!(buf >= self.bufs.tx && buf < self.bufs.total);
+        self.rx_meta[buf as usize].next = NO_BUF;
+        self.rx_free.push(buf);
+    }
+
+    /// Posts free RX buffers up to the device's receive depth.
+    fn post_rx_buffers(&mut self) {
+        let want = self.caps.rx_depth.saturating_sub(self.rx_posted);
+        if want == 0 {
+            return;
+        }
+        let n = want.min(self.rx_free.len());
+        if n < want && self.rx_posted == 0 {
+            self.counters.rx_hold_exhausted += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let start = self.rx_free.len() - n;
+        let taken = self.dev.post_recv(&self.rx_free[start..]);
+        // The device took a prefix of what it was given.
+        self.rx_free.drain(start..start + taken);
+        self.rx_posted += taken;
+    }
+}

@@ -1,0 +1,130 @@
+//! The address vector: peers, their handshake state, msg_id counters and
+//! reorder windows.
+
+use std::collections::HashMap;
+
+use crate::device::Ah;
+use crate::wire::RawAddr;
+
+/// A REQ raw address header as current providers send it: size + 36.
+pub(crate) const RAW_ADDR_HDR_LEN: u32 = 4 + RawAddr::REQ_HDR_SIZE as u32;
+
+/// "No buffer" / "no entry" in the per-peer tables.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// Packets that arrived ahead of their msg_id's turn, by msg_id modulo the
+/// window: each slot is the head of a chain of RX buffers.
+#[derive(Debug)]
+pub(crate) struct ReorderBuf {
+    pub(crate) slots: Box<[u32]>,
+    /// Packets held.
+    pub(crate) held: u32,
+}
+
+impl ReorderBuf {
+    pub(crate) fn new(window: u32) -> ReorderBuf {
+        ReorderBuf { slots: vec![NONE; window as usize].into_boxed_slice(), held: 0 }
+    }
+}
+
+/// A peer.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pub(crate) addr: RawAddr,
+    pub(crate) ah: Ah,
+    /// Our HANDSHAKE is queued or sent.
+    pub(crate) handshake_sent: bool,
+    /// Theirs arrived: `features` is valid and REQs stop carrying our raw
+    /// address (spec 2.2).
+    pub(crate) handshake_received: bool,
+    /// We asked for theirs (a zero-byte EAGER_RTW) or sent them a REQ.
+    pub(crate) req_sent: bool,
+    /// `extra_info[0]` of their HANDSHAKE.
+    pub(crate) features: u64,
+    /// The next msg_id we send them.
+    pub(crate) next_msg_id: u32,
+    /// The msg_id we deliver next from them.
+    pub(crate) expected_msg_id: u32,
+    /// Allocated the first time one of their messages arrives early.
+    pub(crate) reorder: Option<ReorderBuf>,
+    /// Bytes of optional headers our REQs to them carry now: the raw
+    /// address header (40) until their HANDSHAKE, then the connid (4) if
+    /// they asked for it.
+    pub(crate) req_opt_len: u32,
+}
+
+impl Peer {
+    /// Whether they asked for the sender's connid in our headers (extra
+    /// request 3, spec 4.4).
+    #[inline]
+    pub(crate) fn wants_connid(&self) -> bool {
+        self.handshake_received && self.features & crate::wire::extra::CONNID_HEADER != 0
+    }
+
+    /// Their HANDSHAKE arrived.
+    pub(crate) fn handshake_arrived(&mut self, features: u64) {
+        self.handshake_received = true;
+        self.features = features;
+        self.req_opt_len = if self.wants_connid() { 4 } else { 0 };
+    }
+}
+
+/// The address vector.
+#[derive(Debug, Default)]
+pub(crate) struct Peers {
+    list: Vec<Peer>,
+    /// Full raw address (with connid) to peer.
+    by_addr: HashMap<RawAddr, u32>,
+    /// Device address handle to the peer it currently names. A restarted
+    /// process that reused a QPN shares the handle of its predecessor; the
+    /// newest peer inserted for a handle owns it.
+    by_ah: Vec<u32>,
+}
+
+impl Peers {
+    #[inline]
+    pub(crate) fn get(&self, id: u32) -> Option<&Peer> {
+        self.list.get(id as usize)
+    }
+
+    #[inline]
+    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Peer> {
+        self.list.get_mut(id as usize)
+    }
+
+    #[inline]
+    pub(crate) fn by_ah(&self, ah: Ah) -> Option<u32> {
+        self.by_ah.get(ah.0 as usize).copied().filter(|&p| p != NONE)
+    }
+
+    pub(crate) fn by_addr(&self, addr: &RawAddr) -> Option<u32> {
+        self.by_addr.get(addr).copied()
+    }
+
+    pub(crate) fn insert(&mut self, addr: RawAddr, ah: Ah, first_msg_id: u32) -> u32 {
+        let id = self.list.len() as u32;
+        self.list.push(Peer {
+            addr,
+            ah,
+            handshake_sent: false,
+            handshake_received: false,
+            req_sent: false,
+            features: 0,
+            next_msg_id: first_msg_id,
+            expected_msg_id: first_msg_id,
+            reorder: None,
+            req_opt_len: RAW_ADDR_HDR_LEN,
+        });
+        self.by_addr.insert(addr, id);
+        let i = ah.0 as usize;
+        if self.by_ah.len() <= i {
+            self.by_ah.resize(i + 1, NONE);
+        }
+        self.by_ah[i] = id;
+        id
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+}

@@ -1,0 +1,457 @@
+//! The receive side: parse, resolve the sender, answer with a HANDSHAKE,
+//! put messages in msg_id order, dispatch.
+
+use super::peer::{NONE, ReorderBuf};
+use super::{DropReason, Endpoint, Error, NO_BUF, PeerId};
+use crate::device::{BufId, CqStatus, Cqe, Device, Source};
+use crate::wire::{
+    CtsDataRepr, CtsRepr, Packet, PacketType, RawAddr, ReqClass, ReqField, ReqLayout, ReqPacket,
+};
+
+/// The headers of a received REQ, copied out of its buffer so that the
+/// endpoint can act on it while the buffer stays where it is.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReqInfo {
+    pub(super) ptype: PacketType,
+    pub(super) msg_id: u32,
+    pub(super) tag: u64,
+    pub(super) msg_length: u64,
+    pub(super) seg_offset: u64,
+    pub(super) send_id: u32,
+    pub(super) rma_iov_count: u32,
+    pub(super) cq_data: Option<u64>,
+    /// The sender's connid: its raw address's, or the connid header.
+    pub(super) connid: Option<u32>,
+    pub(super) raw_addr: Option<RawAddr>,
+    pub(super) payload_off: u32,
+    pub(super) payload_len: u32,
+}
+
+impl ReqInfo {
+    /// Copies what the endpoint needs out of a checked REQ.
+    #[inline]
+    fn from_view(p: &ReqPacket<&[u8]>) -> ReqInfo {
+        let field = |f: ReqField| p.field(f).unwrap_or(0);
+        // The codec checked the raw address is at least 24 bytes.
+        let raw_addr = p.raw_addr().and_then(|a| RawAddr::from_bytes(a).ok());
+        ReqInfo {
+            ptype: p.packet_type(),
+            msg_id: field(ReqField::MsgId) as u32,
+            tag: field(ReqField::Tag),
+            msg_length: field(ReqField::MsgLength),
+            seg_offset: field(ReqField::SegOffset),
+            send_id: field(ReqField::SendId) as u32,
+            rma_iov_count: field(ReqField::RmaIovCount) as u32,
+            cq_data: p.cq_data(),
+            // A raw address and a connid header together: the address's
+            // connid is the sender's (interop notes).
+            connid: raw_addr.map(|a| a.connid).or(p.connid()),
+            raw_addr,
+            payload_off: p.payload_offset() as u32,
+            payload_len: p.payload().len() as u32,
+        }
+    }
+
+    /// Checks and reads a REQ packet.
+    #[inline]
+    pub(super) fn parse(bytes: &[u8]) -> Result<ReqInfo, crate::wire::WireError> {
+        ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p))
+    }
+
+    /// Whether the type is ordered with messages (it has a msg_id).
+    #[inline]
+    pub(super) fn has_msg_id(&self) -> bool {
+        let layout = ReqLayout::of(self.ptype).expect("REQ type");
+        matches!(layout.class, ReqClass::Rtm | ReqClass::Rta)
+    }
+
+    /// Whether later packets of its message carry the same msg_id (medium
+    /// segments), so that one already begun must be looked up.
+    #[inline]
+    pub(super) fn continues_a_message(&self) -> bool {
+        matches!(
+            self.ptype,
+            PacketType::MediumMsgRtm
+                | PacketType::MediumTagRtm
+                | PacketType::DcMediumMsgRtm
+                | PacketType::DcMediumTagRtm
+                | PacketType::RuntReadMsgRtm
+                | PacketType::RuntReadTagRtm
+        )
+    }
+}
+
+/// A received packet's headers, owned.
+#[derive(Debug, Clone, Copy)]
+enum Parsed {
+    Req(ReqInfo),
+    Cts(CtsRepr),
+    CtsData {
+        repr: CtsDataRepr,
+        payload_off: u32,
+    },
+    Handshake {
+        features: u64,
+        connid: Option<u32>,
+    },
+    /// A type whose protocol this endpoint does not run.
+    Other {
+        connid: Option<u32>,
+    },
+}
+
+impl Parsed {
+    fn connid(&self) -> Option<u32> {
+        match self {
+            Parsed::Req(r) => r.connid,
+            Parsed::Cts(c) => c.connid,
+            Parsed::CtsData { repr, .. } => repr.connid,
+            Parsed::Handshake { connid, .. } | Parsed::Other { connid, .. } => *connid,
+        }
+    }
+}
+
+fn parse(bytes: &[u8]) -> Result<Parsed, crate::wire::WireError> {
+    if bytes.first().is_some_and(|&t| PacketType::from(t).is_req()) {
+        return ReqInfo::parse(bytes).map(Parsed::Req);
+    }
+    Ok(match Packet::parse(bytes)? {
+        Packet::Cts(c) => Parsed::Cts(c),
+        Packet::CtsData(repr, payload) => {
+            Parsed::CtsData { repr, payload_off: (bytes.len() - payload.len()) as u32 }
+        }
+        Packet::Handshake(h) => Parsed::Handshake { features: h.features(), connid: h.connid },
+        Packet::ReadRsp(r, _) => Parsed::Other { connid: r.connid },
+        Packet::AtomRsp(r, _) => Parsed::Other { connid: r.connid },
+        Packet::Eor(r) => Parsed::Other { connid: r.connid },
+        Packet::Receipt(r) => Parsed::Other { connid: r.connid },
+        Packet::ReadNack(r) => Parsed::Other { connid: r.connid },
+        // REQs took the branch above.
+        Packet::Req(..) => {
+            return Err(crate::wire::WireError::NotReq { ptype: PacketType::from(bytes[0]) });
+        }
+    })
+}
+
+impl<D: Device> Endpoint<D> {
+    /// The peer for `addr`, inserting it in the device's address book and
+    /// the address vector if new.
+    pub(super) fn peer_for_addr(&mut self, addr: &RawAddr) -> Result<PeerId, Error> {
+        if let Some(id) = self.peers.by_addr(addr) {
+            return Ok(PeerId(id));
+        }
+        let ah = self.dev.insert_addr(addr)?;
+        Ok(PeerId(self.peers.insert(*addr, ah, self.cfg.first_msg_id)))
+    }
+
+    /// Sends the zero-byte write that makes a peer answer with its
+    /// HANDSHAKE, unless one is known or a REQ already went out.
+    pub(super) fn request_handshake(&mut self, peer: u32) {
+        let p = self.peers.get_mut(peer).expect("live peer");
+        if p.handshake_received || p.req_sent {
+            return;
+        }
+        p.req_sent = true;
+        self.queue_ctrl(super::tx::Ctrl::HandshakeTrigger { peer });
+    }
+
+    /// A receive buffer completed.
+    pub(super) fn handle_recv(&mut self, cqe: Cqe) {
+        let buf = cqe.wr_id as BufId;
+        self.rx_posted -= 1;
+        if cqe.status != CqStatus::Ok {
+            self.counters.drop(DropReason::DeviceError);
+            self.release_rx(buf);
+            return;
+        }
+        let len = (cqe.len as usize).min(self.caps.mtu);
+        let parsed = match parse(&self.dev.buf(buf)[..len]) {
+            Ok(p) => p,
+            Err(e) => {
+                self.counters.drop(DropReason::Malformed);
+                self.counters.malformed[e.kind()] += 1;
+                self.release_rx(buf);
+                return;
+            }
+        };
+        self.counters.rx_by_type[self.dev.buf(buf)[0] as usize] += 1;
+        let peer = match self.resolve_sender(cqe.src, &parsed) {
+            Ok(p) => p,
+            Err(reason) => {
+                self.counters.drop(reason);
+                self.release_rx(buf);
+                return;
+            }
+        };
+        // Spec 2.1: the first packet from a peer is answered with our
+        // HANDSHAKE (libfabric answers any packet type).
+        let p = self.peers.get_mut(peer).expect("resolved peer");
+        if !p.handshake_sent {
+            p.handshake_sent = true;
+            self.queue_ctrl(super::tx::Ctrl::Handshake { peer });
+        }
+        self.rx_meta[buf as usize].len = len as u32;
+        self.rx_meta[buf as usize].peer = peer;
+        match parsed {
+            Parsed::Req(info) => self.handle_req(buf, peer, info),
+            Parsed::Cts(cts) => {
+                self.handle_cts(peer, &cts);
+                self.release_rx(buf);
+            }
+            Parsed::CtsData { repr, payload_off } => {
+                self.handle_ctsdata(buf, peer, &repr, payload_off);
+                self.release_rx(buf);
+            }
+            Parsed::Handshake { features, .. } => {
+                self.peers.get_mut(peer).expect("resolved peer").handshake_arrived(features);
+                self.counters.handshakes_received += 1;
+                self.release_rx(buf);
+            }
+            Parsed::Other { .. } => {
+                self.counters.drop(DropReason::Unsupported);
+                self.release_rx(buf);
+            }
+        }
+    }
+
+    /// Who sent a packet: the address book's peer for a known sender, the
+    /// REQ's raw address for an unknown one (spec 2.2). A connid that is
+    /// not the peer's is a restarted process that reused the QPN: with a
+    /// raw address it is a new peer, without one the packet is dropped.
+    fn resolve_sender(&mut self, src: Source, parsed: &Parsed) -> Result<u32, DropReason> {
+        let raw = match parsed {
+            Parsed::Req(r) => r.raw_addr,
+            _ => None,
+        };
+        let known = match src {
+            Source::Known(ah) => self.peers.by_ah(ah),
+            Source::Unknown { .. } | Source::None => None,
+        };
+        if let Some(peer) = known {
+            let p = self.peers.get(peer).expect("live peer");
+            match parsed.connid() {
+                Some(c) if c != p.addr.connid => {}
+                _ => return Ok(peer),
+            }
+            if raw.is_none() {
+                return Err(DropReason::ConnidMismatch);
+            }
+        }
+        let Some(addr) = raw else { return Err(DropReason::UnknownSender) };
+        if let Source::Unknown { qpn } = src
+            && qpn != addr.qpn
+        {
+            // The header names a queue pair other than the sender's.
+            return Err(DropReason::Invalid);
+        }
+        self.peer_for_addr(&addr).map(|p| p.0).map_err(|_| DropReason::UnknownSender)
+    }
+
+    /// A REQ: in msg_id order if its type carries one, else at once.
+    pub(super) fn handle_req(&mut self, buf: BufId, peer: u32, info: ReqInfo) {
+        if !info.has_msg_id() {
+            self.handle_unordered_req(buf, peer, &info);
+            return;
+        }
+        // Later packets of a message already begun (medium segments).
+        if info.continues_a_message()
+            && let Some(rx) = self.in_progress.get(peer, info.msg_id)
+        {
+            self.handle_segment(buf, rx, &info);
+            return;
+        }
+        if !self.cfg.ordered {
+            if !self.handle_new_msg(buf, peer, &info) {
+                self.stalled_bufs.push_back(buf);
+            }
+            return;
+        }
+        let window = self.cfg.reorder_window;
+        let p = self.peers.get(peer).expect("live peer");
+        let ahead = info.msg_id.wrapping_sub(p.expected_msg_id);
+        if ahead == 0
+            && p.reorder.as_ref().is_none_or(|r| r.slots[(info.msg_id % window) as usize] == NONE)
+        {
+            if self.handle_new_msg(buf, peer, &info) {
+                let p = self.peers.get_mut(peer).expect("live peer");
+                p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
+                self.drain_reorder(peer);
+            } else {
+                self.hold_in_order(peer, info.msg_id, buf);
+                self.stall(peer);
+            }
+        } else if ahead < window {
+            // Ahead of its turn (or its turn is stalled): held until then.
+            self.hold_in_order(peer, info.msg_id, buf);
+            self.counters.reordered += 1;
+        } else {
+            // Already delivered (a duplicate) or too far ahead.
+            self.counters.drop(DropReason::MsgIdOutOfWindow);
+            self.release_rx(buf);
+        }
+    }
+
+    /// Keeps `buf` in `peer`'s reorder buffer under `msg_id`, after the
+    /// packets of that msg_id already there (arrival order).
+    fn hold_in_order(&mut self, peer: u32, msg_id: u32, buf: BufId) {
+        let window = self.cfg.reorder_window;
+        let p = self.peers.get_mut(peer).expect("live peer");
+        let rb = p.reorder.get_or_insert_with(|| ReorderBuf::new(window));
+        let slot = &mut rb.slots[(msg_id % window) as usize];
+        self.rx_meta[buf as usize].next = NO_BUF;
+        if *slot == NONE {
+            *slot = buf;
+        } else {
+            let mut last = *slot;
+            while self.rx_meta[last as usize].next != NO_BUF {
+                last = self.rx_meta[last as usize].next;
+            }
+            self.rx_meta[last as usize].next = buf;
+        }
+        rb.held += 1;
+    }
+
+    /// Delivers held packets whose turn has come; stops (and stalls the
+    /// peer) when a message cannot be taken in yet.
+    fn drain_reorder(&mut self, peer: u32) {
+        let window = self.cfg.reorder_window;
+        loop {
+            let p = self.peers.get_mut(peer).expect("live peer");
+            let expected = p.expected_msg_id;
+            let Some(rb) = p.reorder.as_mut() else { return };
+            let slot = (expected % window) as usize;
+            let head = rb.slots[slot];
+            if rb.held == 0 || head == NONE {
+                return;
+            }
+            // The first packet of the message decides whether it can go.
+            let Some(info) = self.held_info(head) else {
+                // Cannot happen for a packet accepted once; drop the chain.
+                self.take_slot(peer, slot);
+                continue;
+            };
+            let chain = self.take_slot(peer, slot);
+            let rest = self.rx_meta[chain as usize].next;
+            self.rx_meta[chain as usize].next = NO_BUF;
+            let taken = match self.in_progress.get(peer, info.msg_id) {
+                Some(rx) => {
+                    self.handle_segment(chain, rx, &info);
+                    true
+                }
+                None => self.handle_new_msg(chain, peer, &info),
+            };
+            if !taken {
+                // Put the chain back whole and wait for receive entries.
+                self.rx_meta[chain as usize].next = rest;
+                let held = 1 + self.chain_len(rest);
+                let p = self.peers.get_mut(peer).expect("live peer");
+                let rb = p.reorder.as_mut().expect("reorder buffer");
+                rb.slots[slot] = chain;
+                rb.held += held;
+                self.stall(peer);
+                return;
+            }
+            let p = self.peers.get_mut(peer).expect("live peer");
+            p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
+            let mut buf = rest;
+            while buf != NO_BUF {
+                let next = self.rx_meta[buf as usize].next;
+                self.rx_meta[buf as usize].next = NO_BUF;
+                match self.held_info(buf) {
+                    Some(info) => match self.in_progress.get(peer, info.msg_id) {
+                        Some(rx) => self.handle_segment(buf, rx, &info),
+                        None => {
+                            // The message completed: a duplicate.
+                            self.counters.drop(DropReason::MsgIdOutOfWindow);
+                            self.release_rx(buf);
+                        }
+                    },
+                    None => self.release_rx(buf),
+                }
+                buf = next;
+            }
+        }
+    }
+
+    /// Empties a reorder slot, returning its chain.
+    fn take_slot(&mut self, peer: u32, slot: usize) -> BufId {
+        let p = self.peers.get_mut(peer).expect("live peer");
+        let rb = p.reorder.as_mut().expect("reorder buffer");
+        let head = std::mem::replace(&mut rb.slots[slot], NONE);
+        let mut n = 0;
+        let mut b = head;
+        while b != NO_BUF {
+            n += 1;
+            b = self.rx_meta[b as usize].next;
+        }
+        rb.held -= n;
+        head
+    }
+
+    fn chain_len(&self, mut buf: BufId) -> u32 {
+        let mut n = 0;
+        while buf != NO_BUF {
+            n += 1;
+            buf = self.rx_meta[buf as usize].next;
+        }
+        n
+    }
+
+    /// The headers of a held packet (it was valid when it arrived).
+    fn held_info(&self, buf: BufId) -> Option<ReqInfo> {
+        let len = self.rx_meta[buf as usize].len as usize;
+        ReqInfo::parse(&self.dev.buf(buf)[..len]).ok()
+    }
+
+    /// Marks a peer whose next message waits for a receive entry.
+    fn stall(&mut self, peer: u32) {
+        if !self.stalled_peers.contains(&peer) {
+            self.stalled_peers.push_back(peer);
+        }
+    }
+
+    /// Retries messages that waited for receive entries.
+    #[inline]
+    pub(super) fn retry_stalled(&mut self) {
+        if self.stalled_peers.is_empty() && self.stalled_bufs.is_empty() {
+            return;
+        }
+        self.retry_stalled_slow();
+    }
+
+    #[cold]
+    fn retry_stalled_slow(&mut self) {
+        for _ in 0..self.stalled_peers.len() {
+            if self.rx_ops.is_full() {
+                return;
+            }
+            let Some(peer) = self.stalled_peers.pop_front() else { return };
+            self.drain_reorder(peer);
+        }
+        for _ in 0..self.stalled_bufs.len() {
+            if self.rx_ops.is_full() {
+                return;
+            }
+            let Some(buf) = self.stalled_bufs.pop_front() else { return };
+            let peer = self.rx_meta[buf as usize].peer;
+            match self.held_info(buf) {
+                Some(info) => {
+                    if !self.handle_new_msg(buf, peer, &info) {
+                        self.stalled_bufs.push_back(buf);
+                    }
+                }
+                None => self.release_rx(buf),
+            }
+        }
+    }
+
+    /// REQs without a msg_id: the emulated one-sided protocols.
+    fn handle_unordered_req(&mut self, buf: BufId, _peer: u32, info: &ReqInfo) {
+        // A zero-byte EAGER_RTW writes nothing: peers send it to get our
+        // HANDSHAKE (already queued by the caller).
+        if info.ptype != PacketType::EagerRtw || info.rma_iov_count != 0 {
+            self.counters.drop(DropReason::Unsupported);
+        }
+        self.release_rx(buf);
+    }
+}

@@ -1,0 +1,101 @@
+//! A fixed-capacity slab whose ids carry a generation, so that an id from
+//! the wire that names a freed or reused entry is detected, not misused.
+
+/// Bits of an id that index the slab; the rest is the generation.
+const INDEX_BITS: u32 = 16;
+const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+
+/// Largest capacity a slab can have.
+pub(crate) const MAX_CAPACITY: usize = 1 << INDEX_BITS;
+
+#[derive(Debug)]
+struct Entry<T> {
+    generation: u16,
+    value: Option<T>,
+}
+
+/// Entries addressed by `u32` ids: index in the low 16 bits, generation in
+/// the high 16. All memory is allocated at construction.
+#[derive(Debug)]
+pub(crate) struct Slab<T> {
+    entries: Vec<Entry<T>>,
+    free: Vec<u32>,
+}
+
+impl<T> Slab<T> {
+    /// A slab of `capacity` entries (at most 65536).
+    pub(crate) fn with_capacity(capacity: usize) -> Slab<T> {
+        assert!(capacity > 0 && capacity <= MAX_CAPACITY, "slab capacity {capacity}");
+        let entries = (0..capacity).map(|_| Entry { generation: 0, value: None }).collect();
+        // Pop from the end: low indices first, which keeps ids small.
+        let free = (0..capacity as u32).rev().collect();
+        Slab { entries, free }
+    }
+
+    /// Stores `value`; `None` when full.
+    #[inline]
+    pub(crate) fn insert(&mut self, value: T) -> Option<u32> {
+        let index = self.free.pop()?;
+        let e = &mut self.entries[index as usize];
+        e.value = Some(value);
+        Some(((e.generation as u32) << INDEX_BITS) | index)
+    }
+
+    /// The entry `id` names, if it is live and of this generation.
+    #[inline]
+    pub(crate) fn get(&self, id: u32) -> Option<&T> {
+        let e = self.entries.get((id & INDEX_MASK) as usize)?;
+        if e.generation as u32 == id >> INDEX_BITS { e.value.as_ref() } else { None }
+    }
+
+    /// The entry `id` names, if it is live and of this generation.
+    #[inline]
+    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut T> {
+        let e = self.entries.get_mut((id & INDEX_MASK) as usize)?;
+        if e.generation as u32 == id >> INDEX_BITS { e.value.as_mut() } else { None }
+    }
+
+    /// Frees entry `id` in place (no move of its value).
+    #[inline]
+    pub(crate) fn free(&mut self, id: u32) {
+        let index = id & INDEX_MASK;
+        if let Some(e) = self.entries.get_mut(index as usize)
+            && e.generation as u32 == id >> INDEX_BITS
+            && e.value.take().is_some()
+        {
+            e.generation = e.generation.wrapping_add(1);
+            self.free.push(index);
+        }
+    }
+
+    /// Whether no entry is free.
+    #[inline]
+    pub(crate) fn is_full(&self) -> bool {
+        self.free.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_and_forged_ids_are_refused() {
+        let mut s = Slab::with_capacity(2);
+        let a = s.insert("a").unwrap();
+        let b = s.insert("b").unwrap();
+        assert!(s.insert("c").is_none(), "full");
+        assert_eq!(s.get(a), Some(&"a"));
+        s.free(a);
+        assert_eq!(s.get(a), None, "freed");
+        let c = s.insert("c").unwrap();
+        assert_eq!(c & INDEX_MASK, a & INDEX_MASK, "slot reused");
+        assert_ne!(c, a, "with a new generation");
+        assert_eq!(s.get(a), None, "the old id is stale");
+        s.free(a);
+        assert_eq!(s.get(c), Some(&"c"), "freeing a stale id frees nothing");
+        assert_eq!(s.get(b | 0x00ff_0000), None, "forged generation");
+        assert_eq!(s.get(0xffff), None, "index out of range");
+        assert!(s.is_full());
+    }
+}

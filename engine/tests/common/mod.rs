@@ -1,0 +1,103 @@
+//! A harness for endpoint tests on the sim device: endpoints on one
+//! fabric, driven step by step on one thread.
+#![allow(dead_code)]
+
+use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
+use efapoll::device::{Access, Mr};
+use efapoll::endpoint::{Completion, Config, Endpoint, PeerId, Span};
+
+pub struct World {
+    pub fabric: SimFabric,
+    pub eps: Vec<Endpoint<SimDevice>>,
+    /// Completions polled so far, per endpoint.
+    pub done: Vec<Vec<Completion>>,
+}
+
+impl World {
+    pub fn new(n: usize, sim: SimConfig, cfg: Config) -> World {
+        let fabric = SimFabric::new(sim);
+        let eps = (0..n).map(|_| Endpoint::new(fabric.device(), cfg).unwrap()).collect();
+        World { fabric, eps, done: vec![Vec::new(); n] }
+    }
+
+    pub fn pair(sim: SimConfig, cfg: Config) -> World {
+        World::new(2, sim, cfg)
+    }
+
+    /// Inserts endpoint `b`'s address at `a`.
+    pub fn connect(&mut self, a: usize, b: usize) -> PeerId {
+        let addr = self.eps[b].addr();
+        self.eps[a].insert_peer(&addr).unwrap()
+    }
+
+    /// One round: every endpoint progresses once and its completions are
+    /// collected.
+    pub fn step(&mut self) -> bool {
+        let mut did = false;
+        for (i, ep) in self.eps.iter_mut().enumerate() {
+            did |= ep.progress();
+            while let Some(c) = ep.poll_cq() {
+                self.done[i].push(c);
+                did = true;
+            }
+        }
+        did
+    }
+
+    /// Steps until `cond` holds; panics after `max` rounds.
+    pub fn drive_until(&mut self, max: usize, mut cond: impl FnMut(&World) -> bool) {
+        for _ in 0..max {
+            if cond(self) {
+                return;
+            }
+            self.step();
+        }
+        if !cond(self) {
+            for (i, ep) in self.eps.iter().enumerate().take(4) {
+                eprintln!(
+                    "endpoint {i}: {} completions, {:?}",
+                    self.done[i].len(),
+                    ep.counters().nonzero()
+                );
+            }
+            panic!("condition not reached in {max} rounds");
+        }
+    }
+
+    /// Steps until nothing happens for a few rounds.
+    pub fn settle(&mut self) {
+        let mut quiet = 0;
+        for _ in 0..1_000_000 {
+            if self.step() || self.fabric.pending_total() > 0 {
+                quiet = 0;
+            } else {
+                quiet += 1;
+                if quiet > 3 {
+                    return;
+                }
+            }
+        }
+        panic!("never settled");
+    }
+
+    pub fn register(&mut self, ep: usize, len: u64) -> Mr {
+        self.eps[ep].register(len, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap()
+    }
+
+    /// Fills `mr` with a pattern seeded by `seed`.
+    pub fn fill(&mut self, ep: usize, mr: &Mr, seed: u64) {
+        let mem = self.eps[ep].mem_mut(mr.id);
+        for (i, b) in mem.iter_mut().enumerate() {
+            *b = pattern(seed, i as u64);
+        }
+    }
+}
+
+pub fn pattern(seed: u64, i: u64) -> u8 {
+    let x = (seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    (x >> 56) as u8
+}
+
+pub fn span(mr: &Mr, offset: u64, len: u64) -> Span {
+    Span::new(mr, offset, len)
+}

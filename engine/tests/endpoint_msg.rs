@@ -1,0 +1,447 @@
+//! Two-sided messaging on the sim device: every protocol at its sizes,
+//! reordering, msg_id wrap-around, unexpected messages, tag matching,
+//! directed receives, truncation, inject and CQ data, back-pressure.
+
+mod common;
+
+use common::{World, pattern, span};
+use efapoll::device::sim::SimConfig;
+use efapoll::endpoint::{Config, Error, Op, PeerId, Status, TagMatch};
+use efapoll::wire::{Packet, PacketType, ReqFlags};
+
+const MTU: u64 = 8192;
+
+fn reordering(seed: u64) -> SimConfig {
+    SimConfig { seed, reorder_window: 8, ..SimConfig::default() }
+}
+
+/// Sends `count` messages of `len` bytes from 0 to 1 (receives posted
+/// first or last), and checks each landed byte-exact in the receive
+/// posted for it, in send order.
+fn transfer(w: &mut World, len: u64, count: usize, tagged: bool, post_first: bool) {
+    let to_b = w.connect(0, 1);
+    let stride = len.max(1);
+    let src = w.register(0, stride * count as u64);
+    let dst = w.register(1, stride * count as u64);
+    w.fill(0, &src, len ^ 0x55);
+    let (sends0, recvs0) = (w.done[0].len(), w.done[1].len());
+    let post = |w: &mut World| {
+        for i in 0..count as u64 {
+            let s = span(&dst, i * stride, len);
+            if tagged {
+                w.eps[1].trecv(s, TagMatch { tag: 9, ignore: 0 }, None, i).unwrap();
+            } else {
+                w.eps[1].recv(s, None, i).unwrap();
+            }
+        }
+    };
+    if post_first {
+        post(w);
+    }
+    for i in 0..count as u64 {
+        let s = span(&src, i * stride, len);
+        loop {
+            let r = if tagged { w.eps[0].tsend(to_b, s, 9, i) } else { w.eps[0].send(to_b, s, i) };
+            match r {
+                Ok(()) => break,
+                Err(Error::Again) => {
+                    w.step();
+                }
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+    }
+    if !post_first {
+        w.settle();
+        post(w);
+    }
+    w.drive_until(1_000_000, |w| {
+        w.done[0].len() - sends0 == count && w.done[1].len() - recvs0 == count
+    });
+    let recvs: Vec<_> = w.done[1][recvs0..].to_vec();
+    for c in &recvs {
+        assert_eq!(
+            (c.op, c.status, c.len, c.peer.is_some()),
+            (Op::Recv, Status::Ok, len, true),
+            "len {len}"
+        );
+    }
+    let got = w.eps[1].mem(dst.id);
+    for i in 0..count as u64 {
+        for j in 0..len {
+            let at = i * stride + j;
+            assert_eq!(
+                got[at as usize],
+                pattern(len ^ 0x55, at),
+                "len {len}: message {i} byte {j}"
+            );
+        }
+    }
+    // Eager messages complete in send order too.
+    if len < 1024 {
+        let order: Vec<u64> = recvs.iter().map(|c| c.ctx).collect();
+        assert_eq!(order, (0..count as u64).collect::<Vec<_>>(), "len {len}");
+    }
+    assert!(w.done[0][sends0..].iter().all(|c| c.op == Op::Send && c.status == Status::Ok));
+}
+
+#[test]
+fn every_protocol_around_every_threshold_with_reordering() {
+    // Before the handshake a tagged eager REQ has 16 + 40 bytes of header;
+    // after it, 16 + 4 (connid).
+    let eager_before = MTU - 56;
+    let eager_after = MTU - 20;
+    let sizes = [
+        0,
+        1,
+        eager_before - 1,
+        eager_before,
+        eager_before + 1,
+        eager_after,
+        eager_after + 1,
+        65535,
+        65536,
+        65537,
+        1 << 20,
+    ];
+    for seed in 1..=6 {
+        for &len in &sizes {
+            let mut w = World::pair(reordering(seed * 1000 + len), Config::default());
+            transfer(&mut w, len, 3, seed % 2 == 0, seed % 3 != 0);
+        }
+    }
+}
+
+#[test]
+fn the_eager_limit_grows_after_the_handshake() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    assert_eq!(w.eps[0].max_eager_size(to_b, true), MTU - 56);
+    transfer(&mut w, 1, 1, true, true);
+    assert!(w.eps[0].peer_handshake_received(to_b));
+    assert_eq!(w.eps[0].max_eager_size(to_b, true), MTU - 20);
+    assert_eq!(w.eps[0].max_eager_size(to_b, false), MTU - 12);
+    // Exactly at the limit: one eager packet; one byte more: medium.
+    let before = w.eps[0].counters().tx(PacketType::EagerTagRtm);
+    transfer(&mut w, MTU - 20, 1, true, true);
+    assert_eq!(w.eps[0].counters().tx(PacketType::EagerTagRtm), before + 1);
+    transfer(&mut w, MTU - 19, 1, true, true);
+    assert_eq!(w.eps[0].counters().tx(PacketType::MediumTagRtm), 2);
+}
+
+#[test]
+fn sixteen_mib_long_cts() {
+    for seed in [1, 2] {
+        let mut w = World::pair(reordering(seed), Config::default());
+        transfer(&mut w, 16 << 20, 1, false, seed == 1);
+        let c = w.eps[1].counters();
+        // CTS flow control: many windows, each granting 32 packets.
+        assert!(c.tx(PacketType::Cts) > 50, "{}", c.tx(PacketType::Cts));
+        assert_eq!(c.drops_total(), 0);
+    }
+}
+
+#[test]
+fn many_messages_of_mixed_sizes_land_in_send_order() {
+    for seed in 1..=4 {
+        let mut w = World::pair(
+            SimConfig { seed, reorder_window: 16, ..SimConfig::default() },
+            Config::default(),
+        );
+        let to_b = w.connect(0, 1);
+        let sizes: Vec<u64> =
+            (0..120u64).map(|i| [3, 900, 9000, 70_000, 0, 20_000][(i % 6) as usize]).collect();
+        let total: u64 = sizes.iter().sum();
+        let src = w.register(0, total);
+        let dst = w.register(1, total);
+        w.fill(0, &src, seed);
+        let mut at = 0;
+        for (i, &len) in sizes.iter().enumerate() {
+            w.eps[1].recv(span(&dst, at, len), None, i as u64).unwrap();
+            w.eps[0].send(to_b, span(&src, at, len), i as u64).unwrap();
+            at += len;
+        }
+        w.drive_until(1_000_000, |w| {
+            w.done[1].len() == sizes.len() && w.done[0].len() == sizes.len()
+        });
+        // Receive i (posted i-th) got message i: the bytes at its offset.
+        assert_eq!(w.eps[1].mem(dst.id), w.eps[0].mem(src.id));
+        for c in &w.done[1] {
+            assert_eq!((c.status, c.len), (Status::Ok, sizes[c.ctx as usize]));
+        }
+        assert!(w.eps[1].counters().reordered > 0, "the window reordered something");
+    }
+}
+
+#[test]
+fn msg_id_wraps_around() {
+    let cfg = Config { first_msg_id: u32::MAX - 20, ..Config::default() };
+    for seed in 1..=3 {
+        let mut w = World::pair(reordering(seed), cfg);
+        transfer(&mut w, 100, 60, false, true);
+        transfer(&mut w, 70_000, 4, true, false);
+        assert_eq!(w.eps[1].counters().drops_total(), 0);
+    }
+}
+
+#[test]
+fn unexpected_messages_wait_for_their_receives() {
+    for &len in &[5u64, 30_000, 200_000] {
+        let mut w = World::pair(reordering(len), Config::default());
+        transfer(&mut w, len, 10, true, false);
+        assert_eq!(w.eps[1].counters().unexpected, 10, "len {len}");
+    }
+}
+
+#[test]
+fn unordered_endpoints_deliver_everything() {
+    let cfg = Config { ordered: false, ..Config::default() };
+    let mut w = World::pair(reordering(9), cfg);
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 64 * 100);
+    let dst = w.register(1, 64 * 100);
+    w.fill(0, &src, 1);
+    for i in 0..100 {
+        w.eps[1].recv(span(&dst, i * 64, 64), None, i).unwrap();
+        w.eps[0].send(to_b, span(&src, i * 64, 64), i).unwrap();
+    }
+    w.drive_until(10_000, |w| w.done[1].len() == 100);
+    // Each receive got a whole message (any of them).
+    let got = w.eps[1].mem(dst.id).to_vec();
+    let sent = w.eps[0].mem(src.id).to_vec();
+    let mut got_msgs: Vec<&[u8]> = got.chunks(64).collect();
+    let mut sent_msgs: Vec<&[u8]> = sent.chunks(64).collect();
+    got_msgs.sort();
+    sent_msgs.sort();
+    assert_eq!(got_msgs, sent_msgs);
+}
+
+#[test]
+fn tag_matching_with_ignore_bits_takes_the_earliest_posted() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 8);
+    let dst = w.register(1, 8 * 8);
+    // Posted in this order: exact 0x12, wildcard 0x1? (ignore low 4 bits),
+    // exact 0x30, wildcard anything.
+    let posts = [(0x12u64, 0u64, 1u64), (0x10, 0xf, 2), (0x30, 0, 3), (0, u64::MAX, 4)];
+    for (i, (tag, ignore, ctx)) in posts.iter().enumerate() {
+        w.eps[1]
+            .trecv(span(&dst, i as u64 * 8, 8), TagMatch { tag: *tag, ignore: *ignore }, None, *ctx)
+            .unwrap();
+    }
+    // 0x15 matches the first wildcard (posted before the catch-all); 0x12
+    // the exact; 0x99 the catch-all; 0x30 the exact.
+    for tag in [0x15u64, 0x12, 0x99, 0x30] {
+        w.eps[0].tsend(to_b, span(&src, 0, 8), tag, tag).unwrap();
+    }
+    w.drive_until(1000, |w| w.done[1].len() == 4);
+    let got: Vec<(u64, u64)> = w.done[1].iter().map(|c| (c.tag, c.ctx)).collect();
+    assert_eq!(got, [(0x15, 2), (0x12, 1), (0x99, 4), (0x30, 3)]);
+
+    // An exact receive posted before a matching wildcard wins, and vice
+    // versa.
+    w.done[1].clear();
+    w.eps[1].trecv(span(&dst, 0, 8), TagMatch { tag: 0x40, ignore: 0 }, None, 10).unwrap();
+    w.eps[1].trecv(span(&dst, 8, 8), TagMatch { tag: 0, ignore: u64::MAX }, None, 11).unwrap();
+    w.eps[1].trecv(span(&dst, 16, 8), TagMatch { tag: 0x40, ignore: 0 }, None, 12).unwrap();
+    for _ in 0..3 {
+        w.eps[0].tsend(to_b, span(&src, 0, 8), 0x40, 0).unwrap();
+    }
+    w.drive_until(1000, |w| w.done[1].len() == 3);
+    let ctxs: Vec<u64> = w.done[1].iter().map(|c| c.ctx).collect();
+    assert_eq!(ctxs, [10, 11, 12]);
+}
+
+#[test]
+fn untagged_and_tagged_receives_do_not_mix() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 4);
+    let dst = w.register(1, 8);
+    w.eps[1].trecv(span(&dst, 0, 4), TagMatch { tag: 0, ignore: u64::MAX }, None, 1).unwrap();
+    w.eps[0].send(to_b, span(&src, 0, 4), 0).unwrap();
+    w.settle();
+    assert!(w.done[1].is_empty(), "an untagged message does not match a tagged receive");
+    w.eps[1].recv(span(&dst, 4, 4), None, 2).unwrap();
+    w.eps[0].tsend(to_b, span(&src, 0, 4), 77, 0).unwrap();
+    w.drive_until(1000, |w| w.done[1].len() == 2);
+    let got: Vec<(u64, bool)> = w.done[1].iter().map(|c| (c.ctx, c.tagged)).collect();
+    assert_eq!(got, [(2, false), (1, true)]);
+}
+
+#[test]
+fn directed_receives_among_64_peers() {
+    let n = 65;
+    let mut w = World::new(
+        n,
+        SimConfig { seed: 5, reorder_window: 4, ..SimConfig::default() },
+        Config::default(),
+    );
+    let dst = w.register(0, 8 * n as u64);
+    let peers: Vec<PeerId> = (1..n).map(|i| w.connect(0, i)).collect();
+    // Receives posted for each peer, in reverse order, before anything
+    // arrives; then every peer sends its index, twice (the second to an
+    // any-source receive).
+    for (k, p) in peers.iter().enumerate().rev() {
+        w.eps[0]
+            .trecv(
+                span(&dst, 8 * (k as u64 + 1), 8),
+                TagMatch { tag: 1, ignore: 0 },
+                Some(*p),
+                k as u64 + 1,
+            )
+            .unwrap();
+    }
+    for i in 1..n {
+        let to0 = w.connect(i, 0);
+        let src = w.register(i, 8);
+        w.eps[i].mem_mut(src.id).copy_from_slice(&(i as u64).to_le_bytes());
+        w.eps[i].tsend(to0, span(&src, 0, 8), 1, 0).unwrap();
+    }
+    w.drive_until(100_000, |w| w.done[0].len() == n - 1);
+    for c in &w.done[0] {
+        let k = c.ctx;
+        assert_eq!(c.peer, Some(peers[k as usize - 1]), "receive {k}");
+        let at = 8 * k as usize;
+        let got = u64::from_le_bytes(w.eps[0].mem(dst.id)[at..at + 8].try_into().unwrap());
+        assert_eq!(got, k, "receive posted for peer {k} got peer {got}'s message");
+    }
+}
+
+#[test]
+fn a_short_receive_buffer_is_truncated_with_both_lengths() {
+    for &len in &[100u64, 30_000, 500_000] {
+        let mut w = World::pair(reordering(3), Config::default());
+        let to_b = w.connect(0, 1);
+        let src = w.register(0, len);
+        let dst = w.register(1, len);
+        w.fill(0, &src, 2);
+        w.eps[1].recv(span(&dst, 0, len / 2), None, 1).unwrap();
+        w.eps[0].send(to_b, span(&src, 0, len), 2).unwrap();
+        w.drive_until(100_000, |w| w.done[1].len() == 1 && w.done[0].len() == 1);
+        let c = w.done[1][0];
+        assert_eq!((c.len, c.status), (len / 2, Status::Truncated { olen: len }), "len {len}");
+        let h = (len / 2) as usize;
+        assert_eq!(&w.eps[1].mem(dst.id)[..h], &w.eps[0].mem(src.id)[..h]);
+        assert!(w.eps[1].mem(dst.id)[h..].iter().all(|b| *b == 0), "nothing past the buffer");
+        assert_eq!(w.done[0][0].status, Status::Ok);
+    }
+}
+
+#[test]
+fn inject_and_cq_data() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 100_000);
+    let dst = w.register(1, 200_000);
+    w.eps[1].recv(span(&dst, 0, 16), None, 1).unwrap();
+    w.eps[1].trecv(span(&dst, 16, 100_000), TagMatch { tag: 3, ignore: 0 }, None, 2).unwrap();
+    w.eps[1].recv(span(&dst, 100_016, 16), None, 3).unwrap();
+    w.eps[0].inject(to_b, b"injected bytes!!").unwrap();
+    w.eps[0].tsenddata(to_b, span(&src, 0, 100_000), 3, 0xfeed, 4).unwrap();
+    w.eps[0].senddata(to_b, span(&src, 0, 16), 0xbeef, 5).unwrap();
+    w.drive_until(10_000, |w| w.done[1].len() == 3 && w.done[0].len() == 2);
+    assert_eq!(&w.eps[1].mem(dst.id)[..16], b"injected bytes!!");
+    let by_ctx = |c: u64| *w.done[1].iter().find(|x| x.ctx == c).unwrap();
+    assert_eq!(by_ctx(1).cq_data, None);
+    assert_eq!(by_ctx(2).cq_data, Some(0xfeed));
+    assert_eq!(by_ctx(3).cq_data, Some(0xbeef));
+    // inject reports nothing; the two sends do.
+    let ctxs: Vec<u64> = w.done[0].iter().map(|c| c.ctx).collect();
+    assert_eq!(ctxs.len(), 2);
+    assert!(ctxs.contains(&4) && ctxs.contains(&5));
+    assert_eq!(w.eps[0].inject(to_b, &[0; 9000]), Err(Error::TooLarge));
+}
+
+#[test]
+fn full_pools_push_back_and_nothing_is_lost() {
+    let cfg = Config { tx_ops: 4, rx_ops: 8, ..Config::default() };
+    let sim =
+        SimConfig { tx_depth: 8, rx_depth: 8, bufs: 64, reorder_window: 4, ..SimConfig::default() };
+    let mut w = World::pair(sim, cfg);
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 64);
+    let dst = w.register(1, 64 * 200);
+    for i in 0..4 {
+        w.eps[0].send(to_b, span(&src, 0, 64), i).unwrap();
+    }
+    assert_eq!(w.eps[0].send(to_b, span(&src, 0, 64), 4), Err(Error::Again));
+    // Receives beyond the receive entries are refused too, once messages
+    // are parked as unexpected.
+    let mut sent = 4;
+    let mut posted = 0;
+    while w.done[1].len() < 200 {
+        if sent < 200 {
+            match w.eps[0].send(to_b, span(&src, 0, 64), sent) {
+                Ok(()) => sent += 1,
+                Err(Error::Again) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        if posted < 200 && posted < w.done[1].len() as u64 + 3 {
+            match w.eps[1].recv(span(&dst, posted * 64, 64), None, posted) {
+                Ok(()) => posted += 1,
+                Err(Error::Again) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        w.step();
+    }
+    w.drive_until(1000, |w| w.done[0].len() == 200);
+    let order: Vec<u64> = w.done[1].iter().map(|c| c.ctx).collect();
+    assert_eq!(order, (0..200).collect::<Vec<_>>());
+    assert!(w.eps[1].counters().unexpected > 0);
+}
+
+#[test]
+fn an_unknown_sender_is_learned_from_its_raw_address() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    w.fabric.set_capture(true);
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 16);
+    let dst = w.register(1, 16);
+    w.eps[1].recv(span(&dst, 0, 8), None, 1).unwrap();
+    w.eps[0].send(to_b, span(&src, 0, 8), 1).unwrap();
+    w.drive_until(100, |w| w.done[1].len() == 1);
+    w.settle();
+    // B never inserted A: A's id at B comes from the REQ's raw address.
+    let a_at_b = w.done[1][0].peer.unwrap();
+    assert_eq!(w.eps[1].peer_addr(a_at_b), Some(w.eps[0].addr()));
+    // B answers on it.
+    w.eps[0].recv(span(&src, 8, 8), None, 2).unwrap();
+    w.eps[1].send(a_at_b, span(&dst, 0, 8), 2).unwrap();
+    w.drive_until(100, |w| w.done[0].iter().any(|c| c.op == Op::Recv));
+    w.settle();
+    // On the wire: A's first REQ carried its raw address; B answered with a
+    // HANDSHAKE; B's REQ, sent after A's HANDSHAKE arrived, carried a
+    // connid header instead.
+    let wire = w.fabric.take_capture();
+    let (a, b) = (w.eps[0].addr().qpn, w.eps[1].addr().qpn);
+    let first = wire.iter().find(|(f, _, _)| *f == a).unwrap();
+    let Packet::Req(req, _) = Packet::parse(&first.2).unwrap() else { panic!("not a REQ") };
+    assert_eq!(req.ptype, PacketType::EagerMsgRtm);
+    assert!(req.flags.contains(ReqFlags::RAW_ADDR_HDR | ReqFlags::MSG));
+    assert_eq!(req.raw_addr.map(|r| r.len()), Some(36));
+    let hs: Vec<_> = wire.iter().filter(|(_, _, p)| p[0] == PacketType::Handshake.id()).collect();
+    assert_eq!(hs.len(), 2, "one HANDSHAKE each way");
+    let b_req =
+        wire.iter().find(|(f, _, p)| *f == b && p[0] == PacketType::EagerMsgRtm.id()).unwrap();
+    let Packet::Req(req, _) = Packet::parse(&b_req.2).unwrap() else { panic!() };
+    assert!(req.raw_addr.is_none());
+    assert_eq!(req.connid, Some(w.eps[1].addr().connid));
+    let Packet::Handshake(h) = Packet::parse(&hs[0].2).unwrap() else { panic!() };
+    assert_eq!(h.nextra_p3(), 4);
+    assert!(h.connid.is_some() && h.device_version.is_some());
+}
+
+#[test]
+fn handshake_on_insert_is_answered_before_any_message() {
+    let cfg = Config { handshake_on_insert: true, ..Config::default() };
+    let mut w = World::pair(SimConfig::default(), cfg);
+    let to_b = w.connect(0, 1);
+    w.drive_until(100, |w| w.eps[0].peer_handshake_received(to_b));
+    assert!(w.eps[0].counters().tx(PacketType::EagerRtw) == 1);
+    assert!(w.done.iter().all(|d| d.is_empty()), "the trigger completes nothing");
+    assert_eq!(w.eps[0].max_eager_size(to_b, false), MTU - 12);
+}
