@@ -361,28 +361,40 @@ fn full_pools_push_back_and_nothing_is_lost() {
         SimConfig { tx_depth: 8, rx_depth: 8, bufs: 64, reorder_window: 4, ..SimConfig::default() };
     let mut w = World::pair(sim, cfg);
     let to_b = w.connect(0, 1);
-    let src = w.register(0, 64);
-    let dst = w.register(1, 64 * 200);
-    for i in 0..4 {
+    let src = w.register(0, 20_000);
+    let dst = w.register(1, 20_000 * 200);
+    // Eager sends built at once need only a TX buffer (8 of them); then
+    // they queue in operation entries (4) like every other send.
+    for i in 0..12 {
         w.eps[0].send(to_b, span(&src, 0, 64), i).unwrap();
     }
-    assert_eq!(w.eps[0].send(to_b, span(&src, 0, 64), 4), Err(Error::Again));
-    // Receives beyond the receive entries are refused too, once messages
-    // are parked as unexpected.
-    let mut sent = 4;
+    assert_eq!(w.eps[0].send(to_b, span(&src, 0, 64), 12), Err(Error::Again));
+    let mut w2 = World::pair(sim, cfg);
+    let to_b2 = w2.connect(0, 1);
+    let src2 = w2.register(0, 20_000);
+    for i in 0..4 {
+        w2.eps[0].send(to_b2, span(&src2, 0, 20_000), i).unwrap();
+    }
+    assert_eq!(w2.eps[0].send(to_b2, span(&src2, 0, 20_000), 4), Err(Error::Again));
+    // A stream of both, with receives posted late and refused while every
+    // receive entry holds an unexpected message: all arrive, in order.
+    let len = |i: u64| if i.is_multiple_of(3) { 20_000 } else { 64 };
+    let mut sent = 12;
     let mut posted = 0;
+    let mut refused = 0;
     while w.done[1].len() < 200 {
         if sent < 200 {
-            match w.eps[0].send(to_b, span(&src, 0, 64), sent) {
+            match w.eps[0].send(to_b, span(&src, 0, len(sent)), sent) {
                 Ok(()) => sent += 1,
-                Err(Error::Again) => {}
+                Err(Error::Again) => refused += 1,
                 Err(e) => panic!("{e}"),
             }
         }
         if posted < 200 && posted < w.done[1].len() as u64 + 3 {
-            match w.eps[1].recv(span(&dst, posted * 64, 64), None, posted) {
+            let l = if posted < 12 { 64 } else { len(posted) };
+            match w.eps[1].recv(span(&dst, posted * 20_000, l), None, posted) {
                 Ok(()) => posted += 1,
-                Err(Error::Again) => {}
+                Err(Error::Again) => refused += 1,
                 Err(e) => panic!("{e}"),
             }
         }
@@ -390,7 +402,12 @@ fn full_pools_push_back_and_nothing_is_lost() {
     }
     w.drive_until(1000, |w| w.done[0].len() == 200);
     let order: Vec<u64> = w.done[1].iter().map(|c| c.ctx).collect();
-    assert_eq!(order, (0..200).collect::<Vec<_>>());
+    assert_eq!(order.len(), 200);
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..200).collect::<Vec<_>>());
+    assert!(w.done[1].iter().all(|c| c.status == Status::Ok));
+    assert!(refused > 0, "the pools pushed back");
     assert!(w.eps[1].counters().unexpected > 0);
 }
 

@@ -399,10 +399,11 @@ impl<D: Device> Endpoint<D> {
         self.rx_free.push(buf);
     }
 
-    /// Posts free RX buffers up to the device's receive depth.
+    /// Posts free RX buffers up to the device's receive depth, in bursts:
+    /// a few buffers short of full is not worth a device call.
     fn post_rx_buffers(&mut self) {
         let want = self.caps.rx_depth.saturating_sub(self.rx_posted);
-        if want == 0 {
+        if want == 0 || (want < POLL_BURST && self.rx_posted >= POLL_BURST) {
             return;
         }
         let n = want.min(self.rx_free.len());

@@ -4,10 +4,10 @@
 use super::cq::{Completion, Op, Status};
 use super::ops::{Proto, RxOp, RxState, TxOp};
 use super::rx::ReqInfo;
-use super::tx::{Ctrl, Owner};
+use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
 use crate::device::{BufId, Device};
-use crate::wire::{CtsDataRepr, CtsRepr, PacketType, ReqRepr};
+use crate::wire::{CtsDataRepr, CtsRepr, PacketType};
 
 /// What an arriving message is, by its REQ type.
 fn msg_proto(ptype: PacketType) -> Option<(Proto, bool)> {
@@ -106,13 +106,35 @@ impl<D: Device> Endpoint<D> {
     ) -> Result<(), Error> {
         self.check_peer(peer)?;
         self.check_span(&src)?;
+        let proto = self.choose_proto(peer.0, src.len, tag.is_some(), cq_data.is_some());
+        // Fast path: an eager message whose packet can be built now is the
+        // whole operation; its TX buffer remembers what to report.
+        let now = self.txq.has_free_buf() && !self.txq_busy();
+        if proto == Proto::Eager && now {
+            let msg_id = self.next_msg_id(peer.0);
+            let done = EagerSend {
+                ctx,
+                tag: tag.unwrap_or(0),
+                len: src.len as u32,
+                peer: peer.0,
+                tagged: tag.is_some(),
+            };
+            let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+            let hdr = self.emit_eager(buf, peer.0, msg_id, tag, cq_data);
+            let n = src.len as usize;
+            if n > 0 {
+                let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
+                let from = src.offset as usize;
+                pkt[hdr..hdr + n].copy_from_slice(&region[from..from + n]);
+            }
+            self.push_packet(peer.0, buf, hdr + n);
+            self.maybe_post();
+            return Ok(());
+        }
         if self.tx_ops.is_full() {
             return Err(Error::Again);
         }
-        let proto = self.choose_proto(peer.0, src.len, tag.is_some(), cq_data.is_some());
-        let p = self.peers.get_mut(peer.0).expect("checked peer");
-        let msg_id = p.next_msg_id;
-        p.next_msg_id = msg_id.wrapping_add(1);
+        let msg_id = self.next_msg_id(peer.0);
         let op = TxOp {
             peer: peer.0,
             proto,
@@ -132,13 +154,22 @@ impl<D: Device> Endpoint<D> {
             error: None,
         };
         let id = self.tx_ops.insert(op).expect("checked room");
-        // Fast path: build the REQ now if nothing waits ahead of it.
-        if self.txq.has_free_buf() && !self.txq_busy() {
+        if now {
             self.build_op_packet(id);
         }
         self.mark_ready(id);
         self.maybe_post();
         Ok(())
+    }
+
+    /// Takes the next msg_id to `peer`; a REQ goes out to it.
+    #[inline]
+    fn next_msg_id(&mut self, peer: u32) -> u32 {
+        let p = self.peers.get_mut(peer).expect("checked peer");
+        let msg_id = p.next_msg_id;
+        p.next_msg_id = msg_id.wrapping_add(1);
+        p.req_sent = true;
+        msg_id
     }
 
     /// Whether control packets or other operations wait for buffers.
@@ -148,33 +179,14 @@ impl<D: Device> Endpoint<D> {
 
     fn inject_msg(&mut self, peer: PeerId, data: &[u8], tag: Option<u64>) -> Result<(), Error> {
         self.check_peer(peer)?;
-        let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-        let hdr = self.req_header_len(ptype, peer.0, false);
-        let max = self
-            .cfg
-            .eager_max
-            .map_or(self.caps.mtu - hdr, |m| (m as usize).min(self.caps.mtu - hdr));
-        if data.len() > max {
+        if data.len() as u64 > self.max_eager_size(peer, tag.is_some()) {
             return Err(Error::TooLarge);
         }
         let Some(buf) = self.take_tx_buf(Owner::Ctrl) else { return Err(Error::Again) };
-        let p = self.peers.get_mut(peer.0).expect("checked peer");
-        let msg_id = p.next_msg_id;
-        p.next_msg_id = msg_id.wrapping_add(1);
-        p.req_sent = true;
-        let mut r = ReqRepr::new(ptype);
-        r.msg_id = msg_id;
-        r.tag = tag.unwrap_or(0);
-        let (raw, connid) = self.req_opt_headers(peer.0);
-        let addr_hdr = self.addr_hdr;
-        if raw {
-            r.raw_addr = Some(&addr_hdr);
-        }
-        r.connid = connid;
-        let pkt = self.dev.buf_mut(buf);
-        let n = r.emit(pkt);
-        pkt[n..n + data.len()].copy_from_slice(data);
-        self.push_packet(peer.0, buf, n + data.len());
+        let msg_id = self.next_msg_id(peer.0);
+        let hdr = self.emit_eager(buf, peer.0, msg_id, tag, None);
+        self.dev.buf_mut(buf)[hdr..hdr + data.len()].copy_from_slice(data);
+        self.push_packet(peer.0, buf, hdr + data.len());
         self.maybe_post();
         Ok(())
     }

@@ -313,7 +313,14 @@ impl<D: Device> Endpoint<D> {
 
     /// Delivers held packets whose turn has come; stops (and stalls the
     /// peer) when a message cannot be taken in yet.
+    #[inline]
     fn drain_reorder(&mut self, peer: u32) {
+        if self.peers.get(peer).is_some_and(|p| p.reorder.as_ref().is_some_and(|r| r.held > 0)) {
+            self.drain_reorder_held(peer);
+        }
+    }
+
+    fn drain_reorder_held(&mut self, peer: u32) {
         let window = self.cfg.reorder_window;
         loop {
             let p = self.peers.get_mut(peer).expect("live peer");

@@ -35,18 +35,32 @@ pub(crate) enum Ctrl {
 /// Who a TX buffer's packet belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Owner {
-    /// A control packet: nothing waits for it.
+    /// A control packet or an inject: nothing waits for it.
     Ctrl,
     /// A send operation's packet.
     Op(u32),
+    /// An eager message built when it was sent: the whole operation, so
+    /// that its completion needs no operation entry.
+    Eager(EagerSend),
+}
+
+/// What an eager send reports when its packet completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EagerSend {
+    pub(crate) ctx: u64,
+    pub(crate) tag: u64,
+    pub(crate) len: u32,
+    pub(crate) peer: u32,
+    pub(crate) tagged: bool,
 }
 
 #[derive(Debug)]
 pub(crate) struct TxQueue {
     free: Vec<BufId>,
     owner: Vec<Owner>,
-    /// Built packets the device has not taken yet.
-    pending: VecDeque<SendWr>,
+    /// Built packets the device has not taken yet: `pending[posted..]`.
+    pending: Vec<SendWr>,
+    posted: usize,
     ctrl: VecDeque<Ctrl>,
     /// Send operations with packets due, in the order they became due.
     ready: VecDeque<u32>,
@@ -58,7 +72,8 @@ impl TxQueue {
         TxQueue {
             free: (0..bufs).rev().collect(),
             owner: vec![Owner::Ctrl; bufs as usize],
-            pending: VecDeque::with_capacity(bufs as usize),
+            pending: Vec::with_capacity(bufs as usize),
+            posted: 0,
             ctrl: VecDeque::with_capacity(ops),
             ready: VecDeque::with_capacity(ops),
         }
@@ -75,7 +90,7 @@ impl TxQueue {
 
     /// Built packets the device has not taken.
     pub(crate) fn pending_len(&self) -> usize {
-        self.pending.len()
+        self.pending.len() - self.posted
     }
 }
 
@@ -100,7 +115,7 @@ impl<D: Device> Endpoint<D> {
     /// whether anything was posted.
     pub(super) fn flush_tx(&mut self) -> bool {
         let mut posted = self.post_pending();
-        if !self.txq.pending.is_empty() {
+        if self.txq.pending_len() > 0 {
             // The device is full: building more would only pin buffers.
             return posted;
         }
@@ -116,9 +131,9 @@ impl<D: Device> Endpoint<D> {
             if !built {
                 break;
             }
-            if self.txq.pending.len() >= POST_BURST {
+            if self.txq.pending_len() >= POST_BURST {
                 posted |= self.post_pending();
-                if !self.txq.pending.is_empty() {
+                if self.txq.pending_len() > 0 {
                     return posted;
                 }
             }
@@ -128,21 +143,21 @@ impl<D: Device> Endpoint<D> {
 
     /// Posts pending packets in bursts; returns whether any was taken.
     fn post_pending(&mut self) -> bool {
+        let q = &mut self.txq;
         let mut any = false;
-        while !self.txq.pending.is_empty() {
-            let (front, _) = self.txq.pending.as_slices();
-            let n = front.len().min(POST_BURST);
-            let taken = self.dev.post_send(&front[..n]);
-            if taken == 0 {
+        while q.posted < q.pending.len() {
+            let burst = &q.pending[q.posted..q.pending.len().min(q.posted + POST_BURST)];
+            let taken = self.dev.post_send(burst);
+            any |= taken > 0;
+            q.posted += taken;
+            if taken < burst.len() {
                 self.counters.tx_queued += 1;
                 break;
             }
-            any = true;
-            self.txq.pending.drain(..taken);
-            if taken < n {
-                self.counters.tx_queued += 1;
-                break;
-            }
+        }
+        if q.posted == q.pending.len() {
+            q.pending.clear();
+            q.posted = 0;
         }
         any
     }
@@ -161,7 +176,7 @@ impl<D: Device> Endpoint<D> {
         let ah = self.peers.get(peer).expect("live peer").ah;
         let t = self.dev.buf(buf)[0];
         self.counters.tx_by_type[t as usize] += 1;
-        self.txq.pending.push_back(SendWr { ah, buf, len: len as u32, wr_id: buf as u64 });
+        self.txq.pending.push(SendWr { ah, buf, len: len as u32, wr_id: buf as u64 });
     }
 
     /// A send completed at the device: frees its buffer, advances its
@@ -173,7 +188,19 @@ impl<D: Device> Endpoint<D> {
         if cqe.status != CqStatus::Ok {
             self.counters.drop(DropReason::DeviceError);
         }
-        if let Owner::Op(id) = owner {
+        if let Owner::Eager(e) = owner {
+            let mut c = super::Completion::new(super::Op::Send, e.ctx);
+            c.len = e.len as u64;
+            c.tag = e.tag;
+            c.tagged = e.tagged;
+            c.peer = Some(super::PeerId(e.peer));
+            c.status = match cqe.status {
+                CqStatus::Ok => Status::Ok,
+                CqStatus::PeerUnreachable => Status::PeerUnreachable,
+                _ => Status::DeviceError,
+            };
+            self.cq.push(c);
+        } else if let Owner::Op(id) = owner {
             let Some(op) = self.tx_ops.get_mut(id) else { return };
             op.in_flight -= 1;
             if cqe.status != CqStatus::Ok && op.error.is_none() {
@@ -297,6 +324,47 @@ impl<D: Device> Endpoint<D> {
         r.connid = connid;
         let room = (self.caps.mtu - r.buffer_len()) as u64;
         (r.emit(self.dev.buf_mut(buf)), (total - sent).min(room))
+    }
+
+    /// Writes an eager RTM header for `peer` into `buf`; returns its
+    /// length.
+    #[inline(always)]
+    pub(super) fn emit_eager(
+        &mut self,
+        buf: BufId,
+        peer: u32,
+        msg_id: u32,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+    ) -> usize {
+        // One call per type, each with its type a constant, so that the
+        // header's emit folds to its stores.
+        match tag {
+            Some(t) => self.emit_eager_as(PacketType::EagerTagRtm, buf, peer, msg_id, t, cq_data),
+            None => self.emit_eager_as(PacketType::EagerMsgRtm, buf, peer, msg_id, 0, cq_data),
+        }
+    }
+
+    #[inline(always)]
+    fn emit_eager_as(
+        &mut self,
+        ptype: PacketType,
+        buf: BufId,
+        peer: u32,
+        msg_id: u32,
+        tag: u64,
+        cq_data: Option<u64>,
+    ) -> usize {
+        let mut r = ReqRepr::new(ptype);
+        r.msg_id = msg_id;
+        r.tag = tag;
+        r.cq_data = cq_data;
+        let (raw, connid) = self.req_opt_headers(peer);
+        if raw {
+            r.raw_addr = Some(&self.addr_hdr);
+        }
+        r.connid = connid;
+        r.emit(self.dev.buf_mut(buf))
     }
 
     /// The extra features and requests this endpoint advertises: only what
