@@ -30,6 +30,7 @@
 //! `out.len()` completions into a caller-owned array.
 
 mod mem;
+pub mod shm;
 pub mod sim;
 
 use bitflags::bitflags;

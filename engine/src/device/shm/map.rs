@@ -1,0 +1,332 @@
+//! Shared-memory segments: the one type here that maps them, the header
+//! every segment starts with, and the sweep that removes segments whose
+//! owner died.
+//!
+//! A segment is a POSIX shared-memory object named `/efapoll-...`. It is
+//! sized once at creation and its pages are reserved then
+//! (`posix_fallocate`), so a full `/dev/shm` fails the creation instead of
+//! raising SIGBUS in whoever touches a page later; no one ever truncates a
+//! segment, so a mapping stays valid until its holder unmaps it, even after
+//! the owner died and the name was unlinked.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Every segment's name starts with this (after the `/`).
+pub(crate) const PREFIX: &str = "efapoll-";
+
+/// Where Linux shows POSIX shared-memory objects as files.
+const SHM_DIR: &str = "/dev/shm";
+
+/// The header at offset 0 of every segment. All fields are read and
+/// written as atomics: the memory is shared with other processes.
+pub(crate) mod hdr {
+    /// `b"EFAPSHM\0"`, written last at creation (Release), so a reader that
+    /// sees it sees the whole header.
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    /// [`STATE_READY`], [`STATE_CLOSED`]; 0 while being created.
+    pub const STATE: usize = 12;
+    /// The owner's pid, written first, so the sweep can tell a dead
+    /// creator's leftovers from a live creator's half-made segment.
+    pub const PID: usize = 16;
+    /// [`KIND_ENDPOINT`] or [`KIND_REGION`].
+    pub const KIND: usize = 20;
+    /// Creation time in nanoseconds since the Unix epoch.
+    pub const INCARNATION: usize = 24;
+
+    // Endpoint segments.
+    pub const CONNID: usize = 32;
+    pub const QPN: usize = 36;
+    pub const RING_SLOTS: usize = 40;
+    pub const SLOT_PAYLOAD: usize = 44;
+    pub const SLOT_STRIDE: usize = 48;
+
+    // Region segments.
+    pub const KEY: usize = 32;
+    pub const LEN: usize = 40;
+    /// The owner's virtual address of the region's byte 0: `Mr::addr`.
+    pub const BASE: usize = 48;
+    pub const ACCESS: usize = 56;
+
+    /// Bytes of the header proper; the ring's indices follow on lines of
+    /// their own.
+    pub const LEN_MIN: usize = 64;
+
+    pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"EFAPSHM\0");
+    pub const VERSION_VALUE: u32 = 1;
+    pub const STATE_READY: u32 = 1;
+    pub const STATE_CLOSED: u32 = 2;
+    pub const KIND_ENDPOINT: u32 = 1;
+    pub const KIND_REGION: u32 = 2;
+}
+
+/// A shared mapping of a whole segment. The memory is shared with other
+/// processes, which may write it at any time: it is read and written only
+/// through atomics (header, ring control words) or by copying plain bytes.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    writable: bool,
+    ino: u64,
+}
+
+fn os_err(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+impl Mapping {
+    /// Creates segment `name` of `len` bytes, zeroed, failing with
+    /// `AlreadyExists` if the name is taken: the way endpoint numbers are
+    /// allocated across processes.
+    pub(crate) fn create(name: &CString, len: usize) -> io::Result<Mapping> {
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        let fd = os_err(unsafe { libc::shm_open(name.as_ptr(), flags, 0o600) })?;
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let made = file.set_len(len as u64).and_then(|()| {
+            // SAFETY: a plain syscall on a descriptor we hold.
+            let err = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+            if err != 0 { Err(io::Error::from_raw_os_error(err)) } else { Ok(()) }
+        });
+        let mapped = made.and_then(|()| Mapping::map(&file, len, true));
+        if mapped.is_err() {
+            unlink(name);
+        }
+        mapped
+    }
+
+    /// Maps existing segment `name` whole; fails if it is shorter than a
+    /// header.
+    pub(crate) fn open(name: &CString, writable: bool) -> io::Result<Mapping> {
+        let access = if writable { libc::O_RDWR } else { libc::O_RDONLY };
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        let fd = os_err(unsafe { libc::shm_open(name.as_ptr(), access | libc::O_CLOEXEC, 0) })?;
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
+        if len < hdr::LEN_MIN {
+            return Err(io::ErrorKind::InvalidData.into());
+        }
+        Mapping::map(&file, len, writable)
+    }
+
+    /// The descriptor closes when `file` drops; the mapping outlives it.
+    fn map(file: &File, len: usize, writable: bool) -> io::Result<Mapping> {
+        let ino = file.metadata()?.ino();
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        // SAFETY: a new mapping at an address the kernel picks, so it
+        // overlaps no Rust object; `len` is the file's size, so no page of
+        // it lies past the end of the file.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(io::ErrorKind::InvalidData)?;
+        Ok(Mapping { ptr, len, writable, ino })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The segment's inode, to tell it from a later segment of the same
+    /// name.
+    pub(crate) fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// This process's address of byte `offset`.
+    pub(crate) fn addr_at(&self, offset: usize) -> u64 {
+        self.ptr.as_ptr() as u64 + offset as u64
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len), "outside the segment");
+    }
+
+    pub(crate) fn u32_at(&self, offset: usize) -> &AtomicU32 {
+        self.check(offset, 4);
+        assert!(offset.is_multiple_of(4), "misaligned");
+        // SAFETY: inside the mapping (checked) and aligned (the mapping is
+        // page-aligned, the offset checked); the mapping lives as long as
+        // `&self`; any bits are a valid u32, and shared words are only
+        // accessed atomically.
+        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU32>() }
+    }
+
+    pub(crate) fn u64_at(&self, offset: usize) -> &AtomicU64 {
+        self.check(offset, 8);
+        assert!(offset.is_multiple_of(8), "misaligned");
+        // SAFETY: as in `u32_at`.
+        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    /// `len` bytes at `offset`, to read.
+    ///
+    /// # Safety
+    /// While the slice lives, nothing in this process may write the range
+    /// (through this or another mapping of the segment). Other processes
+    /// may: bytes in shared memory are plain data that a peer with access
+    /// can change, which is what registered memory is.
+    pub(crate) unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        self.check(offset, len);
+        // SAFETY: inside the mapping (checked), which lives as long as
+        // `&self`; no writer in this process, by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
+    }
+
+    /// `len` bytes at `offset`, to write.
+    ///
+    /// # Safety
+    /// While the slice lives, nothing else in this process may read or
+    /// write the range (see [`Mapping::slice`]).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        self.check(offset, len);
+        assert!(self.writable, "read-only mapping");
+        // SAFETY: inside a writable mapping (checked); exclusive in this
+        // process by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) }
+    }
+
+    /// Copies `src` into the segment at `offset`.
+    pub(crate) fn write_bytes(&self, offset: usize, src: &[u8]) {
+        self.check(offset, src.len());
+        assert!(self.writable, "read-only mapping");
+        // SAFETY: the target range is inside a writable mapping (checked);
+        // `src` is a Rust slice, so it is not the target range of this
+        // mapping, which hands out no slices of ring slots or of regions
+        // while a device call copies into them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
+        }
+    }
+
+    /// Copies the segment's bytes at `offset` into `dst`.
+    pub(crate) fn read_bytes(&self, offset: usize, dst: &mut [u8]) {
+        self.check(offset, dst.len());
+        // SAFETY: the source range is inside the mapping (checked); `dst`
+        // is exclusive, so it is not the source. A peer may write the
+        // source meanwhile: the bytes are then garbage, which every reader
+        // validates, never unsound memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        }
+    }
+
+    /// Copies `len` bytes between two segments (RDMA by copy).
+    pub(crate) fn copy(src: &Mapping, src_off: usize, dst: &Mapping, dst_off: usize, len: usize) {
+        src.check(src_off, len);
+        dst.check(dst_off, len);
+        assert!(dst.writable, "read-only mapping");
+        // SAFETY: both ranges are inside their mappings (checked), the
+        // target writable. Devices copy only inside `&mut self` calls, when
+        // they hand out no slice of their regions. `copy` is a memmove, so
+        // a region copied onto itself through one mapping stays intact.
+        unsafe { std::ptr::copy(src.ptr.as_ptr().add(src_off), dst.ptr.as_ptr().add(dst_off), len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are a mapping made in `map`, unmapped once,
+        // here; every reference into it borrows `self`, so none is alive.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Removes segment `name`; mappings of it stay valid.
+pub(crate) fn unlink(name: &CString) {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    unsafe { libc::shm_unlink(name.as_ptr()) };
+}
+
+/// Whether process `pid` may still run: "no such process" says it does not
+/// (another user's process answers EPERM, and is alive), and neither does
+/// a zombie, whose parent has not reaped it yet.
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: signal 0 delivers nothing; it only checks the pid.
+    let ret = unsafe { libc::kill(pid, 0) };
+    if ret != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    !is_zombie(pid)
+}
+
+/// Reads the state letter of `/proc/<pid>/stat` (after the parenthesised
+/// command name, which may itself hold parentheses).
+fn is_zombie(pid: libc::pid_t) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 512];
+    let mut path = [0u8; 32];
+    let path = {
+        let mut w = &mut path[..];
+        let _ = write!(w, "/proc/{pid}/stat");
+        let left = w.len();
+        std::str::from_utf8(&path[..32 - left]).unwrap_or("")
+    };
+    let Ok(mut f) = File::open(path) else {
+        return false;
+    };
+    let n = f.read(&mut buf).unwrap_or(0);
+    let stat = &buf[..n];
+    let state = stat.iter().rposition(|&b| b == b')').and_then(|at| stat.get(at + 2));
+    state == Some(&b'Z')
+}
+
+/// The segment name `/<PREFIX><rest>`.
+pub(crate) fn name(rest: std::fmt::Arguments<'_>) -> CString {
+    CString::new(format!("/{PREFIX}{rest}")).expect("segment names hold no NUL")
+}
+
+/// Removes every segment with the project's prefix whose owner process is
+/// dead; returns how many it removed. Segments still being created (no
+/// owner written yet) and those of live owners are left alone.
+pub fn remove_stale_segments() -> usize {
+    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in dir.flatten() {
+        let file_name = entry.file_name();
+        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
+            continue;
+        };
+        let seg = name(format_args!("{rest}"));
+        let Ok(map) = Mapping::open(&seg, false) else {
+            continue;
+        };
+        let pid = map.u32_at(hdr::PID).load(Ordering::Acquire);
+        if pid == 0 || pid_alive(pid) {
+            continue;
+        }
+        // Unlink only the segment we looked at: a live device may have
+        // just replaced it under the same name.
+        let path = entry.path();
+        if std::fs::metadata(&path).is_ok_and(|m| m.ino() == map.ino()) {
+            unlink(&seg);
+            removed += 1;
+        }
+    }
+    removed
+}

@@ -1,0 +1,876 @@
+//! `shm`: endpoints in processes or threads of one host, talking through
+//! POSIX shared memory.
+//!
+//! Each [`ShmDevice`] creates a segment `/efapoll-<qpn>` whose name is its
+//! endpoint number (the lowest free one, taken atomically across processes
+//! by an exclusive create) and which holds a header and the device's
+//! receive ring (see `ring`). Its raw address is this host's GID, that
+//! number and a random connid. A sender maps the receiver's segment once,
+//! at `insert_addr`, and `post_send` copies the packet into a slot of the
+//! receiver's ring; the receiver's `poll` copies slots into its posted
+//! receive buffers. Registered regions are segments of their own
+//! (`/efapoll-<qpn>-<connid>-<key>`), which peers map on first use to do
+//! RDMA read and write by copy, after checking the key, the bounds and the
+//! rights in the region's header.
+//!
+//! Semantics follow the sim device:
+//!
+//! * a send completes when the receiver has taken the packet out of its
+//!   ring (the sender watches the slot's sequence number), so a receiver
+//!   that stops polling, or has no receive buffer posted (counted as an
+//!   RNR wait), back-pressures the sender through `tx_depth`; a full ring
+//!   makes `post_send` take fewer;
+//! * the receiver reports `Source::Known(ah)` only for a sender whose
+//!   address (QPN and connid) it inserted, else `Source::Unknown { qpn }`;
+//! * RDMA read and write run when posted and complete at the next poll; a
+//!   write with immediate data also puts a notice in the target's ring that
+//!   consumes a receive buffer there, and completes when it is consumed;
+//! * a peer that closed, or whose process died, fails what is outstanding
+//!   to it and what is posted to it with `PeerUnreachable`. Death is
+//!   noticed by a liveness check (`kill(pid, 0)`) that runs only while
+//!   something is outstanding and at most once per millisecond.
+//!
+//! A transmit slot stays taken until its completion is polled, so the
+//! completion queue never holds more than `tx_depth` entries and nothing
+//! on the send, receive or poll paths allocates or makes a system call.
+//!
+//! Limits: Linux only (`/dev/shm` is scanned for stale segments and
+//! `/proc` tells zombies); segments are private to the user (mode 0600);
+//! processes must share a pid namespace, since liveness is a pid check; a
+//! lost peer's mappings stay until the device drops, so that nothing it
+//! left behind can fault.
+
+mod map;
+mod ring;
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CString;
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use map::remove_stale_segments;
+use map::{Mapping, hdr, pid_alive};
+use ring::{Head, Kind, Record, Ring};
+
+use super::{
+    Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Mr, MrId, RdmaOp, RdmaWr,
+    SendWr, Source,
+};
+use crate::wire::RawAddr;
+
+/// The device's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// Largest packet, and the payload of a ring slot.
+    pub mtu: usize,
+    /// Packet buffers (private memory).
+    pub bufs: u32,
+    /// Outstanding sends and RDMA operations, completions not yet polled
+    /// included.
+    pub tx_depth: usize,
+    /// Posted receive buffers.
+    pub rx_depth: usize,
+    /// Slots of the receive ring: a power of two, at least 2. Packets that
+    /// wait for a receive buffer wait here.
+    pub ring_slots: u32,
+    /// Largest RDMA operation.
+    pub max_rdma_size: u64,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            mtu: 8192,
+            bufs: 2048,
+            tx_depth: 512,
+            rx_depth: 512,
+            ring_slots: 512,
+            max_rdma_size: 1 << 30,
+        }
+    }
+}
+
+/// What happened at one device, for tests and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShmStats {
+    /// Packets put into peers' rings.
+    pub sent: u64,
+    /// Packets delivered into this device's receive buffers.
+    pub delivered: u64,
+    /// Polls that found a packet waiting and no receive buffer posted.
+    pub rnr_waits: u64,
+    /// Times a peer's ring was full when posting to it.
+    pub ring_full: u64,
+    /// RDMA operations refused by the target's registration.
+    pub remote_access_errors: u64,
+    /// Ring slots dropped as malformed (a peer wrote garbage).
+    pub malformed: u64,
+    /// Ring slots skipped because their writer died before publishing.
+    pub abandoned: u64,
+    /// Liveness checks run.
+    pub liveness_checks: u64,
+    /// Peers found closed or dead.
+    pub peers_lost: u64,
+    /// Stale segments this device removed when it was created.
+    pub stale_removed: u64,
+}
+
+/// Why a device could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// The configuration is not usable.
+    #[error("invalid shm config: {0}")]
+    Config(&'static str),
+    /// Every endpoint number is taken.
+    #[error("no free shm endpoint number")]
+    NoFreeQpn,
+    /// Creating or mapping the segment failed.
+    #[error("shm segment: {0}")]
+    Segment(#[from] io::Error),
+}
+
+/// Region segments start their data on a page of its own.
+const REGION_DATA: usize = 4096;
+
+/// How often, at most, the liveness check runs.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
+
+/// Polls with work outstanding between looks at the clock, when polls
+/// keep making progress (a stalled poll looks every time).
+const CLOCK_EVERY_POLLS: u32 = 64;
+
+const NO_PEER: u32 = u32::MAX;
+
+/// A GID naming this host: the shm GID prefix and bytes of the machine id,
+/// so that an address from another host is refused.
+fn host_gid() -> [u8; 16] {
+    static GID: OnceLock<[u8; 16]> = OnceLock::new();
+    *GID.get_or_init(|| {
+        let mut gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, b'S', b'H', 0, 0, 0, 0, 0, 0];
+        let id = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+        let hex = id.trim().as_bytes();
+        for (i, b) in gid[10..].iter_mut().enumerate() {
+            let byte = hex.get(2 * i..2 * i + 2).and_then(|h| std::str::from_utf8(h).ok());
+            *b = byte.and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0);
+        }
+        gid
+    })
+}
+
+/// A random u64 from the standard library's OS-seeded hasher keys.
+fn random_u64() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+fn endpoint_name(qpn: u16) -> CString {
+    map::name(format_args!("{qpn}"))
+}
+
+fn region_name(qpn: u16, connid: u32, key: u64) -> CString {
+    map::name(format_args!("{qpn}-{connid:08x}-{key:016x}"))
+}
+
+/// An operation waiting for its packet to be consumed.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    pos: u32,
+    op: CqOp,
+    wr_id: u64,
+}
+
+/// A peer: its ring, mapped once, and what we have outstanding to it.
+#[derive(Debug)]
+struct Peer {
+    addr: RawAddr,
+    ring: Ring,
+    pid: u32,
+    in_book: bool,
+    dead: bool,
+    /// Its ring was full when we posted: check it is alive.
+    suspect: bool,
+    /// In `ShmDevice::active`.
+    active: bool,
+    /// In ring order, which is the order the peer consumes them.
+    pending: VecDeque<Pending>,
+    /// Its regions we mapped, by key.
+    regions: HashMap<u64, Mapping>,
+}
+
+impl Peer {
+    fn alive(&self) -> bool {
+        self.ring.map().u32_at(hdr::STATE).load(Relaxed) == hdr::STATE_READY && pid_alive(self.pid)
+    }
+}
+
+#[derive(Debug)]
+struct Region {
+    map: Mapping,
+    name: CString,
+    len: usize,
+}
+
+/// An endpoint on shared memory. See the module documentation.
+#[derive(Debug)]
+pub struct ShmDevice {
+    caps: Caps,
+    cfg: ShmConfig,
+    addr: RawAddr,
+    pid: u32,
+    name: CString,
+    /// Our receive ring, in our segment.
+    ring: Ring,
+    head: u32,
+    /// Packet buffers: private memory, `bufs * mtu` bytes.
+    pool: Box<[u8]>,
+    posted_rx: VecDeque<BufId>,
+    /// Completions of our operations, not yet polled.
+    cq: VecDeque<Cqe>,
+    /// Operations outstanding or completed and not yet polled.
+    tx_used: usize,
+    /// By `Ah`.
+    peers: Vec<Peer>,
+    /// By QPN: the peer inserted last with that QPN.
+    by_qpn: Box<[u32]>,
+    /// Peers with pending operations or suspected of death.
+    active: Vec<u32>,
+    regions: Vec<Option<Region>>,
+    /// Our ring's head slot is claimed by this writer and unpublished.
+    stuck_writer: Option<u32>,
+    polls_since_clock: u32,
+    last_check: Instant,
+    stats: ShmStats,
+}
+
+impl ShmDevice {
+    /// Creates a device: removes stale segments, then takes the lowest free
+    /// endpoint number.
+    pub fn new(cfg: ShmConfig) -> Result<ShmDevice, ShmError> {
+        if cfg.mtu < 64 || cfg.mtu > u32::MAX as usize / 2 {
+            return Err(ShmError::Config("mtu must be at least 64"));
+        }
+        if cfg.bufs == 0 || cfg.tx_depth == 0 || cfg.rx_depth == 0 {
+            return Err(ShmError::Config("bufs, tx_depth and rx_depth must be positive"));
+        }
+        if cfg.ring_slots < 2 || !cfg.ring_slots.is_power_of_two() {
+            return Err(ShmError::Config("ring_slots must be a power of two, at least 2"));
+        }
+        let pool_len =
+            cfg.mtu.checked_mul(cfg.bufs as usize).ok_or(ShmError::Config("bufs * mtu"))?;
+        let stale_removed = remove_stale_segments() as u64;
+        let (qpn, ring) = ShmDevice::create_ring(&cfg)?;
+        let connid = random_u64() as u32;
+        let map = ring.map();
+        map.u32_at(hdr::CONNID).store(connid, Relaxed);
+        map.u32_at(hdr::QPN).store(qpn as u32, Relaxed);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        map.u64_at(hdr::INCARNATION).store(now.as_nanos() as u64, Relaxed);
+        ring.open_for_business();
+        let caps = Caps {
+            mtu: cfg.mtu,
+            bufs: cfg.bufs,
+            tx_depth: cfg.tx_depth,
+            rx_depth: cfg.rx_depth,
+            // Every send is copied when posted.
+            inline_size: cfg.mtu,
+            max_rdma_size: cfg.max_rdma_size,
+            rdma_read: true,
+            rdma_write: true,
+            device_version: 0x53,
+        };
+        Ok(ShmDevice {
+            caps,
+            cfg,
+            addr: RawAddr { gid: host_gid(), qpn, connid },
+            pid: std::process::id(),
+            name: endpoint_name(qpn),
+            ring,
+            head: 0,
+            pool: vec![0u8; pool_len].into_boxed_slice(),
+            posted_rx: VecDeque::with_capacity(cfg.rx_depth),
+            cq: VecDeque::with_capacity(cfg.tx_depth),
+            tx_used: 0,
+            peers: Vec::new(),
+            by_qpn: vec![NO_PEER; 1 << 16].into_boxed_slice(),
+            active: Vec::new(),
+            regions: Vec::new(),
+            stuck_writer: None,
+            polls_since_clock: 0,
+            last_check: Instant::now(),
+            stats: ShmStats { stale_removed, ..ShmStats::default() },
+        })
+    }
+
+    fn create_ring(cfg: &ShmConfig) -> Result<(u16, Ring), ShmError> {
+        for qpn in 0..=u16::MAX {
+            match Ring::create(&endpoint_name(qpn), cfg.ring_slots, cfg.mtu) {
+                Ok(ring) => return Ok((qpn, ring)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ShmError::NoFreeQpn)
+    }
+
+    /// What happened at this device so far.
+    pub fn stats(&self) -> ShmStats {
+        self.stats
+    }
+
+    /// The device's parameters.
+    pub fn config(&self) -> ShmConfig {
+        self.cfg
+    }
+
+    /// Operations posted and not yet completed, plus completions not yet
+    /// polled.
+    pub fn tx_outstanding(&self) -> usize {
+        self.tx_used
+    }
+
+    fn complete(&mut self, op: CqOp, status: CqStatus, wr_id: u64) {
+        self.cq.push_back(Cqe { op, status, wr_id, ..Cqe::default() });
+    }
+
+    fn activate(&mut self, idx: usize) {
+        if !self.peers[idx].active {
+            self.peers[idx].active = true;
+            self.active.push(idx as u32);
+        }
+    }
+
+    /// The peer behind `ah` if it is in the address book; marks it dead if
+    /// it closed.
+    fn book_peer(&mut self, ah: Ah) -> Result<usize, CqStatus> {
+        let idx = ah.0 as usize;
+        match self.peers.get(idx) {
+            Some(p) if p.in_book && p.dead => Err(CqStatus::PeerUnreachable),
+            Some(p) if p.in_book => {
+                if p.ring.map().u32_at(hdr::STATE).load(Relaxed) != hdr::STATE_READY {
+                    self.lose_peer(idx);
+                    return Err(CqStatus::PeerUnreachable);
+                }
+                Ok(idx)
+            }
+            _ => Err(CqStatus::LocalError),
+        }
+    }
+
+    /// The peer is gone: fails what is outstanding to it.
+    fn lose_peer(&mut self, idx: usize) {
+        let p = &mut self.peers[idx];
+        if !p.dead {
+            p.dead = true;
+            self.stats.peers_lost += 1;
+        }
+        p.suspect = false;
+        while let Some(op) = p.pending.pop_front() {
+            let cqe = Cqe {
+                op: op.op,
+                status: CqStatus::PeerUnreachable,
+                wr_id: op.wr_id,
+                ..Cqe::default()
+            };
+            self.cq.push_back(cqe);
+        }
+    }
+
+    /// Moves operations whose packets peers consumed into the CQ; drops
+    /// idle peers from the active list. Returns whether any completed.
+    fn reap(&mut self) -> bool {
+        let mut progressed = false;
+        let mut i = 0;
+        while i < self.active.len() {
+            let idx = self.active[i] as usize;
+            let p = &mut self.peers[idx];
+            while let Some(front) = p.pending.front() {
+                if !p.ring.consumed(front.pos) {
+                    break;
+                }
+                let cqe = Cqe { op: front.op, wr_id: front.wr_id, ..Cqe::default() };
+                p.pending.pop_front();
+                self.cq.push_back(cqe);
+                progressed = true;
+            }
+            if p.pending.is_empty() && !p.suspect {
+                p.active = false;
+                self.active.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        progressed
+    }
+
+    /// Runs the liveness check if it is due: only while something waits on
+    /// a peer (or on a writer to our ring), at most once per period.
+    fn maybe_check_liveness(&mut self, stalled: bool) {
+        if self.active.is_empty() && self.stuck_writer.is_none() {
+            self.polls_since_clock = 0;
+            return;
+        }
+        self.polls_since_clock += 1;
+        if !stalled && self.polls_since_clock < CLOCK_EVERY_POLLS {
+            return;
+        }
+        self.polls_since_clock = 0;
+        let now = Instant::now();
+        if now.duration_since(self.last_check) < LIVENESS_PERIOD {
+            return;
+        }
+        self.last_check = now;
+        self.stats.liveness_checks += 1;
+        for i in 0..self.active.len() {
+            let idx = self.active[i] as usize;
+            if !self.peers[idx].dead && !self.peers[idx].alive() {
+                self.lose_peer(idx);
+            }
+            self.peers[idx].suspect = false;
+        }
+        if let Some(writer) = self.stuck_writer.take()
+            && !pid_alive(writer)
+            && self.ring.skip_abandoned(self.head, writer)
+        {
+            self.head = self.head.wrapping_add(1);
+            self.ring.set_head(self.head);
+            self.stats.abandoned += 1;
+        }
+    }
+
+    fn source(&self, rec: &Record) -> Source {
+        let idx = self.by_qpn[rec.src_qpn as usize];
+        match self.peers.get(idx as usize) {
+            Some(p) if p.in_book && p.addr.connid == rec.src_connid => Source::Known(Ah(idx)),
+            _ => Source::Unknown { qpn: rec.src_qpn },
+        }
+    }
+
+    /// Takes ready slots off our ring into `out`; returns how many
+    /// completions it wrote.
+    fn receive(&mut self, out: &mut [Cqe]) -> usize {
+        let mut n = 0;
+        let start = self.head;
+        self.stuck_writer = None;
+        // Malformed slots write no completion: bound the work per call.
+        let mut budget = self.cfg.ring_slots;
+        while n < out.len() && budget > 0 {
+            budget -= 1;
+            let rec = match self.ring.head(self.head) {
+                Head::Empty => break,
+                Head::Writing { writer } => {
+                    self.stuck_writer = Some(writer);
+                    break;
+                }
+                Head::Ready(rec) => rec,
+            };
+            let len = rec.len as usize;
+            let valid = match rec.kind {
+                Kind::Packet => len <= self.cfg.mtu,
+                Kind::WriteImm => true,
+                Kind::Unknown(_) => false,
+            };
+            if !valid {
+                self.stats.malformed += 1;
+                self.ring.release(self.head);
+                self.head = self.head.wrapping_add(1);
+                continue;
+            }
+            let Some(rx) = self.posted_rx.pop_front() else {
+                self.stats.rnr_waits += 1;
+                break;
+            };
+            let src = self.source(&rec);
+            out[n] = if rec.kind == Kind::Packet {
+                let at = rx as usize * self.cfg.mtu;
+                self.ring.read(self.head, &mut self.pool[at..at + len]);
+                self.stats.delivered += 1;
+                Cqe {
+                    op: CqOp::Recv,
+                    status: CqStatus::Ok,
+                    wr_id: rx as u64,
+                    len: rec.len,
+                    src,
+                    imm: 0,
+                }
+            } else {
+                let op = CqOp::RecvWriteImm;
+                Cqe { op, status: CqStatus::Ok, wr_id: rx as u64, len: 0, src, imm: rec.imm }
+            };
+            n += 1;
+            self.ring.release(self.head);
+            self.head = self.head.wrapping_add(1);
+        }
+        if self.head != start {
+            self.ring.set_head(self.head);
+        }
+        n
+    }
+
+    /// The peer's region `key`, mapped on first use.
+    fn remote_region(&mut self, idx: usize, key: u64) -> Option<&Mapping> {
+        let p = &mut self.peers[idx];
+        if !p.regions.contains_key(&key) {
+            let name = region_name(p.addr.qpn, p.addr.connid, key);
+            let map = Mapping::open(&name, true).ok()?;
+            let ok = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
+                && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_REGION
+                && map.u64_at(hdr::KEY).load(Relaxed) == key;
+            if !ok {
+                return None;
+            }
+            p.regions.insert(key, map);
+        }
+        p.regions.get(&key)
+    }
+
+    /// Checks an RDMA operation against the target's registration; returns
+    /// the byte offset in the target's segment.
+    fn resolve_remote(&mut self, idx: usize, wr: &RdmaWr, need: Access) -> Option<usize> {
+        let map = self.remote_region(idx, wr.remote_key)?;
+        if map.u32_at(hdr::STATE).load(Acquire) != hdr::STATE_READY {
+            // Deregistered: forget the mapping too.
+            self.peers[idx].regions.remove(&wr.remote_key);
+            return None;
+        }
+        let len = map.u64_at(hdr::LEN).load(Relaxed);
+        // The owner's header could lie about the length: the mapping
+        // bounds the access too.
+        if (map.len() - REGION_DATA) < usize::try_from(len).ok()? {
+            return None;
+        }
+        let mr = Mr {
+            id: MrId(0),
+            key: wr.remote_key,
+            addr: map.u64_at(hdr::BASE).load(Relaxed),
+            len,
+            access: Access::from_bits_truncate(map.u32_at(hdr::ACCESS).load(Relaxed)),
+        };
+        let offset = mr.resolve(wr.remote_addr, wr.len, need)?;
+        Some(REGION_DATA + offset as usize)
+    }
+
+    fn region_ref(&self, mr: MrId) -> &Region {
+        self.regions
+            .get(mr.0 as usize)
+            .and_then(Option::as_ref)
+            .unwrap_or_else(|| panic!("{mr:?} is not registered"))
+    }
+}
+
+impl Device for ShmDevice {
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    fn addr(&self) -> RawAddr {
+        self.addr
+    }
+
+    fn insert_addr(&mut self, addr: &RawAddr) -> Result<Ah, DeviceError> {
+        if addr.gid != self.addr.gid {
+            return Err(DeviceError::BadAddress);
+        }
+        let known = self.peers.iter().position(|p| p.addr == *addr && !p.dead);
+        let idx = match known {
+            Some(idx) => idx,
+            None => {
+                let map = Mapping::open(&endpoint_name(addr.qpn), true)
+                    .map_err(|_| DeviceError::BadAddress)?;
+                let ring = Ring::attach(map).ok_or(DeviceError::BadAddress)?;
+                let h = ring.map();
+                let pid = h.u32_at(hdr::PID).load(Relaxed);
+                let matches = h.u32_at(hdr::STATE).load(Relaxed) == hdr::STATE_READY
+                    && h.u32_at(hdr::CONNID).load(Relaxed) == addr.connid
+                    && h.u32_at(hdr::QPN).load(Relaxed) == addr.qpn as u32;
+                if !matches || !pid_alive(pid) {
+                    return Err(DeviceError::BadAddress);
+                }
+                self.peers.push(Peer {
+                    addr: *addr,
+                    ring,
+                    pid,
+                    in_book: false,
+                    dead: false,
+                    suspect: false,
+                    active: false,
+                    pending: VecDeque::with_capacity(self.cfg.tx_depth),
+                    regions: HashMap::new(),
+                });
+                self.peers.len() - 1
+            }
+        };
+        self.peers[idx].in_book = true;
+        self.by_qpn[addr.qpn as usize] = idx as u32;
+        Ok(Ah(idx as u32))
+    }
+
+    fn remove_addr(&mut self, ah: Ah) {
+        let Some(p) = self.peers.get_mut(ah.0 as usize) else {
+            return;
+        };
+        p.in_book = false;
+        let qpn = p.addr.qpn;
+        if self.by_qpn[qpn as usize] == ah.0 {
+            // Another entry with this QPN (an earlier incarnation) may
+            // still be in the book.
+            let other = self.peers.iter().rposition(|p| p.in_book && p.addr.qpn == qpn);
+            self.by_qpn[qpn as usize] = other.map_or(NO_PEER, |i| i as u32);
+        }
+    }
+
+    fn buf(&self, id: BufId) -> &[u8] {
+        assert!(id < self.caps.bufs, "buffer {id} out of range");
+        let at = id as usize * self.cfg.mtu;
+        &self.pool[at..at + self.cfg.mtu]
+    }
+
+    fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
+        assert!(id < self.caps.bufs, "buffer {id} out of range");
+        let at = id as usize * self.cfg.mtu;
+        &mut self.pool[at..at + self.cfg.mtu]
+    }
+
+    fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError> {
+        let data_len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
+        let seg_len = data_len.checked_add(REGION_DATA).ok_or(DeviceError::Registration)?;
+        let access = access | Access::LOCAL;
+        let (key, name, map) = loop {
+            let key = random_u64();
+            let name = region_name(self.addr.qpn, self.addr.connid, key);
+            match Mapping::create(&name, seg_len) {
+                Ok(map) => break (key, name, map),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(_) => return Err(DeviceError::Registration),
+            }
+        };
+        let base = map.addr_at(REGION_DATA);
+        map.u32_at(hdr::PID).store(self.pid, Release);
+        map.u64_at(hdr::INCARNATION).store(random_u64(), Relaxed);
+        map.u64_at(hdr::KEY).store(key, Relaxed);
+        map.u64_at(hdr::LEN).store(len, Relaxed);
+        map.u64_at(hdr::BASE).store(base, Relaxed);
+        map.u32_at(hdr::ACCESS).store(access.bits(), Relaxed);
+        map.u32_at(hdr::VERSION).store(hdr::VERSION_VALUE, Relaxed);
+        map.u32_at(hdr::KIND).store(hdr::KIND_REGION, Relaxed);
+        map.u32_at(hdr::STATE).store(hdr::STATE_READY, Relaxed);
+        map.u64_at(hdr::MAGIC).store(hdr::MAGIC_VALUE, Release);
+        let index = self.regions.iter().position(Option::is_none).unwrap_or(self.regions.len());
+        let region = Region { map, name, len: data_len };
+        if index == self.regions.len() {
+            self.regions.push(Some(region));
+        } else {
+            self.regions[index] = Some(region);
+        }
+        Ok(Mr { id: MrId(index as u32), key, addr: base, len, access })
+    }
+
+    fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
+        let slot = self.regions.get_mut(mr.0 as usize).ok_or(DeviceError::UnknownHandle)?;
+        let region = slot.take().ok_or(DeviceError::UnknownHandle)?;
+        region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
+        map::unlink(&region.name);
+        Ok(())
+    }
+
+    fn region(&self, mr: MrId) -> &[u8] {
+        let r = self.region_ref(mr);
+        // SAFETY: this process writes the region only through `&mut self`
+        // (`region_mut`, RDMA into it by this device) or through another
+        // device's RDMA into it, which the endpoint does not aim at ranges
+        // it is reading; peers in other processes may write it as granted.
+        unsafe { r.map.slice(REGION_DATA, r.len) }
+    }
+
+    fn region_mut(&mut self, mr: MrId) -> &mut [u8] {
+        let r = self.region_ref(mr);
+        // SAFETY: as in `region`, with `&mut self` the only slice of it
+        // from this device.
+        unsafe { r.map.slice_mut(REGION_DATA, r.len) }
+    }
+
+    fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]) {
+        assert!(buf < self.caps.bufs, "buffer {buf} out of range");
+        let r = self
+            .regions
+            .get(mr.0 as usize)
+            .and_then(Option::as_ref)
+            .unwrap_or_else(|| panic!("{mr:?} is not registered"));
+        // SAFETY: as in `region_mut`; the pool is private memory, separate
+        // from the region.
+        let region = unsafe { r.map.slice_mut(REGION_DATA, r.len) };
+        let at = buf as usize * self.cfg.mtu;
+        (&mut self.pool[at..at + self.cfg.mtu], region)
+    }
+
+    fn post_recv(&mut self, bufs: &[BufId]) -> usize {
+        let n = bufs.len().min(self.cfg.rx_depth - self.posted_rx.len());
+        for &b in &bufs[..n] {
+            assert!(b < self.caps.bufs, "buffer {b} out of range");
+            self.posted_rx.push_back(b);
+        }
+        n
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> usize {
+        let mut taken = 0;
+        for wr in wrs {
+            if self.tx_used >= self.cfg.tx_depth {
+                break;
+            }
+            let len = wr.len as usize;
+            assert!(wr.buf < self.caps.bufs && len <= self.cfg.mtu, "bad send {wr:?}");
+            let idx = match self.book_peer(wr.ah) {
+                Ok(idx) if len <= self.peers[idx].ring.payload() => idx,
+                Ok(_) => {
+                    self.complete(CqOp::Send, CqStatus::LocalError, wr.wr_id);
+                    self.tx_used += 1;
+                    taken += 1;
+                    continue;
+                }
+                Err(status) => {
+                    self.complete(CqOp::Send, status, wr.wr_id);
+                    self.tx_used += 1;
+                    taken += 1;
+                    continue;
+                }
+            };
+            let p = &mut self.peers[idx];
+            let Some(claim) = p.ring.claim(self.pid) else {
+                self.stats.ring_full += 1;
+                p.suspect = true;
+                self.activate(idx);
+                break;
+            };
+            let rec = Record {
+                kind: Kind::Packet,
+                src_qpn: self.addr.qpn,
+                src_connid: self.addr.connid,
+                len: wr.len,
+                imm: 0,
+            };
+            let at = wr.buf as usize * self.cfg.mtu;
+            let pos = p.ring.publish(claim, &rec, &self.pool[at..at + len]);
+            p.pending.push_back(Pending { pos, op: CqOp::Send, wr_id: wr.wr_id });
+            self.activate(idx);
+            self.stats.sent += 1;
+            self.tx_used += 1;
+            taken += 1;
+        }
+        taken
+    }
+
+    fn post_rdma(&mut self, wrs: &[RdmaWr]) -> usize {
+        let mut taken = 0;
+        for wr in wrs {
+            if self.tx_used >= self.cfg.tx_depth {
+                break;
+            }
+            let (need, op) = match wr.op {
+                RdmaOp::Read => (Access::REMOTE_READ, CqOp::Read),
+                RdmaOp::Write { .. } => (Access::REMOTE_WRITE, CqOp::Write),
+            };
+            let local = self.regions.get(wr.local.0 as usize).and_then(Option::as_ref);
+            let local_ok = local.is_some_and(|r| {
+                wr.local_offset.checked_add(wr.len).is_some_and(|end| end <= r.len as u64)
+            }) && wr.len <= self.caps.max_rdma_size;
+            let target = if local_ok { self.book_peer(wr.ah) } else { Err(CqStatus::LocalError) };
+            let checked = target.and_then(|idx| {
+                self.resolve_remote(idx, wr, need).map(|off| (idx, off)).ok_or_else(|| {
+                    self.stats.remote_access_errors += 1;
+                    CqStatus::RemoteAccess
+                })
+            });
+            let (idx, remote_off) = match checked {
+                Ok(found) => found,
+                Err(status) => {
+                    self.complete(op, status, wr.wr_id);
+                    self.tx_used += 1;
+                    taken += 1;
+                    continue;
+                }
+            };
+            // The notice's slot is claimed before any byte moves, so a full
+            // ring refuses the whole operation.
+            let claim = match wr.op {
+                RdmaOp::Write { imm: Some(_) } => match self.peers[idx].ring.claim(self.pid) {
+                    Some(claim) => Some(claim),
+                    None => {
+                        self.stats.ring_full += 1;
+                        self.peers[idx].suspect = true;
+                        self.activate(idx);
+                        break;
+                    }
+                },
+                _ => None,
+            };
+            let local = &self.regions[wr.local.0 as usize].as_ref().expect("checked above").map;
+            let remote = &self.peers[idx].regions[&wr.remote_key];
+            let local_off = REGION_DATA + wr.local_offset as usize;
+            let len = wr.len as usize;
+            match wr.op {
+                RdmaOp::Read => Mapping::copy(remote, remote_off, local, local_off, len),
+                RdmaOp::Write { .. } => Mapping::copy(local, local_off, remote, remote_off, len),
+            }
+            match (claim, wr.op) {
+                (Some(claim), RdmaOp::Write { imm: Some(imm) }) => {
+                    let rec = Record {
+                        kind: Kind::WriteImm,
+                        src_qpn: self.addr.qpn,
+                        src_connid: self.addr.connid,
+                        len: 0,
+                        imm,
+                    };
+                    let p = &mut self.peers[idx];
+                    let pos = p.ring.publish(claim, &rec, &[]);
+                    p.pending.push_back(Pending { pos, op, wr_id: wr.wr_id });
+                    self.activate(idx);
+                }
+                _ => self.complete(op, CqStatus::Ok, wr.wr_id),
+            }
+            self.tx_used += 1;
+            taken += 1;
+        }
+        taken
+    }
+
+    fn poll(&mut self, out: &mut [Cqe]) -> usize {
+        let reaped = !self.active.is_empty() && self.reap();
+        let mut n = 0;
+        while n < out.len() {
+            let Some(c) = self.cq.pop_front() else { break };
+            out[n] = c;
+            self.tx_used -= 1;
+            n += 1;
+        }
+        let received = self.receive(&mut out[n..]);
+        n += received;
+        self.maybe_check_liveness(!reaped && received == 0);
+        while n < out.len() {
+            let Some(c) = self.cq.pop_front() else { break };
+            out[n] = c;
+            self.tx_used -= 1;
+            n += 1;
+        }
+        n
+    }
+}
+
+impl Drop for ShmDevice {
+    fn drop(&mut self) {
+        // Peers that map us see the state and fail what they sent us.
+        self.ring.map().u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
+        map::unlink(&self.name);
+        for region in self.regions.iter().flatten() {
+            region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
+            map::unlink(&region.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,438 @@
+use super::*;
+
+fn small() -> ShmConfig {
+    ShmConfig { bufs: 256, tx_depth: 64, rx_depth: 64, ring_slots: 64, ..ShmConfig::default() }
+}
+
+fn pair(cfg: ShmConfig) -> (ShmDevice, ShmDevice) {
+    (ShmDevice::new(cfg).unwrap(), ShmDevice::new(cfg).unwrap())
+}
+
+fn send(dev: &mut ShmDevice, ah: Ah, buf: BufId, bytes: &[u8], wr_id: u64) {
+    dev.buf_mut(buf)[..bytes.len()].copy_from_slice(bytes);
+    let wr = SendWr { ah, buf, len: bytes.len() as u32, wr_id };
+    assert_eq!(dev.post_send(&[wr]), 1);
+}
+
+fn poll_all(dev: &mut ShmDevice) -> Vec<Cqe> {
+    let mut out = [Cqe::default(); 8];
+    let mut all = Vec::new();
+    loop {
+        let n = dev.poll(&mut out);
+        if n == 0 {
+            return all;
+        }
+        all.extend_from_slice(&out[..n]);
+    }
+}
+
+/// Polls until `n` completions arrived or a generous deadline passed.
+fn poll_n(dev: &mut ShmDevice, n: usize) -> Vec<Cqe> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = [Cqe::default(); 8];
+    let mut all = Vec::new();
+    while all.len() < n && Instant::now() < deadline {
+        let got = dev.poll(&mut out);
+        all.extend_from_slice(&out[..got]);
+    }
+    all
+}
+
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(7)) as u8).collect()
+}
+
+#[test]
+fn every_packet_size_arrives_in_order_with_its_content() {
+    let (mut a, mut b) = pair(small());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let mtu = a.caps().mtu;
+    assert_eq!(mtu, 8192);
+    let mut next_send = 1;
+    let mut next_recv = 1;
+    let mut sent_done = 0;
+    b.post_recv(&(0..64).collect::<Vec<_>>());
+    let mut out = [Cqe::default(); 32];
+    while next_recv <= mtu {
+        // A burst of up to 16 sizes, then drain both sides.
+        let mut wrs = Vec::new();
+        while next_send <= mtu && wrs.len() < 16 && a.tx_outstanding() + wrs.len() < 64 {
+            let buf = (next_send % 200) as BufId;
+            if wrs.iter().any(|w: &SendWr| w.buf == buf) {
+                break;
+            }
+            a.buf_mut(buf)[..next_send].copy_from_slice(&pattern(next_send, next_send));
+            wrs.push(SendWr { ah, buf, len: next_send as u32, wr_id: next_send as u64 });
+            next_send += 1;
+        }
+        assert_eq!(a.post_send(&wrs), wrs.len());
+        let n = b.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!((c.op, c.status), (CqOp::Recv, CqStatus::Ok));
+            assert_eq!(c.len as usize, next_recv, "in order");
+            assert_eq!(b.buf(c.wr_id as u32)[..next_recv], pattern(next_recv, next_recv)[..]);
+            assert_eq!(b.post_recv(&[c.wr_id as u32]), 1);
+            next_recv += 1;
+        }
+        let n = a.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!((c.op, c.status), (CqOp::Send, CqStatus::Ok));
+            sent_done += 1;
+            assert_eq!(c.wr_id, sent_done, "send completions in order");
+        }
+    }
+    sent_done += poll_all(&mut a).len() as u64;
+    assert_eq!(sent_done as usize, mtu);
+    assert_eq!(a.stats().sent, mtu as u64);
+    assert_eq!(b.stats().delivered, mtu as u64);
+    assert_eq!(a.tx_outstanding(), 0);
+}
+
+#[test]
+fn delivery_reports_unknown_sender_until_inserted() {
+    let (mut a, mut b) = pair(small());
+    let ah_b = a.insert_addr(&b.addr()).unwrap();
+    assert_eq!(a.insert_addr(&b.addr()).unwrap(), ah_b, "same address, same handle");
+    assert_eq!(b.post_recv(&[10, 11]), 2);
+    send(&mut a, ah_b, 0, b"hello", 7);
+    let got = poll_all(&mut b);
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].op, got[0].wr_id, got[0].len), (CqOp::Recv, 10, 5));
+    assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
+    assert_eq!(&b.buf(10)[..5], b"hello");
+    assert_eq!(poll_all(&mut a), [Cqe { op: CqOp::Send, wr_id: 7, ..Cqe::default() }]);
+
+    let ah_a = b.insert_addr(&a.addr()).unwrap();
+    send(&mut a, ah_b, 1, b"again", 8);
+    assert_eq!(poll_all(&mut b)[0].src, Source::Known(ah_a));
+    b.remove_addr(ah_a);
+    assert_eq!(b.post_recv(&[12]), 1);
+    send(&mut a, ah_b, 2, b"third", 9);
+    assert_eq!(poll_all(&mut b)[0].src, Source::Unknown { qpn: a.addr().qpn });
+
+    // The same QPN with another connid is another sender.
+    let stranger = RawAddr { connid: a.addr().connid ^ 1, ..a.addr() };
+    assert_eq!(b.insert_addr(&stranger), Err(DeviceError::BadAddress));
+    // A removed handle no longer sends.
+    a.remove_addr(ah_b);
+    send(&mut a, ah_b, 3, b"gone", 10);
+    assert_eq!(poll_all(&mut a)[0].status, CqStatus::LocalError);
+}
+
+#[test]
+fn addresses_that_name_no_live_segment_are_refused() {
+    let (mut a, b) = pair(small());
+    let other_host = RawAddr { gid: [1; 16], ..b.addr() };
+    assert_eq!(a.insert_addr(&other_host), Err(DeviceError::BadAddress));
+    let wrong_connid = RawAddr { connid: b.addr().connid.wrapping_add(1), ..b.addr() };
+    assert_eq!(a.insert_addr(&wrong_connid), Err(DeviceError::BadAddress));
+    let gone = b.addr();
+    drop(b);
+    assert_eq!(a.insert_addr(&gone), Err(DeviceError::BadAddress));
+    assert_ne!(a.addr().qpn, gone.qpn);
+}
+
+#[test]
+fn a_receiver_that_stops_polling_back_pressures_the_sender() {
+    // The TX queue fills first.
+    let cfg = ShmConfig { tx_depth: 8, ..small() };
+    let (mut a, mut b) = pair(cfg);
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    b.post_recv(&(0..64).collect::<Vec<_>>());
+    let wrs: Vec<SendWr> =
+        (0..12).map(|i| SendWr { ah, buf: i, len: 4, wr_id: i as u64 }).collect();
+    assert_eq!(a.post_send(&wrs), 8);
+    assert!(poll_all(&mut a).is_empty(), "nothing completes before the receiver polls");
+    assert_eq!(a.post_send(&wrs[8..]), 0);
+    assert_eq!(poll_all(&mut b).len(), 8);
+    assert_eq!(poll_all(&mut a).len(), 8);
+    assert_eq!(a.post_send(&wrs[8..]), 4);
+
+    // The ring fills first.
+    let cfg = ShmConfig { tx_depth: 64, ring_slots: 8, ..small() };
+    let (mut a, mut b) = pair(cfg);
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let wrs: Vec<SendWr> =
+        (0..20).map(|i| SendWr { ah, buf: i, len: 4, wr_id: i as u64 }).collect();
+    assert_eq!(a.post_send(&wrs), 8, "a full ring takes fewer");
+    assert_eq!(a.post_send(&wrs[8..]), 0);
+    assert!(a.stats().ring_full >= 2);
+    assert!(poll_all(&mut a).is_empty());
+    b.post_recv(&[0, 1, 2]);
+    assert_eq!(poll_all(&mut b).len(), 3);
+    assert_eq!(poll_all(&mut a).len(), 3);
+    assert_eq!(a.post_send(&wrs[8..]), 3);
+}
+
+#[test]
+fn no_posted_buffer_holds_packets_in_the_ring() {
+    let (mut a, mut b) = pair(small());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    send(&mut a, ah, 0, b"x", 0);
+    send(&mut a, ah, 1, b"y", 1);
+    assert!(poll_all(&mut b).is_empty());
+    assert!(b.stats().rnr_waits >= 1);
+    assert!(poll_all(&mut a).is_empty(), "no send completes before delivery");
+    b.post_recv(&[5]);
+    let got = poll_all(&mut b);
+    assert_eq!((got.len(), got[0].wr_id), (1, 5));
+    assert_eq!(b.buf(5)[0], b'x');
+    assert_eq!(poll_all(&mut a).len(), 1);
+    b.post_recv(&[6]);
+    let got = poll_all(&mut b);
+    assert_eq!(b.buf(got[0].wr_id as u32)[0], b'y');
+    assert_eq!(poll_all(&mut a)[0].wr_id, 1);
+}
+
+fn rdma(op: RdmaOp, ah: Ah, local: &Mr, remote: &Mr, len: u64, wr_id: u64) -> RdmaWr {
+    RdmaWr {
+        op,
+        ah,
+        local: local.id,
+        local_offset: 0,
+        len,
+        remote_addr: remote.addr,
+        remote_key: remote.key,
+        wr_id,
+    }
+}
+
+#[test]
+fn rdma_read_write_and_write_with_immediate() {
+    let (mut a, mut b) = pair(small());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let local = a.register(4096, Access::LOCAL).unwrap();
+    let remote = b.register(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    assert!(b.region(remote.id).iter().all(|&x| x == 0), "registered memory is zeroed");
+    b.region_mut(remote.id).copy_from_slice(&pattern(1, 4096));
+
+    let rd = RdmaWr {
+        local_offset: 100,
+        remote_addr: remote.addr_at(200),
+        ..rdma(RdmaOp::Read, ah, &local, &remote, 1000, 1)
+    };
+    assert_eq!(a.post_rdma(&[rd]), 1);
+    assert_eq!(poll_all(&mut a), [Cqe { op: CqOp::Read, wr_id: 1, ..Cqe::default() }]);
+    assert_eq!(a.region(local.id)[100..1100], pattern(1, 4096)[200..1200]);
+
+    a.region_mut(local.id).copy_from_slice(&pattern(2, 4096));
+    let wr = rdma(RdmaOp::Write { imm: None }, ah, &local, &remote, 4096, 2);
+    assert_eq!(a.post_rdma(&[wr]), 1);
+    assert_eq!(poll_all(&mut a)[0], Cqe { op: CqOp::Write, wr_id: 2, ..Cqe::default() });
+    assert_eq!(b.region(remote.id), &pattern(2, 4096)[..]);
+    assert!(poll_all(&mut b).is_empty(), "a plain write tells the target nothing");
+
+    let ah_a = b.insert_addr(&a.addr()).unwrap();
+    a.region_mut(local.id)[..8].copy_from_slice(b"12345678");
+    let wr = rdma(RdmaOp::Write { imm: Some(42) }, ah, &local, &remote, 8, 3);
+    assert_eq!(a.post_rdma(&[wr]), 1);
+    assert_eq!(b.region(remote.id)[..8], *b"12345678");
+    assert!(poll_all(&mut b).is_empty(), "the notice waits for a receive buffer");
+    assert!(poll_all(&mut a).is_empty(), "the write completes when its notice is consumed");
+    b.post_recv(&[3]);
+    let got = poll_all(&mut b);
+    let want = Cqe {
+        op: CqOp::RecvWriteImm,
+        wr_id: 3,
+        imm: 42,
+        src: Source::Known(ah_a),
+        ..Cqe::default()
+    };
+    assert_eq!(got, [want]);
+    assert_eq!(poll_all(&mut a), [Cqe { op: CqOp::Write, wr_id: 3, ..Cqe::default() }]);
+
+    // Loopback: a device reaches its own region.
+    let me = a.insert_addr(&a.addr()).unwrap();
+    let own = a.register(64, Access::REMOTE_READ).unwrap();
+    a.region_mut(own.id).copy_from_slice(&[7; 64]);
+    let rd = RdmaWr { local_offset: 0, ..rdma(RdmaOp::Read, me, &local, &own, 64, 4) };
+    assert_eq!(a.post_rdma(&[rd]), 1);
+    assert_eq!(poll_all(&mut a)[0].status, CqStatus::Ok);
+    assert_eq!(a.region(local.id)[..64], [7; 64]);
+}
+
+#[test]
+fn rdma_protection_violations_leave_the_target_untouched() {
+    let (mut a, mut b) = pair(small());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let local = a.register(64, Access::LOCAL).unwrap();
+    a.region_mut(local.id).copy_from_slice(&[1; 64]);
+    let ro = b.register(32, Access::REMOTE_READ).unwrap();
+    let wo = b.register(32, Access::REMOTE_WRITE).unwrap();
+    let none = b.register(32, Access::LOCAL).unwrap();
+    let gone = b.register(32, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    for mr in [ro, wo, none, gone] {
+        b.region_mut(mr.id).copy_from_slice(&[9; 32]);
+    }
+    let w = |remote: &Mr, wr_id| rdma(RdmaOp::Write { imm: None }, ah, &local, remote, 16, wr_id);
+    let r = |remote: &Mr, wr_id| rdma(RdmaOp::Read, ah, &local, remote, 16, wr_id);
+    // Map `gone` while registered, so its cached mapping is what is refused.
+    assert_eq!(a.post_rdma(&[r(&gone, 0)]), 1);
+    b.deregister(gone.id).unwrap();
+    a.region_mut(local.id).copy_from_slice(&[1; 64]);
+    let bad = [
+        RdmaWr { remote_key: wo.key ^ 1, ..w(&wo, 1) },
+        RdmaWr { remote_addr: wo.addr - 1, ..w(&wo, 2) },
+        RdmaWr { remote_addr: wo.addr_at(17), ..w(&wo, 3) },
+        RdmaWr { remote_addr: u64::MAX - 7, ..w(&wo, 4) },
+        w(&ro, 5),
+        r(&wo, 6),
+        w(&none, 7),
+        r(&none, 8),
+        w(&gone, 9),
+        RdmaWr { op: RdmaOp::Write { imm: Some(1) }, ..w(&ro, 10) },
+        // Another peer's key is not this peer's.
+        RdmaWr { remote_key: local.key, remote_addr: local.addr, ..r(&ro, 11) },
+    ];
+    assert_eq!(a.post_rdma(&bad), bad.len());
+    let done = poll_all(&mut a);
+    assert_eq!(done[0], Cqe { op: CqOp::Read, wr_id: 0, ..Cqe::default() });
+    for (c, wr) in done[1..].iter().zip(&bad) {
+        assert_eq!((c.wr_id, c.status), (wr.wr_id, CqStatus::RemoteAccess));
+    }
+    assert_eq!(a.stats().remote_access_errors, bad.len() as u64);
+    for mr in [ro, wo, none] {
+        assert_eq!(b.region(mr.id), &[9; 32], "target untouched");
+    }
+    b.post_recv(&[0]);
+    assert!(poll_all(&mut b).is_empty(), "a refused write with immediate tells the target nothing");
+
+    // Local mistakes are local errors.
+    let local_bad = [
+        RdmaWr { local_offset: 60, ..r(&ro, 20) },
+        RdmaWr { len: u64::MAX, ..r(&ro, 21) },
+        RdmaWr { local: MrId(99), ..r(&ro, 22) },
+        RdmaWr { ah: Ah(99), ..r(&ro, 23) },
+    ];
+    assert_eq!(a.post_rdma(&local_bad), local_bad.len());
+    assert!(poll_all(&mut a).iter().all(|c| c.status == CqStatus::LocalError));
+    assert_eq!(a.region(local.id), &[1; 64]);
+}
+
+#[test]
+fn a_closed_peer_fails_what_was_sent_to_it() {
+    let (mut a, mut b) = pair(small());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let remote = b.register(64, Access::REMOTE_READ).unwrap();
+    let local = a.register(64, Access::LOCAL).unwrap();
+    send(&mut a, ah, 0, b"doomed", 1);
+    send(&mut a, ah, 1, b"doomed", 2);
+    drop(b);
+    let got = poll_n(&mut a, 2);
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|c| c.status == CqStatus::PeerUnreachable && c.op == CqOp::Send));
+    send(&mut a, ah, 2, b"late", 4);
+    assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
+    let rd = rdma(RdmaOp::Read, ah, &local, &remote, 8, 5);
+    assert_eq!(a.post_rdma(&[rd]), 1);
+    assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
+    assert_eq!(a.tx_outstanding(), 0);
+    assert_eq!(a.stats().peers_lost, 1);
+}
+
+#[test]
+fn malformed_slots_are_dropped_and_counted() {
+    let (a, mut b) = pair(small());
+    // A hostile peer writes a slot by hand into b's ring.
+    let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
+    let ring = Ring::attach(map).unwrap();
+    let bad = [
+        Record { kind: Kind::Unknown(9), src_qpn: 1, src_connid: 1, len: 0, imm: 0 },
+        Record { kind: Kind::Packet, src_qpn: 1, src_connid: 1, len: 1 << 20, imm: 0 },
+    ];
+    for rec in &bad {
+        let claim = ring.claim(std::process::id()).unwrap();
+        ring.publish(claim, rec, &[]);
+    }
+    let claim = ring.claim(std::process::id()).unwrap();
+    let good = Record { kind: Kind::Packet, src_qpn: a.addr().qpn, src_connid: 0, len: 3, imm: 0 };
+    ring.publish(claim, &good, b"abc");
+    b.post_recv(&[0]);
+    let got = poll_all(&mut b);
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].len, &b.buf(0)[..3]), (3, &b"abc"[..]));
+    assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
+    assert_eq!(b.stats().malformed, 2);
+}
+
+#[test]
+fn two_threads_move_sequenced_packets_without_loss() {
+    const PACKETS: u64 = 300_000;
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let receiver = std::thread::spawn(move || {
+        let mut dev = ShmDevice::new(small()).unwrap();
+        addr_tx.send(dev.addr()).unwrap();
+        dev.post_recv(&(0..64).collect::<Vec<_>>());
+        let mut out = [Cqe::default(); 32];
+        let mut expect = 0u64;
+        while expect < PACKETS {
+            let n = dev.poll(&mut out);
+            for c in &out[..n] {
+                assert_eq!((c.op, c.status), (CqOp::Recv, CqStatus::Ok));
+                let bytes = &dev.buf(c.wr_id as u32)[..c.len as usize];
+                let seq = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+                assert_eq!(seq, expect, "no loss, no duplicate, in order");
+                assert_eq!(c.len as u64, 8 + seq % 300);
+                assert!(bytes[8..].iter().all(|&x| x == seq as u8), "content of {seq}");
+                expect += 1;
+            }
+            let bufs: Vec<BufId> = out[..n].iter().map(|c| c.wr_id as BufId).collect();
+            assert_eq!(dev.post_recv(&bufs), n);
+        }
+        done_rx.recv().unwrap();
+        dev.stats()
+    });
+    let mut dev = ShmDevice::new(small()).unwrap();
+    let ah = dev.insert_addr(&addr_rx.recv().unwrap()).unwrap();
+    let mut out = [Cqe::default(); 32];
+    let mut free: Vec<BufId> = (0..64).collect();
+    let (mut next, mut completed) = (0u64, 0u64);
+    while completed < PACKETS {
+        let mut wrs = [SendWr { ah, buf: 0, len: 0, wr_id: 0 }; 32];
+        let mut k = 0;
+        while k < wrs.len() && next + (k as u64) < PACKETS && !free.is_empty() {
+            let seq = next + k as u64;
+            let buf = free.pop().unwrap();
+            let len = 8 + (seq % 300) as usize;
+            let b = dev.buf_mut(buf);
+            b[..8].copy_from_slice(&seq.to_le_bytes());
+            b[8..len].fill(seq as u8);
+            wrs[k] = SendWr { ah, buf, len: len as u32, wr_id: buf as u64 };
+            k += 1;
+        }
+        let taken = dev.post_send(&wrs[..k]);
+        free.extend(wrs[taken..k].iter().map(|w| w.buf));
+        next += taken as u64;
+        let n = dev.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!((c.op, c.status), (CqOp::Send, CqStatus::Ok));
+            free.push(c.wr_id as BufId);
+        }
+        completed += n as u64;
+    }
+    done_tx.send(()).unwrap();
+    let stats = receiver.join().unwrap();
+    assert_eq!(stats.delivered, PACKETS);
+    assert_eq!(dev.stats().sent, PACKETS);
+}
+
+#[test]
+fn a_slot_claimed_by_a_dead_writer_is_skipped() {
+    let (mut a, mut b) = pair(small());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    // A writer that claims a slot of b's ring and dies before publishing.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
+    let ring = Ring::attach(map).unwrap();
+    let _never_published = ring.claim(dead).unwrap();
+    send(&mut a, ah, 0, b"after", 1);
+    b.post_recv(&[0]);
+    let got = poll_n(&mut b, 1);
+    assert_eq!(got.len(), 1, "the receiver is not stuck behind the dead writer");
+    assert_eq!(&b.buf(0)[..5], b"after");
+    assert_eq!(b.stats().abandoned, 1);
+    assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
+}

@@ -1,0 +1,412 @@
+//! The shm device across processes: the test binary re-executes itself as
+//! the peer (`shm_child` runs only with `EFAPOLL_SHM_CHILD` set), and talks
+//! to it over the device, with stdin/stdout lines for the test's own
+//! coordination.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use efapoll::device::shm::{ShmConfig, ShmDevice, remove_stale_segments};
+use efapoll::device::{
+    Access, Ah, BufId, CqOp, CqStatus, Cqe, Device, DeviceError, Mr, RdmaOp, RdmaWr, SendWr, Source,
+};
+use efapoll::mem::{CountingAlloc, allocations_on_this_thread};
+use efapoll::wire::RawAddr;
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+const ROLE: &str = "EFAPOLL_SHM_CHILD";
+const PEER: &str = "EFAPOLL_SHM_PEER";
+const PACKETS: u64 = 2000;
+const REGION: u64 = 4096;
+
+fn cfg() -> ShmConfig {
+    ShmConfig { bufs: 256, tx_depth: 64, rx_depth: 64, ring_slots: 64, ..ShmConfig::default() }
+}
+
+/// What one side tells the other: its address and one region.
+#[derive(Debug, Clone, Copy)]
+struct Card {
+    addr: RawAddr,
+    key: u64,
+    base: u64,
+    len: u64,
+}
+
+impl Card {
+    fn new(dev: &ShmDevice, mr: &Mr) -> Card {
+        Card { addr: dev.addr(), key: mr.key, base: mr.addr, len: mr.len }
+    }
+
+    fn to_line(self) -> String {
+        format!("{} {} {} {} {}", self.addr.qpn, self.addr.connid, self.key, self.base, self.len)
+    }
+
+    fn parse(line: &str, gid: [u8; 16]) -> Card {
+        let v: Vec<u64> = line.split_whitespace().map(|f| f.parse().unwrap()).collect();
+        let addr = RawAddr { gid, qpn: v[0] as u16, connid: v[1] as u32 };
+        Card { addr, key: v[2], base: v[3], len: v[4] }
+    }
+
+    fn rdma(&self, op: RdmaOp, ah: Ah, local: &Mr, offset: u64, len: u64, wr_id: u64) -> RdmaWr {
+        RdmaWr {
+            op,
+            ah,
+            local: local.id,
+            local_offset: offset,
+            len,
+            remote_addr: self.base + offset,
+            remote_key: self.key,
+            wr_id,
+        }
+    }
+}
+
+fn seg_exists(name: &str) -> bool {
+    std::path::Path::new("/dev/shm").join(name).exists()
+}
+
+fn region_seg(card: &Card) -> String {
+    format!("efapoll-{}-{:08x}-{:016x}", card.addr.qpn, card.addr.connid, card.key)
+}
+
+struct Peer {
+    child: Child,
+    lines: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn spawn(role: &str, me: Option<Card>) -> Peer {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["shm_child", "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if let Some(me) = me {
+            cmd.env(PEER, me.to_line());
+        }
+        let mut child = cmd.spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap());
+        Peer { child, lines }
+    }
+
+    /// The next line the child wrote for us (libtest writes others).
+    fn expect(&mut self, tag: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.lines.read_line(&mut line).unwrap() > 0, "child ended before {tag}");
+            // libtest may have begun the line with the test's name.
+            let marker = format!("@@ {tag}");
+            if let Some(at) = line.find(&marker) {
+                return line[at + marker.len()..].trim().to_string();
+            }
+        }
+    }
+
+    fn tell(&mut self, line: &str) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "{line}").unwrap();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fill(seq: u64) -> u8 {
+    (seq as u8).wrapping_mul(13)
+}
+
+/// Sends `PACKETS` sequenced packets to `ah` and receives as many from
+/// anyone, checking order and content; returns the sources seen.
+fn exchange(dev: &mut ShmDevice, ah: Ah) -> Vec<Source> {
+    let mut out = [Cqe::default(); 32];
+    let mut free: Vec<BufId> = (64..256).collect();
+    dev.post_recv(&(0..64).collect::<Vec<_>>());
+    let (mut sent, mut sends_done, mut recvd) = (0u64, 0u64, 0u64);
+    let mut sources = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sends_done < PACKETS || recvd < PACKETS {
+        assert!(Instant::now() < deadline, "exchange stalled: {sent} {sends_done} {recvd}");
+        if sent < PACKETS
+            && let Some(buf) = free.pop()
+        {
+            let len = 8 + (sent % 1000) as usize;
+            let b = dev.buf_mut(buf);
+            b[..8].copy_from_slice(&sent.to_le_bytes());
+            b[8..len].fill(fill(sent));
+            if dev.post_send(&[SendWr { ah, buf, len: len as u32, wr_id: buf as u64 }]) == 1 {
+                sent += 1;
+            } else {
+                free.push(buf);
+            }
+        }
+        let n = dev.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!(c.status, CqStatus::Ok);
+            match c.op {
+                CqOp::Send => {
+                    sends_done += 1;
+                    free.push(c.wr_id as BufId);
+                }
+                CqOp::Recv => {
+                    let bytes = &dev.buf(c.wr_id as BufId)[..c.len as usize];
+                    let seq = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+                    assert_eq!(seq, recvd, "in order, none lost");
+                    assert_eq!(c.len as u64, 8 + seq % 1000);
+                    assert!(bytes[8..].iter().all(|&x| x == fill(seq)));
+                    recvd += 1;
+                    sources.push(c.src);
+                    assert_eq!(dev.post_recv(&[c.wr_id as BufId]), 1);
+                }
+                op => panic!("unexpected {op:?}"),
+            }
+        }
+    }
+    sources
+}
+
+fn poll_until(dev: &mut ShmDevice, n: usize, within: Duration) -> Vec<Cqe> {
+    let deadline = Instant::now() + within;
+    let mut out = [Cqe::default(); 32];
+    let mut all = Vec::new();
+    while all.len() < n && Instant::now() < deadline {
+        let got = dev.poll(&mut out);
+        all.extend_from_slice(&out[..got]);
+    }
+    all
+}
+
+fn rdma_one(dev: &mut ShmDevice, wr: RdmaWr) -> Cqe {
+    assert_eq!(dev.post_rdma(&[wr]), 1);
+    let got = poll_until(dev, 1, Duration::from_secs(10));
+    assert_eq!(got.len(), 1, "{wr:?} completes");
+    got[0]
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..REGION).map(|i| (i as u8) ^ seed).collect()
+}
+
+/// The peer's side of every cross-process test.
+#[test]
+fn shm_child() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let mut dev = ShmDevice::new(cfg()).unwrap();
+    let mr = dev.register(REGION, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    dev.region_mut(mr.id).copy_from_slice(&pattern(0xb0));
+    let local = dev.register(REGION, Access::LOCAL).unwrap();
+    let parent = std::env::var(PEER).ok().map(|l| Card::parse(&l, dev.addr().gid));
+    println!("@@ READY {}", Card::new(&dev, &mr).to_line());
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    match role.as_str() {
+        "exchange" => {
+            let parent = parent.unwrap();
+            let ah = dev.insert_addr(&parent.addr).unwrap();
+            exchange(&mut dev, ah);
+            let c = rdma_one(&mut dev, parent.rdma(RdmaOp::Read, ah, &local, 0, REGION, 1));
+            assert_eq!(c, Cqe { op: CqOp::Read, wr_id: 1, ..Cqe::default() });
+            assert_eq!(dev.region(local.id), &pattern(0xa0)[..]);
+            dev.region_mut(local.id)[1024..2048].fill(0x5a);
+            let wr = parent.rdma(RdmaOp::Write { imm: None }, ah, &local, 1024, 1024, 2);
+            assert_eq!(rdma_one(&mut dev, wr).status, CqStatus::Ok);
+            println!("@@ DONE");
+            stdin.read_line(&mut line).unwrap();
+            assert_eq!(line.trim(), "CHECK");
+            assert!(dev.region(mr.id)[..512].iter().all(|&x| x == 0x77), "parent's write");
+            assert_eq!(dev.region(mr.id)[512..], pattern(0xb0)[512..]);
+            println!("@@ OK");
+        }
+        // Never polls: the parent's sends stay outstanding until it is
+        // killed.
+        "idle" => {
+            let _ = stdin.read_line(&mut line);
+        }
+        // Sends to the parent as fast as it can until it is killed.
+        "flood" => {
+            let ah = dev.insert_addr(&parent.unwrap().addr).unwrap();
+            let mut out = [Cqe::default(); 32];
+            let wrs: Vec<SendWr> =
+                (0..64).map(|b| SendWr { ah, buf: b, len: 256, wr_id: b as u64 }).collect();
+            let mut next = 0;
+            loop {
+                next = (next + dev.post_send(&wrs[next..])) % wrs.len();
+                dev.poll(&mut out);
+            }
+        }
+        // Exits without cleaning up, as if it had crashed.
+        "vanish" => std::process::exit(0),
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn packets_and_rdma_between_two_processes() {
+    let mut dev = ShmDevice::new(cfg()).unwrap();
+    let mr = dev.register(REGION, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    dev.region_mut(mr.id).copy_from_slice(&pattern(0xa0));
+    let local = dev.register(REGION, Access::LOCAL).unwrap();
+    let mut child = Peer::spawn("exchange", Some(Card::new(&dev, &mr)));
+    let card = Card::parse(&child.expect("READY"), dev.addr().gid);
+    let ah = dev.insert_addr(&card.addr).unwrap();
+    let sources = exchange(&mut dev, ah);
+    // The child inserted us before it sent; we inserted it before polling.
+    assert!(sources.iter().all(|&s| s == Source::Known(ah)));
+
+    let c = rdma_one(&mut dev, card.rdma(RdmaOp::Read, ah, &local, 0, REGION, 1));
+    assert_eq!(c, Cqe { op: CqOp::Read, wr_id: 1, ..Cqe::default() });
+    assert_eq!(dev.region(local.id), &pattern(0xb0)[..]);
+    dev.region_mut(local.id)[..512].fill(0x77);
+    let wr = card.rdma(RdmaOp::Write { imm: None }, ah, &local, 0, 512, 2);
+    assert_eq!(rdma_one(&mut dev, wr).status, CqStatus::Ok);
+    let beyond = card.rdma(RdmaOp::Write { imm: None }, ah, &local, 0, 16, 3);
+    let beyond = RdmaWr { remote_addr: card.base + REGION - 8, ..beyond };
+    assert_eq!(rdma_one(&mut dev, beyond).status, CqStatus::RemoteAccess);
+
+    child.expect("DONE");
+    assert!(dev.region(mr.id)[1024..2048].iter().all(|&x| x == 0x5a), "child's write");
+    assert_eq!(dev.region(mr.id)[..1024], pattern(0xa0)[..1024]);
+    child.tell("CHECK");
+    child.expect("OK");
+    assert!(child.child.wait().unwrap().success());
+}
+
+#[test]
+fn a_killed_receiver_fails_outstanding_operations() {
+    let mut dev = ShmDevice::new(cfg()).unwrap();
+    let local = dev.register(REGION, Access::LOCAL).unwrap();
+    let mut child = Peer::spawn("idle", None);
+    let card = Card::parse(&child.expect("READY"), dev.addr().gid);
+    let ah = dev.insert_addr(&card.addr).unwrap();
+    let imm = card.rdma(RdmaOp::Write { imm: Some(7) }, ah, &local, 0, 64, 1000);
+    assert_eq!(dev.post_rdma(&[imm]), 1);
+    let wrs: Vec<SendWr> =
+        (0..100).map(|b| SendWr { ah, buf: b, len: 100, wr_id: b as u64 }).collect();
+    let posted = dev.post_send(&wrs);
+    assert_eq!(posted, 63, "the ring (64 slots, one holding the notice) back-pressures");
+    assert!(poll_until(&mut dev, 1, Duration::from_millis(20)).is_empty(), "nothing consumed");
+
+    child.child.kill().unwrap();
+    child.child.wait().unwrap();
+    let started = Instant::now();
+    let got = poll_until(&mut dev, posted + 1, Duration::from_secs(10));
+    assert_eq!(got.len(), posted + 1, "every outstanding operation completes");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(got.iter().all(|c| c.status == CqStatus::PeerUnreachable));
+    assert_eq!(got.iter().filter(|c| c.op == CqOp::Write).count(), 1);
+
+    // Posting to the dead peer fails at once.
+    assert_eq!(dev.post_send(&wrs[..1]), 1);
+    let rd = card.rdma(RdmaOp::Read, ah, &local, 0, 64, 2000);
+    assert_eq!(dev.post_rdma(&[rd]), 1);
+    let got = poll_until(&mut dev, 2, Duration::from_secs(1));
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|c| c.status == CqStatus::PeerUnreachable));
+    assert_eq!(dev.insert_addr(&card.addr), Err(DeviceError::BadAddress));
+    assert_eq!(dev.tx_outstanding(), 0);
+
+    remove_stale_segments();
+    assert!(!seg_exists(&region_seg(&card)));
+}
+
+#[test]
+fn a_killed_sender_does_not_stall_the_receiver() {
+    let mut dev = ShmDevice::new(cfg()).unwrap();
+    let mr = dev.register(64, Access::LOCAL).unwrap();
+    let mut child = Peer::spawn("flood", Some(Card::new(&dev, &mr)));
+    let card = Card::parse(&child.expect("READY"), dev.addr().gid);
+    dev.post_recv(&(0..64).collect::<Vec<_>>());
+    let mut out = [Cqe::default(); 32];
+    let mut got = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for round in 0.. {
+        assert!(Instant::now() < deadline, "the flood did not arrive");
+        let n = dev.poll(&mut out);
+        got += n;
+        let bufs: Vec<BufId> = out[..n].iter().map(|c| c.wr_id as BufId).collect();
+        dev.post_recv(&bufs);
+        if got >= 10_000 && round % 7 == 0 {
+            break;
+        }
+    }
+    child.child.kill().unwrap();
+    child.child.wait().unwrap();
+    // Whatever it had published still arrives; then the ring is free for
+    // others, even if it died holding a slot.
+    let mut other = ShmDevice::new(cfg()).unwrap();
+    let ah = other.insert_addr(&dev.addr()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut from_other = 0;
+    let mut sent = 0;
+    while from_other < 10 {
+        assert!(Instant::now() < deadline, "receiver stalled");
+        if sent < 10 && other.post_send(&[SendWr { ah, buf: 0, len: 3, wr_id: 0 }]) == 1 {
+            sent += 1;
+        }
+        other.poll(&mut out);
+        let n = dev.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!(c.status, CqStatus::Ok);
+            if c.src == (Source::Unknown { qpn: other.addr().qpn }) {
+                from_other += 1;
+            } else {
+                assert_eq!(c.src, Source::Unknown { qpn: card.addr.qpn });
+            }
+        }
+        let bufs: Vec<BufId> = out[..n].iter().map(|c| c.wr_id as BufId).collect();
+        dev.post_recv(&bufs);
+    }
+    remove_stale_segments();
+}
+
+#[test]
+fn segments_of_a_dead_process_are_removed_by_the_next_device() {
+    let mut child = Peer::spawn("vanish", None);
+    let line = child.expect("READY");
+    assert!(child.child.wait().unwrap().success());
+    let me = ShmDevice::new(cfg()).unwrap();
+    let card = Card::parse(&line, me.addr().gid);
+    drop(me);
+    // Its region's name is unique to it: gone.
+    assert!(!seg_exists(&region_seg(&card)));
+    let mut dev = ShmDevice::new(cfg()).unwrap();
+    assert_eq!(dev.insert_addr(&card.addr), Err(DeviceError::BadAddress));
+}
+
+#[test]
+fn the_steady_state_allocates_nothing() {
+    let mut a = ShmDevice::new(cfg()).unwrap();
+    let mut b = ShmDevice::new(cfg()).unwrap();
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    b.insert_addr(&a.addr()).unwrap();
+    let src = a.register(1 << 16, Access::LOCAL).unwrap();
+    let dst = b.register(1 << 16, Access::REMOTE_WRITE).unwrap();
+    let card = Card::new(&b, &dst);
+    let wrs: Vec<SendWr> =
+        (0..32).map(|i| SendWr { ah, buf: i, len: 64, wr_id: i as u64 }).collect();
+    let bufs: Vec<BufId> = (100..164).collect();
+    let mut out = [Cqe::default(); 64];
+    let mut round = |a: &mut ShmDevice, b: &mut ShmDevice| {
+        assert_eq!(a.post_send(&wrs), 32);
+        let write = card.rdma(RdmaOp::Write { imm: Some(1) }, ah, &src, 0, 1 << 16, 99);
+        assert_eq!(a.post_rdma(&[write]), 1);
+        b.post_recv(&bufs);
+        assert_eq!(b.poll(&mut out), 33);
+        assert_eq!(a.poll(&mut out), 33);
+    };
+    // The first round maps the region.
+    round(&mut a, &mut b);
+    let before = allocations_on_this_thread();
+    for _ in 0..1000 {
+        round(&mut a, &mut b);
+    }
+    assert_eq!(allocations_on_this_thread() - before, 0);
+}
