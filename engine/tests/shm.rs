@@ -140,7 +140,9 @@ fn exchange(dev: &mut ShmDevice, ah: Ah) -> Vec<Source> {
             let b = dev.buf_mut(buf);
             b[..8].copy_from_slice(&sent.to_le_bytes());
             b[8..len].fill(fill(sent));
-            if dev.post_send(&[SendWr { ah, buf, len: len as u32, wr_id: buf as u64 }]) == 1 {
+            if dev.post_send(&[SendWr { ah, buf, len: len as u32, data: None, wr_id: buf as u64 }])
+                == 1
+            {
                 sent += 1;
             } else {
                 free.push(buf);
@@ -234,8 +236,9 @@ fn shm_child() {
         "flood" => {
             let ah = dev.insert_addr(&parent.unwrap().addr).unwrap();
             let mut out = [Cqe::default(); 32];
-            let wrs: Vec<SendWr> =
-                (0..64).map(|b| SendWr { ah, buf: b, len: 256, wr_id: b as u64 }).collect();
+            let wrs: Vec<SendWr> = (0..64)
+                .map(|b| SendWr { ah, buf: b, len: 256, data: None, wr_id: b as u64 })
+                .collect();
             let mut next = 0;
             loop {
                 next = (next + dev.post_send(&wrs[next..])) % wrs.len();
@@ -289,7 +292,7 @@ fn a_killed_receiver_fails_outstanding_operations() {
     let imm = card.rdma(RdmaOp::Write { imm: Some(7) }, ah, &local, 0, 64, 1000);
     assert_eq!(dev.post_rdma(&[imm]), 1);
     let wrs: Vec<SendWr> =
-        (0..100).map(|b| SendWr { ah, buf: b, len: 100, wr_id: b as u64 }).collect();
+        (0..100).map(|b| SendWr { ah, buf: b, len: 100, data: None, wr_id: b as u64 }).collect();
     let posted = dev.post_send(&wrs);
     assert_eq!(posted, 63, "the ring (64 slots, one holding the notice) back-pressures");
     assert!(poll_until(&mut dev, 1, Duration::from_millis(20)).is_empty(), "nothing consumed");
@@ -348,7 +351,8 @@ fn a_killed_sender_does_not_stall_the_receiver() {
     let mut sent = 0;
     while from_other < 10 {
         assert!(Instant::now() < deadline, "receiver stalled");
-        if sent < 10 && other.post_send(&[SendWr { ah, buf: 0, len: 3, wr_id: 0 }]) == 1 {
+        if sent < 10 && other.post_send(&[SendWr { ah, buf: 0, len: 3, data: None, wr_id: 0 }]) == 1
+        {
             sent += 1;
         }
         other.poll(&mut out);
@@ -391,7 +395,7 @@ fn the_steady_state_allocates_nothing() {
     let dst = b.register(1 << 16, Access::REMOTE_WRITE).unwrap();
     let card = Card::new(&b, &dst);
     let wrs: Vec<SendWr> =
-        (0..32).map(|i| SendWr { ah, buf: i, len: 64, wr_id: i as u64 }).collect();
+        (0..32).map(|i| SendWr { ah, buf: i, len: 64, data: None, wr_id: i as u64 }).collect();
     let bufs: Vec<BufId> = (100..164).collect();
     let mut out = [Cqe::default(); 64];
     let mut round = |a: &mut ShmDevice, b: &mut ShmDevice| {

@@ -21,8 +21,9 @@ fn ring_64b(c: &mut Criterion) {
     b.insert_addr(&a.addr()).unwrap();
     let mut g = c.benchmark_group("shm_ring_64B");
     for burst in [1usize, 32] {
-        let wrs: Vec<SendWr> =
-            (0..burst as u32).map(|i| SendWr { ah, buf: i, len: 64, wr_id: i as u64 }).collect();
+        let wrs: Vec<SendWr> = (0..burst as u32)
+            .map(|i| SendWr { ah, buf: i, len: 64, data: None, wr_id: i as u64 })
+            .collect();
         let bufs: Vec<BufId> = (1000..1000 + burst as u32).collect();
         let mut out = [Cqe::default(); 32];
         g.throughput(Throughput::Elements(burst as u64));

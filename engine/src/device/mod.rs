@@ -112,14 +112,33 @@ impl Mr {
     }
 }
 
-/// A send work request: packet buffer `buf`, its first `len` bytes, to `ah`.
+/// A send work request: the first `len` bytes of packet buffer `buf`,
+/// then, if given, `data` from a registered region (a second gather
+/// element, as EFA sends from a user buffer without copying it), to `ah`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr {
     pub ah: Ah,
     pub buf: BufId,
     pub len: u32,
+    pub data: Option<DataSeg>,
     /// Returned in the completion.
     pub wr_id: u64,
+}
+
+impl SendWr {
+    /// Bytes on the wire.
+    #[inline]
+    pub fn wire_len(&self) -> usize {
+        self.len as usize + self.data.map_or(0, |d| d.len as usize)
+    }
+}
+
+/// Bytes of a registered region a send gathers after its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataSeg {
+    pub mr: MrId,
+    pub offset: u64,
+    pub len: u32,
 }
 
 /// Which way an RDMA operation moves data.
@@ -263,6 +282,12 @@ pub trait Device {
     /// Packet buffer `buf` and region `mr` at once, for copying between
     /// them.
     fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]);
+
+    /// Makes a region usable as the local side of an RDMA read the
+    /// endpoint is about to post, as EFA registers a receive buffer on
+    /// demand; fails when the device cannot (its registrations are
+    /// exhausted), which long-read receivers answer with READ_NACK.
+    fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError>;
 
     /// Posts empty buffers for receiving; returns how many were taken.
     fn post_recv(&mut self, bufs: &[BufId]) -> usize;

@@ -121,8 +121,16 @@ struct Region {
 
 #[derive(Debug)]
 enum Flight {
-    /// A posted send: bytes stay in the sender's buffer until delivery.
-    Packet { src: usize, incarnation: u32, buf: BufId, len: u32, wr_id: u64 },
+    /// A posted send: bytes stay in the sender's buffer (and region) until
+    /// delivery.
+    Packet {
+        src: usize,
+        incarnation: u32,
+        buf: BufId,
+        len: u32,
+        data: Option<(Rc<Bytes>, u64, u32)>,
+        wr_id: u64,
+    },
     /// Bytes held by the fabric: a duplicate or an injected packet.
     Raw { src: usize, bytes: Vec<u8> },
     /// An RDMA operation to run at its target.
@@ -247,7 +255,8 @@ impl SimFabric {
         // Its own operations in flight elsewhere complete nowhere.
     }
 
-    /// The next `n` registrations at `addr`'s device fail.
+    /// The next `n` registrations (and RDMA preparations) at `addr`'s
+    /// device fail.
     pub fn fail_registrations(&self, addr: &RawAddr, n: u32) {
         self.inner.borrow_mut().nodes[addr.qpn as usize].fail_registrations = n;
     }
@@ -377,16 +386,28 @@ impl Fabric {
         let flight = if pick == 0 { inbox.pop_front() } else { inbox.remove(pick) };
         let flight = flight.expect("picked inside the window");
         Some(match flight {
-            Flight::Packet { src, incarnation, buf, len, wr_id } => {
+            Flight::Packet { src, incarnation, buf, len: hdr, data, wr_id } => {
                 let mtu = self.cfg.mtu;
                 let rx = self.nodes[at].posted_rx.pop_front().expect("checked above");
+                let dst = rx as usize * mtu;
                 Bytes::copy(
                     &self.nodes[src].pool,
                     buf as usize * mtu,
                     &self.nodes[at].pool,
-                    rx as usize * mtu,
-                    len as usize,
+                    dst,
+                    hdr as usize,
                 );
+                let mut len = hdr;
+                if let Some((region, offset, n)) = data {
+                    Bytes::copy(
+                        &region,
+                        offset as usize,
+                        &self.nodes[at].pool,
+                        dst + hdr as usize,
+                        n as usize,
+                    );
+                    len += n;
+                }
                 self.nodes[at].stats.delivered += 1;
                 *out = self.recv_cqe(at, src, rx, len);
                 if let Some(capture) = &mut self.capture {
@@ -652,6 +673,20 @@ impl Device for SimDevice {
         }
     }
 
+    fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError> {
+        let mut f = self.fabric.borrow_mut();
+        let node = &mut f.nodes[self.node];
+        if node.fail_registrations > 0 {
+            node.fail_registrations -= 1;
+            return Err(DeviceError::Registration);
+        }
+        self.regions
+            .get(mr.0 as usize)
+            .and_then(Option::as_ref)
+            .map(|_| ())
+            .ok_or(DeviceError::UnknownHandle)
+    }
+
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {
         let mut f = self.fabric.borrow_mut();
         if !self.is_current(&f) {
@@ -675,7 +710,23 @@ impl Device for SimDevice {
         let tx_depth = f.cfg.tx_depth;
         let n = wrs.len().min(tx_depth - f.nodes[self.node].tx_outstanding);
         for wr in &wrs[..n] {
-            assert!(wr.buf < self.caps.bufs && wr.len as usize <= self.caps.mtu, "bad send {wr:?}");
+            assert!(wr.buf < self.caps.bufs && wr.wire_len() <= self.caps.mtu, "bad send {wr:?}");
+            let data = match wr.data {
+                None => None,
+                Some(d) => {
+                    let region = self.regions.get(d.mr.0 as usize).and_then(Option::as_ref);
+                    match region {
+                        Some(r)
+                            if d.offset
+                                .checked_add(d.len as u64)
+                                .is_some_and(|e| e <= r.len() as u64) =>
+                        {
+                            Some((r.clone(), d.offset, d.len))
+                        }
+                        _ => panic!("send gathers outside its region: {wr:?}"),
+                    }
+                }
+            };
             let me = &mut f.nodes[self.node];
             me.tx_outstanding += 1;
             let target = me.book.get(wr.ah.0 as usize).copied().unwrap_or(usize::MAX);
@@ -699,6 +750,7 @@ impl Device for SimDevice {
                     incarnation: self.incarnation,
                     buf: wr.buf,
                     len: wr.len,
+                    data,
                     wr_id: wr.wr_id,
                 }),
             }
@@ -803,7 +855,7 @@ mod tests {
 
     fn send(dev: &mut SimDevice, ah: Ah, buf: BufId, bytes: &[u8], wr_id: u64) {
         dev.buf_mut(buf)[..bytes.len()].copy_from_slice(bytes);
-        let wr = SendWr { ah, buf, len: bytes.len() as u32, wr_id };
+        let wr = SendWr { ah, buf, len: bytes.len() as u32, data: None, wr_id };
         assert_eq!(dev.post_send(&[wr]), 1);
     }
 
@@ -852,7 +904,7 @@ mod tests {
         let ah = a.insert_addr(&b.addr()).unwrap();
         send(&mut a, ah, 0, b"x", 0);
         send(&mut a, ah, 1, b"y", 1);
-        let wr = SendWr { ah, buf: 2, len: 1, wr_id: 2 };
+        let wr = SendWr { ah, buf: 2, len: 1, data: None, wr_id: 2 };
         assert_eq!(a.post_send(&[wr]), 0, "TX queue full");
         assert!(poll_all(&mut b).is_empty());
         assert_eq!(fabric.stats(&b.addr()).rnr_waits, 1);

@@ -176,7 +176,7 @@ impl<D: Device> Endpoint<D> {
         let ah = self.peers.get(peer).expect("live peer").ah;
         let t = self.dev.buf(buf)[0];
         self.counters.tx_by_type[t as usize] += 1;
-        self.txq.pending.push(SendWr { ah, buf, len: len as u32, wr_id: buf as u64 });
+        self.txq.pending.push(SendWr { ah, buf, len: len as u32, data: None, wr_id: buf as u64 });
     }
 
     /// A send completed at the device: frees its buffer, advances its

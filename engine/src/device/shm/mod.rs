@@ -707,6 +707,15 @@ impl Device for ShmDevice {
         (&mut self.pool[at..at + self.cfg.mtu], region)
     }
 
+    fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError> {
+        // Regions live in shared segments from registration on: nothing to do.
+        self.regions
+            .get(mr.0 as usize)
+            .and_then(Option::as_ref)
+            .map(|_| ())
+            .ok_or(DeviceError::UnknownHandle)
+    }
+
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {
         let n = bufs.len().min(self.cfg.rx_depth - self.posted_rx.len());
         for &b in &bufs[..n] {
@@ -723,9 +732,9 @@ impl Device for ShmDevice {
                 break;
             }
             let len = wr.len as usize;
-            assert!(wr.buf < self.caps.bufs && len <= self.cfg.mtu, "bad send {wr:?}");
+            assert!(wr.buf < self.caps.bufs && wr.wire_len() <= self.cfg.mtu, "bad send {wr:?}");
             let idx = match self.book_peer(wr.ah) {
-                Ok(idx) if len <= self.peers[idx].ring.payload() => idx,
+                Ok(idx) if wr.wire_len() <= self.peers[idx].ring.payload() => idx,
                 Ok(_) => {
                     self.complete(CqOp::Send, CqStatus::LocalError, wr.wr_id);
                     self.tx_used += 1;
@@ -750,11 +759,30 @@ impl Device for ShmDevice {
                 kind: Kind::Packet,
                 src_qpn: self.addr.qpn,
                 src_connid: self.addr.connid,
-                len: wr.len,
+                len: wr.wire_len() as u32,
                 imm: 0,
             };
             let at = wr.buf as usize * self.cfg.mtu;
-            let pos = p.ring.publish(claim, &rec, &self.pool[at..at + len]);
+            let data: &[u8] = match wr.data {
+                None => &[],
+                Some(d) => {
+                    let r = self
+                        .regions
+                        .get(d.mr.0 as usize)
+                        .and_then(Option::as_ref)
+                        .unwrap_or_else(|| panic!("send gathers from unregistered {:?}", d.mr));
+                    let (off, n) = (d.offset as usize, d.len as usize);
+                    assert!(
+                        off.checked_add(n).is_some_and(|e| e <= r.len),
+                        "gather outside its region"
+                    );
+                    // SAFETY: the range is inside the region (checked
+                    // above); the endpoint does not write a range it posted
+                    // until the send completes.
+                    unsafe { r.map.slice(REGION_DATA + off, n) }
+                }
+            };
+            let pos = p.ring.publish(claim, &rec, [&self.pool[at..at + len], data]);
             p.pending.push_back(Pending { pos, op: CqOp::Send, wr_id: wr.wr_id });
             self.activate(idx);
             self.stats.sent += 1;
@@ -826,7 +854,7 @@ impl Device for ShmDevice {
                         imm,
                     };
                     let p = &mut self.peers[idx];
-                    let pos = p.ring.publish(claim, &rec, &[]);
+                    let pos = p.ring.publish(claim, &rec, [&[], &[]]);
                     p.pending.push_back(Pending { pos, op, wr_id: wr.wr_id });
                     self.activate(idx);
                 }

@@ -242,15 +242,20 @@ impl Ring {
 
     /// Fills a claimed slot and hands it to the consumer; returns its
     /// position, which [`Ring::consumed`] takes.
-    pub(crate) fn publish(&self, claim: Claim, rec: &Record, data: &[u8]) -> u32 {
+    pub(crate) fn publish(&self, claim: Claim, rec: &Record, parts: [&[u8]; 2]) -> u32 {
         let pos = claim.0;
-        assert!(data.len() <= self.payload, "packet larger than the peer's slots");
+        let [head, tail] = parts;
+        assert!(head.len() + tail.len() <= self.payload, "packet larger than the peer's slots");
         self.field(pos, slot::KIND).store(rec.kind.to_u32(), Relaxed);
         self.field(pos, slot::SRC_QPN).store(rec.src_qpn as u32, Relaxed);
         self.field(pos, slot::SRC_CONNID).store(rec.src_connid, Relaxed);
         self.field(pos, slot::LEN).store(rec.len, Relaxed);
         self.field(pos, slot::IMM).store(rec.imm, Relaxed);
-        self.map.write_bytes(self.slot_off(pos) + slot::DATA, data);
+        let at = self.slot_off(pos) + slot::DATA;
+        self.map.write_bytes(at, head);
+        if !tail.is_empty() {
+            self.map.write_bytes(at + head.len(), tail);
+        }
         self.ctl(pos).store(ctl(pos.wrapping_add(1), 0), Release);
         pos
     }
@@ -334,7 +339,7 @@ mod tests {
             let mut pos = Vec::new();
             for i in 0..4u8 {
                 let c = ring.claim(me).expect("free slot");
-                pos.push(ring.publish(c, &rec(1), &[i]));
+                pos.push(ring.publish(c, &rec(1), [&[i], &[]]));
             }
             assert!(ring.claim(me).is_none(), "full");
             for (i, &p) in pos.iter().enumerate() {
@@ -361,7 +366,7 @@ mod tests {
         let stuck = ring.claim(dead).unwrap();
         assert_eq!(ring.head(0), Head::Writing { writer: dead });
         let c = ring.claim(std::process::id()).unwrap();
-        assert_eq!(ring.publish(c, &rec(0), &[]), 1, "the next producer is not blocked");
+        assert_eq!(ring.publish(c, &rec(0), [&[], &[]]), 1, "the next producer is not blocked");
         assert!(!ring.skip_abandoned(0, dead + 1), "only the writer named in the slot");
         assert!(ring.skip_abandoned(0, dead));
         assert!(matches!(ring.head(1), Head::Ready(_)));

@@ -10,7 +10,7 @@ fn pair(cfg: ShmConfig) -> (ShmDevice, ShmDevice) {
 
 fn send(dev: &mut ShmDevice, ah: Ah, buf: BufId, bytes: &[u8], wr_id: u64) {
     dev.buf_mut(buf)[..bytes.len()].copy_from_slice(bytes);
-    let wr = SendWr { ah, buf, len: bytes.len() as u32, wr_id };
+    let wr = SendWr { ah, buf, len: bytes.len() as u32, data: None, wr_id };
     assert_eq!(dev.post_send(&[wr]), 1);
 }
 
@@ -62,7 +62,13 @@ fn every_packet_size_arrives_in_order_with_its_content() {
                 break;
             }
             a.buf_mut(buf)[..next_send].copy_from_slice(&pattern(next_send, next_send));
-            wrs.push(SendWr { ah, buf, len: next_send as u32, wr_id: next_send as u64 });
+            wrs.push(SendWr {
+                ah,
+                buf,
+                len: next_send as u32,
+                data: None,
+                wr_id: next_send as u64,
+            });
             next_send += 1;
         }
         assert_eq!(a.post_send(&wrs), wrs.len());
@@ -140,7 +146,7 @@ fn a_receiver_that_stops_polling_back_pressures_the_sender() {
     let ah = a.insert_addr(&b.addr()).unwrap();
     b.post_recv(&(0..64).collect::<Vec<_>>());
     let wrs: Vec<SendWr> =
-        (0..12).map(|i| SendWr { ah, buf: i, len: 4, wr_id: i as u64 }).collect();
+        (0..12).map(|i| SendWr { ah, buf: i, len: 4, data: None, wr_id: i as u64 }).collect();
     assert_eq!(a.post_send(&wrs), 8);
     assert!(poll_all(&mut a).is_empty(), "nothing completes before the receiver polls");
     assert_eq!(a.post_send(&wrs[8..]), 0);
@@ -153,7 +159,7 @@ fn a_receiver_that_stops_polling_back_pressures_the_sender() {
     let (mut a, mut b) = pair(cfg);
     let ah = a.insert_addr(&b.addr()).unwrap();
     let wrs: Vec<SendWr> =
-        (0..20).map(|i| SendWr { ah, buf: i, len: 4, wr_id: i as u64 }).collect();
+        (0..20).map(|i| SendWr { ah, buf: i, len: 4, data: None, wr_id: i as u64 }).collect();
     assert_eq!(a.post_send(&wrs), 8, "a full ring takes fewer");
     assert_eq!(a.post_send(&wrs[8..]), 0);
     assert!(a.stats().ring_full >= 2);
@@ -342,11 +348,11 @@ fn malformed_slots_are_dropped_and_counted() {
     ];
     for rec in &bad {
         let claim = ring.claim(std::process::id()).unwrap();
-        ring.publish(claim, rec, &[]);
+        ring.publish(claim, rec, [&[], &[]]);
     }
     let claim = ring.claim(std::process::id()).unwrap();
     let good = Record { kind: Kind::Packet, src_qpn: a.addr().qpn, src_connid: 0, len: 3, imm: 0 };
-    ring.publish(claim, &good, b"abc");
+    ring.publish(claim, &good, [b"abc", &[]]);
     b.post_recv(&[0]);
     let got = poll_all(&mut b);
     assert_eq!(got.len(), 1);
@@ -389,7 +395,7 @@ fn two_threads_move_sequenced_packets_without_loss() {
     let mut free: Vec<BufId> = (0..64).collect();
     let (mut next, mut completed) = (0u64, 0u64);
     while completed < PACKETS {
-        let mut wrs = [SendWr { ah, buf: 0, len: 0, wr_id: 0 }; 32];
+        let mut wrs = [SendWr { ah, buf: 0, len: 0, data: None, wr_id: 0 }; 32];
         let mut k = 0;
         while k < wrs.len() && next + (k as u64) < PACKETS && !free.is_empty() {
             let seq = next + k as u64;
@@ -398,7 +404,7 @@ fn two_threads_move_sequenced_packets_without_loss() {
             let b = dev.buf_mut(buf);
             b[..8].copy_from_slice(&seq.to_le_bytes());
             b[8..len].fill(seq as u8);
-            wrs[k] = SendWr { ah, buf, len: len as u32, wr_id: buf as u64 };
+            wrs[k] = SendWr { ah, buf, len: len as u32, data: None, wr_id: buf as u64 };
             k += 1;
         }
         let taken = dev.post_send(&wrs[..k]);
