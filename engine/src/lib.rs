@@ -7,6 +7,7 @@
 #[allow(unsafe_code)]
 pub mod device;
 pub mod endpoint;
+mod intmap;
 #[allow(unsafe_code)]
 pub mod mem;
 pub mod relink;

@@ -27,11 +27,14 @@ pub enum DropReason {
     Unsupported,
     /// A completion the device reported in error.
     DeviceError,
+    /// A remote iov outside its registration: unknown key, out of bounds,
+    /// or a right not granted (RDMAP 7.2). Target memory is untouched.
+    RemoteAccess,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::Malformed,
         DropReason::UnknownSender,
         DropReason::ConnidMismatch,
@@ -41,6 +44,7 @@ impl DropReason {
         DropReason::Invalid,
         DropReason::Unsupported,
         DropReason::DeviceError,
+        DropReason::RemoteAccess,
     ];
 
     /// A short name, for reports.
@@ -55,6 +59,7 @@ impl DropReason {
             DropReason::Invalid => "invalid",
             DropReason::Unsupported => "unsupported",
             DropReason::DeviceError => "device_error",
+            DropReason::RemoteAccess => "remote_access",
         }
     }
 }
@@ -81,6 +86,13 @@ pub struct Counters {
     pub tx_queued: u64,
     /// Times a message waited because every receive entry was in use.
     pub rx_ops_exhausted: u64,
+    /// Operations failed because their peer did not answer in time.
+    pub timeouts: u64,
+    /// Remote accesses refused by the registration checks, as responder.
+    pub remote_access_refused: u64,
+    /// READ_NACK packets sent (a long-read receiver could not prepare its
+    /// buffer for RDMA).
+    pub read_nacks: u64,
     /// HANDSHAKE packets sent and received.
     pub handshakes_sent: u64,
     pub handshakes_received: u64,
@@ -98,6 +110,9 @@ impl Default for Counters {
             rx_hold_exhausted: 0,
             tx_queued: 0,
             rx_ops_exhausted: 0,
+            timeouts: 0,
+            remote_access_refused: 0,
+            read_nacks: 0,
             handshakes_sent: 0,
             handshakes_received: 0,
         }
@@ -158,6 +173,9 @@ impl Counters {
             ("rx_hold_exhausted", self.rx_hold_exhausted),
             ("tx_queued", self.tx_queued),
             ("rx_ops_exhausted", self.rx_ops_exhausted),
+            ("timeouts", self.timeouts),
+            ("remote_access_refused", self.remote_access_refused),
+            ("read_nacks", self.read_nacks),
             ("handshakes_sent", self.handshakes_sent),
             ("handshakes_received", self.handshakes_received),
         ];

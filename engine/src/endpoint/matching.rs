@@ -8,36 +8,10 @@
 //! arriving message takes the earliest-posted receive that matches, by
 //! posting sequence. Unexpected messages wait in arrival order.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use super::ops::RxOp;
 use super::peer::NONE;
 use super::slab::Slab;
-
-/// A multiplicative hasher for integer keys (the FxHash constant): the
-/// keys are tags and ids, not attacker-chosen strings worth SipHash.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IntHasher(u64);
-
-impl Hasher for IntHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(*b as u64);
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-pub(crate) type IntMap<V> = HashMap<u64, V, BuildHasherDefault<IntHasher>>;
+use crate::intmap::IntMap;
 
 /// An intrusive FIFO of receive ids.
 #[derive(Debug, Clone, Copy)]

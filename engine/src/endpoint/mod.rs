@@ -1,5 +1,6 @@
-//! The RDM endpoint: the protocol state machine that turns sends and
-//! receives into EFA RDM v4 packets and back.
+//! The RDM endpoint: the protocol state machine that turns sends,
+//! receives, writes, reads and atomics into EFA RDM v4 packets and RDMA
+//! operations, and back.
 //!
 //! An [`Endpoint`] owns one [`Device`] and runs on the thread that made it
 //! (it is `!Send` whenever its device is, and holds no lock). The protocol
@@ -9,39 +10,72 @@
 //! 1. poll the device for a burst of completions and handle each: a sent
 //!    packet frees its buffer and advances its operation; a received
 //!    packet is parsed, its sender resolved (and answered with a
-//!    HANDSHAKE the first time), put in msg_id order, matched, copied;
-//! 2. build the packets that are due — queued control packets first
-//!    (HANDSHAKE, CTS...), then operations with data to send — while
-//!    packet buffers and TX slots last, and post them in bursts;
-//! 3. post free receive buffers.
+//!    HANDSHAKE the first time), put in msg_id order, matched, copied; a
+//!    finished RDMA operation advances the transfer it belongs to;
+//! 2. build what is due — queued control packets first (HANDSHAKE, CTS,
+//!    EOR, RECEIPT...), then operations with packets or RDMA to post —
+//!    while packet buffers and TX slots last, and post them in bursts;
+//! 3. post free receive buffers; every so often, fail operations whose
+//!    peer did not answer within [`Config::response_timeout`].
 //!
-//! Application commands (`send`, `recv`, `inject`...) enqueue work and may
-//! build packets at once; they return [`Error::Again`] when a pool is full
-//! (back-pressure, not failure). Completions wait in a queue that
-//! [`Endpoint::poll_cq`] drains.
+//! Application commands (`send`, `recv`, `write`, `read`, `atomic`...)
+//! enqueue work and may build packets at once; they return
+//! [`Error::Again`] when a pool is full (back-pressure, not failure).
+//! Completions wait in a queue that [`Endpoint::poll_cq`] drains.
 //!
 //! Everything from the wire is checked before use: a packet the codec
 //! rejects, a send_id/recv_id that names no live operation (slab index
 //! plus generation), a msg_id outside the reorder window, a segment
-//! outside its message, a connid that is not its sender's: each is
-//! counted by reason (see [`Counters`]) and dropped.
+//! outside its message, a connid that is not its sender's, a remote iov
+//! outside its registration (key, bounds, rights): each is counted by
+//! reason (see [`Counters`]) and dropped, and target memory is untouched.
+//!
+//! # Which protocol carries what
+//!
+//! | operation | size | protocol |
+//! |---|---|---|
+//! | send, tsend | fits one packet | eager RTM (DC_EAGER with delivery complete) |
+//! | | up to `medium_max` (64 KiB) | medium RTM segments |
+//! | | from `long_read_min` (1 MiB), peer and device read | runting read (first `runt_size` bytes eager) or long-read, EOR |
+//! | | otherwise | long-CTS with CTS flow control |
+//! | write | device and peer RDMA write | direct RDMA write, segmented |
+//! | | fits one packet | EAGER_RTW |
+//! | | from `long_read_write_min` (64 KiB), peer and device read | LONGREAD_RTW, EOR |
+//! | | otherwise | LONGCTS_RTW |
+//! | read | device and peer RDMA read | direct RDMA read, segmented |
+//! | | fits one READRSP | SHORT_RTR + READRSP |
+//! | | otherwise | LONGCTS_RTR + READRSP, CTSDATA, CTS (read flag) |
+//! | atomic, fetch, compare | up to one packet | WRITE/FETCH/COMPARE_RTA (+ ATOMRSP) |
+//!
+//! Before a peer's HANDSHAKE arrives, sends use the baseline protocols
+//! (eager, medium, long-CTS), as the provider does; writes, reads and
+//! delivery-complete operations ask for the HANDSHAKE and return `Again`
+//! until it is in, since their protocol depends on what the peer supports
+//! ([`Config::handshake_on_insert`] avoids the wait).
 
+mod atomic;
 mod counters;
 mod cq;
 mod matching;
 mod msg;
 mod ops;
 mod peer;
+mod rma;
 mod rx;
 mod slab;
+mod timer;
 mod tx;
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
+pub use crate::mem::Span;
+pub use atomic::{AtomicOp, Datatype, apply as atomic_apply};
 pub use counters::{Counters, DropReason};
 pub use cq::{Completion, Op, Status};
 
 use crate::device::{Access, BufId, Caps, Cqe, Device, DeviceError, Mr, MrId};
+use crate::mem::Registry;
 use crate::wire::RawAddr;
 use matching::Matcher;
 use ops::{RxOp, TxOp};
@@ -53,31 +87,12 @@ use tx::TxQueue;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u32);
 
-/// A range of a registered region: what operations read and write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Span {
-    pub mr: MrId,
-    pub offset: u64,
-    pub len: u64,
-}
-
-impl Span {
-    /// `len` bytes of `mr` from `offset`.
-    pub fn new(mr: &Mr, offset: u64, len: u64) -> Span {
-        Span { mr: mr.id, offset, len }
-    }
-
-    /// All of `mr`.
-    pub fn whole(mr: &Mr) -> Span {
-        Span { mr: mr.id, offset: 0, len: mr.len }
-    }
-}
-
 /// Why a command was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    /// A pool or queue is full: progress the endpoint and retry.
-    #[error("resources exhausted, retry after progress")]
+    /// A pool or queue is full, or the peer's HANDSHAKE is still awaited:
+    /// progress the endpoint and retry.
+    #[error("resources exhausted or handshake pending, retry after progress")]
     Again,
     /// The peer is not in the address vector.
     #[error("unknown peer")]
@@ -85,9 +100,18 @@ pub enum Error {
     /// The span names no registered region, or lies outside it.
     #[error("span outside its registered region")]
     BadSpan,
-    /// Larger than the operation allows (inject: one packet).
+    /// Larger than the operation allows (inject: one packet; atomics: one
+    /// packet of operands).
     #[error("too large for this operation")]
     TooLarge,
+    /// The operation's arguments do not fit together (an atomic operation
+    /// and datatype the protocol does not define, lengths that differ).
+    #[error("invalid arguments")]
+    Invalid,
+    /// The peer does not support what the operation needs (delivery
+    /// complete with a peer that lacks it).
+    #[error("the peer does not support this operation")]
+    NotSupported,
     /// The device refused.
     #[error("device: {0}")]
     Device(#[from] DeviceError),
@@ -106,13 +130,31 @@ pub struct Config {
     pub eager_max: Option<u64>,
     /// Packets a receiver grants per CTS in long-CTS transfers.
     pub cts_window: u32,
+    /// Smallest message sent by RDMA read when both sides can (provider:
+    /// 1 MiB).
+    pub long_read_min: u64,
+    /// Smallest emulated write done by the target's RDMA read (provider:
+    /// 64 KiB).
+    pub long_read_write_min: u64,
+    /// Bytes a runting-read message sends eagerly, and the most such bytes
+    /// in flight to one peer (provider: 307,200); 0 turns runting read off.
+    pub runt_size: u64,
+    /// RDMA operations one transfer keeps in flight.
+    pub rdma_window: u32,
+    /// Sends and writes complete only once the data is in the target
+    /// buffer (FI_DELIVERY_COMPLETE), with the DC protocols.
+    pub delivery_complete: bool,
+    /// How long a read, fetch/compare atomic, long transfer or delivery
+    /// complete operation waits for its peer before it completes in error
+    /// (the provider waits forever).
+    pub response_timeout: Duration,
     /// Send operations in flight.
     pub tx_ops: usize,
     /// Receives posted, in progress or unexpected.
     pub rx_ops: usize,
     /// Ask each inserted peer for its HANDSHAKE at once (the provider waits
-    /// for the first message), so the first large message can use what the
-    /// peer supports.
+    /// for the first message), so the first large message or one-sided
+    /// operation can use what the peer supports.
     pub handshake_on_insert: bool,
     /// Sent in HANDSHAKE packets when non-zero.
     pub host_id: u64,
@@ -129,6 +171,12 @@ impl Default for Config {
             medium_max: 64 * 1024,
             eager_max: None,
             cts_window: 32,
+            long_read_min: 1 << 20,
+            long_read_write_min: 64 * 1024,
+            runt_size: 307_200,
+            rdma_window: 16,
+            delivery_complete: false,
+            response_timeout: Duration::from_secs(5),
             tx_ops: 4096,
             rx_ops: 16384,
             handshake_on_insert: false,
@@ -146,7 +194,7 @@ pub struct TagMatch {
     pub ignore: u64,
 }
 
-/// How the endpoint's receive buffers are laid out in the device's pool.
+/// How the endpoint's buffers are laid out in the device's pool.
 #[derive(Debug, Clone, Copy)]
 struct BufLayout {
     /// TX buffers are `0..tx`, RX buffers `tx..total`.
@@ -175,19 +223,19 @@ pub struct Endpoint<D: Device> {
     /// Per buffer: length of the packet it holds, its sender, and the next
     /// buffer in the chain of held packets it belongs to.
     rx_meta: Vec<RxMeta>,
-    /// Registered regions by `MrId`.
-    mrs: Vec<Option<Mr>>,
+    mem: Registry,
     cq: cq::CompletionQueue,
     counters: Counters,
     cqes: Box<[Cqe; POLL_BURST]>,
     /// Posting order of receives.
     next_seq: u64,
-    /// Medium and long messages in progress, by (peer, msg_id).
+    /// Messages whose later packets are still to come, by (peer, msg_id).
     in_progress: matching::MsgIndex,
     /// Peers whose next message waits for a receive entry (ordered).
     stalled_peers: VecDeque<u32>,
     /// Packets waiting for a receive entry (unordered).
     stalled_bufs: VecDeque<BufId>,
+    timer: timer::Timer,
 }
 
 /// Completions polled per device call (DPDK's burst).
@@ -210,6 +258,7 @@ impl<D: Device> Endpoint<D> {
         let caps = dev.caps();
         assert!(caps.mtu >= 256, "mtu {} is too small for EFA RDM headers", caps.mtu);
         assert!(cfg.cts_window > 0 && cfg.reorder_window > 0, "windows are at least 1");
+        assert!(cfg.rdma_window > 0, "rdma_window is at least 1");
         let tx = (caps.tx_depth as u32).min(caps.bufs / 2);
         let bufs = BufLayout { tx, total: caps.bufs };
         let addr = dev.addr();
@@ -230,7 +279,7 @@ impl<D: Device> Endpoint<D> {
             rx_free,
             rx_posted: 0,
             rx_meta: vec![RxMeta { len: 0, peer: 0, next: NO_BUF }; caps.bufs as usize],
-            mrs: Vec::new(),
+            mem: Registry::default(),
             cq: cq::CompletionQueue::with_capacity(tx_ops + rx_ops),
             counters: Counters::default(),
             cqes: Box::new([Cqe::default(); POLL_BURST]),
@@ -238,6 +287,7 @@ impl<D: Device> Endpoint<D> {
             in_progress: matching::MsgIndex::with_capacity(rx_ops),
             stalled_peers: VecDeque::with_capacity(64),
             stalled_bufs: VecDeque::with_capacity(64),
+            timer: timer::Timer::new(cfg.response_timeout, tx_ops + rx_ops),
             dev,
         };
         ep.post_rx_buffers();
@@ -307,18 +357,13 @@ impl<D: Device> Endpoint<D> {
     /// Registers `len` bytes of new, zeroed memory with `access` rights.
     pub fn register(&mut self, len: u64, access: Access) -> Result<Mr, Error> {
         let mr = self.dev.register(len, access)?;
-        let i = mr.id.0 as usize;
-        if self.mrs.len() <= i {
-            self.mrs.resize(i + 1, None);
-        }
-        self.mrs[i] = Some(mr);
+        self.mem.insert(mr);
         Ok(mr)
     }
 
     /// Deregisters a region.
     pub fn deregister(&mut self, mr: MrId) -> Result<(), Error> {
-        let slot = self.mrs.get_mut(mr.0 as usize).ok_or(Error::BadSpan)?;
-        slot.take().ok_or(Error::BadSpan)?;
+        self.mem.remove(mr).ok_or(Error::BadSpan)?;
         self.dev.deregister(mr)?;
         Ok(())
     }
@@ -336,12 +381,9 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Checks that `span` lies in a registered region.
+    #[inline]
     fn check_span(&self, span: &Span) -> Result<(), Error> {
-        let mr = self.mrs.get(span.mr.0 as usize).and_then(|m| m.as_ref()).ok_or(Error::BadSpan)?;
-        match span.offset.checked_add(span.len) {
-            Some(end) if end <= mr.len => Ok(()),
-            _ => Err(Error::BadSpan),
-        }
+        if self.mem.contains(span) { Ok(()) } else { Err(Error::BadSpan) }
     }
 
     /// The next completion, if any.
@@ -372,6 +414,10 @@ impl<D: Device> Endpoint<D> {
         }
         did |= self.flush_tx();
         self.post_rx_buffers();
+        self.retry_stalled();
+        if self.timer.is_armed() {
+            self.expire_timeouts();
+        }
         did
     }
 
@@ -380,14 +426,8 @@ impl<D: Device> Endpoint<D> {
         match cqe.op {
             CqOp::Send => self.handle_send_done(cqe),
             CqOp::Recv => self.handle_recv(cqe),
-            CqOp::Read | CqOp::Write | CqOp::RecvWriteImm => {
-                // RDMA operations arrive with the one-sided protocols; until
-                // then a stray completion is counted.
-                if cqe.op == CqOp::RecvWriteImm {
-                    self.release_rx(cqe.wr_id as BufId);
-                }
-                self.counters.drop(DropReason::Unsupported);
-            }
+            CqOp::Read | CqOp::Write => self.handle_rdma_done(cqe),
+            CqOp::RecvWriteImm => self.handle_remote_write_imm(cqe),
         }
     }
 

@@ -1,30 +1,43 @@
-//! Two-sided messages (spec 3.2): send/recv, tagged or not, with the
-//! eager, medium and long-CTS protocols, unexpected messages, truncation.
+//! Two-sided messages (spec 3.2, 4.1, 4.2, 4.5, 4.7): send/recv, tagged or
+//! not, with the eager, medium, long-CTS, long-read and runting-read
+//! protocols, delivery complete, unexpected messages, truncation.
 
 use super::cq::{Completion, Op, Status};
-use super::ops::{Proto, RxOp, RxState, TxOp};
+use super::ops::{MAX_IOV, Proto, RxKind, RxOp, RxState, Sgl, TxKind, TxOp};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
-use crate::device::{BufId, Device};
-use crate::wire::{CtsDataRepr, CtsRepr, PacketType};
+use crate::device::{Access, BufId, Device};
+use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, PacketType, extra};
 
-/// What an arriving message is, by its REQ type.
-fn msg_proto(ptype: PacketType) -> Option<(Proto, bool)> {
+/// What an arriving message is, by its REQ type: protocol, tagged,
+/// delivery complete.
+fn msg_proto(ptype: PacketType) -> Option<(Proto, bool, bool)> {
     use PacketType::*;
     Some(match ptype {
-        EagerMsgRtm => (Proto::Eager, false),
-        EagerTagRtm => (Proto::Eager, true),
-        MediumMsgRtm => (Proto::Medium, false),
-        MediumTagRtm => (Proto::Medium, true),
-        LongCtsMsgRtm => (Proto::LongCts, false),
-        LongCtsTagRtm => (Proto::LongCts, true),
+        EagerMsgRtm => (Proto::Eager, false, false),
+        EagerTagRtm => (Proto::Eager, true, false),
+        MediumMsgRtm => (Proto::Medium, false, false),
+        MediumTagRtm => (Proto::Medium, true, false),
+        LongCtsMsgRtm => (Proto::LongCts, false, false),
+        LongCtsTagRtm => (Proto::LongCts, true, false),
+        DcEagerMsgRtm => (Proto::Eager, false, true),
+        DcEagerTagRtm => (Proto::Eager, true, true),
+        DcMediumMsgRtm => (Proto::Medium, false, true),
+        DcMediumTagRtm => (Proto::Medium, true, true),
+        DcLongCtsMsgRtm => (Proto::LongCts, false, true),
+        DcLongCtsTagRtm => (Proto::LongCts, true, true),
+        LongReadMsgRtm => (Proto::LongRead, false, false),
+        LongReadTagRtm => (Proto::LongRead, true, false),
+        RuntReadMsgRtm => (Proto::RuntRead, false, false),
+        RuntReadTagRtm => (Proto::RuntRead, true, false),
         _ => return None,
     })
 }
 
 impl<D: Device> Endpoint<D> {
-    /// Sends `src` to `peer`; completes with `ctx` once the data left.
+    /// Sends `src` to `peer`; completes with `ctx` once the data left (or,
+    /// with delivery complete, reached the receive buffer).
     pub fn send(&mut self, peer: PeerId, src: Span, ctx: u64) -> Result<(), Error> {
         self.send_msg(peer, src, None, None, ctx)
     }
@@ -78,22 +91,50 @@ impl<D: Device> Endpoint<D> {
         self.post_recv_op(dst, Some(tag), from, ctx)
     }
 
-    fn check_peer(&self, peer: PeerId) -> Result<(), Error> {
+    pub(super) fn check_peer(&self, peer: PeerId) -> Result<(), Error> {
         if (peer.0 as usize) < self.peers.len() { Ok(()) } else { Err(Error::UnknownPeer) }
     }
 
+    /// Whether RDMA read works between us and `peer` for a source in `src`
+    /// (the receiver reads it, so it must grant remote read).
+    pub(super) fn can_long_read(&self, peer: u32, src: &Span) -> bool {
+        self.caps.rdma_read
+            && self.peers.get(peer).is_some_and(|p| p.supports(extra::RDMA_READ))
+            && self.mem.get(src.mr).is_some_and(|m| m.access.contains(Access::REMOTE_READ))
+    }
+
     /// The protocol for a message of `len` bytes to `peer` now.
-    fn choose_proto(&self, peer: u32, len: u64, tagged: bool, cq_data: bool) -> Proto {
+    fn choose_proto(&self, peer: u32, src: &Span, tagged: bool, cq_data: bool) -> Proto {
         let ptype = if tagged { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
         let room = (self.caps.mtu - self.req_header_len(ptype, peer, cq_data)) as u64;
         let eager_max = self.cfg.eager_max.map_or(room, |m| m.min(room));
+        let len = src.len;
         if len <= eager_max {
             Proto::Eager
         } else if len <= self.cfg.medium_max {
             Proto::Medium
+        } else if len >= self.cfg.long_read_min && self.can_long_read(peer, src) {
+            let p = self.peers.get(peer).expect("live peer");
+            let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight);
+            if p.supports(extra::RUNTING_READ) && runt > 0 {
+                Proto::RuntRead
+            } else {
+                Proto::LongRead
+            }
         } else {
             Proto::LongCts
         }
+    }
+
+    /// Delivery complete needs the peer's support, known from its
+    /// HANDSHAKE: ask for it (and retry) or refuse.
+    pub(super) fn check_dc(&mut self, peer: u32) -> Result<(), Error> {
+        let p = self.peers.get(peer).expect("checked peer");
+        if !p.handshake_received {
+            self.request_handshake(peer);
+            return Err(Error::Again);
+        }
+        if p.supports(extra::DELIVERY_COMPLETE) { Ok(()) } else { Err(Error::NotSupported) }
     }
 
     fn send_msg(
@@ -106,11 +147,15 @@ impl<D: Device> Endpoint<D> {
     ) -> Result<(), Error> {
         self.check_peer(peer)?;
         self.check_span(&src)?;
-        let proto = self.choose_proto(peer.0, src.len, tag.is_some(), cq_data.is_some());
+        let dc = self.cfg.delivery_complete;
+        if dc {
+            self.check_dc(peer.0)?;
+        }
+        let proto = self.choose_proto(peer.0, &src, tag.is_some(), cq_data.is_some());
         // Fast path: an eager message whose packet can be built now is the
         // whole operation; its TX buffer remembers what to report.
-        let now = self.txq.has_free_buf() && !self.txq_busy();
-        if proto == Proto::Eager && now {
+        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
+        if proto == Proto::Eager && now && !dc {
             let msg_id = self.next_msg_id(peer.0);
             let done = EagerSend {
                 ctx,
@@ -127,7 +172,9 @@ impl<D: Device> Endpoint<D> {
                 let from = src.offset as usize;
                 pkt[hdr..hdr + n].copy_from_slice(&region[from..from + n]);
             }
-            self.push_packet(peer.0, buf, hdr + n);
+            let ptype =
+                if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
+            self.push_packet(peer.0, ptype, buf, hdr + n, None);
             self.maybe_post();
             return Ok(());
         }
@@ -135,25 +182,28 @@ impl<D: Device> Endpoint<D> {
             return Err(Error::Again);
         }
         let msg_id = self.next_msg_id(peer.0);
-        let op = TxOp {
-            peer: peer.0,
-            proto,
-            tagged: tag.is_some(),
-            tag: tag.unwrap_or(0),
-            cq_data,
-            ctx,
-            src,
-            msg_id,
-            total: src.len,
-            sent: 0,
-            granted: 0,
-            recv_id: 0,
-            req_built: false,
-            in_flight: 0,
-            queued: false,
-            error: None,
-        };
+        let mut op = TxOp::new(TxKind::Msg, peer.0, proto, Sgl::one(src), ctx);
+        op.tagged = tag.is_some();
+        op.tag = tag.unwrap_or(0);
+        op.cq_data = cq_data;
+        op.msg_id = msg_id;
+        op.dc = dc;
+        match proto {
+            Proto::RuntRead => {
+                let p = self.peers.get_mut(peer.0).expect("checked peer");
+                let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight).min(src.len);
+                p.runt_in_flight += runt;
+                op.granted = runt;
+                op.awaiting_peer = true;
+            }
+            Proto::LongRead => op.awaiting_peer = true,
+            _ => op.awaiting_peer = dc,
+        }
+        let watch = op.awaiting_peer || proto == Proto::LongCts;
         let id = self.tx_ops.insert(op).expect("checked room");
+        if watch {
+            self.watch_tx(id);
+        }
         if now {
             self.build_op_packet(id);
         }
@@ -164,17 +214,12 @@ impl<D: Device> Endpoint<D> {
 
     /// Takes the next msg_id to `peer`; a REQ goes out to it.
     #[inline]
-    fn next_msg_id(&mut self, peer: u32) -> u32 {
+    pub(super) fn next_msg_id(&mut self, peer: u32) -> u32 {
         let p = self.peers.get_mut(peer).expect("checked peer");
         let msg_id = p.next_msg_id;
         p.next_msg_id = msg_id.wrapping_add(1);
         p.req_sent = true;
         msg_id
-    }
-
-    /// Whether control packets or other operations wait for buffers.
-    fn txq_busy(&self) -> bool {
-        self.txq.waiting() > 0
     }
 
     fn inject_msg(&mut self, peer: PeerId, data: &[u8], tag: Option<u64>) -> Result<(), Error> {
@@ -186,7 +231,8 @@ impl<D: Device> Endpoint<D> {
         let msg_id = self.next_msg_id(peer.0);
         let hdr = self.emit_eager(buf, peer.0, msg_id, tag, None);
         self.dev.buf_mut(buf)[hdr..hdr + data.len()].copy_from_slice(data);
-        self.push_packet(peer.0, buf, hdr + data.len());
+        let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
+        self.push_packet(peer.0, ptype, buf, hdr + data.len(), None);
         self.maybe_post();
         Ok(())
     }
@@ -211,34 +257,20 @@ impl<D: Device> Endpoint<D> {
             let op = self.rx_ops.get_mut(id).expect("live op");
             op.state = RxState::Matched;
             op.ctx = ctx;
-            op.dst = Some(dst);
+            op.dst = Sgl::one(dst);
             self.deliver_held(id);
             return Ok(());
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let op = RxOp {
-            state: RxState::Posted,
-            tagged,
-            ctx,
-            dst: Some(dst),
-            want_tag,
-            ignore,
-            want_peer,
-            seq,
-            peer: 0,
-            msg_id: 0,
-            proto: Proto::Eager,
-            tag: 0,
-            cq_data: None,
-            total: 0,
-            received: 0,
-            send_id: 0,
-            granted: 0,
-            held: NO_BUF,
-            prev: 0,
-            next: 0,
-        };
+        let mut op = RxOp::new(RxKind::Msg, RxState::Posted);
+        op.tagged = tagged;
+        op.ctx = ctx;
+        op.dst = Sgl::one(dst);
+        op.want_tag = want_tag;
+        op.ignore = ignore;
+        op.want_peer = want_peer;
+        op.seq = seq;
         let id = self.rx_ops.insert(op).ok_or(Error::Again)?;
         self.matcher.post(&mut self.rx_ops, id);
         self.retry_stalled();
@@ -249,20 +281,27 @@ impl<D: Device> Endpoint<D> {
     /// Returns false, leaving the packet to the caller, when there is no
     /// room to keep an unexpected message.
     pub(super) fn handle_new_msg(&mut self, buf: BufId, peer: u32, info: &ReqInfo) -> bool {
-        let Some((proto, tagged)) = msg_proto(info.ptype) else {
-            // RTAs and the RDMA-read based protocols arrive with the
-            // one-sided features.
+        let Some((proto, tagged, dc)) = msg_proto(info.ptype) else {
             self.counters.drop(DropReason::Unsupported);
             self.release_rx(buf);
             return true;
         };
         let total = match proto {
             Proto::Eager => info.payload_len as u64,
-            Proto::Medium | Proto::LongCts => info.msg_length,
+            _ => info.msg_length,
         };
-        let seg_offset = if proto == Proto::Medium { info.seg_offset } else { 0 };
-        if seg_offset.checked_add(info.payload_len as u64).is_none_or(|end| end > total) {
-            self.counters.drop(DropReason::SegmentOutOfRange);
+        let seg_offset =
+            if matches!(proto, Proto::Medium | Proto::RuntRead) { info.seg_offset } else { 0 };
+        let in_range =
+            seg_offset.checked_add(info.payload_len as u64).is_some_and(|end| end <= total);
+        let runt_ok = proto != Proto::RuntRead || (info.runt_length <= total && info.read_n > 0);
+        let read_ok = proto != Proto::LongRead || (info.read_n > 0 && info.payload_len == 0);
+        if !in_range || !runt_ok || !read_ok {
+            self.counters.drop(if in_range {
+                DropReason::Invalid
+            } else {
+                DropReason::SegmentOutOfRange
+            });
             self.release_rx(buf);
             return true;
         }
@@ -270,55 +309,27 @@ impl<D: Device> Endpoint<D> {
         let id = match matched {
             Some(id) => id,
             None => {
-                let op = RxOp {
-                    state: RxState::Unexpected,
-                    tagged,
-                    ctx: 0,
-                    dst: None,
-                    want_tag: 0,
-                    ignore: 0,
-                    want_peer: None,
-                    seq: 0,
-                    peer,
-                    msg_id: info.msg_id,
-                    proto,
-                    tag: info.tag,
-                    cq_data: info.cq_data,
-                    total,
-                    received: 0,
-                    send_id: info.send_id,
-                    granted: 0,
-                    held: NO_BUF,
-                    prev: 0,
-                    next: 0,
-                };
-                let Some(id) = self.rx_ops.insert(op) else {
+                let Some(id) = self.rx_ops.insert(RxOp::new(RxKind::Msg, RxState::Unexpected))
+                else {
                     // No room even for an unexpected message: the packet
                     // waits (holding its buffer) until receives are posted.
                     self.counters.rx_ops_exhausted += 1;
                     return false;
                 };
                 self.counters.unexpected += 1;
+                self.set_message(id, peer, proto, tagged, dc, total, info);
+                self.rx_ops.get_mut(id).expect("live op").tagged = tagged;
                 self.matcher.push_unexpected(&mut self.rx_ops, id);
                 self.hold(id, buf);
-                if proto != Proto::Eager && (info.payload_len as u64) < total {
+                if self.needs_later_packets(proto, info) {
                     self.in_progress.insert(peer, info.msg_id, id);
                 }
                 return true;
             }
         };
-        let op = self.rx_ops.get_mut(id).expect("live op");
-        op.state = RxState::Matched;
-        op.peer = peer;
-        op.msg_id = info.msg_id;
-        op.proto = proto;
-        op.tag = info.tag;
-        op.cq_data = info.cq_data;
-        op.total = total;
-        op.received = 0;
-        op.send_id = info.send_id;
-        op.granted = 0;
-        if proto != Proto::Eager && (info.payload_len as u64) < total {
+        self.rx_ops.get_mut(id).expect("live op").state = RxState::Matched;
+        self.set_message(id, peer, proto, tagged, dc, total, info);
+        if self.needs_later_packets(proto, info) {
             self.in_progress.insert(peer, info.msg_id, id);
         }
         self.land(id, buf, info.payload_off, info.payload_len, seg_offset);
@@ -327,18 +338,64 @@ impl<D: Device> Endpoint<D> {
         true
     }
 
-    /// A later packet of a message in progress (a medium segment).
+    /// Whether packets with this msg_id are still to come (or, for the
+    /// read protocols, a READ_NACK retry may come).
+    fn needs_later_packets(&self, proto: Proto, info: &ReqInfo) -> bool {
+        match proto {
+            Proto::Eager => false,
+            Proto::Medium | Proto::RuntRead | Proto::LongCts => {
+                (info.payload_len as u64) < info.msg_length || proto == Proto::RuntRead
+            }
+            Proto::LongRead => true,
+        }
+    }
+
+    /// Records what a message is in receive entry `id`.
+    #[allow(clippy::too_many_arguments)]
+    fn set_message(
+        &mut self,
+        id: u32,
+        peer: u32,
+        proto: Proto,
+        tagged: bool,
+        dc: bool,
+        total: u64,
+        info: &ReqInfo,
+    ) {
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        op.peer = peer;
+        op.msg_id = info.msg_id;
+        op.proto = proto;
+        op.tagged = tagged;
+        op.dc = dc;
+        op.tag = info.tag;
+        op.cq_data = info.cq_data;
+        op.total = total;
+        op.received = 0;
+        op.send_id = info.send_id;
+        op.granted = 0;
+        op.read_iov = info.read_iov;
+        op.read_n = info.read_n;
+        op.runt = match proto {
+            Proto::RuntRead => info.runt_length,
+            _ => 0,
+        };
+    }
+
+    /// A later packet of a message in progress (a medium or runting-read
+    /// segment).
     pub(super) fn handle_segment(&mut self, buf: BufId, id: u32, info: &ReqInfo) {
         let Some(op) = self.rx_ops.get(id) else {
             self.counters.drop(DropReason::StaleId);
             self.release_rx(buf);
             return;
         };
-        let consistent = op.proto == Proto::Medium
-            && msg_proto(info.ptype) == Some((Proto::Medium, op.tagged))
+        let consistent = msg_proto(info.ptype)
+            .is_some_and(|(p, t, _)| p == op.proto && t == op.tagged)
             && info.msg_length == op.total;
+        let limit = if op.proto == Proto::RuntRead { op.runt } else { op.total };
         let in_range =
-            info.seg_offset.checked_add(info.payload_len as u64).is_some_and(|e| e <= op.total);
+            info.seg_offset.checked_add(info.payload_len as u64).is_some_and(|e| e <= limit);
         if !consistent || !in_range {
             self.counters.drop(if consistent {
                 DropReason::SegmentOutOfRange
@@ -357,6 +414,27 @@ impl<D: Device> Endpoint<D> {
         self.advance_rx(id);
     }
 
+    /// The long-CTS REQ a sender re-sends after our READ_NACK: the rest of
+    /// the message comes by CTS flow control.
+    pub(super) fn handle_nack_retry(&mut self, buf: BufId, id: u32, info: &ReqInfo) {
+        self.release_rx(buf);
+        let Some(op) = self.rx_ops.get_mut(id) else { return };
+        let retry_ok = matches!(op.proto, Proto::LongRead | Proto::RuntRead)
+            && msg_proto(info.ptype).is_some_and(|(p, t, _)| p == Proto::LongCts && t == op.tagged)
+            && info.payload_len == 0
+            && info.msg_length == op.total;
+        if !retry_ok {
+            self.counters.drop(DropReason::Invalid);
+            return;
+        }
+        op.proto = Proto::LongCts;
+        op.send_id = info.send_id;
+        op.granted = 0;
+        if op.state == RxState::Matched {
+            self.advance_rx(id);
+        }
+    }
+
     /// Adds a packet to an unexpected message's chain.
     fn hold(&mut self, id: u32, buf: BufId) {
         let op = self.rx_ops.get_mut(id).expect("live op");
@@ -368,108 +446,158 @@ impl<D: Device> Endpoint<D> {
     fn deliver_held(&mut self, id: u32) {
         let mut buf =
             std::mem::replace(&mut self.rx_ops.get_mut(id).expect("live op").held, NO_BUF);
-        let mut any = false;
         while buf != NO_BUF {
             let next = self.rx_meta[buf as usize].next;
-            let len = self.rx_meta[buf as usize].len as usize;
-            if let Ok(r) = ReqInfo::parse(&self.dev.buf(buf)[..len]) {
-                let seg = if msg_proto(r.ptype).is_some_and(|(p, _)| p == Proto::Medium) {
-                    r.seg_offset
-                } else {
-                    0
+            if let Some(r) = self.held_info(buf) {
+                let seg = match msg_proto(r.ptype) {
+                    Some((Proto::Medium | Proto::RuntRead, _, _)) => r.seg_offset,
+                    _ => 0,
                 };
                 self.land(id, buf, r.payload_off, r.payload_len, seg);
-                any = true;
             }
             self.release_rx(buf);
             buf = next;
         }
-        debug_assert!(any, "an unexpected message holds its REQ");
         self.advance_rx(id);
     }
 
-    /// Copies a packet's data into the receive's buffer at `seg_offset`;
-    /// bytes beyond the buffer are counted but dropped (truncation).
-    fn land(&mut self, id: u32, buf: BufId, off: u32, len: u32, seg_offset: u64) {
+    /// Copies a packet's data into the operation's buffer at message
+    /// offset `seg_offset`; bytes beyond the buffer are counted but
+    /// dropped (truncation).
+    pub(super) fn land(&mut self, id: u32, buf: BufId, off: u32, len: u32, seg_offset: u64) {
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.received += len as u64;
-        let dst = op.dst.expect("matched receive has a buffer");
-        if seg_offset >= dst.len || len == 0 {
-            return;
-        }
-        let n = (len as u64).min(dst.len - seg_offset) as usize;
-        let at = (dst.offset + seg_offset) as usize;
-        let (pkt, region) = self.dev.buf_and_region(buf, dst.mr);
-        region[at..at + n].copy_from_slice(&pkt[off as usize..off as usize + n]);
+        let dst = op.dst;
+        let mut from = off as usize;
+        dst.pieces(seg_offset, len as u64, |p| {
+            let n = p.len as usize;
+            let (pkt, region) = self.dev.buf_and_region(buf, p.mr);
+            region[p.offset as usize..p.offset as usize + n].copy_from_slice(&pkt[from..from + n]);
+            from += n;
+        });
     }
 
-    /// After data landed: complete the receive, or grant more (long-CTS).
-    fn advance_rx(&mut self, id: u32) {
-        let op = self.rx_ops.get(id).expect("live op");
-        if op.received >= op.total {
-            self.finish_rx(id);
-            return;
-        }
-        if op.proto == Proto::LongCts {
-            self.maybe_grant(id);
+    /// After data landed: complete the operation, grant more (long-CTS),
+    /// or start reading the rest (long-read, runting read).
+    pub(super) fn advance_rx(&mut self, id: u32) {
+        let deadline = self.fresh_deadline();
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        op.deadline = deadline;
+        match op.proto {
+            Proto::LongRead | Proto::RuntRead
+                if op.received >= op.runt && op.read_next == 0 && op.reads_in_flight == 0 =>
+            {
+                self.start_reads(id)
+            }
+            Proto::LongRead | Proto::RuntRead => {}
+            _ if op.received >= op.total => self.finish_rx(id),
+            Proto::LongCts => self.maybe_grant(id),
+            _ => {}
         }
     }
 
     /// Grants the next window of a long-CTS receive once half the current
     /// one arrived, so the sender never idles waiting for a CTS.
-    fn maybe_grant(&mut self, id: u32) {
+    pub(super) fn maybe_grant(&mut self, id: u32) {
         let window = self.cts_window_bytes(self.rx_ops.get(id).expect("live op").peer);
         let op = self.rx_ops.get_mut(id).expect("live op");
-        if op.granted == 0 {
-            // What the RTM carried was granted implicitly.
+        if op.kind != RxKind::Read && op.granted == 0 {
+            // What the REQ carried was granted by the protocol itself.
             op.granted = op.received;
         }
-        if op.granted >= op.total || op.received + window / 2 < op.granted {
+        // A read's CTS names the responder's operation, which its READRSP
+        // tells; CTSDATA that overtook it must wait for it.
+        let unknown_responder = op.kind == RxKind::Read && op.send_id == u32::MAX;
+        if op.granted >= op.total || op.received + window / 2 < op.granted || unknown_responder {
             return;
         }
         // Spec 3.2: recv_length > 0 always.
         let grant = window.min(op.total - op.granted);
         op.granted += grant;
-        let cts = Ctrl::Cts { peer: op.peer, send_id: op.send_id, recv_id: id, recv_length: grant };
+        let read = op.kind == RxKind::Read;
+        let cts =
+            Ctrl::Cts { peer: op.peer, send_id: op.send_id, recv_id: id, recv_length: grant, read };
         self.queue_ctrl(cts);
+        self.watch_rx(id);
     }
 
     /// Bytes one CTS grants to `peer`: the window in packets times what a
     /// CTSDATA packet carries.
-    fn cts_window_bytes(&self, peer: u32) -> u64 {
+    pub(super) fn cts_window_bytes(&self, peer: u32) -> u64 {
         let p = self.peers.get(peer).expect("live peer");
         let hdr = CtsDataRepr { connid: p.wants_connid().then_some(0), ..CtsDataRepr::default() }
             .buffer_len();
         self.cfg.cts_window as u64 * (self.caps.mtu - hdr) as u64
     }
 
-    /// Reports a finished receive and frees it.
-    fn finish_rx(&mut self, id: u32) {
+    /// Reports a finished receive-side operation, answers its sender
+    /// (RECEIPT, EOR) and frees it.
+    pub(super) fn finish_rx(&mut self, id: u32) {
         let Some(op) = self.rx_ops.get(id) else { return };
-        if op.proto != Proto::Eager {
-            self.in_progress.remove(op.peer, op.msg_id);
+        let dst_len = op.dst.len();
+        let (kind, proto, peer) = (op.kind, op.proto, op.peer);
+        let answer = match (kind, proto) {
+            (_, Proto::LongRead | Proto::RuntRead) => {
+                Some(Ctrl::Eor { peer, send_id: op.send_id, recv_id: id })
+            }
+            _ if op.dc => Some(Ctrl::Receipt { peer, send_id: op.send_id, msg_id: op.msg_id }),
+            _ => None,
+        };
+        let report = match kind {
+            RxKind::Msg => Some(Op::Recv),
+            RxKind::Read => Some(Op::Read),
+            // A write's target hears of it only with CQ data (spec 3.3).
+            RxKind::Write => op.cq_data.map(|_| Op::RemoteWrite),
+        };
+        if let Some(what) = report {
+            let mut c = Completion::new(what, op.ctx);
+            c.len = op.total.min(dst_len);
+            c.status =
+                if op.total > dst_len { Status::Truncated { olen: op.total } } else { Status::Ok };
+            c.tag = op.tag;
+            c.tagged = op.tagged;
+            c.cq_data = op.cq_data;
+            c.peer = Some(PeerId(peer));
+            self.cq.push(c);
         }
-        let dst_len = op.dst.map_or(0, |d| d.len);
-        let mut c = Completion::new(Op::Recv, op.ctx);
-        c.len = op.total.min(dst_len);
-        c.status =
-            if op.total > dst_len { Status::Truncated { olen: op.total } } else { Status::Ok };
-        c.tag = op.tag;
-        c.tagged = op.tagged;
-        c.cq_data = op.cq_data;
-        c.peer = Some(PeerId(op.peer));
-        self.cq.push(c);
-        self.rx_ops.free(id);
+        if let Some(a) = answer {
+            self.queue_ctrl(a);
+        }
+        self.free_rx_op(id);
         self.retry_stalled();
     }
 
-    /// A CTS at the sender: more of a long-CTS message may go.
+    /// Frees a receive-side entry and its index by msg_id.
+    pub(super) fn free_rx_op(&mut self, id: u32) {
+        if let Some(op) = self.rx_ops.get(id) {
+            if op.kind == RxKind::Msg && op.proto != Proto::Eager {
+                self.in_progress.remove(op.peer, op.msg_id);
+            }
+            let mut b = op.held;
+            while b != NO_BUF {
+                let next = self.rx_meta[b as usize].next;
+                self.release_rx(b);
+                b = next;
+            }
+        }
+        self.rx_ops.free(id);
+    }
+
+    /// A CTS at the sender (or, flagged, at an emulated read's responder):
+    /// more of a long-CTS transfer may go.
     pub(super) fn handle_cts(&mut self, peer: u32, cts: &CtsRepr) {
+        let deadline = self.fresh_deadline();
         let Some(op) = self.tx_ops.get_mut(cts.send_id) else {
             self.counters.drop(DropReason::StaleId);
             return;
         };
-        if op.peer != peer || op.proto != Proto::LongCts || !op.req_built {
+        let read = cts.flags.contains(CtsFlags::EMULATED_READ);
+        let fits = match op.kind {
+            TxKind::ReadRsp => read,
+            TxKind::Msg | TxKind::Write => op.proto == Proto::LongCts && !read,
+            _ => false,
+        };
+        if op.peer != peer || !fits || !op.req_built {
             self.counters.drop(DropReason::StaleId);
             return;
         }
@@ -481,37 +609,51 @@ impl<D: Device> Endpoint<D> {
         }
         op.recv_id = cts.recv_id;
         op.granted = op.granted.saturating_add(cts.recv_length).min(op.total);
+        op.deadline = deadline;
         self.mark_ready(cts.send_id);
     }
 
-    /// CTSDATA at the receiver.
-    pub(super) fn handle_ctsdata(
+    /// CTSDATA (or READRSP, which also names the responder's operation)
+    /// for receive-side operation `recv_id`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn handle_data(
         &mut self,
         buf: BufId,
         peer: u32,
-        d: &CtsDataRepr,
+        recv_id: u32,
+        seg_offset: u64,
+        seg_length: u64,
         payload_off: u32,
+        readrsp_send_id: Option<u32>,
     ) {
-        let Some(op) = self.rx_ops.get(d.recv_id) else {
+        let Some(op) = self.rx_ops.get_mut(recv_id) else {
             self.counters.drop(DropReason::StaleId);
             return;
         };
-        if op.peer != peer || op.state != RxState::Matched || op.proto != Proto::LongCts {
+        // CTSDATA may overtake the READRSP of a read: both name our entry.
+        let fits = match readrsp_send_id {
+            Some(_) => op.kind == RxKind::Read,
+            None => op.proto == Proto::LongCts,
+        };
+        if op.peer != peer || op.state != RxState::Matched || !fits {
             self.counters.drop(DropReason::StaleId);
             return;
         }
-        if d.seg_offset.checked_add(d.seg_length).is_none_or(|end| end > op.total) {
+        if seg_offset.checked_add(seg_length).is_none_or(|end| end > op.total) {
             self.counters.drop(DropReason::SegmentOutOfRange);
             return;
         }
-        self.land(d.recv_id, buf, payload_off, d.seg_length as u32, d.seg_offset);
-        self.advance_rx(d.recv_id);
-    }
-
-    /// Posts built packets once a burst's worth is waiting.
-    fn maybe_post(&mut self) {
-        if self.txq.pending_len() >= 32 {
-            self.flush_tx();
+        if let Some(send_id) = readrsp_send_id {
+            // The responder's operation, which our CTS packets name.
+            op.send_id = send_id;
         }
+        self.land(recv_id, buf, payload_off, seg_length as u32, seg_offset);
+        self.advance_rx(recv_id);
     }
+}
+
+/// Bytes of a message that a list of at most `MAX_IOV` iovs covers.
+pub(super) fn iov_total(iovs: &[crate::wire::RmaIov]) -> Option<u64> {
+    debug_assert!(iovs.len() <= MAX_IOV);
+    iovs.iter().try_fold(0u64, |acc, v| acc.checked_add(v.len))
 }

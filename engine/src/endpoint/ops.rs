@@ -1,51 +1,204 @@
-//! Operation entries: what the endpoint tracks per send and per receive.
+//! Operation entries: what the endpoint tracks per send, receive, write,
+//! read and atomic, and the scatter lists their data lives in.
 
-use super::Span;
 use super::cq::Status;
+use crate::device::MrId;
+use crate::mem::Span;
+use crate::wire::RmaIov;
 
-/// The message protocols (spec 3.2).
+/// Most iovs a REQ may name (libfabric's EFA_RDM_IOV_LIMIT).
+pub(crate) const MAX_IOV: usize = 4;
+
+/// Where an operation's bytes are: up to four ranges of local regions, in
+/// order, forming one contiguous message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sgl {
+    n: u8,
+    segs: [Span; MAX_IOV],
+}
+
+const NO_SPAN: Span = Span { mr: MrId(u32::MAX), offset: 0, len: 0 };
+
+impl Sgl {
+    /// Nothing.
+    pub(crate) const EMPTY: Sgl = Sgl { n: 0, segs: [NO_SPAN; MAX_IOV] };
+
+    /// One span.
+    pub(crate) fn one(span: Span) -> Sgl {
+        let mut s = Sgl::EMPTY;
+        s.push(span);
+        s
+    }
+
+    /// Appends a span; panics past [`MAX_IOV`] (callers check counts).
+    pub(crate) fn push(&mut self, span: Span) {
+        self.segs[self.n as usize] = span;
+        self.n += 1;
+    }
+
+    pub(crate) fn segs(&self) -> &[Span] {
+        &self.segs[..self.n as usize]
+    }
+
+    /// Total bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.segs().iter().map(|s| s.len).sum()
+    }
+
+    /// The single span, when there is exactly one.
+    pub(crate) fn single(&self) -> Option<Span> {
+        (self.n == 1).then_some(self.segs[0])
+    }
+
+    /// Calls `f(span)` for each piece of the message range
+    /// `[offset, offset + len)`, in order, clipped to the list's end.
+    pub(crate) fn pieces(&self, mut offset: u64, mut len: u64, mut f: impl FnMut(Span)) {
+        for seg in self.segs() {
+            if len == 0 {
+                return;
+            }
+            if offset >= seg.len {
+                offset -= seg.len;
+                continue;
+            }
+            let n = (seg.len - offset).min(len);
+            f(Span { mr: seg.mr, offset: seg.offset + offset, len: n });
+            len -= n;
+            offset = 0;
+        }
+    }
+}
+
+/// The message protocols (spec 3.2, 4.1, 4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Proto {
     /// One packet.
     Eager,
-    /// Segments all sent at once, each a MEDIUM_RTM.
+    /// Segments all sent at once.
     Medium,
-    /// A LONGCTS_RTM, then CTSDATA as the receiver grants it by CTS.
+    /// A REQ, then data as the receiver grants it by CTS.
     LongCts,
+    /// A REQ naming the sender's buffer; the receiver reads it by RDMA
+    /// and answers EOR.
+    LongRead,
+    /// The first bytes in REQs, the rest read by RDMA.
+    RuntRead,
 }
 
-/// A send.
+/// What a send-side operation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxKind {
+    /// send / tsend.
+    Msg,
+    /// An emulated write to `remote`.
+    Write,
+    /// The responder's side of an emulated read: data to the requester.
+    ReadRsp,
+    /// A device RDMA read or write, in segments.
+    Rdma { read: bool },
+    /// An emulated atomic; fetch and compare wait for an ATOMRSP.
+    Atomic,
+}
+
+/// An atomic's request, kept until its packet is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AtomicReq {
+    pub(crate) datatype: u32,
+    pub(crate) op: u32,
+    pub(crate) class: super::atomic::RtaClass,
+    /// FETCH (or COMPARE): where the old values go.
+    pub(crate) result: Option<Span>,
+    /// COMPARE: the compare operands, sent after the operands.
+    pub(crate) compare: Option<Span>,
+}
+
+/// A send-side operation.
 #[derive(Debug)]
 pub(crate) struct TxOp {
+    pub(crate) kind: TxKind,
     pub(crate) peer: u32,
     pub(crate) proto: Proto,
+    /// Delivery complete: done only when the peer's RECEIPT (or EOR)
+    /// arrives.
+    pub(crate) dc: bool,
     pub(crate) tagged: bool,
     pub(crate) tag: u64,
     pub(crate) cq_data: Option<u64>,
     pub(crate) ctx: u64,
-    /// The data, in a registered region.
-    pub(crate) src: Span,
+    /// The local data (source of sends and writes, target of reads).
+    pub(crate) src: Sgl,
+    /// Writes, reads, atomics: the peer's memory.
+    pub(crate) remote: [RmaIov; MAX_IOV],
+    pub(crate) remote_n: u8,
+    pub(crate) atomic: Option<AtomicReq>,
     pub(crate) msg_id: u32,
     /// Message length.
     pub(crate) total: u64,
-    /// Bytes put in built packets so far.
+    /// Bytes put in built packets (or posted RDMA) so far.
     pub(crate) sent: u64,
+    /// Bytes whose RDMA completed.
+    pub(crate) done_bytes: u64,
     /// Long-CTS: the receiver allows bytes up to this offset.
     pub(crate) granted: u64,
-    /// Long-CTS: the receiver's operation, from its CTS.
+    /// Long-CTS: the receiver's operation, from its CTS (ReadRsp: the
+    /// requester's, from its RTR).
     pub(crate) recv_id: u32,
     /// The REQ (first packet) is built.
     pub(crate) req_built: bool,
-    /// Packets built and not yet completed by the device.
+    /// Packets or RDMA operations posted and not yet completed.
     pub(crate) in_flight: u32,
-    /// On the TX queue's list of operations with packets to build.
+    /// Waiting for the peer's last word: RECEIPT, EOR or ATOMRSP.
+    pub(crate) awaiting_peer: bool,
+    /// Report a completion (a responder's own operations do not).
+    pub(crate) report: bool,
+    /// On the TX queue's list of operations with packets due.
     pub(crate) queued: bool,
+    /// Re-sent as long-CTS after a READ_NACK (REQ flag 0x2000, no data).
+    pub(crate) after_nack: bool,
     /// The first error, reported when nothing is in flight any more.
     pub(crate) error: Option<Status>,
+    /// When the peer must have answered by (endpoint clock, ns).
+    pub(crate) deadline: u64,
 }
 
 impl TxOp {
-    /// Whether it has a packet to build now.
+    /// A new operation with every progress field zero.
+    pub(crate) fn new(kind: TxKind, peer: u32, proto: Proto, src: Sgl, ctx: u64) -> TxOp {
+        TxOp {
+            kind,
+            peer,
+            proto,
+            dc: false,
+            tagged: false,
+            tag: 0,
+            cq_data: None,
+            ctx,
+            src,
+            remote: [RmaIov::default(); MAX_IOV],
+            remote_n: 0,
+            atomic: None,
+            msg_id: 0,
+            total: src.len(),
+            sent: 0,
+            done_bytes: 0,
+            granted: 0,
+            recv_id: 0,
+            req_built: false,
+            in_flight: 0,
+            awaiting_peer: false,
+            report: true,
+            queued: false,
+            after_nack: false,
+            error: None,
+            deadline: 0,
+        }
+    }
+
+    pub(crate) fn remote(&self) -> &[RmaIov] {
+        &self.remote[..self.remote_n as usize]
+    }
+
+    /// Whether it has a packet (or RDMA operation) to build now.
     #[inline]
     pub(crate) fn has_packet_due(&self) -> bool {
         if self.error.is_some() {
@@ -54,18 +207,51 @@ impl TxOp {
         if !self.req_built {
             return true;
         }
-        match self.proto {
-            Proto::Eager => false,
-            Proto::Medium => self.sent < self.total,
-            Proto::LongCts => self.sent < self.granted,
+        match (self.kind, self.proto) {
+            (TxKind::Rdma { .. }, _) => self.sent < self.total,
+            (_, Proto::Medium | Proto::RuntRead) => self.sent < self.runt_end(),
+            (_, Proto::LongCts) => self.sent < self.granted,
+            _ => false,
         }
     }
 
-    /// Whether everything is sent and completed (or failed and drained).
+    /// Runting read: the bytes sent in REQs (the rest is read by the
+    /// receiver). Medium: the whole message.
+    #[inline]
+    pub(crate) fn runt_end(&self) -> u64 {
+        if self.proto == Proto::RuntRead { self.granted } else { self.total }
+    }
+
+    /// Whether everything is sent, completed and acknowledged (or failed
+    /// and drained).
     #[inline]
     pub(crate) fn is_done(&self) -> bool {
-        self.in_flight == 0 && (self.error.is_some() || (self.req_built && self.sent == self.total))
+        if self.in_flight > 0 {
+            return false;
+        }
+        if self.error.is_some() {
+            return true;
+        }
+        if self.awaiting_peer || !self.req_built {
+            return false;
+        }
+        match self.kind {
+            TxKind::Rdma { .. } => self.done_bytes == self.total,
+            // Long-read and runting read: the EOR sets `sent` to the total.
+            _ => self.sent == self.total,
+        }
     }
+}
+
+/// What a receive-side operation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RxKind {
+    /// recv / trecv.
+    Msg,
+    /// The target of an emulated long write (CTS data or RDMA read).
+    Write,
+    /// The requester of an emulated read: READRSP and CTSDATA land here.
+    Read,
 }
 
 /// Where a receive operation stands.
@@ -76,18 +262,19 @@ pub(crate) enum RxState {
     /// A message arrived before any matching receive was posted; its
     /// packets are held.
     Unexpected,
-    /// Matched: the message lands in the application's buffer.
+    /// Data lands in its buffer.
     Matched,
 }
 
-/// A receive, or an unexpected message.
+/// A receive, an unexpected message, a write target or a read requester.
 #[derive(Debug)]
 pub(crate) struct RxOp {
+    pub(crate) kind: RxKind,
     pub(crate) state: RxState,
     pub(crate) tagged: bool,
     // What the application posted.
     pub(crate) ctx: u64,
-    pub(crate) dst: Option<Span>,
+    pub(crate) dst: Sgl,
     pub(crate) want_tag: u64,
     pub(crate) ignore: u64,
     pub(crate) want_peer: Option<u32>,
@@ -97,17 +284,98 @@ pub(crate) struct RxOp {
     pub(crate) peer: u32,
     pub(crate) msg_id: u32,
     pub(crate) proto: Proto,
+    pub(crate) dc: bool,
     pub(crate) tag: u64,
     pub(crate) cq_data: Option<u64>,
     pub(crate) total: u64,
     pub(crate) received: u64,
-    /// Long-CTS: the sender's operation.
+    /// The sender's operation (long-CTS, long-read, DC receipts).
     pub(crate) send_id: u32,
     /// Long-CTS: bytes granted so far (an offset).
     pub(crate) granted: u64,
+    /// Long-read / runting read: the sender's buffer, and the runt bytes.
+    pub(crate) read_iov: [RmaIov; MAX_IOV],
+    pub(crate) read_n: u8,
+    pub(crate) runt: u64,
+    /// RDMA reads posted up to this offset; how many are in flight.
+    pub(crate) read_next: u64,
+    pub(crate) reads_in_flight: u32,
     /// Unexpected: the held packets (a chain of RX buffers).
     pub(crate) held: u32,
     /// Links in the matcher's lists.
     pub(crate) prev: u32,
     pub(crate) next: u32,
+    /// When the peer must have answered by (endpoint clock, ns).
+    pub(crate) deadline: u64,
+    /// Its deadline is on the timer.
+    pub(crate) watched: bool,
+}
+
+impl RxOp {
+    /// A new entry with every message field zero.
+    pub(crate) fn new(kind: RxKind, state: RxState) -> RxOp {
+        RxOp {
+            kind,
+            state,
+            tagged: false,
+            ctx: 0,
+            dst: Sgl::EMPTY,
+            want_tag: 0,
+            ignore: 0,
+            want_peer: None,
+            seq: 0,
+            peer: 0,
+            msg_id: 0,
+            proto: Proto::Eager,
+            dc: false,
+            tag: 0,
+            cq_data: None,
+            total: 0,
+            received: 0,
+            send_id: 0,
+            granted: 0,
+            read_iov: [RmaIov::default(); MAX_IOV],
+            read_n: 0,
+            runt: 0,
+            read_next: 0,
+            reads_in_flight: 0,
+            held: super::NO_BUF,
+            prev: 0,
+            next: 0,
+            deadline: 0,
+            watched: false,
+        }
+    }
+
+    pub(crate) fn read_iov(&self) -> &[RmaIov] {
+        &self.read_iov[..self.read_n as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_split_a_range_across_spans() {
+        let mut s = Sgl::EMPTY;
+        s.push(Span { mr: MrId(1), offset: 100, len: 10 });
+        s.push(Span { mr: MrId(2), offset: 0, len: 5 });
+        s.push(Span { mr: MrId(3), offset: 7, len: 20 });
+        assert_eq!(s.len(), 35);
+        let mut got = Vec::new();
+        s.pieces(8, 10, |p| got.push((p.mr.0, p.offset, p.len)));
+        assert_eq!(got, [(1, 108, 2), (2, 0, 5), (3, 7, 3)]);
+        got.clear();
+        s.pieces(30, 100, |p| got.push((p.mr.0, p.offset, p.len)));
+        assert_eq!(got, [(3, 22, 5)], "clipped at the end");
+        got.clear();
+        s.pieces(40, 1, |p| got.push((p.mr.0, p.offset, p.len)));
+        assert!(got.is_empty());
+        assert_eq!(
+            Sgl::one(Span { mr: MrId(9), offset: 1, len: 2 }).single().map(|s| s.len),
+            Some(2)
+        );
+        assert_eq!(s.single(), None);
+    }
 }

@@ -51,9 +51,18 @@ pub(crate) struct Peer {
     /// address header (40) until their HANDSHAKE, then the connid (4) if
     /// they asked for it.
     pub(crate) req_opt_len: u32,
+    /// Runting-read bytes sent to them and not yet read (provider: the
+    /// runt budget is per peer).
+    pub(crate) runt_in_flight: u64,
 }
 
 impl Peer {
+    /// Whether their HANDSHAKE advertised `feature` (an `extra` bit).
+    #[inline]
+    pub(crate) fn supports(&self, feature: u64) -> bool {
+        self.handshake_received && self.features & feature != 0
+    }
+
     /// Whether they asked for the sender's connid in our headers (extra
     /// request 3, spec 4.4).
     #[inline]
@@ -114,6 +123,7 @@ impl Peers {
             expected_msg_id: first_msg_id,
             reorder: None,
             req_opt_len: RAW_ADDR_HDR_LEN,
+            runt_in_flight: 0,
         });
         self.by_addr.insert(addr, id);
         let i = ah.0 as usize;

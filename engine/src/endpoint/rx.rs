@@ -1,11 +1,13 @@
 //! The receive side: parse, resolve the sender, answer with a HANDSHAKE,
 //! put messages in msg_id order, dispatch.
 
+use super::ops::MAX_IOV;
 use super::peer::{NONE, ReorderBuf};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId};
 use crate::device::{BufId, CqStatus, Cqe, Device, Source};
 use crate::wire::{
-    CtsDataRepr, CtsRepr, Packet, PacketType, RawAddr, ReqClass, ReqField, ReqLayout, ReqPacket,
+    AtomRspRepr, CtsDataRepr, CtsRepr, EorRepr, Packet, PacketType, RawAddr, ReadNackRepr,
+    ReadRspRepr, ReceiptRepr, ReqClass, ReqField, ReqFlags, ReqLayout, ReqPacket, RmaIov,
 };
 
 /// The headers of a received REQ, copied out of its buffer so that the
@@ -13,18 +15,39 @@ use crate::wire::{
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ReqInfo {
     pub(super) ptype: PacketType,
+    pub(super) flags: ReqFlags,
     pub(super) msg_id: u32,
     pub(super) tag: u64,
     pub(super) msg_length: u64,
     pub(super) seg_offset: u64,
     pub(super) send_id: u32,
-    pub(super) rma_iov_count: u32,
+    pub(super) recv_id: u32,
+    pub(super) recv_length: u32,
+    pub(super) atomic_datatype: u32,
+    pub(super) atomic_op: u32,
+    pub(super) runt_length: u64,
+    pub(super) rma_iov: [RmaIov; MAX_IOV],
+    pub(super) rma_n: u8,
+    pub(super) read_iov: [RmaIov; MAX_IOV],
+    pub(super) read_n: u8,
+    /// More than `MAX_IOV` iovs of either kind.
+    pub(super) too_many_iovs: bool,
     pub(super) cq_data: Option<u64>,
     /// The sender's connid: its raw address's, or the connid header.
     pub(super) connid: Option<u32>,
     pub(super) raw_addr: Option<RawAddr>,
     pub(super) payload_off: u32,
     pub(super) payload_len: u32,
+}
+
+/// Copies up to `MAX_IOV` iovs; returns how many and whether there were
+/// more.
+fn copy_iovs(list: crate::wire::IovList<'_>, out: &mut [RmaIov; MAX_IOV]) -> (u8, bool) {
+    let n = list.len();
+    for (slot, iov) in out.iter_mut().zip(list.iter()) {
+        *slot = iov;
+    }
+    (n.min(MAX_IOV) as u8, n > MAX_IOV)
 }
 
 impl ReqInfo {
@@ -34,14 +57,28 @@ impl ReqInfo {
         let field = |f: ReqField| p.field(f).unwrap_or(0);
         // The codec checked the raw address is at least 24 bytes.
         let raw_addr = p.raw_addr().and_then(|a| RawAddr::from_bytes(a).ok());
+        let mut rma_iov = [RmaIov::default(); MAX_IOV];
+        let mut read_iov = [RmaIov::default(); MAX_IOV];
+        let (rma_n, more_rma) = copy_iovs(p.rma_iov(), &mut rma_iov);
+        let (read_n, more_read) = copy_iovs(p.read_iov(), &mut read_iov);
         ReqInfo {
             ptype: p.packet_type(),
+            flags: p.flags(),
             msg_id: field(ReqField::MsgId) as u32,
             tag: field(ReqField::Tag),
             msg_length: field(ReqField::MsgLength),
             seg_offset: field(ReqField::SegOffset),
             send_id: field(ReqField::SendId) as u32,
-            rma_iov_count: field(ReqField::RmaIovCount) as u32,
+            recv_id: field(ReqField::RecvId) as u32,
+            recv_length: field(ReqField::RecvLength) as u32,
+            atomic_datatype: field(ReqField::AtomicDatatype) as u32,
+            atomic_op: field(ReqField::AtomicOp) as u32,
+            runt_length: field(ReqField::RuntLength),
+            rma_iov,
+            rma_n,
+            read_iov,
+            read_n,
+            too_many_iovs: more_rma || more_read,
             cq_data: p.cq_data(),
             // A raw address and a connid header together: the address's
             // connid is the sender's (interop notes).
@@ -58,6 +95,10 @@ impl ReqInfo {
         ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p))
     }
 
+    pub(super) fn rma_iov(&self) -> &[RmaIov] {
+        &self.rma_iov[..self.rma_n as usize]
+    }
+
     /// Whether the type is ordered with messages (it has a msg_id).
     #[inline]
     pub(super) fn has_msg_id(&self) -> bool {
@@ -66,7 +107,8 @@ impl ReqInfo {
     }
 
     /// Whether later packets of its message carry the same msg_id (medium
-    /// segments), so that one already begun must be looked up.
+    /// and runting-read segments), so that one already begun must be
+    /// looked up.
     #[inline]
     pub(super) fn continues_a_message(&self) -> bool {
         matches!(
@@ -81,23 +123,20 @@ impl ReqInfo {
     }
 }
 
-/// A received packet's headers, owned.
+/// A received packet's headers, owned. A stack temporary of one packet's
+/// handling: its size costs a copy, a box would cost an allocation.
 #[derive(Debug, Clone, Copy)]
+#[allow(clippy::large_enum_variant)]
 enum Parsed {
     Req(ReqInfo),
     Cts(CtsRepr),
-    CtsData {
-        repr: CtsDataRepr,
-        payload_off: u32,
-    },
-    Handshake {
-        features: u64,
-        connid: Option<u32>,
-    },
-    /// A type whose protocol this endpoint does not run.
-    Other {
-        connid: Option<u32>,
-    },
+    CtsData { repr: CtsDataRepr, payload_off: u32 },
+    ReadRsp { repr: ReadRspRepr, payload_off: u32 },
+    AtomRsp { repr: AtomRspRepr, payload_off: u32 },
+    Eor(EorRepr),
+    Receipt(ReceiptRepr),
+    ReadNack(ReadNackRepr),
+    Handshake { features: u64, connid: Option<u32> },
 }
 
 impl Parsed {
@@ -106,7 +145,12 @@ impl Parsed {
             Parsed::Req(r) => r.connid,
             Parsed::Cts(c) => c.connid,
             Parsed::CtsData { repr, .. } => repr.connid,
-            Parsed::Handshake { connid, .. } | Parsed::Other { connid, .. } => *connid,
+            Parsed::ReadRsp { repr, .. } => repr.connid,
+            Parsed::AtomRsp { repr, .. } => repr.connid,
+            Parsed::Eor(r) => r.connid,
+            Parsed::Receipt(r) => r.connid,
+            Parsed::ReadNack(r) => r.connid,
+            Parsed::Handshake { connid, .. } => *connid,
         }
     }
 }
@@ -115,17 +159,16 @@ fn parse(bytes: &[u8]) -> Result<Parsed, crate::wire::WireError> {
     if bytes.first().is_some_and(|&t| PacketType::from(t).is_req()) {
         return ReqInfo::parse(bytes).map(Parsed::Req);
     }
+    let off = |payload: &[u8]| (bytes.len() - payload.len()) as u32;
     Ok(match Packet::parse(bytes)? {
         Packet::Cts(c) => Parsed::Cts(c),
-        Packet::CtsData(repr, payload) => {
-            Parsed::CtsData { repr, payload_off: (bytes.len() - payload.len()) as u32 }
-        }
+        Packet::CtsData(repr, p) => Parsed::CtsData { repr, payload_off: off(p) },
+        Packet::ReadRsp(repr, p) => Parsed::ReadRsp { repr, payload_off: off(p) },
+        Packet::AtomRsp(repr, p) => Parsed::AtomRsp { repr, payload_off: off(p) },
+        Packet::Eor(r) => Parsed::Eor(r),
+        Packet::Receipt(r) => Parsed::Receipt(r),
+        Packet::ReadNack(r) => Parsed::ReadNack(r),
         Packet::Handshake(h) => Parsed::Handshake { features: h.features(), connid: h.connid },
-        Packet::ReadRsp(r, _) => Parsed::Other { connid: r.connid },
-        Packet::AtomRsp(r, _) => Parsed::Other { connid: r.connid },
-        Packet::Eor(r) => Parsed::Other { connid: r.connid },
-        Packet::Receipt(r) => Parsed::Other { connid: r.connid },
-        Packet::ReadNack(r) => Parsed::Other { connid: r.connid },
         // REQs took the branch above.
         Packet::Req(..) => {
             return Err(crate::wire::WireError::NotReq { ptype: PacketType::from(bytes[0]) });
@@ -165,7 +208,8 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         let len = (cqe.len as usize).min(self.caps.mtu);
-        let parsed = match parse(&self.dev.buf(buf)[..len]) {
+        let bytes = &self.dev.buf(buf)[..len];
+        let parsed = match parse(bytes) {
             Ok(p) => p,
             Err(e) => {
                 self.counters.drop(DropReason::Malformed);
@@ -174,7 +218,7 @@ impl<D: Device> Endpoint<D> {
                 return;
             }
         };
-        self.counters.rx_by_type[self.dev.buf(buf)[0] as usize] += 1;
+        self.counters.rx_by_type[bytes[0] as usize] += 1;
         let peer = match self.resolve_sender(cqe.src, &parsed) {
             Ok(p) => p,
             Err(reason) => {
@@ -193,22 +237,61 @@ impl<D: Device> Endpoint<D> {
         self.rx_meta[buf as usize].len = len as u32;
         self.rx_meta[buf as usize].peer = peer;
         match parsed {
-            Parsed::Req(info) => self.handle_req(buf, peer, info),
+            Parsed::Req(info) => {
+                if info.too_many_iovs {
+                    self.counters.drop(DropReason::Unsupported);
+                    self.release_rx(buf);
+                } else {
+                    self.handle_req(buf, peer, info);
+                }
+            }
             Parsed::Cts(cts) => {
                 self.handle_cts(peer, &cts);
                 self.release_rx(buf);
             }
             Parsed::CtsData { repr, payload_off } => {
-                self.handle_ctsdata(buf, peer, &repr, payload_off);
+                self.handle_data(
+                    buf,
+                    peer,
+                    repr.recv_id,
+                    repr.seg_offset,
+                    repr.seg_length,
+                    payload_off,
+                    None,
+                );
+                self.release_rx(buf);
+            }
+            Parsed::ReadRsp { repr, payload_off } => {
+                self.handle_data(
+                    buf,
+                    peer,
+                    repr.recv_id,
+                    0,
+                    repr.recv_length,
+                    payload_off,
+                    Some(repr.send_id),
+                );
+                self.release_rx(buf);
+            }
+            Parsed::AtomRsp { repr, payload_off } => {
+                self.handle_atomrsp(buf, peer, &repr, payload_off);
+                self.release_rx(buf);
+            }
+            Parsed::Eor(eor) => {
+                self.handle_eor(peer, eor.send_id);
+                self.release_rx(buf);
+            }
+            Parsed::Receipt(r) => {
+                self.handle_receipt(peer, r.send_id);
+                self.release_rx(buf);
+            }
+            Parsed::ReadNack(n) => {
+                self.handle_read_nack(peer, n.send_id);
                 self.release_rx(buf);
             }
             Parsed::Handshake { features, .. } => {
                 self.peers.get_mut(peer).expect("resolved peer").handshake_arrived(features);
                 self.counters.handshakes_received += 1;
-                self.release_rx(buf);
-            }
-            Parsed::Other { .. } => {
-                self.counters.drop(DropReason::Unsupported);
                 self.release_rx(buf);
             }
         }
@@ -253,6 +336,19 @@ impl<D: Device> Endpoint<D> {
             self.handle_unordered_req(buf, peer, &info);
             return;
         }
+        // The long-CTS REQ re-sent after a READ_NACK continues a message
+        // whose msg_id took its turn already (libfabric:
+        // efa_rdm_pke_proc_rtm_rta skips reordering for it).
+        if info.flags.contains(ReqFlags::READ_NACK) {
+            match self.in_progress.get(peer, info.msg_id) {
+                Some(rx) => self.handle_nack_retry(buf, rx, &info),
+                None => {
+                    self.counters.drop(DropReason::StaleId);
+                    self.release_rx(buf);
+                }
+            }
+            return;
+        }
         // Later packets of a message already begun (medium segments).
         if info.continues_a_message()
             && let Some(rx) = self.in_progress.get(peer, info.msg_id)
@@ -261,7 +357,7 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         if !self.cfg.ordered {
-            if !self.handle_new_msg(buf, peer, &info) {
+            if !self.handle_ordered_req(buf, peer, &info) {
                 self.stalled_bufs.push_back(buf);
             }
             return;
@@ -272,7 +368,7 @@ impl<D: Device> Endpoint<D> {
         if ahead == 0
             && p.reorder.as_ref().is_none_or(|r| r.slots[(info.msg_id % window) as usize] == NONE)
         {
-            if self.handle_new_msg(buf, peer, &info) {
+            if self.handle_ordered_req(buf, peer, &info) {
                 let p = self.peers.get_mut(peer).expect("live peer");
                 p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
                 self.drain_reorder(peer);
@@ -288,6 +384,16 @@ impl<D: Device> Endpoint<D> {
             // Already delivered (a duplicate) or too far ahead.
             self.counters.drop(DropReason::MsgIdOutOfWindow);
             self.release_rx(buf);
+        }
+    }
+
+    /// A REQ with a msg_id whose turn has come: a message or an atomic.
+    /// Returns false, leaving the packet to the caller, when it cannot be
+    /// taken in yet.
+    fn handle_ordered_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) -> bool {
+        match ReqLayout::of(info.ptype).map(|l| l.class) {
+            Some(ReqClass::Rta) => self.handle_rta(buf, peer, info),
+            _ => self.handle_new_msg(buf, peer, info),
         }
     }
 
@@ -334,21 +440,26 @@ impl<D: Device> Endpoint<D> {
             // The first packet of the message decides whether it can go.
             let Some(info) = self.held_info(head) else {
                 // Cannot happen for a packet accepted once; drop the chain.
-                self.take_slot(peer, slot);
+                let mut b = self.take_slot(peer, slot);
+                while b != NO_BUF {
+                    let next = self.rx_meta[b as usize].next;
+                    self.release_rx(b);
+                    b = next;
+                }
                 continue;
             };
             let chain = self.take_slot(peer, slot);
             let rest = self.rx_meta[chain as usize].next;
             self.rx_meta[chain as usize].next = NO_BUF;
             let taken = match self.in_progress.get(peer, info.msg_id) {
-                Some(rx) => {
+                Some(rx) if info.continues_a_message() => {
                     self.handle_segment(chain, rx, &info);
                     true
                 }
-                None => self.handle_new_msg(chain, peer, &info),
+                _ => self.handle_ordered_req(chain, peer, &info),
             };
             if !taken {
-                // Put the chain back whole and wait for receive entries.
+                // Put the chain back whole and wait for resources.
                 self.rx_meta[chain as usize].next = rest;
                 let held = 1 + self.chain_len(rest);
                 let p = self.peers.get_mut(peer).expect("live peer");
@@ -366,8 +477,10 @@ impl<D: Device> Endpoint<D> {
                 self.rx_meta[buf as usize].next = NO_BUF;
                 match self.held_info(buf) {
                     Some(info) => match self.in_progress.get(peer, info.msg_id) {
-                        Some(rx) => self.handle_segment(buf, rx, &info),
-                        None => {
+                        Some(rx) if info.continues_a_message() => {
+                            self.handle_segment(buf, rx, &info)
+                        }
+                        _ => {
                             // The message completed: a duplicate.
                             self.counters.drop(DropReason::MsgIdOutOfWindow);
                             self.release_rx(buf);
@@ -382,15 +495,13 @@ impl<D: Device> Endpoint<D> {
 
     /// Empties a reorder slot, returning its chain.
     fn take_slot(&mut self, peer: u32, slot: usize) -> BufId {
-        let p = self.peers.get_mut(peer).expect("live peer");
-        let rb = p.reorder.as_mut().expect("reorder buffer");
-        let head = std::mem::replace(&mut rb.slots[slot], NONE);
-        let mut n = 0;
-        let mut b = head;
-        while b != NO_BUF {
-            n += 1;
-            b = self.rx_meta[b as usize].next;
-        }
+        let head = {
+            let p = self.peers.get_mut(peer).expect("live peer");
+            let rb = p.reorder.as_mut().expect("reorder buffer");
+            std::mem::replace(&mut rb.slots[slot], NONE)
+        };
+        let n = self.chain_len(head);
+        let rb = self.peers.get_mut(peer).and_then(|p| p.reorder.as_mut()).expect("reorder buffer");
         rb.held -= n;
         head
     }
@@ -405,19 +516,19 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// The headers of a held packet (it was valid when it arrived).
-    fn held_info(&self, buf: BufId) -> Option<ReqInfo> {
+    pub(super) fn held_info(&self, buf: BufId) -> Option<ReqInfo> {
         let len = self.rx_meta[buf as usize].len as usize;
         ReqInfo::parse(&self.dev.buf(buf)[..len]).ok()
     }
 
-    /// Marks a peer whose next message waits for a receive entry.
+    /// Marks a peer whose next message waits for resources.
     fn stall(&mut self, peer: u32) {
         if !self.stalled_peers.contains(&peer) {
             self.stalled_peers.push_back(peer);
         }
     }
 
-    /// Retries messages that waited for receive entries.
+    /// Retries messages that waited for resources.
     #[inline]
     pub(super) fn retry_stalled(&mut self) {
         if self.stalled_peers.is_empty() && self.stalled_bufs.is_empty() {
@@ -429,22 +540,17 @@ impl<D: Device> Endpoint<D> {
     #[cold]
     fn retry_stalled_slow(&mut self) {
         for _ in 0..self.stalled_peers.len() {
-            if self.rx_ops.is_full() {
-                return;
-            }
             let Some(peer) = self.stalled_peers.pop_front() else { return };
             self.drain_reorder(peer);
         }
         for _ in 0..self.stalled_bufs.len() {
-            if self.rx_ops.is_full() {
-                return;
-            }
             let Some(buf) = self.stalled_bufs.pop_front() else { return };
             let peer = self.rx_meta[buf as usize].peer;
             match self.held_info(buf) {
                 Some(info) => {
-                    if !self.handle_new_msg(buf, peer, &info) {
+                    if !self.handle_ordered_req(buf, peer, &info) {
                         self.stalled_bufs.push_back(buf);
+                        return;
                     }
                 }
                 None => self.release_rx(buf),
@@ -452,12 +558,18 @@ impl<D: Device> Endpoint<D> {
         }
     }
 
-    /// REQs without a msg_id: the emulated one-sided protocols.
-    fn handle_unordered_req(&mut self, buf: BufId, _peer: u32, info: &ReqInfo) {
-        // A zero-byte EAGER_RTW writes nothing: peers send it to get our
-        // HANDSHAKE (already queued by the caller).
-        if info.ptype != PacketType::EagerRtw || info.rma_iov_count != 0 {
-            self.counters.drop(DropReason::Unsupported);
+    /// REQs without a msg_id: the emulated write and read protocols.
+    fn handle_unordered_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
+        match info.ptype {
+            PacketType::ShortRtr | PacketType::LongCtsRtr => self.handle_rtr(peer, info),
+            PacketType::EagerRtw | PacketType::DcEagerRtw => self.handle_eager_rtw(buf, peer, info),
+            PacketType::LongCtsRtw | PacketType::DcLongCtsRtw | PacketType::LongReadRtw
+                if !info.flags.contains(ReqFlags::READ_NACK) =>
+            {
+                self.handle_long_rtw(buf, peer, info);
+                return;
+            }
+            _ => self.counters.drop(DropReason::Unsupported),
         }
         self.release_rx(buf);
     }

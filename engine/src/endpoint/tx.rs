@@ -1,24 +1,31 @@
 //! The transmit side: packet buffers, control packets waiting for a
 //! buffer, operations with packets due, and posting in bursts.
 //!
-//! Control packets the endpoint generates itself (HANDSHAKE, CTS, the
-//! handshake trigger) are queued and built when a buffer is free: never
-//! lost. Every built packet holds a TX buffer until the device completes
-//! it; built packets the device did not take yet wait in `pending`.
+//! Control packets the endpoint generates itself (HANDSHAKE, CTS, EOR,
+//! RECEIPT, READ_NACK, RTR, the handshake trigger) are queued and built
+//! when a buffer is free: never lost. Every built packet holds a TX buffer
+//! until the device completes it; built packets the device did not take
+//! yet wait in `pending`.
 
 use std::collections::VecDeque;
 
-use super::cq::Status;
-use super::ops::Proto;
-use super::{DropReason, Endpoint};
-use crate::device::{BufId, CqStatus, Cqe, Device, SendWr};
+use super::atomic::RtaClass;
+use super::cq::{Completion, Op, Status};
+use super::ops::{MAX_IOV, Proto, Sgl, TxKind};
+use super::{DropReason, Endpoint, PeerId};
+use crate::device::{BufId, CqStatus, Cqe, DataSeg, Device, SendWr};
 use crate::wire::{
-    CtsDataRepr, CtsFlags, CtsRepr, HandshakeFlags, HandshakeRepr, PacketType, PktFlags, ReqLayout,
-    ReqRepr, WireList, extra,
+    CtsDataRepr, CtsFlags, CtsRepr, EorRepr, HandshakeFlags, HandshakeRepr, IovList, PacketType,
+    PktFlags, ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqFlags, ReqLayout, ReqRepr, RmaIov,
+    WireList, extra,
 };
 
 /// Sends posted to the device per call.
 const POST_BURST: usize = 32;
+
+/// Payloads at least this long are sent from the application's region
+/// without a copy (a second gather element); shorter ones are copied.
+const ZERO_COPY_MIN: u64 = 1024;
 
 /// A control packet to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,8 +35,17 @@ pub(crate) enum Ctrl {
     /// A zero-byte EAGER_RTW: makes the peer answer with its HANDSHAKE
     /// (libfabric: efa_rdm_ep_trigger_handshake).
     HandshakeTrigger { peer: u32 },
-    /// Clear to send `recv_length` more bytes (spec 3.2).
-    Cts { peer: u32, send_id: u32, recv_id: u32, recv_length: u64 },
+    /// Clear to send `recv_length` more bytes (spec 3.2); `read` marks the
+    /// CTS of an emulated read (flag 0x80).
+    Cts { peer: u32, send_id: u32, recv_id: u32, recv_length: u64, read: bool },
+    /// The data of a delivery-complete operation reached its target.
+    Receipt { peer: u32, send_id: u32, msg_id: u32 },
+    /// The receiver finished reading a long-read transfer.
+    Eor { peer: u32, send_id: u32, recv_id: u32 },
+    /// The receiver could not prepare to read: fall back to long-CTS.
+    ReadNack { peer: u32, send_id: u32, recv_id: u32 },
+    /// The request of emulated read `rx` (SHORT_RTR or LONGCTS_RTR).
+    Rtr { rx: u32 },
 }
 
 /// Who a TX buffer's packet belongs to.
@@ -37,7 +53,7 @@ pub(crate) enum Ctrl {
 pub(crate) enum Owner {
     /// A control packet or an inject: nothing waits for it.
     Ctrl,
-    /// A send operation's packet.
+    /// A send-side operation's packet.
     Op(u32),
     /// An eager message built when it was sent: the whole operation, so
     /// that its completion needs no operation entry.
@@ -62,8 +78,13 @@ pub(crate) struct TxQueue {
     pending: Vec<SendWr>,
     posted: usize,
     ctrl: VecDeque<Ctrl>,
-    /// Send operations with packets due, in the order they became due.
+    /// Send-side operations with packets (or RDMA) due, in the order they
+    /// became due.
     ready: VecDeque<u32>,
+    /// Send-side device RDMA operations with segments due.
+    pub(crate) rdma: VecDeque<u32>,
+    /// Receive-side operations with RDMA reads due.
+    pub(crate) reads: VecDeque<u32>,
 }
 
 impl TxQueue {
@@ -76,6 +97,8 @@ impl TxQueue {
             posted: 0,
             ctrl: VecDeque::with_capacity(ops),
             ready: VecDeque::with_capacity(ops),
+            rdma: VecDeque::with_capacity(ops),
+            reads: VecDeque::with_capacity(ops),
         }
     }
 
@@ -94,13 +117,54 @@ impl TxQueue {
     }
 }
 
+/// The REQ type of a send-side operation's first packet.
+fn req_type(
+    kind: TxKind,
+    proto: Proto,
+    tagged: bool,
+    dc: bool,
+    rta: Option<RtaClass>,
+) -> PacketType {
+    use PacketType as T;
+    match (kind, proto, tagged, dc) {
+        (TxKind::Msg, Proto::Eager, false, false) => T::EagerMsgRtm,
+        (TxKind::Msg, Proto::Eager, true, false) => T::EagerTagRtm,
+        (TxKind::Msg, Proto::Eager, false, true) => T::DcEagerMsgRtm,
+        (TxKind::Msg, Proto::Eager, true, true) => T::DcEagerTagRtm,
+        (TxKind::Msg, Proto::Medium, false, false) => T::MediumMsgRtm,
+        (TxKind::Msg, Proto::Medium, true, false) => T::MediumTagRtm,
+        (TxKind::Msg, Proto::Medium, false, true) => T::DcMediumMsgRtm,
+        (TxKind::Msg, Proto::Medium, true, true) => T::DcMediumTagRtm,
+        (TxKind::Msg, Proto::LongCts, false, false) => T::LongCtsMsgRtm,
+        (TxKind::Msg, Proto::LongCts, true, false) => T::LongCtsTagRtm,
+        (TxKind::Msg, Proto::LongCts, false, true) => T::DcLongCtsMsgRtm,
+        (TxKind::Msg, Proto::LongCts, true, true) => T::DcLongCtsTagRtm,
+        (TxKind::Msg, Proto::LongRead, false, _) => T::LongReadMsgRtm,
+        (TxKind::Msg, Proto::LongRead, true, _) => T::LongReadTagRtm,
+        (TxKind::Msg, Proto::RuntRead, false, _) => T::RuntReadMsgRtm,
+        (TxKind::Msg, Proto::RuntRead, true, _) => T::RuntReadTagRtm,
+        (TxKind::Write, Proto::Eager, _, false) => T::EagerRtw,
+        (TxKind::Write, Proto::Eager, _, true) => T::DcEagerRtw,
+        (TxKind::Write, Proto::LongCts, _, false) => T::LongCtsRtw,
+        (TxKind::Write, Proto::LongCts, _, true) => T::DcLongCtsRtw,
+        (TxKind::Write, _, _, _) => T::LongReadRtw,
+        (TxKind::Atomic, _, _, dc) => match rta {
+            Some(RtaClass::Write) | None if dc => T::DcWriteRta,
+            Some(RtaClass::Write) | None => T::WriteRta,
+            Some(RtaClass::Fetch) => T::FetchRta,
+            Some(RtaClass::Compare) => T::CompareRta,
+        },
+        (TxKind::ReadRsp | TxKind::Rdma { .. }, _, _, _) => T::ReadRsp,
+    }
+}
+
 impl<D: Device> Endpoint<D> {
     /// Queues a control packet.
     pub(super) fn queue_ctrl(&mut self, c: Ctrl) {
         self.txq.ctrl.push_back(c);
     }
 
-    /// Puts a send operation on the list of those with packets due.
+    /// Puts a send-side operation on the list of those with packets due.
     pub(super) fn mark_ready(&mut self, id: u32) {
         if let Some(op) = self.tx_ops.get_mut(id)
             && !op.queued
@@ -119,18 +183,21 @@ impl<D: Device> Endpoint<D> {
             // The device is full: building more would only pin buffers.
             return posted;
         }
-        while self.txq.has_free_buf() {
-            let built = match self.txq.ctrl.front().copied() {
-                Some(c) => {
-                    self.txq.ctrl.pop_front();
-                    self.build_ctrl(c);
-                    true
-                }
-                None => self.build_next_op_packet(),
+        loop {
+            let built = if !self.txq.has_free_buf() {
+                false
+            } else if let Some(c) = self.txq.ctrl.pop_front() {
+                self.build_ctrl(c);
+                true
+            } else {
+                self.build_next_op_packet()
             };
-            if !built {
+            // RDMA needs no packet buffer, only a TX slot.
+            let read = !built && self.post_next_rdma();
+            if !built && !read {
                 break;
             }
+            posted |= read;
             if self.txq.pending_len() >= POST_BURST {
                 posted |= self.post_pending();
                 if self.txq.pending_len() > 0 {
@@ -142,7 +209,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Posts pending packets in bursts; returns whether any was taken.
-    fn post_pending(&mut self) -> bool {
+    pub(super) fn post_pending(&mut self) -> bool {
         let q = &mut self.txq;
         let mut any = false;
         while q.posted < q.pending.len() {
@@ -170,13 +237,34 @@ impl<D: Device> Endpoint<D> {
         Some(b)
     }
 
-    /// Queues the packet in buffer `buf` for posting to `peer`.
+    /// Returns a TX buffer taken and not used.
+    pub(super) fn release_tx_buf(&mut self, buf: BufId) {
+        self.txq.owner[buf as usize] = Owner::Ctrl;
+        self.txq.free.push(buf);
+    }
+
+    /// Queues the packet in buffer `buf` (its first `len` bytes, then
+    /// `data` if any) for posting to `peer`.
     #[inline]
-    pub(super) fn push_packet(&mut self, peer: u32, buf: BufId, len: usize) {
+    pub(super) fn push_packet(
+        &mut self,
+        peer: u32,
+        ptype: PacketType,
+        buf: BufId,
+        len: usize,
+        data: Option<DataSeg>,
+    ) {
         let ah = self.peers.get(peer).expect("live peer").ah;
-        let t = self.dev.buf(buf)[0];
-        self.counters.tx_by_type[t as usize] += 1;
-        self.txq.pending.push(SendWr { ah, buf, len: len as u32, data: None, wr_id: buf as u64 });
+        self.counters.tx_by_type[ptype.id() as usize] += 1;
+        self.txq.pending.push(SendWr { ah, buf, len: len as u32, data, wr_id: buf as u64 });
+    }
+
+    /// Posts built packets once a burst's worth is waiting.
+    #[inline]
+    pub(super) fn maybe_post(&mut self) {
+        if self.txq.pending_len() >= POST_BURST {
+            self.flush_tx();
+        }
     }
 
     /// A send completed at the device: frees its buffer, advances its
@@ -188,44 +276,54 @@ impl<D: Device> Endpoint<D> {
         if cqe.status != CqStatus::Ok {
             self.counters.drop(DropReason::DeviceError);
         }
-        if let Owner::Eager(e) = owner {
-            let mut c = super::Completion::new(super::Op::Send, e.ctx);
-            c.len = e.len as u64;
-            c.tag = e.tag;
-            c.tagged = e.tagged;
-            c.peer = Some(super::PeerId(e.peer));
-            c.status = match cqe.status {
-                CqStatus::Ok => Status::Ok,
-                CqStatus::PeerUnreachable => Status::PeerUnreachable,
-                _ => Status::DeviceError,
-            };
-            self.cq.push(c);
-        } else if let Owner::Op(id) = owner {
-            let Some(op) = self.tx_ops.get_mut(id) else { return };
-            op.in_flight -= 1;
-            if cqe.status != CqStatus::Ok && op.error.is_none() {
-                op.error = Some(match cqe.status {
-                    CqStatus::PeerUnreachable => Status::PeerUnreachable,
-                    CqStatus::RemoteAccess => Status::RemoteAccess,
-                    _ => Status::DeviceError,
-                });
+        match owner {
+            Owner::Ctrl => {}
+            Owner::Eager(e) => {
+                let mut c = Completion::new(Op::Send, e.ctx);
+                c.len = e.len as u64;
+                c.tag = e.tag;
+                c.tagged = e.tagged;
+                c.peer = Some(PeerId(e.peer));
+                c.status = device_status(cqe.status);
+                self.cq.push(c);
             }
-            if op.is_done() {
-                self.finish_tx_op(id);
+            Owner::Op(id) => {
+                let Some(op) = self.tx_ops.get_mut(id) else { return };
+                op.in_flight -= 1;
+                if cqe.status != CqStatus::Ok && op.error.is_none() {
+                    op.error = Some(device_status(cqe.status));
+                }
+                if op.is_done() {
+                    self.finish_tx_op(id);
+                }
             }
         }
     }
 
-    /// Reports a finished send and frees it.
+    /// Reports a finished send-side operation and frees it.
     pub(super) fn finish_tx_op(&mut self, id: u32) {
         let Some(op) = self.tx_ops.get(id) else { return };
-        let mut c = super::Completion::new(super::Op::Send, op.ctx);
-        c.len = op.total;
-        c.tag = op.tag;
-        c.tagged = op.tagged;
-        c.peer = Some(super::PeerId(op.peer));
-        c.status = op.error.unwrap_or(Status::Ok);
-        self.cq.push(c);
+        if op.report {
+            let kind = match op.kind {
+                TxKind::Msg => Op::Send,
+                TxKind::Write | TxKind::Rdma { read: false } => Op::Write,
+                TxKind::Rdma { read: true } | TxKind::ReadRsp => Op::Read,
+                TxKind::Atomic => Op::Atomic,
+            };
+            let mut c = Completion::new(kind, op.ctx);
+            c.len = op.total;
+            c.tag = op.tag;
+            c.tagged = op.tagged;
+            c.peer = Some(PeerId(op.peer));
+            c.status = op.error.unwrap_or(Status::Ok);
+            self.cq.push(c);
+        }
+        if matches!(op.proto, Proto::RuntRead) {
+            let runt = op.granted;
+            if let Some(p) = self.peers.get_mut(op.peer) {
+                p.runt_in_flight = p.runt_in_flight.saturating_sub(runt);
+            }
+        }
         self.tx_ops.free(id);
     }
 
@@ -244,11 +342,12 @@ impl<D: Device> Endpoint<D> {
 
     /// The connid field of a non-REQ packet to `peer`.
     #[inline]
-    fn ctrl_connid(&self, peer: u32) -> Option<u32> {
+    pub(super) fn ctrl_connid(&self, peer: u32) -> Option<u32> {
         self.peers.get(peer).expect("live peer").wants_connid().then_some(self.addr.connid)
     }
 
-    /// Bytes of header a REQ of `ptype` to `peer` takes now.
+    /// Bytes of header a REQ of `ptype` to `peer` takes now (without iov
+    /// arrays).
     #[inline]
     pub(super) fn req_header_len(&self, ptype: PacketType, peer: u32, cq_data: bool) -> usize {
         let fixed = ReqLayout::of(ptype).expect("REQ type").header_len();
@@ -258,72 +357,100 @@ impl<D: Device> Endpoint<D> {
 
     fn build_ctrl(&mut self, c: Ctrl) {
         let buf = self.take_tx_buf(Owner::Ctrl).expect("caller checked a free buffer");
-        let (peer, len) = match c {
+        let (peer, ptype, len) = match c {
             Ctrl::Handshake { peer } => {
-                let mut flags = HandshakeFlags::empty();
-                // Providers always send device_version; some receivers read
-                // it without checking its flag (interop notes).
-                let features = self.features();
-                let words = [features];
+                let words = [self.features()];
+                // Providers always send device_version; some receivers
+                // read it without checking its flag (interop notes).
                 let repr = HandshakeRepr {
-                    flags: flags.difference(HandshakeFlags::OPT_FIELDS),
+                    flags: HandshakeFlags::empty(),
                     extra_info: WireList::Host(&words),
                     connid: Some(self.addr.connid),
                     host_id: (self.cfg.host_id != 0).then_some(self.cfg.host_id),
                     device_version: Some(self.caps.device_version),
                     user_recv_qp: None,
                 };
-                flags = repr.wire_flags();
-                debug_assert!(flags.contains(HandshakeFlags::CONNID_HDR));
-                let len = repr.emit(self.dev.buf_mut(buf));
                 self.counters.handshakes_sent += 1;
-                (peer, len)
+                (peer, PacketType::Handshake, repr.emit(self.dev.buf_mut(buf)))
             }
             Ctrl::HandshakeTrigger { peer } => {
                 let mut r = ReqRepr::new(PacketType::EagerRtw);
                 let (raw, connid) = self.req_opt_headers(peer);
-                let addr_hdr = self.addr_hdr;
                 if raw {
-                    r.raw_addr = Some(&addr_hdr);
+                    r.raw_addr = Some(&self.addr_hdr);
                 }
                 r.connid = connid;
-                (peer, r.emit(self.dev.buf_mut(buf)))
+                (peer, PacketType::EagerRtw, r.emit(self.dev.buf_mut(buf)))
             }
-            Ctrl::Cts { peer, send_id, recv_id, recv_length } => {
+            Ctrl::Cts { peer, send_id, recv_id, recv_length, read } => {
+                let flags = if read { CtsFlags::EMULATED_READ } else { CtsFlags::empty() };
                 let repr = CtsRepr {
-                    flags: CtsFlags::empty(),
+                    flags,
                     connid: self.ctrl_connid(peer),
                     send_id,
                     recv_id,
                     recv_length,
                 };
-                (peer, repr.emit(self.dev.buf_mut(buf)))
+                (peer, PacketType::Cts, repr.emit(self.dev.buf_mut(buf)))
+            }
+            Ctrl::Receipt { peer, send_id, msg_id } => {
+                let repr = ReceiptRepr {
+                    flags: PktFlags::empty(),
+                    send_id,
+                    msg_id,
+                    connid: self.ctrl_connid(peer),
+                };
+                (peer, PacketType::Receipt, repr.emit(self.dev.buf_mut(buf)))
+            }
+            Ctrl::Eor { peer, send_id, recv_id } => {
+                let repr = EorRepr {
+                    flags: PktFlags::empty(),
+                    send_id,
+                    recv_id,
+                    connid: self.ctrl_connid(peer),
+                };
+                (peer, PacketType::Eor, repr.emit(self.dev.buf_mut(buf)))
+            }
+            Ctrl::ReadNack { peer, send_id, recv_id } => {
+                let repr = ReadNackRepr {
+                    flags: PktFlags::empty(),
+                    send_id,
+                    recv_id,
+                    connid: self.ctrl_connid(peer),
+                };
+                self.counters.read_nacks += 1;
+                (peer, PacketType::ReadNack, repr.emit(self.dev.buf_mut(buf)))
+            }
+            Ctrl::Rtr { rx } => {
+                let Some(op) = self.rx_ops.get(rx) else {
+                    // Timed out before its request went: nothing to send.
+                    self.release_tx_buf(buf);
+                    return;
+                };
+                let (peer, total, granted) = (op.peer, op.total, op.granted);
+                let remote: [RmaIov; MAX_IOV] = op.read_iov;
+                let n = op.read_n as usize;
+                let readrsp_room = (self.caps.mtu - ReadRspRepr::default().buffer_len()) as u64;
+                let ptype = if total <= readrsp_room {
+                    PacketType::ShortRtr
+                } else {
+                    PacketType::LongCtsRtr
+                };
+                let mut r = ReqRepr::new(ptype);
+                r.msg_length = total;
+                r.recv_id = rx;
+                // SHORT_RTR carries the read length here too (interop notes).
+                r.recv_length = granted.min(u32::MAX as u64) as u32;
+                r.rma_iov = IovList::Host(&remote[..n]);
+                let (raw, connid) = self.req_opt_headers(peer);
+                if raw {
+                    r.raw_addr = Some(&self.addr_hdr);
+                }
+                r.connid = connid;
+                (peer, ptype, r.emit(self.dev.buf_mut(buf)))
             }
         };
-        self.push_packet(peer, buf, len);
-    }
-
-    /// Writes the REQ of type `ptype` for send operation `id` into `buf`;
-    /// returns the header length and how much data follows it.
-    #[inline(always)]
-    fn emit_req(&mut self, buf: BufId, id: u32, ptype: PacketType) -> (usize, u64) {
-        let op = self.tx_ops.get(id).expect("live op");
-        let mut r = ReqRepr::new(ptype);
-        r.msg_id = op.msg_id;
-        r.tag = op.tag;
-        r.msg_length = op.total;
-        r.seg_offset = op.sent;
-        r.send_id = id;
-        r.credit_request = self.cfg.cts_window;
-        r.cq_data = op.cq_data;
-        let (total, sent) = (op.total, op.sent);
-        let (raw, connid) = self.req_opt_headers(op.peer);
-        if raw {
-            r.raw_addr = Some(&self.addr_hdr);
-        }
-        r.connid = connid;
-        let room = (self.caps.mtu - r.buffer_len()) as u64;
-        (r.emit(self.dev.buf_mut(buf)), (total - sent).min(room))
+        self.push_packet(peer, ptype, buf, len, None);
     }
 
     /// Writes an eager RTM header for `peer` into `buf`; returns its
@@ -370,17 +497,30 @@ impl<D: Device> Endpoint<D> {
     /// The extra features and requests this endpoint advertises: only what
     /// it implements end to end.
     pub(super) fn features(&self) -> u64 {
-        extra::CONNID_HEADER
+        let mut f = extra::CONNID_HEADER | extra::DELIVERY_COMPLETE | extra::READ_NACK;
+        if self.caps.rdma_read {
+            f |= extra::RDMA_READ | extra::RUNTING_READ;
+        }
+        if self.caps.rdma_write {
+            f |= extra::RDMA_WRITE;
+        }
+        f
     }
 
     /// Builds the next packet of the first operation with one due; returns
     /// whether it built one.
     fn build_next_op_packet(&mut self) -> bool {
         while let Some(&id) = self.txq.ready.front() {
-            let due = self.tx_ops.get(id).is_some_and(|op| op.has_packet_due());
-            if !due {
+            let Some(op) = self.tx_ops.get(id) else {
                 self.txq.ready.pop_front();
-                if let Some(op) = self.tx_ops.get_mut(id) {
+                continue;
+            };
+            if !op.has_packet_due() || matches!(op.kind, TxKind::Rdma { .. }) {
+                let rdma = matches!(op.kind, TxKind::Rdma { .. }) && op.has_packet_due();
+                self.txq.ready.pop_front();
+                if rdma {
+                    self.txq.rdma.push_back(id);
+                } else if let Some(op) = self.tx_ops.get_mut(id) {
                     op.queued = false;
                 }
                 continue;
@@ -396,52 +536,185 @@ impl<D: Device> Endpoint<D> {
         false
     }
 
-    /// Builds one packet of send operation `id`: its REQ (with as much
-    /// data as fits), then medium segments or CTSDATA.
+    /// Builds one packet of send-side operation `id`: its REQ (with as
+    /// much data as fits), then medium/runt segments, CTSDATA or READRSP.
     pub(super) fn build_op_packet(&mut self, id: u32) {
         let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
         let op = self.tx_ops.get(id).expect("live op");
-        let (peer, src, sent, first) = (op.peer, op.src, op.sent, !op.req_built);
-        // One arm per REQ type, each with its type a constant, so that the
-        // header's emit folds to its stores (see `ReqRepr::emit`).
-        use PacketType as T;
-        let (len, data_len) = match (op.proto, op.tagged, first) {
-            (Proto::Eager, false, _) => self.emit_req(buf, id, T::EagerMsgRtm),
-            (Proto::Eager, true, _) => self.emit_req(buf, id, T::EagerTagRtm),
-            (Proto::Medium, false, _) => self.emit_req(buf, id, T::MediumMsgRtm),
-            (Proto::Medium, true, _) => self.emit_req(buf, id, T::MediumTagRtm),
-            (Proto::LongCts, false, true) => self.emit_req(buf, id, T::LongCtsMsgRtm),
-            (Proto::LongCts, true, true) => self.emit_req(buf, id, T::LongCtsTagRtm),
-            (Proto::LongCts, _, false) => {
+        let first = !op.req_built;
+        let (ptype, hdr, data_len) = match (op.kind, op.proto, first) {
+            (TxKind::ReadRsp, _, true) => {
+                let mut r = ReadRspRepr {
+                    flags: PktFlags::empty(),
+                    connid: self.ctrl_connid(op.peer),
+                    recv_id: op.recv_id,
+                    send_id: id,
+                    recv_length: 0,
+                };
+                let room = (self.caps.mtu - r.buffer_len()) as u64;
+                r.recv_length = (op.granted - op.sent).min(room);
+                (PacketType::ReadRsp, r.emit(self.dev.buf_mut(buf)), r.recv_length)
+            }
+            (TxKind::Msg | TxKind::Write | TxKind::ReadRsp, Proto::LongCts, false)
+            | (TxKind::ReadRsp, _, false) => {
                 let mut d = CtsDataRepr {
                     flags: PktFlags::empty(),
                     recv_id: op.recv_id,
                     seg_length: 0,
-                    seg_offset: sent,
-                    connid: self.ctrl_connid(peer),
+                    seg_offset: op.sent,
+                    connid: self.ctrl_connid(op.peer),
                 };
                 let room = (self.caps.mtu - d.buffer_len()) as u64;
-                d.seg_length = (op.granted - sent).min(room);
-                (d.emit(self.dev.buf_mut(buf)), d.seg_length)
+                d.seg_length = (op.granted - op.sent).min(room);
+                (PacketType::CtsData, d.emit(self.dev.buf_mut(buf)), d.seg_length)
+            }
+            (kind, proto, _) => {
+                let rta = op.atomic.map(|a| a.class);
+                let proto = if op.after_nack { Proto::LongCts } else { proto };
+                let ptype = req_type(kind, proto, op.tagged, op.dc, rta);
+                self.emit_req(buf, id, ptype)
             }
         };
-        if data_len > 0 {
-            let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
-            let from = (src.offset + sent) as usize;
-            pkt[len..len + data_len as usize]
-                .copy_from_slice(&region[from..from + data_len as usize]);
-        }
+        // The data: atomics copied their operands already.
+        let (src, sent, peer) = {
+            let op = self.tx_ops.get(id).expect("live op");
+            (op.src, op.sent, op.peer)
+        };
+        let data = if data_len > 0 && self.tx_ops.get(id).is_some_and(|o| o.kind != TxKind::Atomic)
+        {
+            self.attach(buf, hdr, &src, sent, data_len)
+        } else {
+            None
+        };
         let op = self.tx_ops.get_mut(id).expect("live op");
-        if !op.req_built && op.proto == Proto::LongCts {
-            // What the RTM carries is granted by the protocol itself; CTS
-            // grants count from there.
-            op.granted = data_len;
+        if first {
+            op.req_built = true;
+            match op.proto {
+                // What the RTM carries is granted by the protocol itself;
+                // CTS grants count from there.
+                Proto::LongCts if op.kind != TxKind::ReadRsp && !op.after_nack => {
+                    op.granted = data_len
+                }
+                _ => {}
+            }
         }
-        op.req_built = true;
-        op.sent += data_len;
+        if op.kind == TxKind::Atomic {
+            // The operands went in the REQ.
+            op.sent = op.total;
+        } else {
+            op.sent += data_len;
+        }
         op.in_flight += 1;
-        self.push_packet(peer, buf, len + data_len as usize);
-        let peer = self.peers.get_mut(peer).expect("live peer");
-        peer.req_sent = true;
+        let wire = hdr + if data.is_some() { 0 } else { data_len as usize };
+        self.push_packet(peer, ptype, buf, wire, data);
+        self.peers.get_mut(peer).expect("live peer").req_sent = true;
+    }
+
+    /// Writes the REQ of type `ptype` for send-side operation `id` into
+    /// `buf`; returns the type, the header length (with iov arrays and,
+    /// for atomics, the operands) and how much data follows it.
+    fn emit_req(&mut self, buf: BufId, id: u32, ptype: PacketType) -> (PacketType, usize, u64) {
+        let op = self.tx_ops.get(id).expect("live op");
+        let mut r = ReqRepr::new(ptype);
+        r.msg_id = op.msg_id;
+        r.tag = op.tag;
+        r.msg_length = op.total;
+        r.seg_offset = op.sent;
+        r.send_id = id;
+        r.recv_id = id;
+        r.credit_request = self.cfg.cts_window;
+        r.cq_data = op.cq_data;
+        if op.after_nack {
+            r.flags |= ReqFlags::READ_NACK;
+        }
+        let remote: [RmaIov; MAX_IOV] = op.remote;
+        r.rma_iov = IovList::Host(&remote[..op.remote_n as usize]);
+        let mut read_iov = [RmaIov::default(); MAX_IOV];
+        let mut read_n = 0;
+        if matches!(op.proto, Proto::LongRead | Proto::RuntRead) && !op.after_nack {
+            op.src.pieces(0, op.total, |p| {
+                let mr = self.mem.get(p.mr).expect("registered source");
+                read_iov[read_n] = RmaIov { addr: mr.addr_at(p.offset), len: p.len, key: mr.key };
+                read_n += 1;
+            });
+            r.runt_length = if op.proto == Proto::RuntRead { op.granted } else { 0 };
+        }
+        r.read_iov = IovList::Host(&read_iov[..read_n]);
+        if let Some(a) = op.atomic {
+            r.atomic_datatype = a.datatype;
+            r.atomic_op = a.op;
+        }
+        let (raw, connid) = self.req_opt_headers(op.peer);
+        if raw {
+            r.raw_addr = Some(&self.addr_hdr);
+        }
+        r.connid = connid;
+        let room = (self.caps.mtu - r.buffer_len()) as u64;
+        let data_len = match (op.kind, op.proto) {
+            _ if op.after_nack => 0,
+            (TxKind::Atomic, _) => {
+                let a = op.atomic.expect("atomic op");
+                let (src, compare) = (op.src.single().expect("one operand span"), a.compare);
+                let hdr = r.emit(self.dev.buf_mut(buf));
+                let n = src.len as usize;
+                let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
+                pkt[hdr..hdr + n]
+                    .copy_from_slice(&region[src.offset as usize..src.offset as usize + n]);
+                let mut at = hdr + n;
+                if let Some(c) = compare {
+                    let (pkt, region) = self.dev.buf_and_region(buf, c.mr);
+                    pkt[at..at + c.len as usize]
+                        .copy_from_slice(&region[c.offset as usize..(c.offset + c.len) as usize]);
+                    at += c.len as usize;
+                }
+                return (ptype, at, 0);
+            }
+            (_, Proto::LongRead) => 0,
+            (_, Proto::RuntRead) => (op.granted - op.sent).min(room),
+            _ => (op.total - op.sent).min(room),
+        };
+        (ptype, r.emit(self.dev.buf_mut(buf)), data_len)
+    }
+
+    /// Puts message bytes `[offset, offset + len)` of `src` behind the
+    /// header in `buf`: as a gather element when they are one long range,
+    /// else copied.
+    fn attach(
+        &mut self,
+        buf: BufId,
+        hdr: usize,
+        src: &Sgl,
+        offset: u64,
+        len: u64,
+    ) -> Option<DataSeg> {
+        if len >= ZERO_COPY_MIN {
+            let mut one = None;
+            let mut pieces = 0;
+            src.pieces(offset, len, |p| {
+                pieces += 1;
+                one = Some(p);
+            });
+            if let (1, Some(p)) = (pieces, one) {
+                return Some(DataSeg { mr: p.mr, offset: p.offset, len: p.len as u32 });
+            }
+        }
+        let mut at = hdr;
+        src.pieces(offset, len, |p| {
+            let (pkt, region) = self.dev.buf_and_region(buf, p.mr);
+            let n = p.len as usize;
+            pkt[at..at + n].copy_from_slice(&region[p.offset as usize..p.offset as usize + n]);
+            at += n;
+        });
+        None
+    }
+}
+
+/// A device status as an operation's.
+pub(crate) fn device_status(s: CqStatus) -> Status {
+    match s {
+        CqStatus::Ok => Status::Ok,
+        CqStatus::PeerUnreachable => Status::PeerUnreachable,
+        CqStatus::RemoteAccess => Status::RemoteAccess,
+        CqStatus::LocalError | CqStatus::DeviceError => Status::DeviceError,
     }
 }

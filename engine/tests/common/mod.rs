@@ -64,6 +64,24 @@ impl World {
         }
     }
 
+    /// Steps until `cond` holds; panics after `limit` of wall time.
+    pub fn drive_for(&mut self, limit: std::time::Duration, mut cond: impl FnMut(&World) -> bool) {
+        let start = std::time::Instant::now();
+        while !cond(self) {
+            self.step();
+            if start.elapsed() > limit {
+                for (i, ep) in self.eps.iter().enumerate().take(4) {
+                    eprintln!(
+                        "endpoint {i}: {} completions, {:?}",
+                        self.done[i].len(),
+                        ep.counters().nonzero()
+                    );
+                }
+                panic!("condition not reached in {limit:?}");
+            }
+        }
+    }
+
     /// Steps until nothing happens for a few rounds.
     pub fn settle(&mut self) {
         let mut quiet = 0;

@@ -1,0 +1,178 @@
+//! Deadlines for operations that wait on their peer: a read's data, an
+//! atomic's response, a RECEIPT, an EOR, a CTS. The provider waits
+//! forever; efapoll fails the operation with `Status::Timeout` after
+//! `Config::response_timeout`, so a lost or hostile peer cannot hang it.
+//!
+//! The clock is read at most once every `TICK` progress calls, and only
+//! while some operation waits; activity moves an operation's deadline
+//! with the cached time, without reading the clock.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::cq::{Completion, Op, Status};
+use super::ops::{RxKind, TxKind};
+use super::{Endpoint, PeerId};
+use crate::device::Device;
+
+/// Progress calls between clock reads while something waits.
+const TICK: u32 = 64;
+
+/// Which slab an operation lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Tx,
+    Rx,
+}
+
+#[derive(Debug)]
+pub(crate) struct Timer {
+    start: Instant,
+    timeout_ns: u64,
+    now_ns: u64,
+    calls: u32,
+    /// (deadline, side, id), deadlines ascending: every deadline is
+    /// `now + timeout` when pushed, and `now` only grows.
+    queue: VecDeque<(u64, Side, u32)>,
+}
+
+impl Timer {
+    pub(crate) fn new(timeout: Duration, capacity: usize) -> Timer {
+        Timer {
+            start: Instant::now(),
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            now_ns: 0,
+            calls: 0,
+            queue: VecDeque::with_capacity(capacity),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_armed(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// The deadline of something that waits from now on.
+    #[inline]
+    pub(crate) fn deadline(&self) -> u64 {
+        self.now_ns.saturating_add(self.timeout_ns)
+    }
+
+    /// Starts watching an operation; returns its deadline.
+    pub(crate) fn arm(&mut self, side: Side, id: u32) -> u64 {
+        if self.queue.is_empty() {
+            // The cached time may be old after a quiet spell.
+            self.now_ns = self.start.elapsed().as_nanos() as u64;
+        }
+        let d = self.deadline();
+        self.queue.push_back((d, side, id));
+        d
+    }
+
+    /// Reads the clock every `TICK` calls; returns whether it did.
+    fn tick(&mut self) -> bool {
+        self.calls += 1;
+        if self.calls < TICK {
+            return false;
+        }
+        self.calls = 0;
+        self.now_ns = self.start.elapsed().as_nanos() as u64;
+        true
+    }
+
+    /// The next entry whose deadline has passed.
+    fn pop_due(&mut self) -> Option<(u64, Side, u32)> {
+        match self.queue.front() {
+            Some(&(d, _, _)) if d <= self.now_ns => self.queue.pop_front(),
+            _ => None,
+        }
+    }
+
+    fn rearm(&mut self, deadline: u64, side: Side, id: u32) {
+        self.queue.push_back((deadline, side, id));
+    }
+}
+
+impl<D: Device> Endpoint<D> {
+    /// Fails operations whose peer went silent past their deadline.
+    pub(super) fn expire_timeouts(&mut self) {
+        if !self.timer.tick() {
+            return;
+        }
+        while let Some((_, side, id)) = self.timer.pop_due() {
+            match side {
+                Side::Tx => {
+                    let Some(op) = self.tx_ops.get(id) else { continue };
+                    if op.deadline > self.timer.now_ns {
+                        self.timer.rearm(op.deadline, side, id);
+                        continue;
+                    }
+                    let (kind, ctx, peer, report) = (op.kind, op.ctx, op.peer, op.report);
+                    if report {
+                        let op = match kind {
+                            TxKind::Msg => Op::Send,
+                            TxKind::Write => Op::Write,
+                            TxKind::Rdma { read: true } => Op::Read,
+                            TxKind::Rdma { read: false } => Op::Write,
+                            TxKind::Atomic => Op::Atomic,
+                            TxKind::ReadRsp => Op::Read,
+                        };
+                        let mut c = Completion::new(op, ctx);
+                        c.status = Status::Timeout;
+                        c.peer = Some(PeerId(peer));
+                        self.cq.push(c);
+                    }
+                    self.counters.timeouts += 1;
+                    self.tx_ops.free(id);
+                }
+                Side::Rx => {
+                    let Some(op) = self.rx_ops.get(id) else { continue };
+                    if op.deadline > self.timer.now_ns {
+                        self.timer.rearm(op.deadline, side, id);
+                        continue;
+                    }
+                    let (kind, ctx, peer, msg_id) = (op.kind, op.ctx, op.peer, op.msg_id);
+                    if kind != RxKind::Write {
+                        let mut c = Completion::new(
+                            if kind == RxKind::Read { Op::Read } else { Op::Recv },
+                            ctx,
+                        );
+                        c.status = Status::Timeout;
+                        c.peer = Some(PeerId(peer));
+                        self.cq.push(c);
+                    }
+                    if kind == RxKind::Msg {
+                        self.in_progress.remove(peer, msg_id);
+                    }
+                    self.counters.timeouts += 1;
+                    self.free_rx_op(id);
+                }
+            }
+        }
+    }
+
+    /// Starts the response clock of send-side operation `id`.
+    pub(super) fn watch_tx(&mut self, id: u32) {
+        let d = self.timer.arm(Side::Tx, id);
+        if let Some(op) = self.tx_ops.get_mut(id) {
+            op.deadline = d;
+        }
+    }
+
+    /// Starts the response clock of receive-side operation `id`, once.
+    pub(super) fn watch_rx(&mut self, id: u32) {
+        if self.rx_ops.get(id).is_none_or(|op| op.watched) {
+            return;
+        }
+        let d = self.timer.arm(Side::Rx, id);
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        op.deadline = d;
+        op.watched = true;
+    }
+
+    /// The deadline an operation that just heard from its peer moves to.
+    #[inline]
+    pub(super) fn fresh_deadline(&self) -> u64 {
+        self.timer.deadline()
+    }
+}

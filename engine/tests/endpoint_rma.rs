@@ -1,0 +1,430 @@
+//! One-sided operations on the sim device: emulated and direct write and
+//! read, the long-read and runting-read pipelines, delivery complete,
+//! READ_NACK, protection, timeouts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{World, pattern, span};
+use efapoll::device::sim::SimConfig;
+use efapoll::device::{Access, Mr};
+use efapoll::endpoint::{Config, DropReason, Op, Status};
+use efapoll::wire::{Packet, PacketType, ReqFlags, RmaIov};
+
+fn iov(mr: &Mr, offset: u64, len: u64) -> RmaIov {
+    RmaIov { addr: mr.addr_at(offset), len, key: mr.key }
+}
+
+fn sim(seed: u64, rdma_read: bool, rdma_write: bool) -> SimConfig {
+    SimConfig {
+        seed,
+        reorder_window: 8,
+        rdma_read,
+        rdma_write,
+        max_rdma_size: 256 << 10,
+        ..SimConfig::default()
+    }
+}
+
+fn quick() -> Config {
+    Config {
+        handshake_on_insert: true,
+        response_timeout: Duration::from_millis(200),
+        ..Config::default()
+    }
+}
+
+/// A pair whose handshake is done both ways.
+fn ready(sim: SimConfig, cfg: Config) -> World {
+    let mut w = World::pair(sim, cfg);
+    let a = w.connect(0, 1);
+    let b = w.connect(1, 0);
+    w.drive_until(1000, |w| {
+        w.eps[0].peer_handshake_received(a) && w.eps[1].peer_handshake_received(b)
+    });
+    w
+}
+
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().enumerate().fold(0xcbf2_9ce4_8422_2325u64, |h, (i, b)| {
+        (h ^ (*b as u64 + i as u64)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Writes then reads back `len` bytes at an offset, checking both ways;
+/// returns the packet types the requester sent.
+fn write_then_read(w: &mut World, len: u64) {
+    let to_b = efapoll::endpoint::PeerId(0);
+    let src = w.register(0, len + 64);
+    let back = w.register(0, len + 64);
+    let target = w.register(1, len + 128);
+    w.fill(0, &src, len);
+    let (d0, d1) = (w.done[0].len(), w.done[1].len());
+    loop {
+        match w.eps[0].write(to_b, span(&src, 3, len), iov(&target, 17, len), 1) {
+            Ok(()) => break,
+            Err(efapoll::endpoint::Error::Again) => w.step(),
+            Err(e) => panic!("write: {e}"),
+        };
+    }
+    w.drive_until(100_000, |w| w.done[0].len() > d0);
+    assert_eq!(w.done[0][d0].status, Status::Ok, "write {len}");
+    assert_eq!(w.done[0][d0].op, Op::Write);
+    w.settle();
+    let got = &w.eps[1].mem(target.id)[17..17 + len as usize];
+    assert!(got == &w.eps[0].mem(src.id)[3..3 + len as usize], "write of {len} landed byte-exact");
+    assert!(w.eps[1].mem(target.id)[..17].iter().all(|b| *b == 0), "nothing before the target");
+    assert!(w.eps[1].mem(target.id)[17 + len as usize..].iter().all(|b| *b == 0), "nothing after");
+    w.eps[0].read(to_b, span(&back, 5, len), iov(&target, 17, len), 2).unwrap();
+    w.drive_until(100_000, |w| w.done[0].len() > d0 + 1);
+    assert_eq!(w.done[0][d0 + 1].status, Status::Ok, "read {len}");
+    assert_eq!(
+        &w.eps[0].mem(back.id)[5..5 + len as usize],
+        &w.eps[0].mem(src.id)[3..3 + len as usize]
+    );
+    assert_eq!(w.done[1].len(), d1, "the target reports nothing without CQ data");
+}
+
+#[test]
+fn emulated_write_and_read_at_their_thresholds() {
+    // No device RDMA at all: EAGER_RTW / LONGCTS_RTW, SHORT_RTR / LONGCTS_RTR.
+    for seed in 1..=4 {
+        for &len in &[0u64, 1, 8000, 8100, 8200, 64 << 10, 300_000, 4 << 20] {
+            let mut w = ready(sim(seed * 31 + len, false, false), quick());
+            w.fabric.set_capture(true);
+            write_then_read(&mut w, len);
+            let sent: Vec<u8> = w
+                .fabric
+                .take_capture()
+                .iter()
+                .filter(|(f, _, _)| *f == 0)
+                .map(|(_, _, p)| p[0])
+                .collect();
+            let has = |t: PacketType| sent.contains(&t.id());
+            if len > 0 {
+                assert!(has(PacketType::EagerRtw) || has(PacketType::LongCtsRtw), "len {len}");
+                assert!(has(PacketType::ShortRtr) || has(PacketType::LongCtsRtr), "len {len}");
+            }
+            assert_eq!(has(PacketType::LongCtsRtw), len > 8100, "len {len}");
+            assert_eq!(has(PacketType::LongCtsRtr), len > 8100, "len {len}");
+        }
+    }
+}
+
+#[test]
+fn long_read_write_from_64k_when_the_target_can_read() {
+    for &len in &[(64 << 10) - 1, 64 << 10, 1 << 20] {
+        let mut w = ready(sim(len, true, false), quick());
+        w.fabric.set_capture(true);
+        write_then_read(&mut w, len);
+        let wire = w.fabric.take_capture();
+        let longread = wire.iter().any(|(f, _, p)| *f == 0 && p[0] == PacketType::LongReadRtw.id());
+        assert_eq!(longread, len >= 64 << 10, "len {len}");
+        let eor = wire.iter().any(|(f, _, p)| *f == 1 && p[0] == PacketType::Eor.id());
+        assert_eq!(eor, longread);
+    }
+}
+
+#[test]
+fn direct_rdma_write_and_read_in_segments() {
+    for &len in &[1u64, 4096, 256 << 10, (256 << 10) + 1, 16 << 20] {
+        let mut w = ready(sim(len, true, true), quick());
+        w.fabric.set_capture(true);
+        write_then_read(&mut w, len);
+        let wire = w.fabric.take_capture();
+        assert!(
+            wire.iter().all(|(f, _, p)| *f != 0 || p[0] < 64 || p[0] == PacketType::EagerRtw.id()),
+            "no REQ: direct"
+        );
+    }
+}
+
+#[test]
+fn write_with_cq_data_is_reported_at_the_target() {
+    for (rdma_write, len) in [(true, 100u64), (true, 1 << 20), (false, 100), (false, 100_000)] {
+        let mut w = ready(sim(7, true, rdma_write), quick());
+        let src = w.register(0, len);
+        let target = w.register(1, len);
+        w.fill(0, &src, 3);
+        w.eps[0]
+            .writedata(
+                efapoll::endpoint::PeerId(0),
+                span(&src, 0, len),
+                iov(&target, 0, len),
+                0xabcd,
+                1,
+            )
+            .unwrap();
+        w.drive_until(100_000, |w| w.done[1].len() == 1 && w.done[0].len() == 1);
+        let c = w.done[1][0];
+        assert_eq!(
+            (c.op, c.cq_data, c.peer),
+            (Op::RemoteWrite, Some(0xabcd), Some(efapoll::endpoint::PeerId(0))),
+            "direct {rdma_write} len {len}"
+        );
+        assert_eq!(w.eps[1].mem(target.id), w.eps[0].mem(src.id));
+    }
+}
+
+#[test]
+fn long_read_and_runting_read_messages() {
+    // (size, runt_size): plain long-read when runting is off.
+    for &(len, runt) in &[
+        (1u64 << 20, 0u64),
+        (1 << 20, 307_200),
+        ((1 << 20) + 77, 307_200),
+        (8 << 20, 1 << 20),
+        (2 << 20, 5000),
+    ] {
+        for seed in 1..=3 {
+            let cfg = Config { runt_size: runt, ..quick() };
+            let mut w = ready(sim(seed + len, true, true), cfg);
+            w.fabric.set_capture(true);
+            let to_b = efapoll::endpoint::PeerId(0);
+            let src = w.register(0, len);
+            let dst = w.register(1, len);
+            w.fill(0, &src, seed);
+            w.eps[1].recv(span(&dst, 0, len), None, 1).unwrap();
+            w.eps[0].send(to_b, span(&src, 0, len), 1).unwrap();
+            w.drive_until(100_000, |w| w.done[0].len() == 1 && w.done[1].len() == 1);
+            assert_eq!((w.done[1][0].status, w.done[1][0].len), (Status::Ok, len));
+            assert_eq!(w.done[0][0].status, Status::Ok);
+            assert!(
+                w.eps[1].mem(dst.id) == w.eps[0].mem(src.id),
+                "len {len} runt {runt} byte-exact"
+            );
+            let wire = w.fabric.take_capture();
+            let count = |t: PacketType| wire.iter().filter(|(_, _, p)| p[0] == t.id()).count();
+            if runt == 0 {
+                assert_eq!(count(PacketType::LongReadMsgRtm), 1);
+            } else {
+                let runts = count(PacketType::RuntReadMsgRtm);
+                assert!(
+                    runts >= 1 && runts as u64 <= runt / 8000 + 1,
+                    "{runts} runt packets for {runt}"
+                );
+                // Every runt packet repeats the whole read_iov and the total
+                // runt length (interop notes).
+                for (_, _, p) in
+                    wire.iter().filter(|(_, _, p)| p[0] == PacketType::RuntReadMsgRtm.id())
+                {
+                    let Packet::Req(r, _) = Packet::parse(p).unwrap() else { panic!() };
+                    assert_eq!(r.runt_length, runt.min(len));
+                    assert_eq!(r.read_iov.iter().map(|v| v.len).sum::<u64>(), len);
+                }
+            }
+            assert_eq!(count(PacketType::Eor), 1);
+        }
+    }
+}
+
+#[test]
+fn unexpected_long_read_messages_are_read_once_matched() {
+    let mut w = ready(sim(4, true, true), quick());
+    let len = 3 << 20;
+    let src = w.register(0, len);
+    let dst = w.register(1, len);
+    w.fill(0, &src, 8);
+    w.eps[0].tsend(efapoll::endpoint::PeerId(0), span(&src, 0, len), 6, 1).unwrap();
+    w.settle();
+    assert!(w.done[0].is_empty(), "the sender waits for the EOR");
+    w.eps[1]
+        .trecv(span(&dst, 0, len / 2), efapoll::endpoint::TagMatch { tag: 6, ignore: 0 }, None, 2)
+        .unwrap();
+    w.drive_until(100_000, |w| w.done[0].len() == 1 && w.done[1].len() == 1);
+    assert_eq!(w.done[1][0].status, Status::Truncated { olen: len });
+    assert_eq!(
+        &w.eps[1].mem(dst.id)[..len as usize / 2],
+        &w.eps[0].mem(src.id)[..len as usize / 2]
+    );
+}
+
+#[test]
+fn read_nack_falls_back_to_long_cts_without_data() {
+    for runt in [0u64, 307_200] {
+        let cfg = Config { runt_size: runt, ..quick() };
+        let mut w = ready(sim(9, true, true), cfg);
+        w.fabric.set_capture(true);
+        let len = 2 << 20;
+        let src = w.register(0, len);
+        let dst = w.register(1, len);
+        w.fill(0, &src, 1);
+        // The receiver's next attempt to prepare its buffer for RDMA fails.
+        let b = w.eps[1].addr();
+        w.fabric.fail_registrations(&b, 1);
+        w.eps[1].recv(span(&dst, 0, len), None, 1).unwrap();
+        w.eps[0].send(efapoll::endpoint::PeerId(0), span(&src, 0, len), 1).unwrap();
+        w.drive_until(100_000, |w| w.done[0].len() == 1 && w.done[1].len() == 1);
+        assert_eq!(w.done[1][0].status, Status::Ok);
+        assert!(
+            w.eps[1].mem(dst.id) == w.eps[0].mem(src.id),
+            "runt {runt}: byte-exact after the fallback"
+        );
+        assert_eq!(w.eps[1].counters().read_nacks, 1);
+        let wire = w.fabric.take_capture();
+        assert_eq!(wire.iter().filter(|(_, _, p)| p[0] == PacketType::ReadNack.id()).count(), 1);
+        let retry: Vec<_> =
+            wire.iter().filter(|(_, _, p)| p[0] == PacketType::LongCtsMsgRtm.id()).collect();
+        assert_eq!(retry.len(), 1);
+        let Packet::Req(r, payload) = Packet::parse(&retry[0].2).unwrap() else { panic!() };
+        assert!(r.flags.contains(ReqFlags::READ_NACK), "flag 0x2000");
+        assert!(payload.is_empty(), "no data in the re-sent REQ");
+        assert!(
+            wire.iter().all(|(_, _, p)| p[0] != PacketType::Eor.id()),
+            "no EOR: long-CTS finished it"
+        );
+    }
+}
+
+#[test]
+fn delivery_complete_completes_strictly_after_delivery() {
+    for &len in &[64u64, 20_000, 200_000, 2 << 20] {
+        let cfg = Config { delivery_complete: true, ..quick() };
+        let mut w = ready(sim(len, true, true), cfg);
+        w.fabric.set_capture(true);
+        let src = w.register(0, len);
+        let dst = w.register(1, len);
+        w.fill(0, &src, 5);
+        w.eps[0].send(efapoll::endpoint::PeerId(0), span(&src, 0, len), 1).unwrap();
+        // Unexpected at the receiver: the sender must not complete.
+        w.settle();
+        assert!(w.done[0].is_empty(), "len {len}: no completion before delivery");
+        w.eps[1].recv(span(&dst, 0, len), None, 1).unwrap();
+        // Step one endpoint at a time: the receiver's completion comes
+        // first, with the data in place, then the sender's.
+        let mut order = Vec::new();
+        for _ in 0..100_000 {
+            for i in [1, 0] {
+                w.eps[i].progress();
+                while let Some(c) = w.eps[i].poll_cq() {
+                    if i == 0 {
+                        assert!(
+                            w.eps[1].mem(dst.id) == w.eps[0].mem(src.id),
+                            "data delivered before the sender's completion"
+                        );
+                    }
+                    order.push(i);
+                    w.done[i].push(c);
+                }
+            }
+            if order.len() == 2 {
+                break;
+            }
+        }
+        assert_eq!(order, [1, 0], "len {len}");
+        let wire = w.fabric.take_capture();
+        let receipts = wire.iter().filter(|(_, _, p)| p[0] == PacketType::Receipt.id()).count();
+        let eors = wire.iter().filter(|(_, _, p)| p[0] == PacketType::Eor.id()).count();
+        assert_eq!(receipts + eors, 1, "len {len}: one RECEIPT (or EOR for long-read)");
+    }
+}
+
+/// Every way a remote iov can be wrong, for every one-sided path: target
+/// memory unchanged, requester error completion, responder counter.
+#[test]
+fn protection_violations_touch_nothing_and_fail_the_requester() {
+    // (rdma_read, rdma_write, delivery_complete, len): direct RDMA,
+    // emulated eager (DC) / long-CTS / long-read writes, emulated reads.
+    let paths = [
+        (true, true, false, 4096u64),
+        (false, false, true, 100),
+        (false, false, false, 200_000),
+        (true, false, false, 200_000),
+        (false, false, false, 100),
+    ];
+    for (rdma_read, rdma_write, dc, len) in paths {
+        let cfg = Config { delivery_complete: dc, ..quick() };
+        let mut w = ready(sim(len, rdma_read, rdma_write), cfg);
+        let to_b = efapoll::endpoint::PeerId(0);
+        let src = w.register(0, len);
+        let target = w.register(1, len);
+        let read_only = w.eps[1].register(len, Access::REMOTE_READ).unwrap();
+        let write_only = w.eps[1].register(len, Access::REMOTE_WRITE).unwrap();
+        w.fill(1, &target, 11);
+        w.fill(1, &read_only, 12);
+        w.fill(1, &write_only, 13);
+        let sums =
+            |w: &World| [target, read_only, write_only].map(|m| checksum(w.eps[1].mem(m.id)));
+        let before = sums(&w);
+        let bad = [
+            // Unknown key, below the region, past its end, wrapping.
+            RmaIov { key: target.key ^ 0x5555_0000_0000, ..iov(&target, 0, len) },
+            RmaIov { addr: target.addr - 1, ..iov(&target, 0, len) },
+            iov(&target, 1, len),
+            RmaIov { addr: u64::MAX - len / 2, len, key: target.key },
+        ];
+        let mut n = 0;
+        for remote in bad {
+            w.eps[0].write(to_b, span(&src, 0, len), remote, n).unwrap();
+            w.eps[0].read(to_b, span(&src, 0, len), remote, n + 100).unwrap();
+            n += 1;
+        }
+        // Missing rights: write to read-only memory, read write-only memory.
+        w.eps[0].write(to_b, span(&src, 0, len), iov(&read_only, 0, len), 50).unwrap();
+        w.eps[0].read(to_b, span(&src, 0, len), iov(&write_only, 0, len), 150).unwrap();
+        let expected = 2 * n as usize + 2;
+        w.drive_for(Duration::from_secs(10), |w| w.done[0].len() == expected);
+        let eager_write_without_dc = !rdma_write && !dc && len < 8000;
+        for c in &w.done[0] {
+            if eager_write_without_dc && c.op == Op::Write {
+                // Transmit complete: the data left; nothing comes back.
+                continue;
+            }
+            assert!(
+                matches!(c.status, Status::RemoteAccess | Status::Timeout),
+                "{:?} on path {rdma_read}/{rdma_write}/{dc}/{len}",
+                c
+            );
+        }
+        assert_eq!(sums(&w), before, "target memory unchanged");
+        // The responder counts what it refused: the endpoint for emulated
+        // operations, the device for direct RDMA.
+        let per_kind = n + 1;
+        let emulated = per_kind * (!rdma_write as u64 + !rdma_read as u64);
+        let direct = per_kind * (rdma_write as u64 + rdma_read as u64);
+        let b = w.eps[1].addr();
+        assert_eq!(
+            w.eps[1].counters().drops(DropReason::RemoteAccess),
+            emulated,
+            "endpoint counted"
+        );
+        assert_eq!(w.fabric.stats(&b).remote_access_errors, direct, "device counted");
+    }
+}
+
+#[test]
+fn a_read_of_a_vanished_peer_times_out() {
+    let mut w = ready(sim(1, false, false), quick());
+    let dst = w.register(0, 64);
+    let target = w.register(1, 64);
+    let b = w.eps[1].addr();
+    w.fabric.kill(&b);
+    w.eps[0].read(efapoll::endpoint::PeerId(0), span(&dst, 0, 64), iov(&target, 0, 64), 9).unwrap();
+    let start = std::time::Instant::now();
+    while w.done[0].is_empty() {
+        w.eps[0].progress();
+        while let Some(c) = w.eps[0].poll_cq() {
+            w.done[0].push(c);
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "no hang");
+    }
+    assert!(matches!(w.done[0][0].status, Status::Timeout | Status::PeerUnreachable));
+}
+
+#[test]
+fn one_sided_operations_wait_for_the_handshake() {
+    let mut w = World::pair(sim(1, true, true), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 8);
+    let target = w.register(1, 8);
+    assert_eq!(
+        w.eps[0].write(to_b, span(&src, 0, 8), iov(&target, 0, 8), 1),
+        Err(efapoll::endpoint::Error::Again)
+    );
+    w.drive_until(100, |w| w.eps[0].peer_handshake_received(to_b));
+    w.eps[0].write(to_b, span(&src, 0, 8), iov(&target, 0, 8), 1).unwrap();
+    w.drive_until(100, |w| w.done[0].len() == 1);
+    assert_eq!(w.done[0][0].status, Status::Ok);
+    let _ = pattern(0, 0);
+}
