@@ -372,10 +372,8 @@ impl<D: Device> Endpoint<D> {
         };
         let total = super::msg::iov_total(info.rma_iov()).unwrap_or(u64::MAX);
         let data = total.saturating_mul(if class == RtaClass::Compare { 2 } else { 1 });
-        let mut operands = [0u8; 16384];
         if info.rma_n == 0
             || data != info.payload_len as u64
-            || data > operands.len() as u64
             || !total.is_multiple_of(dt.size() as u64)
         {
             self.counters.drop(DropReason::Invalid);
@@ -403,20 +401,23 @@ impl<D: Device> Endpoint<D> {
                 return true;
             }
         };
-        // The operands, copied out of the packet (at most a packet).
+        // The operands, copied out of the packet (at most a packet) into
+        // scratch memory, so that the packet's buffer can be reposted.
         let off = info.payload_off as usize;
         let n = total as usize;
+        let mut operands = std::mem::take(&mut self.scratch);
         operands[..info.payload_len as usize]
             .copy_from_slice(&self.dev.buf(buf)[off..off + info.payload_len as usize]);
         self.release_rx(buf);
-        let (operand, compare) = operands[..2 * n].split_at(n);
+        let (operand, rest) = operands.split_at(n);
+        let compare = &rest[..if class == RtaClass::Compare { n } else { 0 }];
         let rsp_hdr = AtomRspRepr::default().buffer_len();
         let mut at = 0usize;
         for t in targets.segs() {
             let len = t.len as usize;
             let (o, c) = (
                 &operand[at..at + len],
-                if class == RtaClass::Compare { &compare[at..at + len] } else { &[][..] },
+                if compare.is_empty() { &[][..] } else { &compare[at..at + len] },
             );
             match rsp {
                 Some(b) => {
@@ -438,6 +439,7 @@ impl<D: Device> Endpoint<D> {
             }
             at += len;
         }
+        self.scratch = operands;
         if let Some(b) = rsp {
             let r = AtomRspRepr {
                 flags: PktFlags::empty(),

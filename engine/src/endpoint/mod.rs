@@ -236,6 +236,9 @@ pub struct Endpoint<D: Device> {
     /// Packets waiting for a receive entry (unordered).
     stalled_bufs: VecDeque<BufId>,
     timer: timer::Timer,
+    /// A packet's worth of memory for copies that need it (atomic
+    /// operands).
+    scratch: Box<[u8]>,
 }
 
 /// Completions polled per device call (DPDK's burst).
@@ -288,6 +291,7 @@ impl<D: Device> Endpoint<D> {
             stalled_peers: VecDeque::with_capacity(64),
             stalled_bufs: VecDeque::with_capacity(64),
             timer: timer::Timer::new(cfg.response_timeout, tx_ops + rx_ops),
+            scratch: vec![0u8; caps.mtu].into_boxed_slice(),
             dev,
         };
         ep.post_rx_buffers();
