@@ -148,9 +148,9 @@ pub struct Config {
     /// complete operation waits for its peer before it completes in error
     /// (the provider waits forever).
     pub response_timeout: Duration,
-    /// Send operations in flight.
+    /// Send operations in flight (at most 2^20).
     pub tx_ops: usize,
-    /// Receives posted, in progress or unexpected.
+    /// Receives posted, in progress or unexpected (at most 2^20).
     pub rx_ops: usize,
     /// Ask each inserted peer for its HANDSHAKE at once (the provider waits
     /// for the first message), so the first large message or one-sided

@@ -1,9 +1,12 @@
 //! A fixed-capacity slab whose ids carry a generation, so that an id from
 //! the wire that names a freed or reused entry is detected, not misused.
 
-/// Bits of an id that index the slab; the rest is the generation.
-const INDEX_BITS: u32 = 16;
+/// Bits of an id that index the slab; the other 12 are the generation.
+/// 2^20 entries let an application post a million receives; a stale id
+/// aliases a live one only after its slot was reused exactly 4096 times.
+const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+const GENERATION_MASK: u16 = (1 << (32 - INDEX_BITS)) - 1;
 
 /// Largest capacity a slab can have.
 pub(crate) const MAX_CAPACITY: usize = 1 << INDEX_BITS;
@@ -14,8 +17,8 @@ struct Entry<T> {
     value: Option<T>,
 }
 
-/// Entries addressed by `u32` ids: index in the low 16 bits, generation in
-/// the high 16. All memory is allocated at construction.
+/// Entries addressed by `u32` ids: index in the low 20 bits, generation in
+/// the high 12. All memory is allocated at construction.
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
     entries: Vec<Entry<T>>,
@@ -23,7 +26,7 @@ pub(crate) struct Slab<T> {
 }
 
 impl<T> Slab<T> {
-    /// A slab of `capacity` entries (at most 65536).
+    /// A slab of `capacity` entries (at most [`MAX_CAPACITY`]).
     pub(crate) fn with_capacity(capacity: usize) -> Slab<T> {
         assert!(capacity > 0 && capacity <= MAX_CAPACITY, "slab capacity {capacity}");
         let entries = (0..capacity).map(|_| Entry { generation: 0, value: None }).collect();
@@ -63,7 +66,7 @@ impl<T> Slab<T> {
             && e.generation as u32 == id >> INDEX_BITS
             && e.value.take().is_some()
         {
-            e.generation = e.generation.wrapping_add(1);
+            e.generation = e.generation.wrapping_add(1) & GENERATION_MASK;
             self.free.push(index);
         }
     }
@@ -94,8 +97,24 @@ mod tests {
         assert_eq!(s.get(a), None, "the old id is stale");
         s.free(a);
         assert_eq!(s.get(c), Some(&"c"), "freeing a stale id frees nothing");
-        assert_eq!(s.get(b | 0x00ff_0000), None, "forged generation");
-        assert_eq!(s.get(0xffff), None, "index out of range");
+        assert_eq!(s.get(b | 0x0ff0_0000), None, "forged generation");
+        assert_eq!(s.get(0xfffff), None, "index out of range");
         assert!(s.is_full());
+    }
+
+    #[test]
+    fn generations_wrap_within_their_bits() {
+        let mut s = Slab::with_capacity(1);
+        let first = s.insert(0).unwrap();
+        s.free(first);
+        for _ in 0..4095 {
+            let id = s.insert(1).unwrap();
+            assert_eq!(id & INDEX_MASK, 0);
+            s.free(id);
+        }
+        // The 4096th reuse of the slot brings the first generation back.
+        let id = s.insert(2).unwrap();
+        assert_eq!(id, first);
+        assert_eq!(s.get(id), Some(&2));
     }
 }
