@@ -410,7 +410,6 @@ struct Collector<'a> {
     pending: Vec<Vec<Sample>>,
     rows: Vec<Row>,
     stop: StopFlag,
-    header_printed: bool,
 }
 
 impl<'a> Collector<'a> {
@@ -421,7 +420,30 @@ impl<'a> Collector<'a> {
         stop: StopFlag,
     ) -> Collector<'a> {
         let pending = vec![Vec::new(); a.params.sizes.len()];
-        Collector { a, flows, from_flows, pending, rows: Vec::new(), stop, header_printed: false }
+        let c = Collector { a, flows, from_flows, pending, rows: Vec::new(), stop };
+        if a.mode != Mode::Server {
+            c.print_header();
+        }
+        c
+    }
+
+    fn print_header(&self) {
+        let a = self.a;
+        let unit = match a.app {
+            App::Pingpong => "; times in µs, half round trips",
+            App::Streaming => "; MB/s = 10^6 bytes/s",
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "# efapoll {}: -p {} -o {}, lcores {}, {} flow(s){unit}",
+            a.app.name(),
+            a.params.device,
+            a.params.op,
+            a.lcores,
+            self.flows
+        );
+        let _ = writeln!(out, "{}", report::header(a.app));
     }
 
     /// Our own sample of size `k`: waits for the other flows' and prints.
@@ -447,27 +469,8 @@ impl<'a> Collector<'a> {
         Ok(())
     }
 
-    fn print(&mut self, row: &Row) {
-        let mut out = std::io::stdout().lock();
-        if !self.header_printed {
-            self.header_printed = true;
-            let a = self.a;
-            let unit = match a.app {
-                App::Pingpong => "; times in µs, half round trips",
-                App::Streaming => "; MB/s = 10^6 bytes/s",
-            };
-            let _ = writeln!(
-                out,
-                "# efapoll {}: -p {} -o {}, lcores {}, {} flow(s){unit}",
-                a.app.name(),
-                a.params.device,
-                a.params.op,
-                a.lcores,
-                self.flows
-            );
-            let _ = writeln!(out, "{}", report::header(a.app));
-        }
-        let _ = writeln!(out, "{}", report::format_row(row));
+    fn print(&self, row: &Row) {
+        let _ = writeln!(std::io::stdout().lock(), "{}", report::format_row(row));
     }
 
     /// Says which sizes were timed in batches, once, after the table.
