@@ -112,7 +112,7 @@ struct BenchArgs {
     sizes: Option<Sizes>,
     /// Measured iterations per size. Default: fewer for larger sizes
     /// (pingpong 10000, from 64 KiB 1000, from 1 MiB 100; streaming about
-    /// 256 MiB per size, 200 to 1000000 messages).
+    /// 1 GiB per size, 200 to 1000000 messages).
     #[arg(short = 'I', long = "iterations", value_parser = clap::value_parser!(u64).range(1..))]
     iterations: Option<u64>,
     /// Unmeasured iterations before each size.
