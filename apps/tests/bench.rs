@@ -381,3 +381,31 @@ fn help_documents_the_exit_status() {
         assert!(help.contains(command), "{help}");
     }
 }
+
+/// Sends `signal` to the process `pid` with the system's `kill`.
+fn signal(pid: u32, signal: &str) {
+    let ok = Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success();
+    assert!(ok, "kill {signal} {pid}");
+}
+
+#[test]
+fn a_peer_that_dies_or_stops_answering_fails_the_run() {
+    let _busy = busy();
+    let endless = ["-S", "64", "-I", "1000000000", "--timeout", "1"];
+    for (how, expect) in [("-KILL", "peer gone"), ("-STOP", "timeout: nothing moved for 1 s")] {
+        let port = free_port();
+        let mut srv = server("pingpong", port, &endless);
+        let port = port.to_string();
+        let mut args = vec!["pingpong", "127.0.0.1", "-B", &port];
+        args.extend_from_slice(&endless);
+        let cl =
+            efapoll().args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        signal(srv.id(), how);
+        let out = wait(cl, &args);
+        let _ = srv.kill();
+        let _ = srv.wait();
+        assert_eq!(out.status.code(), Some(1), "{how}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(expect), "{how}: {}", text(&out.stderr));
+    }
+}

@@ -166,14 +166,15 @@ pub struct Control {
 
 impl Control {
     /// Watches `conn`: the peer's failure, or its loss before its `end`,
-    /// raises `stop`.
-    pub fn spawn(mut conn: Conn, stop: StopFlag) -> Control {
+    /// raises `stop`. Once our side ended, the peer has `timeout` to end
+    /// too.
+    pub fn spawn(mut conn: Conn, stop: StopFlag, timeout: Duration) -> Control {
         let (outcome, from_main) = mpsc::channel::<Result<(), String>>();
         let thread = thread::spawn(move || {
-            let mut sent = false;
+            let mut sent: Option<Instant> = None;
             let mut peer: Option<Result<(), RunError>> = None;
             loop {
-                if !sent {
+                if sent.is_none() {
                     let ours = match from_main.try_recv() {
                         Ok(result) => Some(result),
                         Err(mpsc::TryRecvError::Empty) => None,
@@ -183,10 +184,16 @@ impl Control {
                         let parts = end_parts(result);
                         let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
                         let _ = conn.send(0, &parts);
-                        sent = true;
+                        sent = Some(Instant::now());
                     }
                 }
-                if sent && peer.is_some() {
+                if sent.is_some() && peer.is_some() {
+                    break;
+                }
+                if sent.is_some_and(|t| t.elapsed() > timeout) {
+                    // A peer that stopped answering (our side timed out).
+                    let e = RunError::Timeout("the peer did not end its run".into());
+                    peer = Some(Err(e));
                     break;
                 }
                 match conn.recv(Duration::from_millis(50)) {
@@ -206,7 +213,7 @@ impl Control {
                             peer = Some(Err(RunError::PeerGone(format!("control link: {e}"))));
                             stop.stop();
                         }
-                        if !sent {
+                        if sent.is_none() {
                             // Nobody to tell any more; wait for our side.
                             let _ = from_main.recv();
                         }

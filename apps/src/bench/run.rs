@@ -367,7 +367,8 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
             let _ = reply.send(card);
         }
         ctrlc(&stop);
-        control = Some(Control::spawn(conn.take().expect("unused until now"), stop.clone()));
+        let link = conn.take().expect("unused until now");
+        control = Some(Control::spawn(link, stop.clone(), a.timeout));
         Ok(first)
     };
     let main = lcores
