@@ -1,17 +1,39 @@
-//! `efapoll`: the engine's command-line front end.
-//!
-//! Exit status: 0 on success; 1 when a command ran but its input or run
-//! failed (a packet that does not decode); 2 for bad arguments.
+//! `efapoll`: the engine's command-line front end: the benchmark apps
+//! (pingpong, streaming), the device list (info) and the packet dissector
+//! (decode).
 #![deny(unsafe_code)]
 
+mod bench;
 mod decode;
+mod info;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use efapoll_lcores::{CoreList, IdleStrategy, available_cores, check_cores_exist};
+
+use bench::op::{OpKind, Transfer};
+use bench::run::{DeviceKind, Mode, RunArgs};
+use bench::{App, Params, sizes};
+
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  success
+  1  a run failed: peer gone, verification error, timeout, parameter mismatch
+     with the peer, a packet that does not decode
+  2  bad arguments";
 
 #[derive(Debug, Parser)]
-#[command(name = "efapoll", version, about = "Poll-mode EFA RDM v4 messaging engine")]
+#[command(
+    name = "efapoll",
+    version,
+    about = "Poll-mode EFA RDM v4 messaging engine: benchmark apps and tools",
+    after_help = EXIT_STATUS
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,6 +41,20 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Latency: one message each way at a time; half round trips.
+    ///
+    /// Without HOST or --server both sides run here, on two lcores over
+    /// shm (or on one lcore with -p sim).
+    #[command(after_help = EXIT_STATUS)]
+    Pingpong(BenchArgs),
+    /// Bandwidth: a window of messages in flight one way.
+    ///
+    /// Without HOST or --server both sides run here, on two lcores over
+    /// shm (or on one lcore with -p sim).
+    #[command(after_help = EXIT_STATUS)]
+    Streaming(StreamingArgs),
+    /// The devices available here and their capabilities.
+    Info,
     /// Dissect EFA RDM v4 packets given as hex, one per argument or per
     /// line of standard input; prints one JSON object per packet.
     Decode {
@@ -27,9 +63,198 @@ enum Command {
     },
 }
 
+/// `-p`: the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Provider {
+    /// In-process model: both endpoints in one thread (the engine's cost).
+    Sim,
+    /// Shared memory between threads or processes of this host.
+    Shm,
+    /// Software SRD over UDP (not built yet).
+    Udp,
+    /// AWS EFA (not built yet).
+    Efa,
+}
+
+/// `-S`'s value.
+#[derive(Debug, Clone)]
+struct Sizes(Vec<u64>);
+
+fn parse_sizes(text: &str) -> Result<Sizes, String> {
+    sizes::parse(text).map(Sizes)
+}
+
+fn parse_lcores(text: &str) -> Result<CoreList, String> {
+    let list: CoreList = text
+        .parse()
+        .map_err(|e| format!("{e}; expected a core list like `0-1` or `0,2-3` (DPDK's -l)"))?;
+    check_cores_exist(&list).map_err(|e| e.to_string())?;
+    Ok(list)
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Run as the client of the server on HOST.
+    #[arg(value_name = "HOST", conflicts_with = "server")]
+    host: Option<String>,
+    /// Wait for one client, run, exit.
+    #[arg(long)]
+    server: bool,
+    /// The device.
+    #[arg(short = 'p', long = "provider", value_enum, default_value_t = Provider::Shm)]
+    provider: Provider,
+    /// The operation (write, read and atomic are not available yet).
+    #[arg(short = 'o', long = "op", value_enum, default_value_t = OpKind::Send)]
+    op: OpKind,
+    /// Message sizes: bytes with an optional k/m/g suffix, a list (64,4k,1m),
+    /// or `all` (1 B to 8 MiB, powers of two). Default: 64 B to 1 MiB.
+    #[arg(short = 'S', long = "size", value_name = "SIZE|all|a,b,c", value_parser = parse_sizes)]
+    sizes: Option<Sizes>,
+    /// Measured iterations per size. Default: fewer for larger sizes
+    /// (pingpong 10000, from 64 KiB 1000, from 1 MiB 100; streaming about
+    /// 1 GiB per size, 200 to 1000000 messages).
+    #[arg(short = 'I', long = "iterations", value_parser = clap::value_parser!(u64).range(1..))]
+    iterations: Option<u64>,
+    /// Unmeasured iterations before each size.
+    #[arg(short = 'w', long = "warmup", default_value_t = 10)]
+    warmup: u64,
+    /// Lcores, DPDK syntax (0-3,5): one flow per pair (the first of a pair
+    /// measures, as the client; the second answers, as the server); with
+    /// -p sim one flow per lcore. Default: the first two cores (sim: the
+    /// first).
+    #[arg(short = 'l', long = "lcores", value_name = "LIST", value_parser = parse_lcores)]
+    lcores: Option<CoreList>,
+    /// Verify every byte received (a pattern per message).
+    #[arg(short = 'c', long = "check")]
+    check: bool,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw latency or bandwidth against size into FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// What a poll loop does when it finds no work.
+    #[arg(
+        long,
+        default_value = "spin",
+        value_parser = PossibleValuesParser::new(IdleStrategy::NAMES)
+            .map(|s| s.parse::<IdleStrategy>().expect("a listed name"))
+    )]
+    idle: IdleStrategy,
+    /// TCP port of the control link (server and client).
+    #[arg(short = 'B', long = "port", default_value_t = 9228)]
+    port: u16,
+    /// Fail when nothing moves for this long (and the connect deadline).
+    #[arg(long, value_name = "SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout: u64,
+}
+
+#[derive(Debug, Args)]
+struct StreamingArgs {
+    #[command(flatten)]
+    common: BenchArgs,
+    /// Messages in flight.
+    #[arg(short = 'W', long = "window", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    window: u32,
+}
+
+/// A bad combination of arguments: exit 2 with clap's usage line.
+fn usage_error(message: String) -> ! {
+    Cli::command().error(ErrorKind::ArgumentConflict, message).exit()
+}
+
+/// Checks what clap cannot and builds the run.
+fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
+    let device = match b.provider {
+        Provider::Sim => DeviceKind::Sim,
+        Provider::Shm => DeviceKind::Shm,
+        Provider::Udp | Provider::Efa => {
+            let name = b.provider.to_possible_value().expect("not skipped").get_name().to_owned();
+            usage_error(format!(
+                "-p {name}: the {name} device is not built yet; built devices: sim, shm"
+            ))
+        }
+    };
+    let transfer = Transfer::from_op(b.op).unwrap_or_else(|e| usage_error(e));
+    let mode = match (b.host, b.server) {
+        (Some(host), _) => Mode::Client(host),
+        (None, true) => Mode::Server,
+        (None, false) => Mode::SelfContained,
+    };
+    if device == DeviceKind::Sim && mode != Mode::SelfContained {
+        usage_error(
+            "-p sim runs both sides in this process: it takes no HOST and no --server".into(),
+        );
+    }
+    let available = available_cores().unwrap_or_else(|e| usage_error(format!("-l: {e}")));
+    let first = |n: usize| {
+        if available.len() < n {
+            usage_error(format!("-l: {n} cores are needed; the cores here are {available}"));
+        }
+        CoreList::from_cores(available.iter().take(n)).expect("existing cores")
+    };
+    let lcores = match (b.lcores, device) {
+        (Some(list), _) => list,
+        (None, DeviceKind::Sim) => first(1),
+        (None, DeviceKind::Shm) => first(2),
+    };
+    if device == DeviceKind::Shm && !lcores.len().is_multiple_of(2) {
+        usage_error(format!(
+            "-l {lcores}: shm runs one flow per lcore pair, so it takes an even number of \
+             lcores (like 0-1 or 0-3); the cores here are {available}"
+        ));
+    }
+    let streaming = app == App::Streaming;
+    let sizes = b.sizes.map(|s| s.0).unwrap_or_else(|| match app {
+        App::Pingpong => sizes::default_pingpong(),
+        App::Streaming => sizes::default_streaming(),
+    });
+    let iterations = sizes.iter().map(|&s| sizes::iterations(s, b.iterations, streaming)).collect();
+    let flows = if device == DeviceKind::Sim { lcores.len() } else { lcores.len() / 2 };
+    let params = Params {
+        app: app.name().into(),
+        device: b.provider.to_possible_value().expect("not skipped").get_name().to_owned(),
+        op: b.op.name().into(),
+        sizes,
+        iterations,
+        warmup: b.warmup,
+        window,
+        verify: b.check,
+        flows,
+    };
+    RunArgs {
+        app,
+        mode,
+        device,
+        transfer,
+        params,
+        lcores,
+        idle: b.idle,
+        port: b.port,
+        timeout: Duration::from_secs(b.timeout),
+        json: b.json,
+        plot: b.plot,
+    }
+}
+
+fn bench(args: RunArgs) -> ExitCode {
+    match bench::run::run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("efapoll {}: {e}", args.app.name());
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Decode { packets } => decode::run(&packets),
+        Command::Info => info::run(),
+        Command::Pingpong(b) => bench(resolve(App::Pingpong, b, 1)),
+        Command::Streaming(s) => bench(resolve(App::Streaming, s.common, s.window)),
     }
 }

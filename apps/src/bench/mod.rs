@@ -1,0 +1,254 @@
+//! The benchmark apps: pingpong and streaming.
+//!
+//! A run is a set of independent flows. Each flow has two sides over one
+//! endpoint each: the *active* side (pingpong's initiator, streaming's
+//! sender) measures, size by size, in a warmup then a measured phase; the
+//! *passive* side (responder, receiver) follows the same plan by itself.
+//! Every side busy-polls its endpoint from its lcore's run loop; a step
+//! says whether it did work, so the lcore's busy/idle counters are real
+//! utilisation. Where the sides run is [`run`]'s business.
+
+/// Implements [`Side`] for a side struct with an `io: Io<D>` field and a
+/// `data_mr()` method.
+macro_rules! impl_side {
+    ($side:ident) => {
+        impl<D: efapoll::device::Device> $crate::bench::Side for $side<D> {
+            fn addr(&self) -> efapoll::wire::RawAddr {
+                self.io.ep.addr()
+            }
+            fn data_mem(&self) -> $crate::bench::oob::MemDesc {
+                $crate::bench::oob::MemDesc::of(&self.data_mr())
+            }
+            fn connect(&mut self, peer: &efapoll::wire::RawAddr) -> Result<(), RunError> {
+                self.io.connect(peer)
+            }
+            fn counters(&self) -> Vec<(String, u64)> {
+                self.io.counters()
+            }
+        }
+    };
+}
+
+pub mod drive;
+pub mod oob;
+pub mod op;
+pub mod pingpong;
+pub mod plot;
+pub mod report;
+pub mod run;
+pub mod sizes;
+pub mod streaming;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+pub use report::Sample;
+
+/// Which app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum App {
+    Pingpong,
+    Streaming,
+}
+
+impl App {
+    pub fn name(self) -> &'static str {
+        match self {
+            App::Pingpong => "pingpong",
+            App::Streaming => "streaming",
+        }
+    }
+
+    /// The Relink endpoint name a server of this app answers to.
+    pub fn endpoint_name(self) -> &'static str {
+        match self {
+            App::Pingpong => "efapoll-pingpong",
+            App::Streaming => "efapoll-streaming",
+        }
+    }
+}
+
+/// Packets the first size's warmup moves at least: more than the
+/// devices' pools hold (2048 buffers).
+pub const PRIME_PACKETS: u64 = 4096;
+
+/// Roughly what one packet carries, to count packets per message.
+const PACKET_PAYLOAD: u64 = 8000;
+
+/// With `-c`, each side's buffers of distinct messages are capped at this
+/// many bytes; streaming's window shrinks to fit large sizes under it.
+pub const VERIFY_BYTES: u64 = 64 << 20;
+
+/// What both sides of a run must agree on; the out-of-band exchange
+/// compares them before any traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Params {
+    pub app: String,
+    pub device: String,
+    pub op: String,
+    pub sizes: Vec<u64>,
+    /// Measured iterations, per size.
+    pub iterations: Vec<u64>,
+    pub warmup: u64,
+    /// Streaming: sends in flight (pingpong: 1).
+    pub window: u32,
+    pub verify: bool,
+    pub flows: usize,
+}
+
+impl Params {
+    /// Unmeasured iterations before size `k`. The first size warms up for
+    /// at least [`PRIME_PACKETS`] packets, so that the first touch of every
+    /// packet buffer of the devices' pools (a page fault each) happens
+    /// before anything is measured.
+    pub fn warmup_for(&self, k: usize) -> u64 {
+        if k > 0 {
+            return self.warmup;
+        }
+        let packets_per_message = self.sizes[0] / PACKET_PAYLOAD + 1;
+        self.warmup.max(PRIME_PACKETS.div_ceil(packets_per_message))
+    }
+
+    /// Iterations of size `k`, warmup included.
+    pub fn total(&self, k: usize) -> u64 {
+        self.warmup_for(k) + self.iterations[k]
+    }
+
+    /// The largest size.
+    pub fn max_size(&self) -> u64 {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Streaming: sends in flight at `size`. Verifying keeps a buffer per
+    /// message in flight, so large sizes get fewer.
+    pub fn window_for(&self, size: u64) -> u64 {
+        let window = self.window as u64;
+        if self.verify { window.min((VERIFY_BYTES / size.max(1)).max(1)) } else { window }
+    }
+
+    /// Streaming: receives kept posted at `size`: twice the window, so the
+    /// sender never finds none posted (each verified into its own buffer).
+    pub fn depth_for(&self, size: u64) -> u64 {
+        let depth = 2 * self.window as u64;
+        if self.verify { depth.min((VERIFY_BYTES / size.max(1)).max(1)) } else { depth }
+    }
+
+    /// The differences from the peer's parameters, each naming its option.
+    pub fn diff(&self, peer: &Params) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut field = |option: &str, here: String, there: String| {
+            if here != there {
+                out.push(format!("{option}: here {here}, peer {there}"));
+            }
+        };
+        let list = |v: &[u64]| v.iter().map(|s| sizes::human(*s)).collect::<Vec<_>>().join(",");
+        field("app", self.app.clone(), peer.app.clone());
+        field("-p", self.device.clone(), peer.device.clone());
+        field("-o", self.op.clone(), peer.op.clone());
+        field("-S", list(&self.sizes), list(&peer.sizes));
+        field("-I", list(&self.iterations), list(&peer.iterations));
+        field("-w", self.warmup.to_string(), peer.warmup.to_string());
+        field("-W", self.window.to_string(), peer.window.to_string());
+        field("-c", self.verify.to_string(), peer.verify.to_string());
+        field("-l (flows)", self.flows.to_string(), peer.flows.to_string());
+        out
+    }
+}
+
+/// What one step of a side did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Idle,
+    Worked,
+    /// The phase is complete.
+    Done,
+}
+
+impl From<bool> for Phase {
+    fn from(worked: bool) -> Phase {
+        if worked { Phase::Worked } else { Phase::Idle }
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError {
+    /// Creating a device or an endpoint, registering memory, connecting.
+    Setup(String),
+    /// The engine refused an operation or failed one.
+    Engine(String),
+    PeerGone(String),
+    /// Data or sizes that are not what was sent.
+    Verify(String),
+    /// Nothing moved for too long.
+    Timeout(String),
+    /// The two sides were started with different parameters.
+    Mismatch(String),
+    /// The peer process reported a failure.
+    Peer(String),
+    /// Stopped by Ctrl-C, or because another lcore failed.
+    Stopped,
+}
+
+impl RunError {
+    /// Of several lcores' errors, the one that explains the run: any but
+    /// `Stopped`, which only follows another.
+    pub fn first_cause(errors: impl IntoIterator<Item = RunError>) -> Option<RunError> {
+        let mut first = None;
+        for e in errors {
+            if e != RunError::Stopped {
+                return Some(e);
+            }
+            first.get_or_insert(e);
+        }
+        first
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Setup(m) => write!(f, "setup failed: {m}"),
+            RunError::Engine(m) => write!(f, "engine error: {m}"),
+            RunError::PeerGone(m) => write!(f, "peer gone: {m}"),
+            RunError::Verify(m) => write!(f, "verification failed: {m}"),
+            RunError::Timeout(m) => write!(f, "timeout: {m}"),
+            RunError::Mismatch(m) => write!(f, "parameter mismatch with the peer: {m}"),
+            RunError::Peer(m) => write!(f, "the peer failed: {m}"),
+            RunError::Stopped => write!(f, "interrupted"),
+        }
+    }
+}
+
+/// The measuring side of a flow.
+pub trait ActiveSide {
+    /// Starts size `k` of the plan with its warmup.
+    fn start(&mut self, k: usize);
+    /// Starts the measured iterations of the current size.
+    fn start_measured(&mut self);
+    fn step(&mut self) -> Result<Phase, RunError>;
+    /// Iterations of the current phase done, and its total, for the live
+    /// progress line.
+    fn progress(&self) -> (u64, u64);
+    /// The measurement of the size just finished; `busy_pct` is the
+    /// lcore's utilisation over its measured phase.
+    fn sample(&mut self, busy_pct: f64) -> Sample;
+}
+
+/// The other side: runs the whole plan by itself.
+pub trait PassiveSide {
+    fn step(&mut self) -> Result<bool, RunError>;
+    fn is_done(&self) -> bool;
+}
+
+/// What every side has: an endpoint to connect and report on.
+pub trait Side {
+    /// The endpoint's raw address, for the peer.
+    fn addr(&self) -> efapoll::wire::RawAddr;
+    /// The buffer the peer may reach.
+    fn data_mem(&self) -> oob::MemDesc;
+    /// Inserts the peer's address.
+    fn connect(&mut self, peer: &efapoll::wire::RawAddr) -> Result<(), RunError>;
+    fn counters(&self) -> Vec<(String, u64)>;
+}

@@ -1,0 +1,243 @@
+//! The out-of-band channel between a server and a client: Relink over TCP.
+//!
+//! The server answers to the app's endpoint name (`efapoll-pingpong`,
+//! `efapoll-streaming`), so a client of the other app is refused at the
+//! handshake. Each flow has a channel, its index: on it each side sends one
+//! *card* with three parts: the endpoint's raw address (32 bytes), the
+//! memory descriptor of its data buffer (addr, key, len: 3 x u64 LE, for
+//! the one-sided operations to come) and the run's parameters (JSON). Both
+//! sides compare the parameters before any traffic. After the run each
+//! side sends `end` on channel 0, with `ok` or `error` and a message, and
+//! the link shuts down; a peer that fails or vanishes mid-run stops this
+//! side's lcores.
+
+use std::io;
+use std::net::{TcpListener, ToSocketAddrs};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use efapoll::device::Mr;
+use efapoll::relink::{self, Conn, Options, TcpError};
+use efapoll::wire::RawAddr;
+use efapoll_lcores::StopFlag;
+
+use super::{Params, RunError};
+
+/// A registered region as a peer reaches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemDesc {
+    pub addr: u64,
+    pub key: u64,
+    pub len: u64,
+}
+
+impl MemDesc {
+    pub fn of(mr: &Mr) -> MemDesc {
+        MemDesc { addr: mr.addr, key: mr.key, len: mr.len }
+    }
+}
+
+/// What one side tells the other about one flow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Card {
+    pub addr: RawAddr,
+    pub mem: MemDesc,
+    pub params: Params,
+}
+
+impl Card {
+    pub fn to_parts(&self) -> Vec<Vec<u8>> {
+        let mut mem = Vec::with_capacity(24);
+        for v in [self.mem.addr, self.mem.key, self.mem.len] {
+            mem.extend_from_slice(&v.to_le_bytes());
+        }
+        let params = serde_json::to_vec(&self.params).expect("params serialize");
+        vec![self.addr.to_bytes().to_vec(), mem, params]
+    }
+
+    pub fn from_parts(parts: &[Vec<u8>]) -> Result<Card, String> {
+        let [addr, mem, params] = parts else {
+            return Err(format!("a card has 3 parts, this one {}", parts.len()));
+        };
+        let addr = RawAddr::from_bytes(addr).map_err(|e| format!("raw address: {e}"))?;
+        if mem.len() != 24 {
+            return Err(format!("a memory descriptor is 24 bytes, this one {}", mem.len()));
+        }
+        let word = |i: usize| u64::from_le_bytes(mem[i * 8..i * 8 + 8].try_into().expect("8"));
+        let mem = MemDesc { addr: word(0), key: word(1), len: word(2) };
+        let params = serde_json::from_slice(params).map_err(|e| format!("parameters: {e}"))?;
+        Ok(Card { addr, mem, params })
+    }
+}
+
+fn options(timeout: Duration) -> Options {
+    Options { timeout, ..Options::default() }
+}
+
+/// Connects to a server, retrying while nothing listens yet, up to
+/// `timeout`.
+pub fn connect(host: &str, port: u16, name: &str, timeout: Duration) -> Result<Conn, RunError> {
+    let deadline = Instant::now() + timeout;
+    let target = format!("{host}:{port}");
+    let addrs: Vec<_> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| RunError::Setup(format!("cannot resolve {host}: {e}")))?
+        .collect();
+    loop {
+        match relink::connect(&addrs[..], name, &options(timeout)) {
+            Ok(conn) => return Ok(conn),
+            Err(TcpError::Io(e))
+                if e.kind() == io::ErrorKind::ConnectionRefused && Instant::now() < deadline =>
+            {
+                thread::sleep(Duration::from_millis(50));
+            }
+            Err(TcpError::Handshake(e)) => {
+                return Err(RunError::Setup(format!(
+                    "the server at {target} refused the {name} handshake ({e}): does it run \
+                     the same app?"
+                )));
+            }
+            // A listener that does not serve the name closes the stream.
+            Err(TcpError::Disconnected) => {
+                return Err(RunError::Setup(format!(
+                    "the server at {target} closed the link during the handshake: it does not \
+                     serve {name} (is it another app's server?)"
+                )));
+            }
+            Err(e) => return Err(RunError::Setup(format!("cannot connect to {target}: {e}"))),
+        }
+    }
+}
+
+/// Waits for one client on `listener`.
+pub fn accept(listener: &TcpListener, name: &str, timeout: Duration) -> Result<Conn, RunError> {
+    relink::accept(listener, &[name], &options(timeout)).map_err(|e| match e {
+        TcpError::Handshake(e) => {
+            RunError::Setup(format!("a client's handshake failed: {e}; this server runs {name}"))
+        }
+        e => RunError::Setup(format!("accepting a client: {e}")),
+    })
+}
+
+/// Sends our cards (one per flow, on channel = flow) and returns the
+/// peer's, after checking that its parameters are ours.
+pub fn exchange(conn: &mut Conn, mine: &[Card], timeout: Duration) -> Result<Vec<Card>, RunError> {
+    let lost = |e: TcpError| RunError::PeerGone(format!("control link: {e}"));
+    for (flow, card) in mine.iter().enumerate() {
+        let parts = card.to_parts();
+        let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        conn.send(flow as u64, &parts).map_err(lost)?;
+    }
+    let mut theirs: Vec<Option<Card>> = vec![None; mine.len()];
+    let mut got = 0;
+    while got < mine.len() {
+        let (channel, parts) = conn.recv(timeout).map_err(lost)?;
+        let card = Card::from_parts(&parts)
+            .map_err(|e| RunError::Setup(format!("the peer's card is malformed: {e}")))?;
+        let diff = mine[0].params.diff(&card.params);
+        if !diff.is_empty() {
+            return Err(RunError::Mismatch(diff.join("; ")));
+        }
+        let slot = theirs.get_mut(channel as usize).ok_or_else(|| {
+            RunError::Setup(format!("the peer sent a card for flow {channel}, beyond the flows"))
+        })?;
+        if slot.replace(card).is_none() {
+            got += 1;
+        }
+    }
+    Ok(theirs.into_iter().map(|c| c.expect("every flow's card")).collect())
+}
+
+/// Closes the link after telling the peer why (a setup failure).
+pub fn abort(mut conn: Conn, error: &RunError) {
+    let message = error.to_string();
+    let _ = conn.send(0, &[b"end", b"error", message.as_bytes()]);
+    let _ = conn.shutdown();
+}
+
+/// The control link during a run, on a thread of its own (blocked in
+/// reads, never polling).
+#[derive(Debug)]
+pub struct Control {
+    outcome: mpsc::Sender<Result<(), String>>,
+    thread: JoinHandle<Result<(), RunError>>,
+}
+
+impl Control {
+    /// Watches `conn`: the peer's failure, or its loss before its `end`,
+    /// raises `stop`. Once our side ended, the peer has `timeout` to end
+    /// too.
+    pub fn spawn(mut conn: Conn, stop: StopFlag, timeout: Duration) -> Control {
+        let (outcome, from_main) = mpsc::channel::<Result<(), String>>();
+        let thread = thread::spawn(move || {
+            let mut sent: Option<Instant> = None;
+            let mut peer: Option<Result<(), RunError>> = None;
+            loop {
+                if sent.is_none() {
+                    let ours = match from_main.try_recv() {
+                        Ok(result) => Some(result),
+                        Err(mpsc::TryRecvError::Empty) => None,
+                        Err(mpsc::TryRecvError::Disconnected) => Some(Err("aborted".into())),
+                    };
+                    if let Some(result) = ours {
+                        let parts = end_parts(result);
+                        let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                        let _ = conn.send(0, &parts);
+                        sent = Some(Instant::now());
+                    }
+                }
+                if sent.is_some() && peer.is_some() {
+                    break;
+                }
+                if sent.is_some_and(|t| t.elapsed() > timeout) {
+                    // A peer that stopped answering (our side timed out).
+                    let e = RunError::Timeout("the peer did not end its run".into());
+                    peer = Some(Err(e));
+                    break;
+                }
+                match conn.recv(Duration::from_millis(50)) {
+                    Ok((_, parts)) if parts.first().is_some_and(|p| p == b"end") => {
+                        let ok = parts.get(1).is_some_and(|p| p == b"ok");
+                        let message = parts.get(2).map(|m| String::from_utf8_lossy(m).into_owned());
+                        if ok {
+                            peer = Some(Ok(()));
+                        } else {
+                            peer = Some(Err(RunError::Peer(message.unwrap_or_default())));
+                            stop.stop();
+                        }
+                    }
+                    Ok(_) | Err(TcpError::Timeout) => {}
+                    Err(e) => {
+                        if peer.is_none() {
+                            peer = Some(Err(RunError::PeerGone(format!("control link: {e}"))));
+                            stop.stop();
+                        }
+                        if sent.is_none() {
+                            // Nobody to tell any more; wait for our side.
+                            let _ = from_main.recv();
+                        }
+                        return peer.expect("set above");
+                    }
+                }
+            }
+            let _ = conn.shutdown();
+            peer.expect("loop ends with the peer's outcome")
+        });
+        Control { outcome, thread }
+    }
+
+    /// Tells the peer how our side ended and returns how the peer's did.
+    pub fn finish(self, ours: &Result<(), RunError>) -> Result<(), RunError> {
+        let _ = self.outcome.send(ours.clone().map_err(|e| e.to_string()));
+        self.thread.join().unwrap_or_else(|_| Err(RunError::Setup("control thread".into())))
+    }
+}
+
+/// The `end` message for an outcome.
+fn end_parts(result: Result<(), String>) -> Vec<Vec<u8>> {
+    match result {
+        Ok(()) => vec![b"end".to_vec(), b"ok".to_vec(), Vec::new()],
+        Err(m) => vec![b"end".to_vec(), b"error".to_vec(), m.into_bytes()],
+    }
+}

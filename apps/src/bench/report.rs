@@ -1,0 +1,410 @@
+//! Measurements, the rows they make, the table on stdout and the JSON file.
+//!
+//! Units: times in µs, bandwidth in MB/s (10^6 bytes per second), message
+//! rates in millions per second.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use super::App;
+
+/// Half round trips above this (1 hour, in ns) are recorded as this.
+pub const HIST_MAX_NS: u64 = 3_600_000_000_000;
+
+/// A histogram of half round trips in ns, 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds")
+}
+
+/// One flow's measurement of one size.
+#[derive(Debug, Clone)]
+pub enum Sample {
+    Pingpong(PingpongSample),
+    Streaming(StreamingSample),
+}
+
+#[derive(Debug, Clone)]
+pub struct PingpongSample {
+    pub bytes: u64,
+    pub iterations: u64,
+    /// Half round trips, ns (batch means when `batch` > 1).
+    pub hist: Histogram<u64>,
+    /// All measured round trips, end to end.
+    pub total_ns: u64,
+    /// Round trips per clock read.
+    pub batch: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct StreamingSample {
+    pub bytes: u64,
+    pub iterations: u64,
+    pub window: u64,
+    /// Messages the measured interval covers, and its length.
+    pub messages: u64,
+    pub elapsed_ns: u64,
+    /// The best 10 ms interval, bytes per second (the average when the run
+    /// is shorter).
+    pub peak_bytes_per_s: f64,
+    pub busy_pct: f64,
+}
+
+impl StreamingSample {
+    fn bytes_per_s(&self) -> f64 {
+        (self.messages * self.bytes) as f64 / secs(self.elapsed_ns)
+    }
+
+    fn msgs_per_s(&self) -> f64 {
+        self.messages as f64 / secs(self.elapsed_ns)
+    }
+}
+
+fn secs(ns: u64) -> f64 {
+    ns.max(1) as f64 / 1e9
+}
+
+/// A pingpong table row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PingpongRow {
+    pub bytes: u64,
+    pub iterations: u64,
+    pub t_min_us: f64,
+    pub t_p50_us: f64,
+    pub t_avg_us: f64,
+    pub t_p99_us: f64,
+    pub t_p999_us: f64,
+    pub t_max_us: f64,
+    pub mb_per_s: f64,
+    pub mmsg_per_s: f64,
+    /// Round trips timed per clock read (1: each one).
+    pub batch: u64,
+}
+
+/// A streaming table row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StreamingRow {
+    pub bytes: u64,
+    pub iterations: u64,
+    pub window: u64,
+    pub bw_peak_mb_s: f64,
+    pub bw_avg_mb_s: f64,
+    pub mmsg_per_s: f64,
+    pub usec_per_xfer: f64,
+    pub busy_pct: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Row {
+    Pingpong(PingpongRow),
+    Streaming(StreamingRow),
+}
+
+/// Rounds to 4 significant digits, for readable JSON that keeps small
+/// rates (1 MiB messages are a few thousandths of a million per second).
+fn r3(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(3 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
+}
+
+/// The row of one size from every flow's sample of it: latencies over all
+/// flows' round trips, rates summed over flows.
+pub fn aggregate(samples: &[Sample]) -> Row {
+    match &samples[0] {
+        Sample::Pingpong(first) => {
+            let mut hist = first.hist.clone();
+            let (mut iterations, mut total_ns, mut rate) = (0u64, 0u64, 0f64);
+            for s in samples {
+                let Sample::Pingpong(s) = s else { unreachable!("one app per run") };
+                if !std::ptr::eq(s, first) {
+                    hist.add(&s.hist).expect("histograms with the same bounds");
+                }
+                iterations += s.iterations;
+                total_ns += s.total_ns;
+                // Each flow's messages per second: one per half round trip.
+                rate += 2.0 * s.iterations as f64 / secs(s.total_ns);
+            }
+            let us = |ns: u64| r3(ns as f64 / 1e3);
+            let avg_us = total_ns as f64 / 1e3 / (2.0 * iterations.max(1) as f64);
+            Row::Pingpong(PingpongRow {
+                bytes: first.bytes,
+                iterations,
+                t_min_us: us(hist.min()),
+                t_p50_us: us(hist.value_at_quantile(0.5)),
+                t_avg_us: r3(avg_us),
+                t_p99_us: us(hist.value_at_quantile(0.99)),
+                t_p999_us: us(hist.value_at_quantile(0.999)),
+                t_max_us: us(hist.max()),
+                mb_per_s: r3(rate * first.bytes as f64 / 1e6),
+                mmsg_per_s: r3(rate / 1e6),
+                batch: samples
+                    .iter()
+                    .map(|s| match s {
+                        Sample::Pingpong(s) => s.batch,
+                        Sample::Streaming(_) => 1,
+                    })
+                    .max()
+                    .unwrap_or(1),
+            })
+        }
+        Sample::Streaming(first) => {
+            let (mut iterations, mut bw, mut peak, mut msgs, mut busy) = (0, 0.0, 0.0, 0.0, 0.0);
+            for s in samples {
+                let Sample::Streaming(s) = s else { unreachable!("one app per run") };
+                iterations += s.iterations;
+                bw += s.bytes_per_s();
+                peak += s.peak_bytes_per_s;
+                msgs += s.msgs_per_s();
+                busy += s.busy_pct;
+            }
+            Row::Streaming(StreamingRow {
+                bytes: first.bytes,
+                iterations,
+                window: first.window,
+                bw_peak_mb_s: r3(peak / 1e6),
+                bw_avg_mb_s: r3(bw / 1e6),
+                mmsg_per_s: r3(msgs / 1e6),
+                usec_per_xfer: r3(1e6 / msgs.max(f64::MIN_POSITIVE)),
+                busy_pct: r3(busy / samples.len() as f64),
+            })
+        }
+    }
+}
+
+/// The table's column header.
+pub fn header(app: App) -> String {
+    match app {
+        App::Pingpong => format!(
+            "{:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}",
+            "bytes",
+            "iterations",
+            "t_min",
+            "t_p50",
+            "t_avg",
+            "t_p99",
+            "t_p99.9",
+            "t_max",
+            "MB/s",
+            "Mmsg/s"
+        ),
+        App::Streaming => format!(
+            "{:>9} {:>10} {:>6} {:>10} {:>10} {:>8} {:>9} {:>6}",
+            "bytes", "iterations", "window", "peak_MB/s", "avg_MB/s", "Mmsg/s", "us/xfer", "busy%"
+        ),
+    }
+}
+
+/// A table row, aligned under [`header`].
+pub fn format_row(row: &Row) -> String {
+    match row {
+        Row::Pingpong(r) => format!(
+            "{:>9} {:>10} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8.4}",
+            r.bytes,
+            r.iterations,
+            r.t_min_us,
+            r.t_p50_us,
+            r.t_avg_us,
+            r.t_p99_us,
+            r.t_p999_us,
+            r.t_max_us,
+            r.mb_per_s,
+            r.mmsg_per_s
+        ),
+        Row::Streaming(r) => format!(
+            "{:>9} {:>10} {:>6} {:>10.2} {:>10.2} {:>8.4} {:>9.3} {:>6.1}",
+            r.bytes,
+            r.iterations,
+            r.window,
+            r.bw_peak_mb_s,
+            r.bw_avg_mb_s,
+            r.mmsg_per_s,
+            r.usec_per_xfer,
+            r.busy_pct
+        ),
+    }
+}
+
+/// Adds `counters` into `into`.
+pub fn merge_counters(into: &mut BTreeMap<String, u64>, counters: Vec<(String, u64)>) {
+    for (name, value) in counters {
+        *into.entry(name).or_default() += value;
+    }
+}
+
+/// What `--json` writes.
+#[derive(Debug)]
+pub struct Report<'a> {
+    pub app: App,
+    pub device: &'a str,
+    pub op: &'a str,
+    pub lcores: String,
+    pub rows: &'a [Row],
+    pub counters: &'a BTreeMap<String, u64>,
+}
+
+impl Report<'_> {
+    pub fn to_json(&self) -> Value {
+        let results: Vec<Value> = self
+            .rows
+            .iter()
+            .map(|row| match row {
+                Row::Pingpong(r) => serde_json::to_value(r),
+                Row::Streaming(r) => serde_json::to_value(r),
+            })
+            .collect::<Result<_, _>>()
+            .expect("rows serialize");
+        let counters: Map<String, Value> =
+            self.counters.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        json!({
+            "app": self.app.name(),
+            "device": self.device,
+            "op": self.op,
+            "lcores": self.lcores,
+            "results": results,
+            "counters": counters,
+        })
+    }
+
+    pub fn write(&self, path: &Path) -> io::Result<()> {
+        let mut text = serde_json::to_string_pretty(&self.to_json()).map_err(io::Error::other)?;
+        text.push('\n');
+        std::fs::File::create(path)?.write_all(text.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pingpong(bytes: u64, half_rtts_ns: &[u64]) -> Sample {
+        let mut hist = new_histogram();
+        for &v in half_rtts_ns {
+            hist.record(v).unwrap();
+        }
+        Sample::Pingpong(PingpongSample {
+            bytes,
+            iterations: half_rtts_ns.len() as u64,
+            hist,
+            total_ns: 2 * half_rtts_ns.iter().sum::<u64>(),
+            batch: 1,
+        })
+    }
+
+    #[test]
+    fn a_pingpong_row_from_one_flow() {
+        let Row::Pingpong(r) = aggregate(&[pingpong(64, &[1000, 2000, 3000, 2000])]) else {
+            panic!()
+        };
+        assert_eq!((r.bytes, r.iterations), (64, 4));
+        assert_eq!(r.t_min_us, 1.0);
+        assert_eq!(r.t_p50_us, 2.0);
+        assert_eq!(r.t_avg_us, 2.0);
+        // The histogram keeps 3 significant digits: 3000 ns reads back as
+        // the top of its bucket.
+        assert_eq!(r.t_max_us, 3.001);
+        assert_eq!(r.t_p99_us, 3.001);
+        // 64 bytes per 2 µs half round trip: 32 MB/s, 0.5 Mmsg/s.
+        assert_eq!(r.mb_per_s, 32.0);
+        assert_eq!(r.mmsg_per_s, 0.5);
+    }
+
+    #[test]
+    fn flows_merge_latencies_and_add_rates() {
+        let one = pingpong(64, &[1000; 10]);
+        let Row::Pingpong(r) = aggregate(&[one.clone(), one]) else { panic!() };
+        assert_eq!(r.iterations, 20);
+        assert_eq!(r.t_avg_us, 1.0);
+        assert_eq!(r.mmsg_per_s, 2.0);
+        assert_eq!(r.mb_per_s, 128.0);
+    }
+
+    #[test]
+    fn a_streaming_row_and_its_sum_over_flows() {
+        let s = Sample::Streaming(StreamingSample {
+            bytes: 1000,
+            iterations: 1000,
+            window: 64,
+            messages: 1000,
+            elapsed_ns: 1_000_000,
+            peak_bytes_per_s: 1.5e9,
+            busy_pct: 80.0,
+        });
+        let Row::Streaming(r) = aggregate(std::slice::from_ref(&s)) else { panic!() };
+        // 1000 x 1000 B in 1 ms: 1000 MB/s, 1 Mmsg/s, 1 µs per message.
+        assert_eq!((r.bw_avg_mb_s, r.bw_peak_mb_s), (1000.0, 1500.0));
+        assert_eq!((r.mmsg_per_s, r.usec_per_xfer, r.busy_pct), (1.0, 1.0, 80.0));
+        let Row::Streaming(two) = aggregate(&[s.clone(), s]) else { panic!() };
+        assert_eq!((two.bw_avg_mb_s, two.iterations, two.usec_per_xfer), (2000.0, 2000, 0.5));
+        assert_eq!(two.busy_pct, 80.0);
+    }
+
+    #[test]
+    fn rows_line_up_under_the_header() {
+        let row = aggregate(&[pingpong(1 << 20, &[123_456, 234_567])]);
+        let line = format_row(&row);
+        assert_eq!(line.len(), header(App::Pingpong).len());
+        assert_eq!(
+            line.split_whitespace().collect::<Vec<_>>(),
+            [
+                "1048576", "2", "123.50", "123.50", "179.00", "234.60", "234.60", "234.60",
+                "5858.00", "0.0056"
+            ]
+        );
+        let s = Sample::Streaming(StreamingSample {
+            bytes: 64,
+            iterations: 10,
+            window: 64,
+            messages: 10,
+            elapsed_ns: 10_000,
+            peak_bytes_per_s: 64e6,
+            busy_pct: 99.94,
+        });
+        let line = format_row(&aggregate(&[s]));
+        assert_eq!(line.len(), header(App::Streaming).len());
+        assert_eq!(
+            line.split_whitespace().collect::<Vec<_>>(),
+            ["64", "10", "64", "64.00", "64.00", "1.0000", "1.000", "99.9"]
+        );
+    }
+
+    #[test]
+    fn the_json_report_has_every_field() {
+        let rows = [aggregate(&[pingpong(64, &[1000])])];
+        let mut counters = BTreeMap::new();
+        merge_counters(&mut counters, vec![("tx.EAGER_MSGRTM".into(), 2)]);
+        merge_counters(&mut counters, vec![("tx.EAGER_MSGRTM".into(), 3)]);
+        let report = Report {
+            app: App::Pingpong,
+            device: "sim",
+            op: "send",
+            lcores: "0".into(),
+            rows: &rows,
+            counters: &counters,
+        };
+        let v = report.to_json();
+        assert_eq!(v["app"], "pingpong");
+        assert_eq!(v["counters"]["tx.EAGER_MSGRTM"], 5);
+        let r = &v["results"][0];
+        for key in [
+            "bytes",
+            "iterations",
+            "t_min_us",
+            "t_p50_us",
+            "t_avg_us",
+            "t_p99_us",
+            "t_p999_us",
+            "t_max_us",
+            "mb_per_s",
+            "mmsg_per_s",
+        ] {
+            assert!(r[key].is_number(), "{key}");
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! Where the sides of each flow run.
+//!
+//! * `-p sim`: one flow per lcore, both of its endpoints in that lcore's
+//!   thread (a sim fabric is single-threaded): the engine's own cost.
+//! * self-contained shm: one flow per lcore pair `(a, b)`: the active side
+//!   on `a`, the passive one on `b`, each on a shm device of its own made
+//!   on its thread; they swap addresses in-process.
+//! * `--server` / `HOST`: the server runs the passive side of each pair on
+//!   `b`, the client the active side on `a` (so the same `-l` on both ends
+//!   of one host keeps them on distinct cores); cards go over Relink.
+//!
+//! The main lcore runs flow 0's side (the active one unless serving) and
+//! prints: each size's row once every flow has measured it.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use efapoll::device::shm::{ShmConfig, ShmDevice};
+use efapoll::device::sim::{SimConfig, SimFabric};
+use efapoll::endpoint::{Config, Endpoint};
+use efapoll::relink::Conn;
+use efapoll_lcores::{
+    CoreList, IdleStrategy, LcoreCtx, LcoreError, LcoreId, Lcores, LcoresConfig, StopFlag,
+    install_ctrlc_handler,
+};
+
+use super::drive::{Nobody, drive_active, drive_passive};
+use super::oob::{self, Card, Control};
+use super::op::{Io, Transfer};
+use super::report::{self, Report, Row};
+use super::{
+    ActiveSide, App, Params, PassiveSide, RunError, Sample, Side, pingpong, plot, streaming,
+};
+
+/// The devices the apps run on now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Sim,
+    Shm,
+}
+
+/// Where this process's sides talk to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Both sides in this process.
+    SelfContained,
+    Server,
+    Client(String),
+}
+
+/// Everything a run needs, checked.
+#[derive(Debug, Clone)]
+pub struct RunArgs {
+    pub app: App,
+    pub mode: Mode,
+    pub device: DeviceKind,
+    pub transfer: Transfer,
+    pub params: Params,
+    pub lcores: CoreList,
+    pub idle: IdleStrategy,
+    pub port: u16,
+    /// No progress for this long fails the run.
+    pub timeout: Duration,
+    pub json: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Active,
+    Passive,
+}
+
+/// What a side's lcore hands back: its role and its endpoint's counters.
+type FlowResult = Result<(Role, Vec<(String, u64)>), RunError>;
+
+/// Where measured samples go.
+type Sink<'a> = &'a mut dyn FnMut(usize, Sample) -> Result<(), RunError>;
+
+/// The lcores of each flow: `(active, passive)`.
+pub fn pairs(lcores: &CoreList) -> Vec<(LcoreId, LcoreId)> {
+    lcores.as_slice().chunks_exact(2).map(|p| (p[0], p[1])).collect()
+}
+
+/// Runs the benchmark; rows go to stdout as sizes complete.
+pub fn run(a: &RunArgs) -> Result<(), RunError> {
+    match (&a.mode, a.device) {
+        (Mode::SelfContained, DeviceKind::Sim) => run_sim(a),
+        (Mode::SelfContained, DeviceKind::Shm) => run_local(a),
+        (Mode::Server, DeviceKind::Shm) => run_server(a),
+        (Mode::Client(host), DeviceKind::Shm) => run_client(a, host),
+        (_, DeviceKind::Sim) => Err(RunError::Setup("sim runs in one process".into())),
+    }
+}
+
+fn new_lcores(cores: CoreList, idle: IdleStrategy) -> Result<Lcores<FlowResult>, RunError> {
+    Lcores::new(LcoresConfig { cores, main_lcore: None, idle })
+        .map_err(|e| RunError::Setup(format!("lcores: {e}")))
+}
+
+fn launch(
+    lcores: &mut Lcores<FlowResult>,
+    lcore: LcoreId,
+    work: impl FnOnce(&mut LcoreCtx) -> FlowResult + Send + 'static,
+) -> Result<(), RunError> {
+    lcores.remote_launch(lcore, work).map_err(|e| RunError::Setup(format!("launch: {e}")))
+}
+
+fn ctrlc(stop: &StopFlag) {
+    if let Err(e) = install_ctrlc_handler(stop) {
+        eprintln!("efapoll: {e}; Ctrl-C will not stop the run cleanly");
+    }
+}
+
+fn run_sim(a: &RunArgs) -> Result<(), RunError> {
+    let mut lcores = new_lcores(a.lcores.clone(), a.idle)?;
+    ctrlc(lcores.stop_flag());
+    let (sample_tx, sample_rx) = mpsc::channel();
+    for (flow, lcore) in a.lcores.iter().enumerate().skip(1) {
+        let (args, tx) = (a.clone(), sample_tx.clone());
+        launch(&mut lcores, lcore, move |ctx| {
+            sim_flow(ctx, &args, &mut |k, s| send_sample(&tx, flow, k, s), false)
+        })?;
+    }
+    drop(sample_tx);
+    let mut out = Collector::new(a, a.lcores.len(), sample_rx, lcores.stop_flag().clone());
+    let main = lcores
+        .run_on_main(|ctx| sim_flow(ctx, a, &mut |k, s| out.add(k, s), true))
+        .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
+    let rest = lcores.wait_all();
+    out.finish(main, rest, Role::Active)
+}
+
+/// One flow with both endpoints on a sim fabric of its own.
+fn sim_flow(ctx: &mut LcoreCtx, a: &RunArgs, sink: Sink<'_>, live: bool) -> FlowResult {
+    let fabric = SimFabric::new(SimConfig::default());
+    let io = || -> Result<Io<_>, RunError> {
+        let ep = Endpoint::new(fabric.device(), Config::default())
+            .map_err(|e| RunError::Setup(format!("sim endpoint: {e}")))?;
+        Ok(Io::new(ep, a.transfer))
+    };
+    match a.app {
+        App::Pingpong => {
+            let active = pingpong::Initiator::new(io()?, &a.params)?;
+            let passive = pingpong::Responder::new(io()?, &a.params)?;
+            sim_pair(ctx, a, active, passive, sink, live)
+        }
+        App::Streaming => {
+            let active = streaming::Sender::new(io()?, &a.params)?;
+            let passive = streaming::Receiver::new(io()?, &a.params)?;
+            sim_pair(ctx, a, active, passive, sink, live)
+        }
+    }
+}
+
+fn sim_pair<A: ActiveSide + Side, P: PassiveSide + Side>(
+    ctx: &mut LcoreCtx,
+    a: &RunArgs,
+    mut active: A,
+    mut passive: P,
+    sink: Sink<'_>,
+    live: bool,
+) -> FlowResult {
+    active.connect(&passive.addr())?;
+    passive.connect(&active.addr())?;
+    drive_active(ctx, &a.params, a.timeout, &mut active, &mut passive, live, sink)?;
+    Ok((Role::Active, active.counters()))
+}
+
+/// Runs one side of a flow on a shm device made on this thread; `exchange`
+/// trades our card for the peer's.
+fn shm_side(
+    ctx: &mut LcoreCtx,
+    a: &RunArgs,
+    role: Role,
+    exchange: impl FnOnce(Card) -> Result<Card, RunError>,
+    sink: Sink<'_>,
+    live: bool,
+) -> FlowResult {
+    let dev = ShmDevice::new(ShmConfig::default())
+        .map_err(|e| RunError::Setup(format!("shm device: {e}")))?;
+    let ep = Endpoint::new(dev, Config::default())
+        .map_err(|e| RunError::Setup(format!("shm endpoint: {e}")))?;
+    let io = Io::new(ep, a.transfer);
+    let p = &a.params;
+    match (a.app, role) {
+        (App::Pingpong, Role::Active) => {
+            active_side(ctx, a, pingpong::Initiator::new(io, p)?, exchange, sink, live)
+        }
+        (App::Pingpong, Role::Passive) => {
+            passive_side(ctx, a, pingpong::Responder::new(io, p)?, exchange)
+        }
+        (App::Streaming, Role::Active) => {
+            active_side(ctx, a, streaming::Sender::new(io, p)?, exchange, sink, live)
+        }
+        (App::Streaming, Role::Passive) => {
+            passive_side(ctx, a, streaming::Receiver::new(io, p)?, exchange)
+        }
+    }
+}
+
+fn card_of(side: &impl Side, params: &Params) -> Card {
+    Card { addr: side.addr(), mem: side.data_mem(), params: params.clone() }
+}
+
+fn active_side<A: ActiveSide + Side>(
+    ctx: &mut LcoreCtx,
+    a: &RunArgs,
+    mut side: A,
+    exchange: impl FnOnce(Card) -> Result<Card, RunError>,
+    sink: Sink<'_>,
+    live: bool,
+) -> FlowResult {
+    let peer = exchange(card_of(&side, &a.params))?;
+    side.connect(&peer.addr)?;
+    drive_active(ctx, &a.params, a.timeout, &mut side, &mut Nobody, live, sink)?;
+    Ok((Role::Active, side.counters()))
+}
+
+fn passive_side<P: PassiveSide + Side>(
+    ctx: &mut LcoreCtx,
+    a: &RunArgs,
+    mut side: P,
+    exchange: impl FnOnce(Card) -> Result<Card, RunError>,
+) -> FlowResult {
+    let peer = exchange(card_of(&side, &a.params))?;
+    side.connect(&peer.addr)?;
+    drive_passive(ctx, a.timeout, &mut side)?;
+    Ok((Role::Passive, side.counters()))
+}
+
+/// One end of an in-process card exchange.
+#[derive(Debug)]
+struct CardLink {
+    to_peer: mpsc::Sender<Card>,
+    from_peer: mpsc::Receiver<Card>,
+    timeout: Duration,
+}
+
+impl CardLink {
+    fn pair(timeout: Duration) -> (CardLink, CardLink) {
+        let (a_tx, a_rx) = mpsc::channel();
+        let (b_tx, b_rx) = mpsc::channel();
+        (
+            CardLink { to_peer: a_tx, from_peer: b_rx, timeout },
+            CardLink { to_peer: b_tx, from_peer: a_rx, timeout },
+        )
+    }
+
+    fn exchange(self, mine: Card) -> Result<Card, RunError> {
+        // A peer gone before its card failed its setup, and says so itself.
+        self.to_peer.send(mine).map_err(|_| RunError::Stopped)?;
+        self.from_peer.recv_timeout(self.timeout).map_err(|e| match e {
+            mpsc::RecvTimeoutError::Timeout => RunError::Timeout("no card from the peer".into()),
+            mpsc::RecvTimeoutError::Disconnected => RunError::Stopped,
+        })
+    }
+}
+
+fn send_sample(
+    tx: &mpsc::Sender<(usize, usize, Sample)>,
+    flow: usize,
+    k: usize,
+    s: Sample,
+) -> Result<(), RunError> {
+    tx.send((flow, k, s)).map_err(|_| RunError::Stopped)
+}
+
+fn run_local(a: &RunArgs) -> Result<(), RunError> {
+    let pairs = pairs(&a.lcores);
+    let mut lcores = new_lcores(a.lcores.clone(), a.idle)?;
+    ctrlc(lcores.stop_flag());
+    let (sample_tx, sample_rx) = mpsc::channel();
+    let mut main_link = None;
+    for (flow, &(active, passive)) in pairs.iter().enumerate() {
+        let (mine, theirs) = CardLink::pair(a.timeout);
+        let args = a.clone();
+        launch(&mut lcores, passive, move |ctx| {
+            shm_side(ctx, &args, Role::Passive, |c| theirs.exchange(c), &mut |_, _| Ok(()), false)
+        })?;
+        if flow == 0 {
+            main_link = Some(mine);
+            continue;
+        }
+        let (args, tx) = (a.clone(), sample_tx.clone());
+        launch(&mut lcores, active, move |ctx| {
+            let mut sink = |k, s| send_sample(&tx, flow, k, s);
+            shm_side(ctx, &args, Role::Active, |c| mine.exchange(c), &mut sink, false)
+        })?;
+    }
+    drop(sample_tx);
+    let link = main_link.expect("at least one pair");
+    let mut out = Collector::new(a, pairs.len(), sample_rx, lcores.stop_flag().clone());
+    let main = lcores
+        .run_on_main(|ctx| {
+            shm_side(ctx, a, Role::Active, |c| link.exchange(c), &mut |k, s| out.add(k, s), true)
+        })
+        .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
+    let rest = lcores.wait_all();
+    out.finish(main, rest, Role::Active)
+}
+
+fn run_server(a: &RunArgs) -> Result<(), RunError> {
+    let listener = TcpListener::bind(("0.0.0.0", a.port))
+        .map_err(|e| RunError::Setup(format!("cannot listen on port {}: {e}", a.port)))?;
+    eprintln!("efapoll {}: waiting for a client on port {}", a.app.name(), a.port);
+    // A client may take its time: only its handshake has a deadline.
+    let conn = oob::accept(&listener, a.app.endpoint_name(), a.timeout)?;
+    let cores = pairs(&a.lcores).iter().map(|p| p.1).collect();
+    run_remote(a, conn, Role::Passive, cores)
+}
+
+fn run_client(a: &RunArgs, host: &str) -> Result<(), RunError> {
+    let conn = oob::connect(host, a.port, a.app.endpoint_name(), a.timeout)?;
+    let cores = pairs(&a.lcores).iter().map(|p| p.0).collect();
+    run_remote(a, conn, Role::Active, cores)
+}
+
+/// One side of every flow here, the other in the peer process; cards go
+/// over `conn`, which then watches the peer until the end.
+fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Result<(), RunError> {
+    let flows = cores.len();
+    let list = CoreList::from_cores(cores.iter().copied())
+        .map_err(|e| RunError::Setup(format!("lcores: {e}")))?;
+    let mut lcores = new_lcores(list, a.idle)?;
+    let stop = lcores.stop_flag().clone();
+    let (card_tx, card_rx) = mpsc::channel::<(usize, Card)>();
+    let (sample_tx, sample_rx) = mpsc::channel();
+    let mut replies = Vec::new();
+    for (flow, &lcore) in cores.iter().enumerate().skip(1) {
+        let (reply_tx, reply_rx) = mpsc::channel();
+        replies.push(reply_tx);
+        let (args, cards, samples) = (a.clone(), card_tx.clone(), sample_tx.clone());
+        launch(&mut lcores, lcore, move |ctx| {
+            let exchange = |c| {
+                cards.send((flow, c)).map_err(|_| RunError::Stopped)?;
+                reply_rx.recv().map_err(|_| RunError::Stopped)
+            };
+            let mut sink = |k, s| send_sample(&samples, flow, k, s);
+            shm_side(ctx, &args, role, exchange, &mut sink, false)
+        })?;
+    }
+    drop((card_tx, sample_tx));
+    let mut conn = Some(conn);
+    let mut control = None;
+    let mut out = Collector::new(a, flows, sample_rx, stop.clone());
+    let relay = |mine: Card| -> Result<Card, RunError> {
+        let mut cards = vec![mine];
+        let mut others: Vec<Option<Card>> = vec![None; flows];
+        for _ in 1..flows {
+            let (flow, card) = card_rx
+                .recv_timeout(a.timeout)
+                .map_err(|_| RunError::Setup("a flow's lcore failed its setup".into()))?;
+            others[flow] = Some(card);
+        }
+        cards.extend(others.into_iter().skip(1).map(|c| c.expect("every flow's card")));
+        let link = conn.as_mut().expect("unused until now");
+        let mut theirs = oob::exchange(link, &cards, a.timeout)?.into_iter();
+        let first = theirs.next().expect("one card per flow");
+        // By value: a failure before this point drops the senders, which
+        // ends the workers' wait.
+        for (reply, card) in replies.into_iter().zip(theirs) {
+            let _ = reply.send(card);
+        }
+        ctrlc(&stop);
+        let link = conn.take().expect("unused until now");
+        control = Some(Control::spawn(link, stop.clone(), a.timeout));
+        Ok(first)
+    };
+    let main = lcores
+        .run_on_main(|ctx| {
+            let mut sink = |k, s| out.add(k, s);
+            shm_side(ctx, a, role, relay, &mut sink, role == Role::Active)
+        })
+        .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
+    if main.is_err() {
+        // The workers may still wait for their cards.
+        stop.stop();
+    }
+    let rest = lcores.wait_all();
+    let ours = out.finish(main, rest, role);
+    match (control, conn) {
+        (Some(control), _) => {
+            let theirs = control.finish(&ours);
+            // Our lcores stop when the peer fails: its failure is the cause.
+            match RunError::first_cause(ours.err().into_iter().chain(theirs.err())) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        }
+        (None, Some(conn)) => {
+            if let Err(e) = &ours {
+                oob::abort(conn, e);
+            }
+            ours
+        }
+        (None, None) => ours,
+    }
+}
+
+/// Gathers every flow's samples of each size on the main lcore, prints
+/// the size's row, and writes the reports at the end.
+struct Collector<'a> {
+    a: &'a RunArgs,
+    flows: usize,
+    from_flows: mpsc::Receiver<(usize, usize, Sample)>,
+    pending: Vec<Vec<Sample>>,
+    rows: Vec<Row>,
+    stop: StopFlag,
+}
+
+impl<'a> Collector<'a> {
+    fn new(
+        a: &'a RunArgs,
+        flows: usize,
+        from_flows: mpsc::Receiver<(usize, usize, Sample)>,
+        stop: StopFlag,
+    ) -> Collector<'a> {
+        let pending = vec![Vec::new(); a.params.sizes.len()];
+        let c = Collector { a, flows, from_flows, pending, rows: Vec::new(), stop };
+        if a.mode != Mode::Server {
+            c.print_header();
+        }
+        c
+    }
+
+    fn print_header(&self) {
+        let a = self.a;
+        let unit = match a.app {
+            App::Pingpong => "; times in µs, half round trips",
+            App::Streaming => "; MB/s = 10^6 bytes/s",
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "# efapoll {}: -p {} -o {}, lcores {}, {} flow(s){unit}",
+            a.app.name(),
+            a.params.device,
+            a.params.op,
+            a.lcores,
+            self.flows
+        );
+        let _ = writeln!(out, "{}", report::header(a.app));
+    }
+
+    /// Our own sample of size `k`: waits for the other flows' and prints.
+    fn add(&mut self, k: usize, own: Sample) -> Result<(), RunError> {
+        self.pending[k].push(own);
+        let start = Instant::now();
+        while self.pending[k].len() < self.flows {
+            match self.from_flows.recv_timeout(Duration::from_millis(100)) {
+                Ok((_, k2, sample)) => self.pending[k2].push(sample),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(RunError::Stopped),
+                Err(mpsc::RecvTimeoutError::Timeout) if self.stop.is_stopped() => {
+                    return Err(RunError::Stopped);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) if start.elapsed() > self.a.timeout => {
+                    return Err(RunError::Timeout("another flow stopped measuring".into()));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+        let row = report::aggregate(&std::mem::take(&mut self.pending[k]));
+        self.print(&row);
+        self.rows.push(row);
+        Ok(())
+    }
+
+    fn print(&self, row: &Row) {
+        let _ = writeln!(std::io::stdout().lock(), "{}", report::format_row(row));
+    }
+
+    /// Says which sizes were timed in batches, once, after the table.
+    fn note_batches(&self) {
+        let batched: Vec<String> = self
+            .rows
+            .iter()
+            .filter_map(|row| match row {
+                Row::Pingpong(r) if r.batch > 1 => Some(format!("{} B x{}", r.bytes, r.batch)),
+                _ => None,
+            })
+            .collect();
+        if !batched.is_empty() {
+            eprintln!(
+                "note: round trips under 100 clock reads long were timed in batches, so their \
+                 percentiles are of batch means: {}",
+                batched.join(", ")
+            );
+        }
+    }
+
+    /// Reports the run: the first real error of any lcore, or the files.
+    fn finish(
+        self,
+        main: FlowResult,
+        rest: Vec<(LcoreId, Result<FlowResult, LcoreError>)>,
+        report_role: Role,
+    ) -> Result<(), RunError> {
+        let mut errors = Vec::new();
+        let mut counters = BTreeMap::new();
+        let results = std::iter::once(main).chain(
+            rest.into_iter()
+                .map(|(_, r)| r.unwrap_or_else(|e| Err(RunError::Engine(e.to_string())))),
+        );
+        for result in results {
+            match result {
+                Ok((role, c)) if role == report_role => report::merge_counters(&mut counters, c),
+                Ok(_) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        if let Some(e) = RunError::first_cause(errors) {
+            return Err(e);
+        }
+        self.note_batches();
+        let a = self.a;
+        if a.mode == Mode::Server {
+            eprintln!(
+                "efapoll {}: served {} flow(s) over {} size(s)",
+                a.app.name(),
+                self.flows,
+                a.params.sizes.len()
+            );
+        }
+        let report = Report {
+            app: a.app,
+            device: &a.params.device,
+            op: &a.params.op,
+            lcores: a.lcores.to_string(),
+            rows: &self.rows,
+            counters: &counters,
+        };
+        if let Some(path) = &a.json {
+            report
+                .write(path)
+                .map_err(|e| RunError::Setup(format!("cannot write {}: {e}", path.display())))?;
+        }
+        if let Some(path) = &a.plot
+            && !self.rows.is_empty()
+        {
+            plot::draw(path, a.app, &self.rows)
+                .map_err(|e| RunError::Setup(format!("cannot draw {}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,411 @@
+//! The benchmark apps end to end, through the `efapoll` binary: both sides
+//! in one process on sim and shm, server and client as two processes,
+//! and the errors a user meets.
+//!
+//! The machine may have two cores: tests whose runs busy-poll take
+//! [`busy`] first, so that at most two polling threads run at once.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+static BUSY: Mutex<()> = Mutex::new(());
+
+fn busy() -> MutexGuard<'static, ()> {
+    BUSY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn efapoll() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_efapoll"))
+}
+
+fn run(args: &[&str]) -> Output {
+    let child = efapoll().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait(child, args)
+}
+
+/// Waits for `child` at most a minute, so a hung run fails the test.
+fn wait(mut child: Child, args: &[&str]) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("efapoll {args:?} hung; stderr: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = child.wait().unwrap();
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    Output { status, stdout, stderr }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// The table's data rows: lines that start with a number.
+fn rows(out: &Output) -> Vec<Vec<String>> {
+    text(&out.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|cols| cols.first().is_some_and(|c| c.parse::<u64>().is_ok()))
+        .collect()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("efapoll-test-{}-{name}", std::process::id()))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn number(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+}
+
+const PINGPONG_FIELDS: [&str; 10] = [
+    "bytes",
+    "iterations",
+    "t_min_us",
+    "t_p50_us",
+    "t_avg_us",
+    "t_p99_us",
+    "t_p999_us",
+    "t_max_us",
+    "mb_per_s",
+    "mmsg_per_s",
+];
+
+const STREAMING_FIELDS: [&str; 8] = [
+    "bytes",
+    "iterations",
+    "window",
+    "bw_peak_mb_s",
+    "bw_avg_mb_s",
+    "mmsg_per_s",
+    "usec_per_xfer",
+    "busy_pct",
+];
+
+/// Reads a `--json` file and checks what every report has.
+fn read_report(path: &PathBuf, app: &str, device: &str, op: &str, sizes: &[u64]) -> Value {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(path);
+    assert_eq!(v["app"], app);
+    assert_eq!(v["device"], device);
+    assert_eq!(v["op"], op);
+    assert!(v["lcores"].as_str().is_some_and(|l| !l.is_empty()), "{v}");
+    let counters = v["counters"].as_object().expect("counters object");
+    assert!(counters.keys().any(|k| k.starts_with("tx.")), "{counters:?}");
+    assert!(counters.values().all(Value::is_u64), "{counters:?}");
+    let results = v["results"].as_array().expect("results array");
+    let got: Vec<u64> = results.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(got, sizes);
+    v
+}
+
+fn check_pingpong_row(r: &Value, iterations: u64) {
+    for key in PINGPONG_FIELDS {
+        assert!(number(r, key) >= 0.0, "{key} in {r}");
+    }
+    assert_eq!(r["iterations"], iterations);
+    let t: Vec<f64> =
+        ["t_min_us", "t_p50_us", "t_p99_us", "t_p999_us", "t_max_us"].map(|k| number(r, k)).into();
+    assert!(t[0] > 0.0 && t.windows(2).all(|w| w[0] <= w[1]), "percentiles in order: {r}");
+    let avg = number(r, "t_avg_us");
+    assert!(avg >= t[0] && avg <= t[4], "{r}");
+    assert!(number(r, "mb_per_s") > 0.0 || r["bytes"] == 0, "{r}");
+    assert!(number(r, "mmsg_per_s") > 0.0, "{r}");
+    // MB/s is bytes per average half round trip.
+    let bytes = number(r, "bytes");
+    let expect = bytes / avg;
+    assert!((number(r, "mb_per_s") - expect).abs() <= expect * 0.01 + 0.01, "{r}");
+}
+
+fn check_streaming_row(r: &Value, iterations: u64) {
+    for key in STREAMING_FIELDS {
+        assert!(number(r, key) >= 0.0, "{key} in {r}");
+    }
+    assert_eq!(r["iterations"], iterations);
+    assert!(number(r, "window") >= 1.0, "{r}");
+    let (peak, avg) = (number(r, "bw_peak_mb_s"), number(r, "bw_avg_mb_s"));
+    assert!(avg > 0.0 && peak >= avg * 0.999, "{r}");
+    assert!(number(r, "mmsg_per_s") > 0.0 && number(r, "usec_per_xfer") > 0.0, "{r}");
+    let busy = number(r, "busy_pct");
+    assert!(busy > 0.0 && busy <= 100.0, "{r}");
+}
+
+#[test]
+fn sim_pingpong_and_streaming_print_a_row_per_size() {
+    let _busy = busy();
+    let out = run(&["pingpong", "-p", "sim", "-S", "64,4k,100k", "-I", "200", "-w", "3"]);
+    assert_ok(&out, "pingpong -p sim");
+    let table = rows(&out);
+    assert_eq!(table.len(), 3, "{}", text(&out.stdout));
+    assert!(table.iter().all(|r| r.len() == 10 && r[1] == "200"));
+    assert_eq!(table[1][0], "4096");
+    assert!(text(&out.stdout).contains("t_p99.9"));
+
+    let out = run(&["streaming", "-p", "sim", "-o", "tagged", "-c", "-S", "64,70000", "-I", "300"]);
+    assert_ok(&out, "streaming -p sim -o tagged -c");
+    let table = rows(&out);
+    assert_eq!(table.len(), 2);
+    assert!(table.iter().all(|r| r.len() == 8 && r[1] == "300" && r[2] == "64"));
+}
+
+#[test]
+fn sim_runs_a_flow_per_lcore_and_sums_them() {
+    let _busy = busy();
+    let out = run(&["streaming", "-p", "sim", "-l", "0-1", "-S", "64", "-I", "2000"]);
+    if !out.status.success() && text(&out.stderr).contains("does not exist") {
+        return; // a one-core machine
+    }
+    assert_ok(&out, "streaming -p sim -l 0-1");
+    let table = rows(&out);
+    assert_eq!(table[0][1], "4000", "iterations add up over the two flows");
+    assert!(text(&out.stdout).contains("2 flow(s)"));
+}
+
+#[test]
+fn shm_pingpong_verifies_every_byte_and_writes_json() {
+    let _busy = busy();
+    let json = tmp("pingpong.json");
+    let plot = tmp("pingpong.svg");
+    let sizes = [1u64, 64, 9000, 70000, 200_000];
+    let out = run(&[
+        "pingpong",
+        "-S",
+        "1,64,9000,70000,200000",
+        "-I",
+        "40",
+        "-c",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert_ok(&out, "pingpong -c --json");
+    assert_eq!(rows(&out).len(), sizes.len());
+    let v = read_report(&json, "pingpong", "shm", "send", &sizes);
+    for r in v["results"].as_array().unwrap() {
+        check_pingpong_row(r, 40);
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    let _ = std::fs::remove_file(&plot);
+    assert!(svg.starts_with("<svg") && svg.contains("p50"), "{}", &svg[..svg.len().min(200)]);
+}
+
+#[test]
+fn shm_streaming_verifies_every_byte_and_writes_json() {
+    let _busy = busy();
+    let json = tmp("streaming.json");
+    let sizes = [64u64, 9000, 100_000, 1 << 20];
+    let out = run(&[
+        "streaming",
+        "-o",
+        "tagged",
+        "-S",
+        "64,9000,100000,1m",
+        "-I",
+        "100",
+        "-W",
+        "16",
+        "-c",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_ok(&out, "streaming -c --json");
+    let v = read_report(&json, "streaming", "shm", "tagged", &sizes);
+    for r in v["results"].as_array().unwrap() {
+        check_streaming_row(r, 100);
+        assert_eq!(r["window"], 16);
+    }
+}
+
+/// Starts `efapoll APP --server` on `port` with `args`.
+fn server(app: &str, port: u16, args: &[&str]) -> Child {
+    efapoll()
+        .args([app, "--server", "-B", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn client(app: &str, port: u16, args: &[&str]) -> Output {
+    let port = port.to_string();
+    let mut all = vec![app, "127.0.0.1", "-B", &port];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
+#[test]
+fn server_and_client_run_as_two_processes() {
+    let _busy = busy();
+    for app in ["pingpong", "streaming"] {
+        let port = free_port();
+        let args = ["-S", "64,9000,100k", "-I", "100", "-c"];
+        let srv = server(app, port, &args);
+        let json = tmp(&format!("{app}-client.json"));
+        let mut client_args = args.to_vec();
+        client_args.extend(["--json", json.to_str().unwrap()]);
+        let out = client(app, port, &client_args);
+        let srv = wait(srv, &["--server"]);
+        assert_ok(&out, &format!("{app} client"));
+        assert_ok(&srv, &format!("{app} server"));
+        assert_eq!(rows(&out).len(), 3, "{app}: {}", text(&out.stdout));
+        assert!(rows(&srv).is_empty(), "the server prints no table");
+        assert!(text(&srv.stderr).contains("served 1 flow(s)"), "{}", text(&srv.stderr));
+        let v = read_report(&json, app, "shm", "send", &[64, 9000, 102_400]);
+        for r in v["results"].as_array().unwrap() {
+            if app == "pingpong" { check_pingpong_row(r, 100) } else { check_streaming_row(r, 100) }
+        }
+    }
+}
+
+#[test]
+fn a_parameter_mismatch_fails_both_sides_before_any_traffic() {
+    let _busy = busy();
+    let port = free_port();
+    let srv = server("pingpong", port, &["-S", "64", "-I", "100"]);
+    let out = client("pingpong", port, &["-S", "128", "-I", "100", "-c"]);
+    let srv = wait(srv, &["--server"]);
+    for (side, o) in [("client", &out), ("server", &srv)] {
+        assert_eq!(o.status.code(), Some(1), "{side}: {}", text(&o.stderr));
+        let err = text(&o.stderr);
+        assert!(err.contains("parameter mismatch"), "{side}: {err}");
+        assert!(err.contains("-S: here") && err.contains("-c: here"), "{side}: {err}");
+        assert!(rows(o).is_empty(), "{side} ran no size");
+    }
+}
+
+#[test]
+fn a_client_of_the_other_app_is_refused() {
+    let _busy = busy();
+    let port = free_port();
+    let srv = server("pingpong", port, &["-S", "64"]);
+    let out = client("streaming", port, &["-S", "64"]);
+    let srv = wait(srv, &["--server"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("efapoll-streaming"), "{}", text(&out.stderr));
+    assert_eq!(srv.status.code(), Some(1));
+    assert!(text(&srv.stderr).contains("efapoll-pingpong"), "{}", text(&srv.stderr));
+}
+
+/// Runs `args`, expects exit 2, returns stderr.
+fn usage_error(args: &[&str]) -> String {
+    let out = run(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+    text(&out.stderr)
+}
+
+#[test]
+fn devices_not_built_and_one_sided_ops_are_clear_errors() {
+    for device in ["udp", "efa"] {
+        let err = usage_error(&["pingpong", "-p", device]);
+        assert!(err.contains(&format!("-p {device}")) && err.contains("not built"), "{err}");
+        assert!(err.contains("sim, shm"), "{err}");
+    }
+    for op in ["write", "read", "atomic"] {
+        let err = usage_error(&["streaming", "-o", op]);
+        assert!(err.contains(&format!("-o {op}")) && err.contains("send, tagged"), "{err}");
+    }
+    let err = usage_error(&["pingpong", "-p", "sim", "--server"]);
+    assert!(err.contains("-p sim"), "{err}");
+}
+
+#[test]
+fn bad_values_name_the_argument_and_what_is_accepted() {
+    // clap names an option by its long form.
+    let err = usage_error(&["pingpong", "-S", "12x"]);
+    assert!(err.contains("--size") && err.contains("`12x`") && err.contains("all"), "{err}");
+    let err = usage_error(&["pingpong", "-S", "4g"]);
+    assert!(err.contains("--size") && err.contains("largest size"), "{err}");
+    let err = usage_error(&["pingpong", "-l", "x"]);
+    assert!(err.contains("--lcores") && err.contains("core list like"), "{err}");
+    let err = usage_error(&["pingpong", "-l", "1000"]);
+    assert!(err.contains("--lcores") && err.contains("cores available are"), "{err}");
+    let err = usage_error(&["pingpong", "-l", "0"]);
+    assert!(err.contains("-l 0") && err.contains("even number"), "{err}");
+    let err = usage_error(&["streaming", "--idle", "sleep"]);
+    assert!(err.contains("--idle") && err.contains("spin, yield, backoff"), "{err}");
+    let err = usage_error(&["pingpong", "-p", "tcp"]);
+    assert!(err.contains("--provider") && err.contains("sim, shm, udp, efa"), "{err}");
+    let err = usage_error(&["streaming", "-W", "0"]);
+    assert!(err.contains("--window") && err.contains("1..=4096"), "{err}");
+    let err = usage_error(&["pingpong", "-I", "0"]);
+    assert!(err.contains("--iterations"), "{err}");
+}
+
+#[test]
+fn info_lists_sim_and_shm_and_what_is_not_built() {
+    let out = run(&["info"]);
+    assert_ok(&out, "info");
+    let info = text(&out.stdout);
+    for device in ["sim", "shm", "udp", "efa"] {
+        assert!(info.contains(&format!("device: {device}\n")), "{info}");
+    }
+    assert_eq!(info.matches("status: available").count(), 2, "{info}");
+    assert_eq!(info.matches("status: not built").count(), 2, "{info}");
+    assert!(info.contains("mtu: 8192"), "{info}");
+}
+
+#[test]
+fn help_documents_the_exit_status() {
+    let out = run(&["--help"]);
+    assert_ok(&out, "--help");
+    let help = text(&out.stdout);
+    assert!(help.contains("Exit status") && help.contains("2  bad arguments"), "{help}");
+    for command in ["pingpong", "streaming", "info", "decode"] {
+        assert!(help.contains(command), "{help}");
+    }
+}
+
+/// Sends `signal` to the process `pid` with the system's `kill`.
+fn signal(pid: u32, signal: &str) {
+    let ok = Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success();
+    assert!(ok, "kill {signal} {pid}");
+}
+
+#[test]
+fn a_peer_that_dies_or_stops_answering_fails_the_run() {
+    let _busy = busy();
+    let endless = ["-S", "64", "-I", "1000000000", "--timeout", "1"];
+    for (how, expect) in [("-KILL", "peer gone"), ("-STOP", "timeout: nothing moved for 1 s")] {
+        let port = free_port();
+        let mut srv = server("pingpong", port, &endless);
+        let port = port.to_string();
+        let mut args = vec!["pingpong", "127.0.0.1", "-B", &port];
+        args.extend_from_slice(&endless);
+        let cl =
+            efapoll().args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        signal(srv.id(), how);
+        let out = wait(cl, &args);
+        let _ = srv.kill();
+        let _ = srv.wait();
+        assert_eq!(out.status.code(), Some(1), "{how}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(expect), "{how}: {}", text(&out.stderr));
+    }
+}
