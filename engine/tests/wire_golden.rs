@@ -65,6 +65,23 @@ fn golden_req_fields_sit_where_the_notes_put_them() {
         for f in ReqField::ALL {
             assert_eq!(view.field(f), layout.has(f).then(|| repr.field(f)), "{name}: {}", f.name());
         }
+        // All at once, zero where the type has no such field.
+        let all = view.fields();
+        let at = |f: ReqField| if layout.has(f) { repr.field(f) } else { 0 };
+        let expect = ReqFields {
+            msg_id: at(ReqField::MsgId) as u32,
+            tag: at(ReqField::Tag),
+            msg_length: at(ReqField::MsgLength),
+            seg_offset: at(ReqField::SegOffset),
+            send_id: at(ReqField::SendId) as u32,
+            recv_id: at(ReqField::RecvId) as u32,
+            credit_request: at(ReqField::CreditRequest) as u32,
+            recv_length: at(ReqField::RecvLength) as u32,
+            atomic_datatype: at(ReqField::AtomicDatatype) as u32,
+            atomic_op: at(ReqField::AtomicOp) as u32,
+            runt_length: at(ReqField::RuntLength),
+        };
+        assert_eq!(all, expect, "{name}");
         if let Some(addr) = repr.raw_addr {
             assert_eq!(addr.len(), RawAddr::REQ_HDR_SIZE, "{name}");
             assert_eq!(RawAddr::from_bytes(addr).unwrap(), golden::RAW_ADDR, "{name}");

@@ -370,9 +370,10 @@ impl<D: Device> Endpoint<D> {
                 return true;
             }
         };
-        let total = super::msg::iov_total(info.rma_iov()).unwrap_or(u64::MAX);
+        let iovs = self.req_iovs(buf, info.rma_iov);
+        let total = super::msg::iov_total(iovs.as_slice()).unwrap_or(u64::MAX);
         let data = total.saturating_mul(if class == RtaClass::Compare { 2 } else { 1 });
-        if info.rma_n == 0
+        if iovs.is_empty()
             || data != info.payload_len as u64
             || !total.is_multiple_of(dt.size() as u64)
         {
@@ -391,7 +392,7 @@ impl<D: Device> Endpoint<D> {
         };
         // Atomics need the write or the atomic right (libfabric checks
         // FI_REMOTE_WRITE; REMOTE_ATOMIC grants atomics alone).
-        let targets = match self.resolve_targets(info.rma_iov()) {
+        let targets = match self.resolve_targets(iovs.as_slice()) {
             Some(t) => t,
             None => {
                 if let Some(b) = rsp {

@@ -220,6 +220,9 @@ pub struct Endpoint<D: Device> {
     /// RX buffers neither posted nor holding a packet.
     rx_free: Vec<BufId>,
     rx_posted: usize,
+    /// Free buffers are posted when fewer than this many are: a burst's
+    /// worth short of the device's depth (a few is not worth a call).
+    rx_refill_below: usize,
     /// Per buffer: length of the packet it holds, its sender, and the next
     /// buffer in the chain of held packets it belongs to.
     rx_meta: Vec<RxMeta>,
@@ -281,6 +284,11 @@ impl<D: Device> Endpoint<D> {
             bufs,
             rx_free,
             rx_posted: 0,
+            rx_refill_below: if caps.rx_depth > POLL_BURST {
+                (caps.rx_depth - POLL_BURST + 1).max(POLL_BURST)
+            } else {
+                caps.rx_depth
+            },
             rx_meta: vec![RxMeta { len: 0, peer: 0, next: NO_BUF }; caps.bufs as usize],
             mem: Registry::default(),
             cq: cq::CompletionQueue::with_capacity(tx_ops + rx_ops),
@@ -416,8 +424,12 @@ impl<D: Device> Endpoint<D> {
                 break;
             }
         }
-        did |= self.flush_tx();
-        self.post_rx_buffers();
+        if self.txq.has_work() {
+            did |= self.flush_tx();
+        }
+        if self.rx_posted < self.rx_refill_below {
+            self.post_rx_buffers();
+        }
         self.retry_stalled();
         if self.timer.is_armed() {
             self.expire_timeouts();
@@ -443,13 +455,10 @@ impl<D: Device> Endpoint<D> {
         self.rx_free.push(buf);
     }
 
-    /// Posts free RX buffers up to the device's receive depth, in bursts:
-    /// a few buffers short of full is not worth a device call.
+    /// Posts free RX buffers up to the device's receive depth, in bursts
+    /// (see `rx_refill_below`).
     fn post_rx_buffers(&mut self) {
         let want = self.caps.rx_depth.saturating_sub(self.rx_posted);
-        if want == 0 || (want < POLL_BURST && self.rx_posted >= POLL_BURST) {
-            return;
-        }
         let n = want.min(self.rx_free.len());
         if n < want && self.rx_posted == 0 {
             self.counters.rx_hold_exhausted += 1;

@@ -35,6 +35,19 @@ fn msg_proto(ptype: PacketType) -> Option<(Proto, bool, bool)> {
     })
 }
 
+/// Copies `len` bytes of packet `buf` from offset `from` into `dst` at
+/// message offset `seg_offset`, clipped to `dst`'s end.
+#[inline]
+fn copy_in<D: Device>(dev: &mut D, buf: BufId, from: usize, dst: &Sgl, seg_offset: u64, len: u64) {
+    let mut from = from;
+    dst.pieces(seg_offset, len, |p| {
+        let n = p.len as usize;
+        let (pkt, region) = dev.buf_and_region(buf, p.mr);
+        region[p.offset as usize..p.offset as usize + n].copy_from_slice(&pkt[from..from + n]);
+        from += n;
+    });
+}
+
 impl<D: Device> Endpoint<D> {
     /// Sends `src` to `peer`; completes with `ctx` once the data left (or,
     /// with delivery complete, reached the receive buffer).
@@ -294,8 +307,9 @@ impl<D: Device> Endpoint<D> {
             if matches!(proto, Proto::Medium | Proto::RuntRead) { info.seg_offset } else { 0 };
         let in_range =
             seg_offset.checked_add(info.payload_len as u64).is_some_and(|end| end <= total);
-        let runt_ok = proto != Proto::RuntRead || (info.runt_length <= total && info.read_n > 0);
-        let read_ok = proto != Proto::LongRead || (info.read_n > 0 && info.payload_len == 0);
+        let runt_ok =
+            proto != Proto::RuntRead || (info.runt_length <= total && info.read_iov.n > 0);
+        let read_ok = proto != Proto::LongRead || (info.read_iov.n > 0 && info.payload_len == 0);
         if !in_range || !runt_ok || !read_ok {
             self.counters.drop(if in_range {
                 DropReason::Invalid
@@ -317,7 +331,7 @@ impl<D: Device> Endpoint<D> {
                     return false;
                 };
                 self.counters.unexpected += 1;
-                self.set_message(id, peer, proto, tagged, dc, total, info);
+                self.set_message(id, buf, peer, proto, tagged, dc, total, info);
                 self.rx_ops.get_mut(id).expect("live op").tagged = tagged;
                 self.matcher.push_unexpected(&mut self.rx_ops, id);
                 self.hold(id, buf);
@@ -327,8 +341,20 @@ impl<D: Device> Endpoint<D> {
                 return true;
             }
         };
+        if proto == Proto::Eager && !dc {
+            // The whole message is here and nothing answers it: land it
+            // and report it without recording it in the entry.
+            let op = self.rx_ops.get(id).expect("live op");
+            copy_in(&mut self.dev, buf, info.payload_off as usize, &op.dst, 0, total);
+            let (ctx, dst_len) = (op.ctx, op.dst.len());
+            self.report_rx(Op::Recv, ctx, total, dst_len, tagged, info.tag, info.cq_data, peer);
+            self.release_rx(buf);
+            self.rx_ops.free(id);
+            self.retry_stalled();
+            return true;
+        }
         self.rx_ops.get_mut(id).expect("live op").state = RxState::Matched;
-        self.set_message(id, peer, proto, tagged, dc, total, info);
+        self.set_message(id, buf, peer, proto, tagged, dc, total, info);
         if self.needs_later_packets(proto, info) {
             self.in_progress.insert(peer, info.msg_id, id);
         }
@@ -355,6 +381,7 @@ impl<D: Device> Endpoint<D> {
     fn set_message(
         &mut self,
         id: u32,
+        buf: BufId,
         peer: u32,
         proto: Proto,
         tagged: bool,
@@ -362,6 +389,11 @@ impl<D: Device> Endpoint<D> {
         total: u64,
         info: &ReqInfo,
     ) {
+        // Only the read protocols use the sender's iovs.
+        let read_iov = match proto {
+            Proto::LongRead | Proto::RuntRead => Some(self.req_iovs(buf, info.read_iov)),
+            _ => None,
+        };
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.peer = peer;
         op.msg_id = info.msg_id;
@@ -374,8 +406,9 @@ impl<D: Device> Endpoint<D> {
         op.received = 0;
         op.send_id = info.send_id;
         op.granted = 0;
-        op.read_iov = info.read_iov;
-        op.read_n = info.read_n;
+        if let Some(v) = read_iov {
+            op.read_iov = v;
+        }
         op.runt = match proto {
             Proto::RuntRead => info.runt_length,
             _ => 0,
@@ -467,14 +500,32 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn land(&mut self, id: u32, buf: BufId, off: u32, len: u32, seg_offset: u64) {
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.received += len as u64;
-        let dst = op.dst;
-        let mut from = off as usize;
-        dst.pieces(seg_offset, len as u64, |p| {
-            let n = p.len as usize;
-            let (pkt, region) = self.dev.buf_and_region(buf, p.mr);
-            region[p.offset as usize..p.offset as usize + n].copy_from_slice(&pkt[from..from + n]);
-            from += n;
-        });
+        copy_in(&mut self.dev, buf, off as usize, &op.dst, seg_offset, len as u64);
+    }
+
+    /// Reports a receive-side operation that brought `total` bytes into a
+    /// buffer of `dst_len` (truncated if they did not fit).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn report_rx(
+        &mut self,
+        what: Op,
+        ctx: u64,
+        total: u64,
+        dst_len: u64,
+        tagged: bool,
+        tag: u64,
+        cq_data: Option<u64>,
+        peer: u32,
+    ) {
+        let mut c = Completion::new(what, ctx);
+        c.len = total.min(dst_len);
+        c.status = if total > dst_len { Status::Truncated { olen: total } } else { Status::Ok };
+        c.tag = tag;
+        c.tagged = tagged;
+        c.cq_data = cq_data;
+        c.peer = Some(PeerId(peer));
+        self.cq.push(c);
     }
 
     /// After data landed: complete the operation, grant more (long-CTS),
@@ -550,15 +601,9 @@ impl<D: Device> Endpoint<D> {
             RxKind::Write => op.cq_data.map(|_| Op::RemoteWrite),
         };
         if let Some(what) = report {
-            let mut c = Completion::new(what, op.ctx);
-            c.len = op.total.min(dst_len);
-            c.status =
-                if op.total > dst_len { Status::Truncated { olen: op.total } } else { Status::Ok };
-            c.tag = op.tag;
-            c.tagged = op.tagged;
-            c.cq_data = op.cq_data;
-            c.peer = Some(PeerId(peer));
-            self.cq.push(c);
+            let (ctx, total, tagged, tag, cq_data) =
+                (op.ctx, op.total, op.tagged, op.tag, op.cq_data);
+            self.report_rx(what, ctx, total, dst_len, tagged, tag, cq_data, peer);
         }
         if let Some(a) = answer {
             self.queue_ctrl(a);

@@ -52,6 +52,7 @@ impl Sgl {
 
     /// Calls `f(span)` for each piece of the message range
     /// `[offset, offset + len)`, in order, clipped to the list's end.
+    #[inline]
     pub(crate) fn pieces(&self, mut offset: u64, mut len: u64, mut f: impl FnMut(Span)) {
         for seg in self.segs() {
             if len == 0 {
@@ -266,6 +267,39 @@ pub(crate) enum RxState {
     Matched,
 }
 
+/// Up to `MAX_IOV` iovs, by value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Iovs {
+    v: [RmaIov; MAX_IOV],
+    n: u8,
+}
+
+impl Iovs {
+    pub(crate) fn one(iov: RmaIov) -> Iovs {
+        let mut v = Iovs { n: 1, ..Iovs::default() };
+        v.v[0] = iov;
+        v
+    }
+
+    /// The first `MAX_IOV` of `list`.
+    pub(crate) fn from_list(list: crate::wire::IovList<'_>) -> Iovs {
+        let mut v = Iovs::default();
+        for (slot, iov) in v.v.iter_mut().zip(list.iter()) {
+            *slot = iov;
+            v.n += 1;
+        }
+        v
+    }
+
+    pub(crate) fn as_slice(&self) -> &[RmaIov] {
+        &self.v[..self.n as usize]
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
 /// A receive, an unexpected message, a write target or a read requester.
 #[derive(Debug)]
 pub(crate) struct RxOp {
@@ -294,8 +328,7 @@ pub(crate) struct RxOp {
     /// Long-CTS: bytes granted so far (an offset).
     pub(crate) granted: u64,
     /// Long-read / runting read: the sender's buffer, and the runt bytes.
-    pub(crate) read_iov: [RmaIov; MAX_IOV],
-    pub(crate) read_n: u8,
+    pub(crate) read_iov: Iovs,
     pub(crate) runt: u64,
     /// RDMA reads posted up to this offset; how many are in flight.
     pub(crate) read_next: u64,
@@ -334,8 +367,7 @@ impl RxOp {
             received: 0,
             send_id: 0,
             granted: 0,
-            read_iov: [RmaIov::default(); MAX_IOV],
-            read_n: 0,
+            read_iov: Iovs::default(),
             runt: 0,
             read_next: 0,
             reads_in_flight: 0,
@@ -348,7 +380,7 @@ impl RxOp {
     }
 
     pub(crate) fn read_iov(&self) -> &[RmaIov] {
-        &self.read_iov[..self.read_n as usize]
+        self.read_iov.as_slice()
     }
 }
 

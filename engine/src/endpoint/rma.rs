@@ -11,7 +11,7 @@
 
 use super::cq::{Completion, Op};
 use super::msg::iov_total;
-use super::ops::{Proto, RxKind, RxOp, RxState, Sgl, TxKind, TxOp};
+use super::ops::{Iovs, Proto, RxKind, RxOp, RxState, Sgl, TxKind, TxOp};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, device_status};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
@@ -122,8 +122,7 @@ impl<D: Device> Endpoint<D> {
         op.proto = Proto::LongCts;
         op.total = dst.len;
         op.send_id = u32::MAX;
-        op.read_iov[0] = remote;
-        op.read_n = 1;
+        op.read_iov = Iovs::one(remote);
         let readrsp_room = (self.caps.mtu - ReadRspRepr::default().buffer_len()) as u64;
         let window = self.cts_window_bytes(peer.0).max(readrsp_room);
         op.granted = if dst.len <= readrsp_room { dst.len } else { window.min(dst.len) };
@@ -392,10 +391,11 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn handle_eager_rtw(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
         // A zero-byte write with no iov is the handshake trigger: the
         // HANDSHAKE is queued already.
-        if info.rma_n == 0 && info.payload_len == 0 {
+        if info.rma_iov.n == 0 && info.payload_len == 0 {
             return;
         }
-        let Ok(dst) = self.resolve_iovs(info.rma_iov(), Access::REMOTE_WRITE) else { return };
+        let iovs = self.req_iovs(buf, info.rma_iov);
+        let Ok(dst) = self.resolve_iovs(iovs.as_slice(), Access::REMOTE_WRITE) else { return };
         if dst.len() != info.payload_len as u64 {
             self.counters.drop(DropReason::SegmentOutOfRange);
             return;
@@ -422,14 +422,15 @@ impl<D: Device> Endpoint<D> {
     /// LONGCTS_RTW, DC_LONGCTS_RTW, LONGREAD_RTW: a receive-side entry
     /// takes the rest.
     pub(super) fn handle_long_rtw(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
-        let Ok(dst) = self.resolve_iovs(info.rma_iov(), Access::REMOTE_WRITE) else {
+        let iovs = self.req_iovs(buf, info.rma_iov);
+        let Ok(dst) = self.resolve_iovs(iovs.as_slice(), Access::REMOTE_WRITE) else {
             self.release_rx(buf);
             return;
         };
         let long_read = info.ptype == PacketType::LongReadRtw;
-        let bad = iov_total(info.rma_iov()) != Some(info.msg_length)
+        let bad = iov_total(iovs.as_slice()) != Some(info.msg_length)
             || info.payload_len as u64 > info.msg_length
-            || (long_read && (info.read_n == 0 || info.payload_len != 0));
+            || (long_read && (info.read_iov.n == 0 || info.payload_len != 0));
         if bad {
             self.counters.drop(DropReason::Invalid);
             self.release_rx(buf);
@@ -443,8 +444,7 @@ impl<D: Device> Endpoint<D> {
         op.cq_data = info.cq_data;
         op.total = info.msg_length;
         op.send_id = info.send_id;
-        op.read_iov = info.read_iov;
-        op.read_n = info.read_n;
+        op.read_iov = self.req_iovs(buf, info.read_iov);
         let Some(id) = self.rx_ops.insert(op) else {
             // Waits, holding its buffer, for a free entry.
             self.counters.rx_ops_exhausted += 1;
@@ -458,9 +458,10 @@ impl<D: Device> Endpoint<D> {
 
     /// SHORT_RTR / LONGCTS_RTR: send the requested bytes back, READRSP
     /// first, then CTSDATA as the requester grants.
-    pub(super) fn handle_rtr(&mut self, peer: u32, info: &ReqInfo) {
-        let Ok(src) = self.resolve_iovs(info.rma_iov(), Access::REMOTE_READ) else { return };
-        if iov_total(info.rma_iov()) != Some(info.msg_length) || info.recv_length == 0 {
+    pub(super) fn handle_rtr(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
+        let iovs = self.req_iovs(buf, info.rma_iov);
+        let Ok(src) = self.resolve_iovs(iovs.as_slice(), Access::REMOTE_READ) else { return };
+        if iov_total(iovs.as_slice()) != Some(info.msg_length) || info.recv_length == 0 {
             self.counters.drop(DropReason::Invalid);
             return;
         }

@@ -1,13 +1,13 @@
 //! The receive side: parse, resolve the sender, answer with a HANDSHAKE,
 //! put messages in msg_id order, dispatch.
 
-use super::ops::MAX_IOV;
+use super::ops::{Iovs, MAX_IOV};
 use super::peer::{NONE, ReorderBuf};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId};
 use crate::device::{BufId, CqStatus, Cqe, Device, Source};
 use crate::wire::{
     AtomRspRepr, CtsDataRepr, CtsRepr, EorRepr, Packet, PacketType, RawAddr, ReadNackRepr,
-    ReadRspRepr, ReceiptRepr, ReqClass, ReqField, ReqFlags, ReqLayout, ReqPacket, RmaIov,
+    ReadRspRepr, ReceiptRepr, ReqClass, ReqFlags, ReqLayout, ReqPacket, RmaIov, WireItem,
 };
 
 /// The headers of a received REQ, copied out of its buffer so that the
@@ -26,10 +26,8 @@ pub(super) struct ReqInfo {
     pub(super) atomic_datatype: u32,
     pub(super) atomic_op: u32,
     pub(super) runt_length: u64,
-    pub(super) rma_iov: [RmaIov; MAX_IOV],
-    pub(super) rma_n: u8,
-    pub(super) read_iov: [RmaIov; MAX_IOV],
-    pub(super) read_n: u8,
+    pub(super) rma_iov: IovAt,
+    pub(super) read_iov: IovAt,
     /// More than `MAX_IOV` iovs of either kind.
     pub(super) too_many_iovs: bool,
     pub(super) cq_data: Option<u64>,
@@ -40,44 +38,46 @@ pub(super) struct ReqInfo {
     pub(super) payload_len: u32,
 }
 
-/// Copies up to `MAX_IOV` iovs; returns how many and whether there were
-/// more.
-fn copy_iovs(list: crate::wire::IovList<'_>, out: &mut [RmaIov; MAX_IOV]) -> (u8, bool) {
-    let n = list.len();
-    for (slot, iov) in out.iter_mut().zip(list.iter()) {
-        *slot = iov;
+/// Where one of a REQ's iov arrays sits in its packet. Handlers that need
+/// the iovs read them from the packet (see [`Endpoint::req_iovs`]), so the
+/// common REQ, which has none, copies none.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct IovAt {
+    at: u32,
+    pub(super) n: u8,
+}
+
+impl IovAt {
+    fn new(list: crate::wire::IovList<'_>, at: usize) -> (IovAt, bool) {
+        let n = list.len();
+        (IovAt { at: at as u32, n: n.min(MAX_IOV) as u8 }, n > MAX_IOV)
     }
-    (n.min(MAX_IOV) as u8, n > MAX_IOV)
 }
 
 impl ReqInfo {
     /// Copies what the endpoint needs out of a checked REQ.
     #[inline]
     fn from_view(p: &ReqPacket<&[u8]>) -> ReqInfo {
-        let field = |f: ReqField| p.field(f).unwrap_or(0);
+        let f = p.fields();
         // The codec checked the raw address is at least 24 bytes.
         let raw_addr = p.raw_addr().and_then(|a| RawAddr::from_bytes(a).ok());
-        let mut rma_iov = [RmaIov::default(); MAX_IOV];
-        let mut read_iov = [RmaIov::default(); MAX_IOV];
-        let (rma_n, more_rma) = copy_iovs(p.rma_iov(), &mut rma_iov);
-        let (read_n, more_read) = copy_iovs(p.read_iov(), &mut read_iov);
+        let (rma_iov, more_rma) = IovAt::new(p.rma_iov(), p.layout().header_len());
+        let (read_iov, more_read) = IovAt::new(p.read_iov(), p.header_len());
         ReqInfo {
             ptype: p.packet_type(),
             flags: p.flags(),
-            msg_id: field(ReqField::MsgId) as u32,
-            tag: field(ReqField::Tag),
-            msg_length: field(ReqField::MsgLength),
-            seg_offset: field(ReqField::SegOffset),
-            send_id: field(ReqField::SendId) as u32,
-            recv_id: field(ReqField::RecvId) as u32,
-            recv_length: field(ReqField::RecvLength) as u32,
-            atomic_datatype: field(ReqField::AtomicDatatype) as u32,
-            atomic_op: field(ReqField::AtomicOp) as u32,
-            runt_length: field(ReqField::RuntLength),
+            msg_id: f.msg_id,
+            tag: f.tag,
+            msg_length: f.msg_length,
+            seg_offset: f.seg_offset,
+            send_id: f.send_id,
+            recv_id: f.recv_id,
+            recv_length: f.recv_length,
+            atomic_datatype: f.atomic_datatype,
+            atomic_op: f.atomic_op,
+            runt_length: f.runt_length,
             rma_iov,
-            rma_n,
             read_iov,
-            read_n,
             too_many_iovs: more_rma || more_read,
             cq_data: p.cq_data(),
             // A raw address and a connid header together: the address's
@@ -93,10 +93,6 @@ impl ReqInfo {
     #[inline]
     pub(super) fn parse(bytes: &[u8]) -> Result<ReqInfo, crate::wire::WireError> {
         ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p))
-    }
-
-    pub(super) fn rma_iov(&self) -> &[RmaIov] {
-        &self.rma_iov[..self.rma_n as usize]
     }
 
     /// Whether the type is ordered with messages (it has a msg_id).
@@ -126,9 +122,7 @@ impl ReqInfo {
 /// A received packet's headers, owned. A stack temporary of one packet's
 /// handling: its size costs a copy, a box would cost an allocation.
 #[derive(Debug, Clone, Copy)]
-#[allow(clippy::large_enum_variant)]
 enum Parsed {
-    Req(ReqInfo),
     Cts(CtsRepr),
     CtsData { repr: CtsDataRepr, payload_off: u32 },
     ReadRsp { repr: ReadRspRepr, payload_off: u32 },
@@ -142,7 +136,6 @@ enum Parsed {
 impl Parsed {
     fn connid(&self) -> Option<u32> {
         match self {
-            Parsed::Req(r) => r.connid,
             Parsed::Cts(c) => c.connid,
             Parsed::CtsData { repr, .. } => repr.connid,
             Parsed::ReadRsp { repr, .. } => repr.connid,
@@ -155,10 +148,8 @@ impl Parsed {
     }
 }
 
+/// Parses a packet other than a REQ.
 fn parse(bytes: &[u8]) -> Result<Parsed, crate::wire::WireError> {
-    if bytes.first().is_some_and(|&t| PacketType::from(t).is_req()) {
-        return ReqInfo::parse(bytes).map(Parsed::Req);
-    }
     let off = |payload: &[u8]| (bytes.len() - payload.len()) as u32;
     Ok(match Packet::parse(bytes)? {
         Packet::Cts(c) => Parsed::Cts(c),
@@ -209,110 +200,121 @@ impl<D: Device> Endpoint<D> {
         }
         let len = (cqe.len as usize).min(self.caps.mtu);
         let bytes = &self.dev.buf(buf)[..len];
+        // REQs, the common case, skip the enum of the other types.
+        if bytes.first().is_some_and(|&t| PacketType::from(t).is_req()) {
+            let info = match ReqInfo::parse(bytes) {
+                Ok(info) => info,
+                Err(e) => return self.drop_malformed(buf, e),
+            };
+            let Some(peer) = self.accept_from(buf, len, cqe.src, info.connid, info.raw_addr) else {
+                return;
+            };
+            if info.too_many_iovs {
+                self.counters.drop(DropReason::Unsupported);
+                self.release_rx(buf);
+            } else {
+                self.handle_req(buf, peer, &info);
+            }
+            return;
+        }
         let parsed = match parse(bytes) {
             Ok(p) => p,
-            Err(e) => {
-                self.counters.drop(DropReason::Malformed);
-                self.counters.malformed[e.kind()] += 1;
-                self.release_rx(buf);
-                return;
-            }
+            Err(e) => return self.drop_malformed(buf, e),
         };
-        self.counters.rx_by_type[bytes[0] as usize] += 1;
-        let peer = match self.resolve_sender(cqe.src, &parsed) {
+        let Some(peer) = self.accept_from(buf, len, cqe.src, parsed.connid(), None) else {
+            return;
+        };
+        match parsed {
+            Parsed::Cts(cts) => self.handle_cts(peer, &cts),
+            Parsed::CtsData { repr, payload_off } => self.handle_data(
+                buf,
+                peer,
+                repr.recv_id,
+                repr.seg_offset,
+                repr.seg_length,
+                payload_off,
+                None,
+            ),
+            Parsed::ReadRsp { repr, payload_off } => self.handle_data(
+                buf,
+                peer,
+                repr.recv_id,
+                0,
+                repr.recv_length,
+                payload_off,
+                Some(repr.send_id),
+            ),
+            Parsed::AtomRsp { repr, payload_off } => {
+                self.handle_atomrsp(buf, peer, &repr, payload_off)
+            }
+            Parsed::Eor(eor) => self.handle_eor(peer, eor.send_id),
+            Parsed::Receipt(r) => self.handle_receipt(peer, r.send_id),
+            Parsed::ReadNack(n) => self.handle_read_nack(peer, n.send_id),
+            Parsed::Handshake { features, .. } => {
+                self.peers.get_mut(peer).expect("resolved peer").handshake_arrived(features);
+                self.counters.handshakes_received += 1;
+            }
+        }
+        self.release_rx(buf);
+    }
+
+    #[cold]
+    fn drop_malformed(&mut self, buf: BufId, e: crate::wire::WireError) {
+        self.counters.drop(DropReason::Malformed);
+        self.counters.malformed[e.kind()] += 1;
+        self.release_rx(buf);
+    }
+
+    /// Counts a parsed packet and resolves its sender; `None` when it is
+    /// dropped (buffer released). The first packet from a peer is answered
+    /// with our HANDSHAKE (spec 2.1; libfabric answers any packet type).
+    #[inline]
+    fn accept_from(
+        &mut self,
+        buf: BufId,
+        len: usize,
+        src: Source,
+        connid: Option<u32>,
+        raw: Option<RawAddr>,
+    ) -> Option<u32> {
+        let ptype = self.dev.buf(buf)[0];
+        self.counters.rx_by_type[ptype as usize] += 1;
+        let peer = match self.resolve_sender(src, connid, raw) {
             Ok(p) => p,
             Err(reason) => {
                 self.counters.drop(reason);
                 self.release_rx(buf);
-                return;
+                return None;
             }
         };
-        // Spec 2.1: the first packet from a peer is answered with our
-        // HANDSHAKE (libfabric answers any packet type).
         let p = self.peers.get_mut(peer).expect("resolved peer");
         if !p.handshake_sent {
             p.handshake_sent = true;
             self.queue_ctrl(super::tx::Ctrl::Handshake { peer });
         }
-        self.rx_meta[buf as usize].len = len as u32;
-        self.rx_meta[buf as usize].peer = peer;
-        match parsed {
-            Parsed::Req(info) => {
-                if info.too_many_iovs {
-                    self.counters.drop(DropReason::Unsupported);
-                    self.release_rx(buf);
-                } else {
-                    self.handle_req(buf, peer, info);
-                }
-            }
-            Parsed::Cts(cts) => {
-                self.handle_cts(peer, &cts);
-                self.release_rx(buf);
-            }
-            Parsed::CtsData { repr, payload_off } => {
-                self.handle_data(
-                    buf,
-                    peer,
-                    repr.recv_id,
-                    repr.seg_offset,
-                    repr.seg_length,
-                    payload_off,
-                    None,
-                );
-                self.release_rx(buf);
-            }
-            Parsed::ReadRsp { repr, payload_off } => {
-                self.handle_data(
-                    buf,
-                    peer,
-                    repr.recv_id,
-                    0,
-                    repr.recv_length,
-                    payload_off,
-                    Some(repr.send_id),
-                );
-                self.release_rx(buf);
-            }
-            Parsed::AtomRsp { repr, payload_off } => {
-                self.handle_atomrsp(buf, peer, &repr, payload_off);
-                self.release_rx(buf);
-            }
-            Parsed::Eor(eor) => {
-                self.handle_eor(peer, eor.send_id);
-                self.release_rx(buf);
-            }
-            Parsed::Receipt(r) => {
-                self.handle_receipt(peer, r.send_id);
-                self.release_rx(buf);
-            }
-            Parsed::ReadNack(n) => {
-                self.handle_read_nack(peer, n.send_id);
-                self.release_rx(buf);
-            }
-            Parsed::Handshake { features, .. } => {
-                self.peers.get_mut(peer).expect("resolved peer").handshake_arrived(features);
-                self.counters.handshakes_received += 1;
-                self.release_rx(buf);
-            }
-        }
+        let meta = &mut self.rx_meta[buf as usize];
+        meta.len = len as u32;
+        meta.peer = peer;
+        Some(peer)
     }
 
     /// Who sent a packet: the address book's peer for a known sender, the
     /// REQ's raw address for an unknown one (spec 2.2). A connid that is
     /// not the peer's is a restarted process that reused the QPN: with a
     /// raw address it is a new peer, without one the packet is dropped.
-    fn resolve_sender(&mut self, src: Source, parsed: &Parsed) -> Result<u32, DropReason> {
-        let raw = match parsed {
-            Parsed::Req(r) => r.raw_addr,
-            _ => None,
-        };
+    fn resolve_sender(
+        &mut self,
+        src: Source,
+        connid: Option<u32>,
+        raw: Option<RawAddr>,
+    ) -> Result<u32, DropReason> {
         let known = match src {
             Source::Known(ah) => self.peers.by_ah(ah),
             Source::Unknown { .. } | Source::None => None,
         };
         if let Some(peer) = known {
             let p = self.peers.get(peer).expect("live peer");
-            match parsed.connid() {
+            match connid {
                 Some(c) if c != p.addr.connid => {}
                 _ => return Ok(peer),
             }
@@ -331,9 +333,9 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// A REQ: in msg_id order if its type carries one, else at once.
-    pub(super) fn handle_req(&mut self, buf: BufId, peer: u32, info: ReqInfo) {
+    pub(super) fn handle_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
         if !info.has_msg_id() {
-            self.handle_unordered_req(buf, peer, &info);
+            self.handle_unordered_req(buf, peer, info);
             return;
         }
         // The long-CTS REQ re-sent after a READ_NACK continues a message
@@ -341,7 +343,7 @@ impl<D: Device> Endpoint<D> {
         // efa_rdm_pke_proc_rtm_rta skips reordering for it).
         if info.flags.contains(ReqFlags::READ_NACK) {
             match self.in_progress.get(peer, info.msg_id) {
-                Some(rx) => self.handle_nack_retry(buf, rx, &info),
+                Some(rx) => self.handle_nack_retry(buf, rx, info),
                 None => {
                     self.counters.drop(DropReason::StaleId);
                     self.release_rx(buf);
@@ -353,11 +355,11 @@ impl<D: Device> Endpoint<D> {
         if info.continues_a_message()
             && let Some(rx) = self.in_progress.get(peer, info.msg_id)
         {
-            self.handle_segment(buf, rx, &info);
+            self.handle_segment(buf, rx, info);
             return;
         }
         if !self.cfg.ordered {
-            if !self.handle_ordered_req(buf, peer, &info) {
+            if !self.handle_ordered_req(buf, peer, info) {
                 self.stalled_bufs.push_back(buf);
             }
             return;
@@ -368,7 +370,7 @@ impl<D: Device> Endpoint<D> {
         if ahead == 0
             && p.reorder.as_ref().is_none_or(|r| r.slots[(info.msg_id % window) as usize] == NONE)
         {
-            if self.handle_ordered_req(buf, peer, &info) {
+            if self.handle_ordered_req(buf, peer, info) {
                 let p = self.peers.get_mut(peer).expect("live peer");
                 p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
                 self.drain_reorder(peer);
@@ -516,6 +518,13 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// The headers of a held packet (it was valid when it arrived).
+    /// The iovs `at` names in REQ packet `buf`, which its parse checked.
+    pub(super) fn req_iovs(&self, buf: BufId, at: IovAt) -> Iovs {
+        let from = at.at as usize;
+        let bytes = &self.dev.buf(buf)[from..from + at.n as usize * RmaIov::LEN];
+        Iovs::from_list(crate::wire::IovList::Wire(bytes))
+    }
+
     pub(super) fn held_info(&self, buf: BufId) -> Option<ReqInfo> {
         let len = self.rx_meta[buf as usize].len as usize;
         ReqInfo::parse(&self.dev.buf(buf)[..len]).ok()
@@ -561,7 +570,7 @@ impl<D: Device> Endpoint<D> {
     /// REQs without a msg_id: the emulated write and read protocols.
     fn handle_unordered_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
         match info.ptype {
-            PacketType::ShortRtr | PacketType::LongCtsRtr => self.handle_rtr(peer, info),
+            PacketType::ShortRtr | PacketType::LongCtsRtr => self.handle_rtr(buf, peer, info),
             PacketType::EagerRtw | PacketType::DcEagerRtw => self.handle_eager_rtw(buf, peer, info),
             PacketType::LongCtsRtw | PacketType::DcLongCtsRtw | PacketType::LongReadRtw
                 if !info.flags.contains(ReqFlags::READ_NACK) =>

@@ -115,6 +115,22 @@ impl TxQueue {
     pub(crate) fn pending_len(&self) -> usize {
         self.pending.len() - self.posted
     }
+
+    /// Whether device RDMA (send- or receive-side) may be due.
+    #[inline]
+    pub(crate) fn has_rdma_due(&self) -> bool {
+        !self.rdma.is_empty() || !self.reads.is_empty()
+    }
+
+    /// Whether anything is due: packets to post, control packets or
+    /// operations to build, RDMA to post. The idle progress loop's check.
+    #[inline]
+    pub(crate) fn has_work(&self) -> bool {
+        !(self.pending.is_empty()
+            && self.ctrl.is_empty()
+            && self.ready.is_empty()
+            && !self.has_rdma_due())
+    }
 }
 
 /// The REQ type of a send-side operation's first packet.
@@ -193,7 +209,7 @@ impl<D: Device> Endpoint<D> {
                 self.build_next_op_packet()
             };
             // RDMA needs no packet buffer, only a TX slot.
-            let read = !built && self.post_next_rdma();
+            let read = !built && self.txq.has_rdma_due() && self.post_next_rdma();
             if !built && !read {
                 break;
             }
@@ -428,8 +444,7 @@ impl<D: Device> Endpoint<D> {
                     return;
                 };
                 let (peer, total, granted) = (op.peer, op.total, op.granted);
-                let remote: [RmaIov; MAX_IOV] = op.read_iov;
-                let n = op.read_n as usize;
+                let remote = op.read_iov;
                 let readrsp_room = (self.caps.mtu - ReadRspRepr::default().buffer_len()) as u64;
                 let ptype = if total <= readrsp_room {
                     PacketType::ShortRtr
@@ -441,7 +456,7 @@ impl<D: Device> Endpoint<D> {
                 r.recv_id = rx;
                 // SHORT_RTR carries the read length here too (interop notes).
                 r.recv_length = granted.min(u32::MAX as u64) as u32;
-                r.rma_iov = IovList::Host(&remote[..n]);
+                r.rma_iov = IovList::Host(remote.as_slice());
                 let (raw, connid) = self.req_opt_headers(peer);
                 if raw {
                     r.raw_addr = Some(&self.addr_hdr);

@@ -514,6 +514,46 @@ impl<'a> Parts<'a> {
     }
 }
 
+/// Every fixed-header field of a REQ, widened; zero where the type has
+/// none. [`ReqPacket::fields`] reads them all at once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReqFields {
+    pub msg_id: u32,
+    pub tag: u64,
+    pub msg_length: u64,
+    pub seg_offset: u64,
+    pub send_id: u32,
+    pub recv_id: u32,
+    pub credit_request: u32,
+    pub recv_length: u32,
+    pub atomic_datatype: u32,
+    pub atomic_op: u32,
+    pub runt_length: u64,
+}
+
+impl ReqFields {
+    /// Reads the fields `layout` has; inlined per type by
+    /// `with_req_layout!`, where each offset is a constant.
+    #[inline(always)]
+    fn read(buf: &[u8], layout: &ReqLayout) -> ReqFields {
+        let u32_at = |o: u8| if o == 0 { 0 } else { get_u32(buf, o as usize) };
+        let u64_at = |o: u8| if o == 0 { 0 } else { get_u64(buf, o as usize) };
+        ReqFields {
+            msg_id: u32_at(layout.msg_id),
+            tag: u64_at(layout.tag),
+            msg_length: u64_at(layout.msg_length),
+            seg_offset: u64_at(layout.seg_offset),
+            send_id: u32_at(layout.send_id),
+            recv_id: u32_at(layout.recv_id),
+            credit_request: u32_at(layout.credit_request),
+            recv_length: u32_at(layout.recv_length),
+            atomic_datatype: u32_at(layout.atomic_datatype),
+            atomic_op: u32_at(layout.atomic_op),
+            runt_length: u64_at(layout.runt_length),
+        }
+    }
+}
+
 /// A checked, zero-copy view of a REQ packet.
 #[derive(Debug, Clone, Copy)]
 pub struct ReqPacket<T: AsRef<[u8]>> {
@@ -561,6 +601,15 @@ impl<T: AsRef<[u8]>> ReqPacket<T> {
         let buf = self.buffer.as_ref();
         let o = self.layout.offset(field)?;
         Some(if field.is_u64() { get_u64(buf, o) } else { get_u32(buf, o) as u64 })
+    }
+
+    /// Every fixed-header field at once, at the type's constant offsets:
+    /// what a receiver reads, in one step.
+    #[inline]
+    pub fn fields(&self) -> ReqFields {
+        let buf = self.buffer.as_ref();
+        // The type was checked with the buffer: `None` cannot happen.
+        with_req_layout!(buf[0], l => ReqFields::read(buf, l), _ => ReqFields::default())
     }
 
     /// `rma_iov[]` (empty for types without it).
@@ -648,6 +697,7 @@ impl<'a> ReqRepr<'a> {
     /// A REQ of `ptype` with the flags the provider sets for it and every
     /// field zero. Panics if `ptype` is not a REQ type (a programming error,
     /// never a property of received bytes).
+    #[inline]
     pub fn new(ptype: PacketType) -> ReqRepr<'a> {
         assert!(ptype.is_req(), "{ptype} is not a REQ type");
         ReqRepr {
