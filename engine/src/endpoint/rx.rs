@@ -33,7 +33,9 @@ pub(super) struct ReqInfo {
     pub(super) cq_data: Option<u64>,
     /// The sender's connid: its raw address's, or the connid header.
     pub(super) connid: Option<u32>,
-    pub(super) raw_addr: Option<RawAddr>,
+    /// Where the raw address header's address starts in the packet, if
+    /// it has one: parsed only for a sender not known yet.
+    pub(super) raw_addr_at: Option<u32>,
     pub(super) payload_off: u32,
     pub(super) payload_len: u32,
 }
@@ -60,7 +62,7 @@ impl ReqInfo {
     fn from_view(p: &ReqPacket<&[u8]>) -> ReqInfo {
         let f = p.fields();
         // The codec checked the raw address is at least 24 bytes.
-        let raw_addr = p.raw_addr().and_then(|a| RawAddr::from_bytes(a).ok());
+        let raw_connid = p.raw_addr().and_then(|a| RawAddr::from_bytes(a).ok()).map(|a| a.connid);
         let (rma_iov, more_rma) = IovAt::new(p.rma_iov(), p.layout().header_len());
         let (read_iov, more_read) = IovAt::new(p.read_iov(), p.header_len());
         ReqInfo {
@@ -82,8 +84,8 @@ impl ReqInfo {
             cq_data: p.cq_data(),
             // A raw address and a connid header together: the address's
             // connid is the sender's (interop notes).
-            connid: raw_addr.map(|a| a.connid).or(p.connid()),
-            raw_addr,
+            connid: raw_connid.or(p.connid()),
+            raw_addr_at: p.raw_addr_offset().map(|at| at as u32),
             payload_off: p.payload_offset() as u32,
             payload_len: p.payload().len() as u32,
         }
@@ -206,7 +208,8 @@ impl<D: Device> Endpoint<D> {
                 Ok(info) => info,
                 Err(e) => return self.drop_malformed(buf, e),
             };
-            let Some(peer) = self.accept_from(buf, len, cqe.src, info.connid, info.raw_addr) else {
+            let Some(peer) = self.accept_from(buf, len, cqe.src, info.connid, info.raw_addr_at)
+            else {
                 return;
             };
             if info.too_many_iovs {
@@ -275,11 +278,11 @@ impl<D: Device> Endpoint<D> {
         len: usize,
         src: Source,
         connid: Option<u32>,
-        raw: Option<RawAddr>,
+        raw_at: Option<u32>,
     ) -> Option<u32> {
         let ptype = self.dev.buf(buf)[0];
         self.counters.rx_by_type[ptype as usize] += 1;
-        let peer = match self.resolve_sender(src, connid, raw) {
+        let peer = match self.resolve_sender(buf, src, connid, raw_at) {
             Ok(p) => p,
             Err(reason) => {
                 self.counters.drop(reason);
@@ -304,9 +307,10 @@ impl<D: Device> Endpoint<D> {
     /// raw address it is a new peer, without one the packet is dropped.
     fn resolve_sender(
         &mut self,
+        buf: BufId,
         src: Source,
         connid: Option<u32>,
-        raw: Option<RawAddr>,
+        raw_at: Option<u32>,
     ) -> Result<u32, DropReason> {
         let known = match src {
             Source::Known(ah) => self.peers.by_ah(ah),
@@ -318,11 +322,14 @@ impl<D: Device> Endpoint<D> {
                 Some(c) if c != p.addr.connid => {}
                 _ => return Ok(peer),
             }
-            if raw.is_none() {
+            if raw_at.is_none() {
                 return Err(DropReason::ConnidMismatch);
             }
         }
-        let Some(addr) = raw else { return Err(DropReason::UnknownSender) };
+        // The codec checked the address is there and at least 24 bytes.
+        let addr = raw_at
+            .and_then(|at| RawAddr::from_bytes(&self.dev.buf(buf)[at as usize..]).ok())
+            .ok_or(DropReason::UnknownSender)?;
         if let Source::Unknown { qpn } = src
             && qpn != addr.qpn
         {

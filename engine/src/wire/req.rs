@@ -624,6 +624,13 @@ impl<T: AsRef<[u8]>> ReqPacket<T> {
         self.parts().raw_addr()
     }
 
+    /// Where the raw address header's `addr` bytes start, if present.
+    #[inline]
+    pub fn raw_addr_offset(&self) -> Option<usize> {
+        let p = self.parts();
+        p.flags.contains(ReqFlags::RAW_ADDR_HDR).then_some(p.at.opt + RAW_ADDR_SIZE_LEN)
+    }
+
     /// The CQ data header, if present.
     #[inline]
     pub fn cq_data(&self) -> Option<u64> {

@@ -171,6 +171,18 @@ impl Mapping {
         unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
     }
 
+    /// The ring slot header at `offset`, checked once for all its fields.
+    pub(crate) fn slot_header_at(&self, offset: usize) -> &super::ring::SlotHeader {
+        use super::ring::SlotHeader;
+        self.check(offset, std::mem::size_of::<SlotHeader>());
+        assert!(offset.is_multiple_of(std::mem::align_of::<SlotHeader>()), "misaligned");
+        // SAFETY: inside the mapping (checked) and aligned (page-aligned
+        // mapping, offset checked); the mapping lives as long as `&self`;
+        // `SlotHeader` is `repr(C)` atomics only, so any bits are valid and
+        // shared words are only accessed atomically.
+        unsafe { &*self.ptr.as_ptr().add(offset).cast::<SlotHeader>() }
+    }
+
     /// `len` bytes at `offset`, to read.
     ///
     /// # Safety

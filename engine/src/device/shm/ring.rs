@@ -25,6 +25,7 @@
 use std::ffi::CString;
 use std::io;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use super::map::{Mapping, hdr};
 
@@ -36,15 +37,24 @@ const HEAD: usize = 256;
 const SLOTS: usize = 512;
 
 mod slot {
-    pub const CTL: usize = 0;
-    pub const KIND: usize = 8;
-    pub const SRC_QPN: usize = 12;
-    pub const SRC_CONNID: usize = 16;
-    pub const LEN: usize = 20;
-    pub const IMM: usize = 24;
     /// Payload starts on a cache line of its own.
     pub const DATA: usize = 64;
 }
+
+/// A slot's header, at the start of its slot: the control word, then the
+/// record. Only atomics, so any bytes a peer writes are valid values.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct SlotHeader {
+    ctl: AtomicU64,
+    kind: AtomicU32,
+    src_qpn: AtomicU32,
+    src_connid: AtomicU32,
+    len: AtomicU32,
+    imm: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<SlotHeader>() <= slot::DATA);
 
 /// Attempts of one `claim` before it reports the ring full.
 const CLAIM_TRIES: u32 = 4096;
@@ -196,12 +206,13 @@ impl Ring {
         SLOTS + (pos & self.mask) as usize * self.stride
     }
 
-    fn ctl(&self, pos: u32) -> &std::sync::atomic::AtomicU64 {
-        self.map.u64_at(self.slot_off(pos) + slot::CTL)
+    /// The header of the slot at `pos`: one bounds check for all its fields.
+    fn slot(&self, pos: u32) -> &SlotHeader {
+        self.map.slot_header_at(self.slot_off(pos))
     }
 
-    fn field(&self, pos: u32, field: usize) -> &std::sync::atomic::AtomicU32 {
-        self.map.u32_at(self.slot_off(pos) + field)
+    fn ctl(&self, pos: u32) -> &AtomicU64 {
+        &self.slot(pos).ctl
     }
 
     // Producer side.
@@ -246,17 +257,18 @@ impl Ring {
         let pos = claim.0;
         let [head, tail] = parts;
         assert!(head.len() + tail.len() <= self.payload, "packet larger than the peer's slots");
-        self.field(pos, slot::KIND).store(rec.kind.to_u32(), Relaxed);
-        self.field(pos, slot::SRC_QPN).store(rec.src_qpn as u32, Relaxed);
-        self.field(pos, slot::SRC_CONNID).store(rec.src_connid, Relaxed);
-        self.field(pos, slot::LEN).store(rec.len, Relaxed);
-        self.field(pos, slot::IMM).store(rec.imm, Relaxed);
+        let h = self.slot(pos);
+        h.kind.store(rec.kind.to_u32(), Relaxed);
+        h.src_qpn.store(rec.src_qpn as u32, Relaxed);
+        h.src_connid.store(rec.src_connid, Relaxed);
+        h.len.store(rec.len, Relaxed);
+        h.imm.store(rec.imm, Relaxed);
         let at = self.slot_off(pos) + slot::DATA;
         self.map.write_bytes(at, head);
         if !tail.is_empty() {
             self.map.write_bytes(at + head.len(), tail);
         }
-        self.ctl(pos).store(ctl(pos.wrapping_add(1), 0), Release);
+        h.ctl.store(ctl(pos.wrapping_add(1), 0), Release);
         pos
     }
 
@@ -270,14 +282,15 @@ impl Ring {
 
     /// What is at position `pos` (the consumer's head).
     pub(crate) fn head(&self, pos: u32) -> Head {
-        let (seq, writer) = split(self.ctl(pos).load(Acquire));
+        let h = self.slot(pos);
+        let (seq, writer) = split(h.ctl.load(Acquire));
         if seq == pos.wrapping_add(1) {
             Head::Ready(Record {
-                kind: Kind::from_u32(self.field(pos, slot::KIND).load(Relaxed)),
-                src_qpn: self.field(pos, slot::SRC_QPN).load(Relaxed) as u16,
-                src_connid: self.field(pos, slot::SRC_CONNID).load(Relaxed),
-                len: self.field(pos, slot::LEN).load(Relaxed),
-                imm: self.field(pos, slot::IMM).load(Relaxed),
+                kind: Kind::from_u32(h.kind.load(Relaxed)),
+                src_qpn: h.src_qpn.load(Relaxed) as u16,
+                src_connid: h.src_connid.load(Relaxed),
+                len: h.len.load(Relaxed),
+                imm: h.imm.load(Relaxed),
             })
         } else if seq == pos && writer != 0 {
             Head::Writing { writer }
