@@ -7,7 +7,7 @@ use super::{DropReason, Endpoint, Error, NO_BUF, PeerId};
 use crate::device::{BufId, CqStatus, Cqe, Device, Source};
 use crate::wire::{
     AtomRspRepr, CtsDataRepr, CtsRepr, EorRepr, Packet, PacketType, RawAddr, ReadNackRepr,
-    ReadRspRepr, ReceiptRepr, ReqClass, ReqFlags, ReqLayout, ReqPacket, RmaIov, WireItem,
+    ReadRspRepr, ReceiptRepr, ReqClass, ReqFlags, ReqPacket, RmaIov, WireItem,
 };
 
 /// The headers of a received REQ, copied out of its buffer so that the
@@ -15,6 +15,7 @@ use crate::wire::{
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ReqInfo {
     pub(super) ptype: PacketType,
+    pub(super) class: ReqClass,
     pub(super) flags: ReqFlags,
     pub(super) msg_id: u32,
     pub(super) tag: u64,
@@ -67,6 +68,7 @@ impl ReqInfo {
         let (read_iov, more_read) = IovAt::new(p.read_iov(), p.header_len());
         ReqInfo {
             ptype: p.packet_type(),
+            class: p.layout().class,
             flags: p.flags(),
             msg_id: f.msg_id,
             tag: f.tag,
@@ -100,8 +102,7 @@ impl ReqInfo {
     /// Whether the type is ordered with messages (it has a msg_id).
     #[inline]
     pub(super) fn has_msg_id(&self) -> bool {
-        let layout = ReqLayout::of(self.ptype).expect("REQ type");
-        matches!(layout.class, ReqClass::Rtm | ReqClass::Rta)
+        matches!(self.class, ReqClass::Rtm | ReqClass::Rta)
     }
 
     /// Whether later packets of its message carry the same msg_id (medium
@@ -400,8 +401,8 @@ impl<D: Device> Endpoint<D> {
     /// Returns false, leaving the packet to the caller, when it cannot be
     /// taken in yet.
     fn handle_ordered_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) -> bool {
-        match ReqLayout::of(info.ptype).map(|l| l.class) {
-            Some(ReqClass::Rta) => self.handle_rta(buf, peer, info),
+        match info.class {
+            ReqClass::Rta => self.handle_rta(buf, peer, info),
             _ => self.handle_new_msg(buf, peer, info),
         }
     }
