@@ -294,3 +294,12 @@ fn emitting_a_req_built_from_values_gives_the_golden_bytes() {
     buf[n..n + 8].copy_from_slice(golden::PAYLOAD);
     assert_eq!(&buf[..n + 8], golden::EAGER_MSGRTM);
 }
+
+#[test]
+fn the_req_table_agrees_with_the_types() {
+    for id in 0..=255u8 {
+        assert_eq!(PacketType::is_req_id(id), PacketType::from(id).is_req(), "type id {id}");
+    }
+    assert!(PacketType::is_req_id(64) && PacketType::is_req_id(146));
+    assert!(!PacketType::is_req_id(3) && !PacketType::is_req_id(142));
+}

@@ -204,7 +204,7 @@ impl<D: Device> Endpoint<D> {
         let len = (cqe.len as usize).min(self.caps.mtu);
         let bytes = &self.dev.buf(buf)[..len];
         // REQs, the common case, skip the enum of the other types.
-        if bytes.first().is_some_and(|&t| PacketType::from(t).is_req()) {
+        if bytes.first().is_some_and(|&t| PacketType::is_req_id(t)) {
             let info = match ReqInfo::parse(bytes) {
                 Ok(info) => info,
                 Err(e) => return self.drop_malformed(buf, e),

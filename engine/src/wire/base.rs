@@ -57,13 +57,19 @@ macro_rules! packet_types {
             Unknown(u8),
         }
 
-        impl From<u8> for PacketType {
-            #[inline]
-            fn from(id: u8) -> Self {
+        impl PacketType {
+            const fn from_id(id: u8) -> Self {
                 match id {
                     $($id => PacketType::$variant,)*
                     other => PacketType::Unknown(other),
                 }
+            }
+        }
+
+        impl From<u8> for PacketType {
+            #[inline]
+            fn from(id: u8) -> Self {
+                PacketType::from_id(id)
             }
         }
 
@@ -144,12 +150,30 @@ packet_types! {
     RuntReadTagRtm = 146, "RUNTREAD_TAGRTM", RUNTREAD_TAGRTM;
 }
 
+/// By type id: whether it is a REQ type this codec knows (see
+/// [`PacketType::is_req`]). A table, for the receive path's first branch.
+const IS_REQ: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut id = 64;
+    while id < 256 {
+        t[id] = !matches!(PacketType::from_id(id as u8), PacketType::Unknown(_));
+        id += 1;
+    }
+    t
+};
+
 impl PacketType {
     /// REQ packets are the first packet of a subprotocol (spec 1.3); their
     /// ids start at 64.
     #[inline]
     pub fn is_req(self) -> bool {
         !matches!(self, PacketType::Unknown(_)) && self.id() >= 64
+    }
+
+    /// [`PacketType::is_req`] of a raw type id, by table lookup.
+    #[inline]
+    pub fn is_req_id(id: u8) -> bool {
+        IS_REQ[id as usize]
     }
 
     /// Why an unknown id is rejected; `None` for a type this codec accepts.
