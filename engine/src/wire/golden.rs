@@ -22,9 +22,9 @@ pub const RECV_ID: u32 = 0x00060009;
 pub const CREDIT_REQUEST: u32 = 32;
 /// `recv_length` of the RTRs.
 pub const RTR_RECV_LENGTH: u32 = 0x20000;
-/// `atomic_datatype` of the RTAs (FI_UINT64).
+/// `atomic_datatype` of the RTAs (9 is FI_DOUBLE in libfabric's enum fi_datatype).
 pub const ATOMIC_DATATYPE: u32 = 9;
-/// `atomic_op` of the RTAs (FI_SUM).
+/// `atomic_op` of the RTAs (3 is FI_PROD in enum fi_op).
 pub const ATOMIC_OP: u32 = 3;
 /// `runt_length` of the RUNTREAD REQs.
 pub const RUNT_LENGTH: u64 = 0x3000;
