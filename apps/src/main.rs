@@ -16,7 +16,7 @@ use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use efapoll_lcores::{CoreList, IdleStrategy, available_cores, check_cores_exist};
 
-use bench::op::{OpKind, Transfer};
+use bench::op::OpKind;
 use bench::run::{DeviceKind, Mode, RunArgs};
 use bench::{App, Params, sizes};
 
@@ -43,14 +43,21 @@ struct Cli {
 enum Command {
     /// Latency: one message each way at a time; half round trips.
     ///
-    /// Without HOST or --server both sides run here, on two lcores over
-    /// shm (or on one lcore with -p sim).
+    /// -o write: each side writes into the other's buffer with CQ data, whose
+    /// completion tells the other (half round trips, as send). -o read and -o
+    /// atomic (fetch-add): whole round trips, timed by the initiator alone.
+    ///
+    /// Without HOST or --server both sides run here, on two lcores over shm
+    /// (or on one lcore with -p sim).
     #[command(after_help = EXIT_STATUS)]
     Pingpong(BenchArgs),
     /// Bandwidth: a window of messages in flight one way.
     ///
-    /// Without HOST or --server both sides run here, on two lcores over
-    /// shm (or on one lcore with -p sim).
+    /// -o write|read|atomic: a window of operations on the peer's buffer;
+    /// the initiator's completions are what is timed.
+    ///
+    /// Without HOST or --server both sides run here, on two lcores over shm
+    /// (or on one lcore with -p sim).
     #[command(after_help = EXIT_STATUS)]
     Streaming(StreamingArgs),
     /// The devices available here and their capabilities.
@@ -103,11 +110,12 @@ struct BenchArgs {
     /// The device.
     #[arg(short = 'p', long = "provider", value_enum, default_value_t = Provider::Shm)]
     provider: Provider,
-    /// The operation (write, read and atomic are not available yet).
+    /// The operation.
     #[arg(short = 'o', long = "op", value_enum, default_value_t = OpKind::Send)]
     op: OpKind,
     /// Message sizes: bytes with an optional k/m/g suffix, a list (64,4k,1m),
-    /// or `all` (1 B to 8 MiB, powers of two). Default: 64 B to 1 MiB.
+    /// or `all` (1 B to 8 MiB, powers of two). Default: 64 B to 1 MiB;
+    /// -o atomic: 8, the only size it takes (one u64).
     #[arg(short = 'S', long = "size", value_name = "SIZE|all|a,b,c", value_parser = parse_sizes)]
     sizes: Option<Sizes>,
     /// Measured iterations per size. Default: fewer for larger sizes
@@ -124,7 +132,9 @@ struct BenchArgs {
     /// first).
     #[arg(short = 'l', long = "lcores", value_name = "LIST", value_parser = parse_lcores)]
     lcores: Option<CoreList>,
-    /// Verify every byte received (a pattern per message).
+    /// Verify every byte received (a pattern per message); one-sided ops:
+    /// what each write left in the target, each read brought back, and the
+    /// counter the atomics added to.
     #[arg(short = 'c', long = "check")]
     check: bool,
     /// Write the results as JSON to FILE.
@@ -145,6 +155,8 @@ struct BenchArgs {
     #[arg(short = 'B', long = "port", default_value_t = 9228)]
     port: u16,
     /// Fail when nothing moves for this long (and the connect deadline).
+    /// The target of one-sided operations sees none of them: it waits for
+    /// its peer's fence or end instead.
     #[arg(long, value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
@@ -154,7 +166,7 @@ struct BenchArgs {
 struct StreamingArgs {
     #[command(flatten)]
     common: BenchArgs,
-    /// Messages in flight.
+    /// Messages (or one-sided operations) in flight.
     #[arg(short = 'W', long = "window", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     window: u32,
@@ -177,7 +189,6 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
             ))
         }
     };
-    let transfer = Transfer::from_op(b.op).unwrap_or_else(|e| usage_error(e));
     let mode = match (b.host, b.server) {
         (Some(host), _) => Mode::Client(host),
         (None, true) => Mode::Server,
@@ -207,10 +218,12 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         ));
     }
     let streaming = app == App::Streaming;
-    let sizes = b.sizes.map(|s| s.0).unwrap_or_else(|| match app {
-        App::Pingpong => sizes::default_pingpong(),
-        App::Streaming => sizes::default_streaming(),
+    let sizes = b.sizes.map(|s| s.0).unwrap_or_else(|| match (app, b.op) {
+        (_, OpKind::Atomic) => vec![ATOMIC_SIZE],
+        (App::Pingpong, _) => sizes::default_pingpong(),
+        (App::Streaming, _) => sizes::default_streaming(),
     });
+    check_sizes(app, b.op, &sizes).unwrap_or_else(|e| usage_error(e));
     let iterations = sizes.iter().map(|&s| sizes::iterations(s, b.iterations, streaming)).collect();
     let flows = if device == DeviceKind::Sim { lcores.len() } else { lcores.len() / 2 };
     let params = Params {
@@ -228,7 +241,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         app,
         mode,
         device,
-        transfer,
+        op: b.op,
         params,
         lcores,
         idle: b.idle,
@@ -237,6 +250,31 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         json: b.json,
         plot: b.plot,
     }
+}
+
+/// The one size atomics take: a u64.
+const ATOMIC_SIZE: u64 = 8;
+
+/// Refuses sizes the operation cannot run.
+fn check_sizes(app: App, op: OpKind, sizes: &[u64]) -> Result<(), String> {
+    let list = || sizes.iter().map(|s| sizes::human(*s)).collect::<Vec<_>>().join(",");
+    if op == OpKind::Atomic && sizes.iter().any(|&s| s != ATOMIC_SIZE) {
+        return Err(format!(
+            "-S {}: -o atomic is a fetch-add on one u64, so it takes -S {ATOMIC_SIZE} only \
+             (the default with -o atomic)",
+            list()
+        ));
+    }
+    // A 0-byte RDMA write is not sent at all, so its CQ data never reaches
+    // the responder.
+    if app == App::Pingpong && op == OpKind::Write && sizes.contains(&0) {
+        return Err(format!(
+            "-S {}: pingpong -o write takes sizes from 1 byte (the responder learns of a \
+             write from its CQ data, which a 0-byte write does not carry)",
+            list()
+        ));
+    }
+    Ok(())
 }
 
 fn bench(args: RunArgs) -> ExitCode {

@@ -260,27 +260,41 @@ fn client(app: &str, port: u16, args: &[&str]) -> Output {
     run(&all)
 }
 
+/// Runs `app -o op` as a server and its client on localhost, with `-c`;
+/// checks both ends and the client's report.
+fn server_and_client(app: &str, op: &str) {
+    let port = free_port();
+    let args = ["-o", op, "-S", "64,9000,100k", "-I", "100", "-c"];
+    let srv = server(app, port, &args);
+    let json = tmp(&format!("{app}-{op}-client.json"));
+    let mut client_args = args.to_vec();
+    client_args.extend(["--json", json.to_str().unwrap()]);
+    let out = client(app, port, &client_args);
+    let srv = wait(srv, &["--server"]);
+    assert_ok(&out, &format!("{app} -o {op} client"));
+    assert_ok(&srv, &format!("{app} -o {op} server"));
+    assert_eq!(rows(&out).len(), 3, "{app}: {}", text(&out.stdout));
+    assert!(rows(&srv).is_empty(), "the server prints no table");
+    assert!(text(&srv.stderr).contains("served 1 flow(s)"), "{}", text(&srv.stderr));
+    let v = read_report(&json, app, "shm", op, &[64, 9000, 102_400]);
+    for r in v["results"].as_array().unwrap() {
+        if app == "pingpong" { check_pingpong_row(r, 100) } else { check_streaming_row(r, 100) }
+    }
+}
+
 #[test]
 fn server_and_client_run_as_two_processes() {
     let _busy = busy();
     for app in ["pingpong", "streaming"] {
-        let port = free_port();
-        let args = ["-S", "64,9000,100k", "-I", "100", "-c"];
-        let srv = server(app, port, &args);
-        let json = tmp(&format!("{app}-client.json"));
-        let mut client_args = args.to_vec();
-        client_args.extend(["--json", json.to_str().unwrap()]);
-        let out = client(app, port, &client_args);
-        let srv = wait(srv, &["--server"]);
-        assert_ok(&out, &format!("{app} client"));
-        assert_ok(&srv, &format!("{app} server"));
-        assert_eq!(rows(&out).len(), 3, "{app}: {}", text(&out.stdout));
-        assert!(rows(&srv).is_empty(), "the server prints no table");
-        assert!(text(&srv.stderr).contains("served 1 flow(s)"), "{}", text(&srv.stderr));
-        let v = read_report(&json, app, "shm", "send", &[64, 9000, 102_400]);
-        for r in v["results"].as_array().unwrap() {
-            if app == "pingpong" { check_pingpong_row(r, 100) } else { check_streaming_row(r, 100) }
-        }
+        server_and_client(app, "send");
+    }
+}
+
+#[test]
+fn server_and_client_write_with_the_descriptor_sent_over_relink() {
+    let _busy = busy();
+    for app in ["pingpong", "streaming"] {
+        server_and_client(app, "write");
     }
 }
 
@@ -321,18 +335,92 @@ fn usage_error(args: &[&str]) -> String {
 }
 
 #[test]
-fn devices_not_built_and_one_sided_ops_are_clear_errors() {
+fn devices_not_built_are_clear_errors() {
     for device in ["udp", "efa"] {
         let err = usage_error(&["pingpong", "-p", device]);
         assert!(err.contains(&format!("-p {device}")) && err.contains("not built"), "{err}");
         assert!(err.contains("sim, shm"), "{err}");
     }
-    for op in ["write", "read", "atomic"] {
-        let err = usage_error(&["streaming", "-o", op]);
-        assert!(err.contains(&format!("-o {op}")) && err.contains("send, tagged"), "{err}");
-    }
     let err = usage_error(&["pingpong", "-p", "sim", "--server"]);
     assert!(err.contains("-p sim"), "{err}");
+}
+
+#[test]
+fn sizes_a_one_sided_op_cannot_run_are_refused() {
+    for app in ["pingpong", "streaming"] {
+        let err = usage_error(&[app, "-o", "atomic", "-S", "8,64"]);
+        assert!(err.contains("-S 8,64") && err.contains("-o atomic"), "{err}");
+        assert!(err.contains("-S 8 only"), "{err}");
+    }
+    let err = usage_error(&["pingpong", "-o", "write", "-S", "0,64"]);
+    assert!(err.contains("-S 0,64") && err.contains("from 1 byte"), "{err}");
+}
+
+/// The first size warms up over at least this many operations.
+const PRIME: u64 = 4096;
+
+/// Runs `app -o op` with `-c` on `device`, both sides here, and checks its
+/// table and report.
+fn one_sided(app: &str, device: &str, op: &str, sizes: &[u64]) {
+    let json = tmp(&format!("{app}-{device}-{op}.json"));
+    let list = sizes.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let mut args = vec![app, "-p", device, "-o", op, "-I", "60", "-c"];
+    args.extend(["-S", &list, "--json", json.to_str().unwrap()]);
+    let out = run(&args);
+    assert_ok(&out, &format!("{app} -p {device} -o {op} -c"));
+    assert_eq!(rows(&out).len(), sizes.len(), "{}", text(&out.stdout));
+    let header = text(&out.stdout);
+    let v = read_report(&json, app, device, op, sizes);
+    for r in v["results"].as_array().unwrap() {
+        if app == "pingpong" { check_pingpong_row(r, 60) } else { check_streaming_row(r, 60) }
+    }
+    if app == "pingpong" {
+        let whole = op != "write";
+        assert_eq!(header.contains("whole round trips"), whole, "{header}");
+        assert_eq!(header.contains("half round trips"), !whole, "{header}");
+    }
+    // The handshake came first: one-sided operations need it.
+    assert_eq!(v["counters"]["handshakes_received"], 1, "{v}");
+    if op == "atomic" {
+        // Every fetch-add went as a FETCH_RTA and came back.
+        let total = PRIME + 60;
+        assert_eq!(v["counters"]["tx.FETCH_RTA"], total, "{v}");
+        assert_eq!(v["counters"]["rx.ATOMRSP"], total, "{v}");
+    }
+    if op != "write" || app == "streaming" {
+        // One fence per size went to the target.
+        assert_eq!(v["counters"]["tx.EAGER_MSGRTM"], sizes.len(), "{v}");
+    }
+}
+
+#[test]
+fn sim_runs_every_one_sided_op_verified() {
+    let _busy = busy();
+    for app in ["pingpong", "streaming"] {
+        one_sided(app, "sim", "write", &[1, 64, 9000, 100_000]);
+        one_sided(app, "sim", "read", &[1, 64, 9000, 100_000]);
+        one_sided(app, "sim", "atomic", &[8]);
+    }
+}
+
+#[test]
+fn shm_runs_every_one_sided_op_verified() {
+    let _busy = busy();
+    for app in ["pingpong", "streaming"] {
+        one_sided(app, "shm", "write", &[1, 64, 9000, 1 << 20]);
+        one_sided(app, "shm", "read", &[64, 9000, 1 << 20]);
+        one_sided(app, "shm", "atomic", &[8]);
+    }
+}
+
+#[test]
+fn atomics_default_to_8_bytes() {
+    let _busy = busy();
+    let out = run(&["pingpong", "-p", "sim", "-o", "atomic", "-I", "20"]);
+    assert_ok(&out, "pingpong -o atomic");
+    let table = rows(&out);
+    assert_eq!(table.len(), 1, "{}", text(&out.stdout));
+    assert_eq!(table[0][0], "8");
 }
 
 #[test]

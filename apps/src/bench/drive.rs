@@ -120,12 +120,14 @@ fn both<A: ActiveSide, P: PassiveSide>(
     })
 }
 
-/// Runs a passive side through the whole plan.
+/// Runs a passive side through the whole plan. A side that cannot see
+/// the peer's traffic never stalls: it waits for the stop flag.
 pub fn drive_passive<P: PassiveSide>(
     ctx: &mut LcoreCtx,
     stall: Duration,
     passive: &mut P,
 ) -> Result<(), RunError> {
+    let stall = if passive.sees_traffic() { stall } else { Duration::MAX };
     run_phase(ctx, stall, || {
         let worked = passive.step()?;
         if passive.is_done() { Ok(Phase::Done) } else { Ok(worked.into()) }

@@ -6,21 +6,26 @@
 //! *passive* side (responder, receiver) follows the same plan by itself.
 //! Every side busy-polls its endpoint from its lcore's run loop; a step
 //! says whether it did work, so the lcore's busy/idle counters are real
-//! utilisation. Where the sides run is [`run`]'s business.
+//! utilisation. Where the sides run is [`run`]'s business. The passive
+//! side of a one-sided run is a [`target::Target`] in either app.
 
-/// Implements [`Side`] for a side struct with an `io: Io<D>` field and a
-/// `data_mr()` method.
+/// Implements [`Side`] for a side struct with an `io: Io<D>` field and the
+/// `Mr` field of the buffer the peer may reach.
 macro_rules! impl_side {
-    ($side:ident) => {
+    ($side:ident, $data:ident) => {
         impl<D: efapoll::device::Device> $crate::bench::Side for $side<D> {
             fn addr(&self) -> efapoll::wire::RawAddr {
                 self.io.ep.addr()
             }
             fn data_mem(&self) -> $crate::bench::oob::MemDesc {
-                $crate::bench::oob::MemDesc::of(&self.data_mr())
+                $crate::bench::oob::MemDesc::of(&self.$data)
             }
-            fn connect(&mut self, peer: &efapoll::wire::RawAddr) -> Result<(), RunError> {
-                self.io.connect(peer)
+            fn connect(
+                &mut self,
+                peer: &efapoll::wire::RawAddr,
+                mem: $crate::bench::oob::MemDesc,
+            ) -> Result<(), RunError> {
+                self.io.connect(peer, mem)
             }
             fn counters(&self) -> Vec<(String, u64)> {
                 self.io.counters()
@@ -38,6 +43,7 @@ pub mod report;
 pub mod run;
 pub mod sizes;
 pub mod streaming;
+pub mod target;
 
 use std::fmt;
 
@@ -91,7 +97,7 @@ pub struct Params {
     /// Measured iterations, per size.
     pub iterations: Vec<u64>,
     pub warmup: u64,
-    /// Streaming: sends in flight (pingpong: 1).
+    /// Streaming: operations in flight (pingpong: 1).
     pub window: u32,
     pub verify: bool,
     pub flows: usize,
@@ -120,11 +126,20 @@ impl Params {
         self.sizes.iter().copied().max().unwrap_or(0)
     }
 
-    /// Streaming: sends in flight at `size`. Verifying keeps a buffer per
-    /// message in flight, so large sizes get fewer.
+    /// Streaming: operations in flight at `size`. Verifying keeps a buffer
+    /// per operation in flight, so large sizes get fewer.
     pub fn window_for(&self, size: u64) -> u64 {
         let window = self.window as u64;
         if self.verify { window.min((VERIFY_BYTES / size.max(1)).max(1)) } else { window }
+    }
+
+    /// Bytes of a buffer for `per_size(size)` messages of each size: one
+    /// message's worth without `-c`, where every message shares it.
+    pub fn buffer_len(&self, per_size: impl Fn(u64) -> u64) -> u64 {
+        if !self.verify {
+            return self.max_size();
+        }
+        self.sizes.iter().map(|&s| per_size(s) * s).max().unwrap_or(0)
     }
 
     /// Streaming: receives kept posted at `size`: twice the window, so the
@@ -240,6 +255,11 @@ pub trait ActiveSide {
 pub trait PassiveSide {
     fn step(&mut self) -> Result<bool, RunError>;
     fn is_done(&self) -> bool;
+    /// Whether the peer's traffic shows here, so that silence for the
+    /// stall timeout means the peer is gone.
+    fn sees_traffic(&self) -> bool {
+        true
+    }
 }
 
 /// What every side has: an endpoint to connect and report on.
@@ -248,7 +268,8 @@ pub trait Side {
     fn addr(&self) -> efapoll::wire::RawAddr;
     /// The buffer the peer may reach.
     fn data_mem(&self) -> oob::MemDesc;
-    /// Inserts the peer's address.
-    fn connect(&mut self, peer: &efapoll::wire::RawAddr) -> Result<(), RunError>;
+    /// Inserts the peer's address and notes its buffer.
+    fn connect(&mut self, peer: &efapoll::wire::RawAddr, mem: oob::MemDesc)
+    -> Result<(), RunError>;
     fn counters(&self) -> Vec<(String, u64)>;
 }

@@ -4,8 +4,8 @@
 //! `efapoll-streaming`), so a client of the other app is refused at the
 //! handshake. Each flow has a channel, its index: on it each side sends one
 //! *card* with three parts: the endpoint's raw address (32 bytes), the
-//! memory descriptor of its data buffer (addr, key, len: 3 x u64 LE, for
-//! the one-sided operations to come) and the run's parameters (JSON). Both
+//! memory descriptor of its data buffer (addr, key, len: 3 x u64 LE; what
+//! the one-sided operations reach) and the run's parameters (JSON). Both
 //! sides compare the parameters before any traffic. After the run each
 //! side sends `end` on channel 0, with `ok` or `error` and a message, and
 //! the link shuts down; a peer that fails or vanishes mid-run stops this

@@ -1,16 +1,22 @@
 //! The operation a benchmark moves data with (`-o`), the endpoint calls
-//! behind it, and the byte pattern `-c` verifies.
+//! behind it, and the byte patterns `-c` verifies.
 //!
-//! Adding an operation: a variant of [`OpKind`] (the CLI value), an arm in
-//! [`Transfer::from_op`], and the step logic in the apps that use it
-//! (one-sided operations post on one side only and complete on the other
-//! through the target's memory).
+//! Two-sided operations (send, tagged) move messages the peer receives.
+//! One-sided ones (write, read, atomic) reach the peer's registered buffer,
+//! whose descriptor came with the peer's card; the peer's application
+//! hears of none of them (but of a write with CQ data), so a one-sided run
+//! ends each size with a *fence*: an 8-byte control message to the target,
+//! which checks and readies its buffer, and the target's 8-byte ack.
 
 use clap::ValueEnum;
-use efapoll::device::Device;
-use efapoll::endpoint::{Completion, Endpoint, Error, PeerId, Span, Status, TagMatch};
+use efapoll::device::{Access, Device, Mr};
+use efapoll::endpoint::{
+    AtomicOp, Completion, Config, Datatype, Endpoint, Error, Op, PeerId, Span, Status, TagMatch,
+};
+use efapoll::wire::RmaIov;
 
 use super::RunError;
+use super::oob::MemDesc;
 
 /// What `-o` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -19,13 +25,34 @@ pub enum OpKind {
     Send,
     /// Tagged send/recv.
     Tagged,
-    /// RDMA write.
+    /// RDMA write into the peer's buffer (pingpong: with CQ data, which
+    /// tells the peer it landed).
     Write,
-    /// RDMA read.
+    /// RDMA read from the peer's buffer (pingpong times whole reads).
     Read,
-    /// Atomics.
+    /// Fetch-add on a u64 in the peer's buffer (-S 8 only).
     Atomic,
 }
+
+/// The tag of every tagged message: one flow per endpoint, so one tag.
+const TAG: u64 = 0xefa9_0000_0000_0001;
+
+/// The operand of every fetch-add: bits in both halves, so an add that
+/// loses either half of the word shows in the counter.
+pub const ATOMIC_ADD: u64 = (1 << 32) + 1;
+
+/// Bytes of a fence or ack message.
+pub const CTL_LEN: u64 = 8;
+
+/// EFA carries 32 bits of CQ data with an RDMA write (the immediate).
+const CQ_DATA_MASK: u64 = u32::MAX as u64;
+
+/// The layout of each endpoint's control region: the atomic operand, the
+/// control message sent, the one received.
+const OPERAND_AT: u64 = 0;
+const CTL_TX_AT: u64 = 8;
+const CTL_RX_AT: u64 = 16;
+const CTL_REGION: u64 = 24;
 
 impl OpKind {
     pub fn name(self) -> &'static str {
@@ -37,33 +64,52 @@ impl OpKind {
             OpKind::Atomic => "atomic",
         }
     }
-}
 
-/// An operation the apps can run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transfer {
-    Send,
-    Tagged,
-}
+    /// Whether the peer's application takes no part in the operation.
+    pub fn is_one_sided(self) -> bool {
+        matches!(self, OpKind::Write | OpKind::Read | OpKind::Atomic)
+    }
 
-/// The tag of every tagged message: one flow per endpoint, so one tag.
-const TAG: u64 = 0xefa9_0000_0000_0001;
+    /// Whether the operation fills the local buffer (read, the fetched
+    /// value of an atomic) rather than sending from it.
+    pub fn lands_here(self) -> bool {
+        matches!(self, OpKind::Read | OpKind::Atomic)
+    }
 
-impl Transfer {
-    /// The operations the apps run now, for error messages.
-    pub const ACCEPTED: &'static str = "send, tagged";
+    /// Whether pingpong's responder answers each message (send, write);
+    /// a read or an atomic is a round trip by itself.
+    pub fn echoes(self) -> bool {
+        !self.lands_here()
+    }
 
-    /// The transfer for `-o op`, or why it cannot run yet.
-    pub fn from_op(op: OpKind) -> Result<Transfer, String> {
-        match op {
-            OpKind::Send => Ok(Transfer::Send),
-            OpKind::Tagged => Ok(Transfer::Tagged),
-            OpKind::Write | OpKind::Read | OpKind::Atomic => Err(format!(
-                "-o {}: the engine has no one-sided operations yet; accepted now: {}",
-                op.name(),
-                Transfer::ACCEPTED
-            )),
+    /// Timed legs per pingpong iteration: latency is the round trip over
+    /// this. There and back for send and write (half round trips); a read
+    /// or an atomic is reported whole, as perftest's ib_read_lat and
+    /// ib_atomic_lat do.
+    pub fn legs(self) -> u64 {
+        if self.echoes() { 2 } else { 1 }
+    }
+
+    /// What pingpong's times are.
+    pub fn latency_label(self) -> &'static str {
+        if self.echoes() { "half round trip" } else { "whole round trip" }
+    }
+
+    /// The completion of one of this side's data operations.
+    pub fn local_op(self) -> Op {
+        match self {
+            OpKind::Send | OpKind::Tagged => Op::Send,
+            OpKind::Write => Op::Write,
+            OpKind::Read => Op::Read,
+            OpKind::Atomic => Op::Atomic,
         }
+    }
+
+    /// The endpoint configuration for the operation.
+    pub fn config(self) -> Config {
+        // Writes, reads and atomics wait for the peer's HANDSHAKE: ask for
+        // it as soon as the peer is known.
+        Config { handshake_on_insert: self.is_one_sided(), ..Config::default() }
     }
 
     fn post_send<D: Device>(
@@ -74,15 +120,16 @@ impl Transfer {
         ctx: u64,
     ) -> Result<(), Error> {
         match self {
-            Transfer::Send => ep.send(peer, src, ctx),
-            Transfer::Tagged => ep.tsend(peer, src, TAG, ctx),
+            OpKind::Tagged => ep.tsend(peer, src, TAG, ctx),
+            // A one-sided run's messages are its untagged fences and acks.
+            _ => ep.send(peer, src, ctx),
         }
     }
 
     fn post_recv<D: Device>(self, ep: &mut Endpoint<D>, dst: Span, ctx: u64) -> Result<(), Error> {
         match self {
-            Transfer::Send => ep.recv(dst, None, ctx),
-            Transfer::Tagged => ep.trecv(dst, TagMatch { tag: TAG, ignore: 0 }, None, ctx),
+            OpKind::Tagged => ep.trecv(dst, TagMatch { tag: TAG, ignore: 0 }, None, ctx),
+            _ => ep.recv(dst, None, ctx),
         }
     }
 }
@@ -92,40 +139,110 @@ impl Transfer {
 pub struct Io<D: Device> {
     pub ep: Endpoint<D>,
     pub peer: PeerId,
-    pub transfer: Transfer,
+    pub op: OpKind,
+    /// The peer's data buffer, which one-sided operations reach.
+    remote: MemDesc,
+    /// The atomic operand and the control messages.
+    ctl: Mr,
 }
 
 impl<D: Device> Io<D> {
     /// An endpoint whose peer is not known yet.
-    pub fn new(ep: Endpoint<D>, transfer: Transfer) -> Io<D> {
-        Io { ep, peer: PeerId(u32::MAX), transfer }
+    pub fn new(mut ep: Endpoint<D>, op: OpKind) -> Result<Io<D>, RunError> {
+        let ctl = register(&mut ep, CTL_REGION)?;
+        let at = OPERAND_AT as usize;
+        ep.mem_mut(ctl.id)[at..at + 8].copy_from_slice(&ATOMIC_ADD.to_le_bytes());
+        let remote = MemDesc { addr: 0, key: 0, len: 0 };
+        Ok(Io { ep, peer: PeerId(u32::MAX), op, remote, ctl })
     }
 
-    /// Inserts the peer's address.
-    pub fn connect(&mut self, addr: &efapoll::wire::RawAddr) -> Result<(), RunError> {
+    /// Registers a data buffer the peer may reach with any operation.
+    pub fn register(&mut self, len: u64) -> Result<Mr, RunError> {
+        register(&mut self.ep, len)
+    }
+
+    /// Inserts the peer's address and notes its data buffer.
+    pub fn connect(&mut self, addr: &efapoll::wire::RawAddr, mem: MemDesc) -> Result<(), RunError> {
         self.peer = self.ep.insert_peer(addr).map_err(|e| {
             RunError::Setup(format!("cannot insert the peer's address {addr}: {e}"))
         })?;
+        self.remote = mem;
         Ok(())
     }
 
-    /// Posts a send; false when the endpoint pushed back (retry after
-    /// progress).
+    /// Posts data operation `seq` on `local`: a send from it, a write from
+    /// it to the peer's buffer at `remote_at`, a read into it from there,
+    /// or a fetch-add of [`ATOMIC_ADD`] to the peer's u64 there whose old
+    /// value lands in it. `notify`: a write carries `seq` as CQ data, so
+    /// the peer hears of it. False when the endpoint pushed back (retry
+    /// after progress).
     #[inline]
-    pub fn send(&mut self, src: Span, ctx: u64) -> Result<bool, RunError> {
-        posted(self.transfer.post_send(&mut self.ep, self.peer, src, ctx), "send")
+    pub fn post(
+        &mut self,
+        local: Span,
+        remote_at: u64,
+        seq: u64,
+        notify: bool,
+    ) -> Result<bool, RunError> {
+        let (ep, peer) = (&mut self.ep, self.peer);
+        let remote = RmaIov {
+            addr: self.remote.addr.wrapping_add(remote_at),
+            len: local.len,
+            key: self.remote.key,
+        };
+        let result = match self.op {
+            OpKind::Send | OpKind::Tagged => self.op.post_send(ep, peer, local, seq),
+            OpKind::Write if notify => ep.writedata(peer, local, remote, seq & CQ_DATA_MASK, seq),
+            OpKind::Write => ep.write(peer, local, remote, seq),
+            OpKind::Read => ep.read(peer, local, remote, seq),
+            OpKind::Atomic => {
+                let operand = Span::new(&self.ctl, OPERAND_AT, 8);
+                let (add, dt) = (AtomicOp::Sum, Datatype::Uint64);
+                ep.fetch_atomic(peer, add, dt, operand, local, remote, seq)
+            }
+        };
+        posted(result, self.op.name())
     }
 
-    /// Posts a receive; false when the endpoint pushed back.
+    /// Posts a receive for a message of the transfer; false when the
+    /// endpoint pushed back.
     #[inline]
     pub fn recv(&mut self, dst: Span, ctx: u64) -> Result<bool, RunError> {
-        posted(self.transfer.post_recv(&mut self.ep, dst, ctx), "receive")
+        posted(self.op.post_recv(&mut self.ep, dst, ctx), "receive")
+    }
+
+    /// Sends a control message (fence, ack); false when the endpoint
+    /// pushed back.
+    pub fn send_ctl(&mut self) -> Result<bool, RunError> {
+        let src = Span::new(&self.ctl, CTL_TX_AT, CTL_LEN);
+        posted(self.op.post_send(&mut self.ep, self.peer, src, 0), "send")
+    }
+
+    /// Posts a receive for a control message.
+    pub fn recv_ctl(&mut self) -> Result<bool, RunError> {
+        self.recv(Span::new(&self.ctl, CTL_RX_AT, CTL_LEN), 0)
+    }
+
+    /// A passive side's next completion, checked: see
+    /// [`check_passive_status`].
+    #[inline]
+    pub fn poll_passive(&mut self, all_received: bool) -> Result<Option<Completion>, RunError> {
+        match self.ep.poll_cq() {
+            Some(c) => check_passive_status(&c, all_received).map(|()| Some(c)),
+            None => Ok(None),
+        }
     }
 
     /// Counters worth reporting.
     pub fn counters(&self) -> Vec<(String, u64)> {
         self.ep.counters().nonzero()
     }
+}
+
+fn register<D: Device>(ep: &mut Endpoint<D>, len: u64) -> Result<Mr, RunError> {
+    let access = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    ep.register(len.max(8), access)
+        .map_err(|e| RunError::Setup(format!("registering {len} bytes: {e}")))
 }
 
 fn posted(result: Result<(), Error>, what: &str) -> Result<bool, RunError> {
@@ -140,13 +257,32 @@ fn posted(result: Result<(), Error>, what: &str) -> Result<bool, RunError> {
 pub fn check_status(c: &Completion) -> Result<(), RunError> {
     match c.status {
         Status::Ok => Ok(()),
-        Status::PeerUnreachable => Err(RunError::PeerGone("the peer is unreachable".into())),
+        Status::PeerUnreachable => {
+            Err(RunError::PeerGone(format!("the peer is unreachable (a {:?} failed)", c.op)))
+        }
         Status::Truncated { olen } => Err(RunError::Verify(format!(
             "a {olen}-byte message arrived in a {}-byte receive: the sides disagree on sizes",
             c.len
         ))),
+        Status::RemoteAccess => Err(RunError::Engine(format!(
+            "the peer refused a {:?} on its buffer (key, bounds or rights)",
+            c.op
+        ))),
         s => Err(RunError::Engine(format!("{:?} completed with {s:?}", c.op))),
     }
+}
+
+/// Fails a passive side's completion that is not a success, but for the
+/// failure of its last send (echo, ack) once it has received everything:
+/// the active side ends as soon as it has that message and may close
+/// before the device here has seen it consumed (shm then fails what is
+/// outstanding to it). Whether it arrived is the active side's to say.
+pub fn check_passive_status(c: &Completion, all_received: bool) -> Result<(), RunError> {
+    let last_send = matches!(c.op, Op::Send | Op::Write);
+    if all_received && last_send && c.status == Status::PeerUnreachable {
+        return Ok(());
+    }
+    check_status(c)
 }
 
 /// Fails a receive that did not deliver `want` bytes.
@@ -199,6 +335,70 @@ pub fn verify(buf: &[u8], size: u64, seq: u64) -> Result<(), RunError> {
     }
 }
 
+/// Fails a write notice whose CQ data is not message `seq`'s.
+pub fn check_cq_data(c: &Completion, seq: u64) -> Result<(), RunError> {
+    match c.cq_data {
+        Some(d) if d == seq & CQ_DATA_MASK => Ok(()),
+        d => Err(RunError::Verify(format!(
+            "write {seq} arrived with CQ data {d:?}, expected {}",
+            seq & CQ_DATA_MASK
+        ))),
+    }
+}
+
+/// Readies the initiator's `buf` for operation `seq` of a `size`-byte
+/// run, with `-c`: a pattern to send or write; zeros where a read lands
+/// (so a read that lands nothing is caught); nothing for an atomic.
+pub fn prepare_local(op: OpKind, buf: &mut [u8], size: u64, seq: u64) {
+    match op {
+        OpKind::Send | OpKind::Tagged | OpKind::Write => fill(buf, seed(size, seq)),
+        OpKind::Read => buf.fill(0),
+        OpKind::Atomic => {}
+    }
+}
+
+/// Verifies what a read brought into `buf` from the target's slot `slot`
+/// (see [`super::target::Target`]).
+pub fn verify_read(buf: &[u8], size: u64, seq: u64, slot: u64) -> Result<(), RunError> {
+    match check(buf, seed(size, slot)) {
+        None => Ok(()),
+        Some(at) => Err(RunError::Verify(format!(
+            "read {seq} of {size} bytes differs from the target's pattern at byte {at}"
+        ))),
+    }
+}
+
+/// The u64 at the start of `buf`: a fetched value, or the target's counter.
+pub fn fetched(buf: &[u8]) -> u64 {
+    u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"))
+}
+
+/// Verifies the old value fetch-add `seq` of `total` brought back: with
+/// one add at a time it is exactly `seq` adds; with several in flight, some
+/// whole number of adds below `total`.
+pub fn verify_fetched(
+    value: u64,
+    seq: u64,
+    total: u64,
+    one_at_a_time: bool,
+) -> Result<(), RunError> {
+    let ok = if one_at_a_time {
+        value == seq.wrapping_mul(ATOMIC_ADD)
+    } else {
+        // A counter that wrapped says nothing either way.
+        total.checked_mul(ATOMIC_ADD).is_none()
+            || (value.is_multiple_of(ATOMIC_ADD) && value / ATOMIC_ADD < total)
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(RunError::Verify(format!(
+            "fetch-add {seq} of {total} brought back {value:#x}, which is not a count of adds \
+             of {ATOMIC_ADD:#x} it could have seen"
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,13 +426,44 @@ mod tests {
     }
 
     #[test]
-    fn one_sided_ops_are_refused_with_what_is_accepted() {
-        assert_eq!(Transfer::from_op(OpKind::Send), Ok(Transfer::Send));
-        assert_eq!(Transfer::from_op(OpKind::Tagged), Ok(Transfer::Tagged));
-        for op in [OpKind::Write, OpKind::Read, OpKind::Atomic] {
-            let err = Transfer::from_op(op).unwrap_err();
-            assert!(err.starts_with(&format!("-o {}", op.name())), "{err}");
-            assert!(err.contains("send, tagged"), "{err}");
+    fn round_trips_count_whole_for_reads_and_atomics() {
+        for op in [OpKind::Send, OpKind::Tagged, OpKind::Write] {
+            assert_eq!((op.legs(), op.echoes(), op.lands_here()), (2, true, false), "{op:?}");
         }
+        for op in [OpKind::Read, OpKind::Atomic] {
+            assert_eq!((op.legs(), op.echoes(), op.lands_here()), (1, false, true), "{op:?}");
+        }
+        assert!(OpKind::Write.config().handshake_on_insert);
+        assert!(!OpKind::Send.config().handshake_on_insert);
+    }
+
+    #[test]
+    fn fetched_values_are_whole_counts_of_adds() {
+        assert!(verify_fetched(3 * ATOMIC_ADD, 3, 10, true).is_ok());
+        assert!(verify_fetched(2 * ATOMIC_ADD, 3, 10, true).is_err());
+        assert!(verify_fetched(7 * ATOMIC_ADD, 3, 10, false).is_ok());
+        assert!(verify_fetched(10 * ATOMIC_ADD, 3, 10, false).is_err());
+        assert!(verify_fetched(ATOMIC_ADD + 1, 3, 10, false).is_err());
+        let low_half_only = 5u64;
+        assert!(verify_fetched(low_half_only, 5, 10, true).is_err());
+    }
+
+    #[test]
+    fn cq_data_carries_the_low_32_bits_of_the_sequence() {
+        let mut c = Completion {
+            ctx: 0,
+            op: Op::RemoteWrite,
+            status: Status::Ok,
+            len: 0,
+            tag: 0,
+            tagged: false,
+            cq_data: Some(7),
+            peer: None,
+        };
+        assert!(check_cq_data(&c, 7).is_ok());
+        assert!(check_cq_data(&c, (1 << 32) + 7).is_ok());
+        assert!(check_cq_data(&c, 8).is_err());
+        c.cq_data = None;
+        assert!(check_cq_data(&c, 7).is_err());
     }
 }

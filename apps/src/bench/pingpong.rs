@@ -1,6 +1,14 @@
 //! Pingpong: the initiator sends a message, the responder sends it back;
 //! half the round trip is the latency.
 //!
+//! With `-o write` each side writes into the other's buffer with CQ data,
+//! and learns of the other's write from the completion the CQ data makes
+//! (fabtests' style; no polling of the buffer's last byte): half round
+//! trips again, comparable to send. `-o read` and `-o atomic` (fetch-add)
+//! are round trips by themselves: the initiator times whole ones against a
+//! [`super::target::Target`], as perftest's ib_read_lat and ib_atomic_lat
+//! do, and ends each size with a fence (see [`super::op`]).
+//!
 //! Timing: one clock read per round trip, at its end (which is the next
 //! one's start), so a round trip pays for one read. Where that read would
 //! cost more than 1% of a round trip (sub-µs round trips on sim and shm
@@ -13,23 +21,16 @@ use std::hint::black_box;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use efapoll::device::{Access, Device, Mr};
-use efapoll::endpoint::{Op, Span};
+use efapoll::device::{Device, Mr};
+use efapoll::endpoint::{Completion, Op, Span};
 use hdrhistogram::Histogram;
 
-use super::op::{self, Io, check_len, check_status};
+use super::op::{self, CTL_LEN, Io, check_cq_data, check_len, check_status};
 use super::report::{HIST_MAX_NS, PingpongSample, new_histogram};
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
 
 /// The most round trips one clock read may cover.
 const MAX_BATCH: u64 = 1024;
-
-fn register<D: Device>(io: &mut Io<D>, len: u64) -> Result<Mr, RunError> {
-    // Remote rights: the one-sided operations will reach these buffers.
-    io.ep
-        .register(len.max(8), Access::REMOTE_READ | Access::REMOTE_WRITE)
-        .map_err(|e| RunError::Setup(format!("registering {len} bytes: {e}")))
-}
 
 /// What one `Instant::now` costs here, in ns (the best of a few tries).
 pub fn clock_cost_ns() -> f64 {
@@ -74,6 +75,9 @@ pub struct Initiator<D: Device> {
     recv_done: bool,
     send_done: bool,
     measuring: bool,
+    /// Exchanging the fence that ends a one-sided size (the flags above
+    /// then track its two messages).
+    fencing: bool,
     /// Warmup round trips, ns, to size the batch.
     warm_ns: Vec<u64>,
     batch: u64,
@@ -85,8 +89,8 @@ pub struct Initiator<D: Device> {
 
 impl<D: Device> Initiator<D> {
     pub fn new(mut io: Io<D>, params: &Params) -> Result<Initiator<D>, RunError> {
-        let tx = register(&mut io, params.max_size())?;
-        let rx = register(&mut io, params.max_size())?;
+        let tx = io.register(params.max_size())?;
+        let rx = io.register(params.max_size())?;
         let now = Instant::now();
         Ok(Initiator {
             io,
@@ -103,6 +107,7 @@ impl<D: Device> Initiator<D> {
             recv_done: false,
             send_done: false,
             measuring: false,
+            fencing: false,
             warm_ns: Vec::new(),
             batch: 1,
             in_batch: 0,
@@ -112,9 +117,10 @@ impl<D: Device> Initiator<D> {
         })
     }
 
-    /// The region the peer may reach.
-    fn data_mr(&self) -> Mr {
-        self.rx
+    /// Where an operation goes from (send, write) or lands (read, the
+    /// fetched value of an atomic).
+    fn local(&self) -> Mr {
+        if self.io.op.lands_here() { self.rx } else { self.tx }
     }
 
     fn finish_iteration(&mut self) {
@@ -130,8 +136,9 @@ impl<D: Device> Initiator<D> {
         if self.in_batch == self.batch || self.seq == self.end {
             let now = Instant::now();
             let ns = (now - self.stamp).as_nanos() as u64;
-            let half = (ns / (2 * self.in_batch)).clamp(1, HIST_MAX_NS);
-            self.hist.record_n(half, self.in_batch).expect("value within bounds");
+            let legs = self.io.op.legs();
+            let t = (ns / (legs * self.in_batch)).clamp(1, HIST_MAX_NS);
+            self.hist.record_n(t, self.in_batch).expect("value within bounds");
             self.stamp = now;
             self.in_batch = 0;
         }
@@ -139,17 +146,68 @@ impl<D: Device> Initiator<D> {
 
     fn begin_iteration(&mut self) {
         self.in_flight = true;
+        // Only send needs a receive, and only send and write a reply.
+        let op = self.io.op;
+        self.recv_posted = op.is_one_sided();
+        self.send_posted = false;
+        self.recv_done = !op.echoes();
+        self.send_done = false;
+        if self.params.verify {
+            let (size, local) = (self.size, self.local());
+            let buf = &mut self.io.ep.mem_mut(local.id)[..size as usize];
+            op::prepare_local(op, buf, size, self.seq);
+        }
+    }
+
+    /// Starts the fence that ends a one-sided size: a control message
+    /// there and back, untimed.
+    fn begin_fence(&mut self) {
+        self.fencing = true;
         self.recv_posted = false;
         self.send_posted = false;
         self.recv_done = false;
         self.send_done = false;
-        if self.params.verify {
-            let size = self.size;
-            op::fill(
-                &mut self.io.ep.mem_mut(self.tx.id)[..size as usize],
-                op::seed(size, self.seq),
-            );
+    }
+
+    fn complete(&mut self, c: &Completion) -> Result<(), RunError> {
+        check_status(c)?;
+        let (size, verify) = (self.size, self.params.verify);
+        match c.op {
+            Op::Recv if self.fencing => {
+                check_len(c, CTL_LEN)?;
+                self.recv_done = true;
+            }
+            Op::Send if self.fencing => self.send_done = true,
+            // The reply: a message or a write's notice.
+            Op::Recv | Op::RemoteWrite => {
+                if c.op == Op::Recv {
+                    check_len(c, size)?;
+                } else {
+                    check_cq_data(c, self.seq)?;
+                }
+                if verify {
+                    let got = &self.io.ep.mem(self.rx.id)[..size as usize];
+                    op::verify(got, size, self.seq)?;
+                }
+                self.recv_done = true;
+            }
+            Op::Read => {
+                if verify {
+                    let got = &self.io.ep.mem(self.rx.id)[..size as usize];
+                    op::verify_read(got, size, self.seq, 0)?;
+                }
+                self.send_done = true;
+            }
+            Op::Atomic => {
+                if verify {
+                    let got = op::fetched(self.io.ep.mem(self.rx.id));
+                    op::verify_fetched(got, self.seq, self.params.total(self.k), true)?;
+                }
+                self.send_done = true;
+            }
+            Op::Send | Op::Write => self.send_done = true,
         }
+        Ok(())
     }
 }
 
@@ -160,6 +218,7 @@ impl<D: Device> ActiveSide for Initiator<D> {
         self.seq = 0;
         self.end = self.params.warmup_for(k);
         self.measuring = false;
+        self.fencing = false;
         self.warm_ns.clear();
         self.stamp = Instant::now();
     }
@@ -182,36 +241,43 @@ impl<D: Device> ActiveSide for Initiator<D> {
         let mut worked = self.io.ep.progress();
         while let Some(c) = self.io.ep.poll_cq() {
             worked = true;
-            check_status(&c)?;
-            match c.op {
-                Op::Recv => {
-                    check_len(&c, self.size)?;
-                    if self.params.verify {
-                        let got = &self.io.ep.mem(self.rx.id)[..self.size as usize];
-                        op::verify(got, self.size, self.seq)?;
-                    }
-                    self.recv_done = true;
-                }
-                Op::Send => self.send_done = true,
-                _ => {}
-            }
+            self.complete(&c)?;
         }
-        if self.in_flight && self.recv_done && self.send_done {
-            self.finish_iteration();
-        }
-        if !self.in_flight {
-            if self.seq >= self.end {
+        if self.fencing {
+            if self.recv_done && self.send_done {
                 return Ok(Phase::Done);
             }
-            self.begin_iteration();
+        } else {
+            if self.in_flight && self.recv_done && self.send_done {
+                self.finish_iteration();
+            }
+            if !self.in_flight {
+                if self.seq < self.end {
+                    self.begin_iteration();
+                } else if self.measuring && !self.io.op.echoes() {
+                    // The target checks and readies its buffer.
+                    self.begin_fence();
+                } else {
+                    return Ok(Phase::Done);
+                }
+            }
         }
         // The receive first, so the reply never arrives unexpected.
         if !self.recv_posted {
-            self.recv_posted = self.io.recv(Span::new(&self.rx, 0, self.size), self.seq)?;
+            self.recv_posted = if self.fencing {
+                self.io.recv_ctl()?
+            } else {
+                self.io.recv(Span::new(&self.rx, 0, self.size), self.seq)?
+            };
             worked |= self.recv_posted;
         }
         if self.recv_posted && !self.send_posted {
-            self.send_posted = self.io.send(Span::new(&self.tx, 0, self.size), self.seq)?;
+            self.send_posted = if self.fencing {
+                self.io.send_ctl()?
+            } else {
+                let local = Span::new(&self.local(), 0, self.size);
+                self.io.post(local, 0, self.seq, true)?
+            };
             worked |= self.send_posted;
         }
         Ok(worked.into())
@@ -230,11 +296,12 @@ impl<D: Device> ActiveSide for Initiator<D> {
             hist: self.hist.clone(),
             total_ns: (self.stamp - self.start).as_nanos() as u64,
             batch: self.batch,
+            legs: self.io.op.legs(),
         })
     }
 }
 
-/// The side that sends every message back.
+/// The side that sends (or writes) every message back.
 #[derive(Debug)]
 pub struct Responder<D: Device> {
     io: Io<D>,
@@ -244,15 +311,15 @@ pub struct Responder<D: Device> {
     k: usize,
     i: u64,
     recv_posted: bool,
-    /// The echo to send, by size.
-    echo: Option<u64>,
+    /// The echo to send: its size and sequence number.
+    echo: Option<(u64, u64)>,
     sends_posted: u64,
     sends_done: u64,
 }
 
 impl<D: Device> Responder<D> {
     pub fn new(mut io: Io<D>, params: &Params) -> Result<Responder<D>, RunError> {
-        let rx = register(&mut io, params.max_size())?;
+        let rx = io.register(params.max_size())?;
         Ok(Responder {
             io,
             rx,
@@ -265,28 +332,28 @@ impl<D: Device> Responder<D> {
             sends_done: 0,
         })
     }
-
-    fn data_mr(&self) -> Mr {
-        self.rx
-    }
 }
 
 impl<D: Device> PassiveSide for Responder<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.ep.progress();
-        while let Some(c) = self.io.ep.poll_cq() {
+        while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
             worked = true;
-            check_status(&c)?;
             match c.op {
-                Op::Recv => {
+                // A message, or a write's notice.
+                Op::Recv | Op::RemoteWrite => {
                     let size = self.params.sizes[self.k];
-                    check_len(&c, size)?;
+                    if c.op == Op::Recv {
+                        check_len(&c, size)?;
+                    } else {
+                        check_cq_data(&c, self.i)?;
+                    }
                     if self.params.verify {
                         let got = &self.io.ep.mem(self.rx.id)[..size as usize];
                         op::verify(got, size, self.i)?;
                     }
-                    self.echo = Some(size);
+                    self.echo = Some((size, self.i));
                     self.recv_posted = false;
                     self.i += 1;
                     if self.i == self.params.total(self.k) {
@@ -294,21 +361,22 @@ impl<D: Device> PassiveSide for Responder<D> {
                         self.i = 0;
                     }
                 }
-                Op::Send => self.sends_done += 1,
+                Op::Send | Op::Write => self.sends_done += 1,
                 _ => {}
             }
         }
         // The next receive before the echo, so the next message never
-        // arrives unexpected. The echo is sent from the buffer the next
-        // message lands in: that message cannot come before the echo has
-        // been read.
+        // arrives unexpected (a write needs none: its CQ data tells of
+        // it). The echo goes from the buffer the next message lands in:
+        // that message cannot come before the echo has been read.
         if !self.recv_posted && self.k < self.params.sizes.len() {
             let size = self.params.sizes[self.k];
-            self.recv_posted = self.io.recv(Span::new(&self.rx, 0, size), 0)?;
+            self.recv_posted =
+                self.io.op.is_one_sided() || self.io.recv(Span::new(&self.rx, 0, size), 0)?;
             worked |= self.recv_posted;
         }
-        if let Some(size) = self.echo
-            && self.io.send(Span::new(&self.rx, 0, size), 0)?
+        if let Some((size, seq)) = self.echo
+            && self.io.post(Span::new(&self.rx, 0, size), 0, seq, true)?
         {
             self.echo = None;
             self.sends_posted += 1;
@@ -324,8 +392,8 @@ impl<D: Device> PassiveSide for Responder<D> {
     }
 }
 
-impl_side!(Initiator);
-impl_side!(Responder);
+impl_side!(Initiator, rx);
+impl_side!(Responder, rx);
 
 #[cfg(test)]
 mod tests {

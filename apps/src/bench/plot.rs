@@ -6,13 +6,14 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::App;
+use super::op::OpKind;
 use super::report::Row;
 
 type Series = (&'static str, RGBColor, Vec<(f64, f64)>);
 
-/// Draws `rows` into an SVG file at `path`.
-pub fn draw(path: &Path, app: App, rows: &[Row]) -> Result<(), String> {
-    let (title, y_desc, series) = series(app, rows);
+/// Draws `rows` of a run of `op` into an SVG file at `path`.
+pub fn draw(path: &Path, app: App, op: OpKind, rows: &[Row]) -> Result<(), String> {
+    let (title, y_desc, series) = series(app, op, rows);
     let points = series.iter().flat_map(|(_, _, p)| p.iter());
     let (mut x_max, mut y_min, mut y_max) = (1.0f64, f64::INFINITY, 0.0f64);
     for &(x, y) in points {
@@ -66,7 +67,7 @@ pub fn draw(path: &Path, app: App, rows: &[Row]) -> Result<(), String> {
     Ok(())
 }
 
-fn series(app: App, rows: &[Row]) -> (&'static str, &'static str, Vec<Series>) {
+fn series(app: App, op: OpKind, rows: &[Row]) -> (String, &'static str, Vec<Series>) {
     let size = |bytes: u64| (bytes as f64).max(1.0);
     match app {
         App::Pingpong => {
@@ -79,7 +80,7 @@ fn series(app: App, rows: &[Row]) -> (&'static str, &'static str, Vec<Series>) {
                 }
             }
             (
-                "efapoll pingpong: half round trip",
+                format!("efapoll pingpong -o {}: {}", op.name(), op.latency_label()),
                 "latency (µs)",
                 vec![("p50", BLUE, p50), ("avg", GREEN, avg), ("p99", RED, p99)],
             )
@@ -93,7 +94,7 @@ fn series(app: App, rows: &[Row]) -> (&'static str, &'static str, Vec<Series>) {
                 }
             }
             (
-                "efapoll streaming: bandwidth",
+                format!("efapoll streaming -o {}: bandwidth", op.name()),
                 "MB/s (10^6 bytes/s)",
                 vec![("peak", RED, peak), ("average", BLUE, avg)],
             )

@@ -38,6 +38,9 @@ pub struct PingpongSample {
     pub total_ns: u64,
     /// Round trips per clock read.
     pub batch: u64,
+    /// Messages per round trip: 2 (half round trips), or 1 for reads and
+    /// atomics, which are reported whole.
+    pub legs: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -128,11 +131,11 @@ pub fn aggregate(samples: &[Sample]) -> Row {
                 }
                 iterations += s.iterations;
                 total_ns += s.total_ns;
-                // Each flow's messages per second: one per half round trip.
-                rate += 2.0 * s.iterations as f64 / secs(s.total_ns);
+                // Each flow's messages per second: one per timed leg.
+                rate += (s.legs * s.iterations) as f64 / secs(s.total_ns);
             }
             let us = |ns: u64| r3(ns as f64 / 1e3);
-            let avg_us = total_ns as f64 / 1e3 / (2.0 * iterations.max(1) as f64);
+            let avg_us = total_ns as f64 / 1e3 / (first.legs * iterations.max(1)) as f64;
             Row::Pingpong(PingpongRow {
                 bytes: first.bytes,
                 iterations,
@@ -294,6 +297,7 @@ mod tests {
             hist,
             total_ns: 2 * half_rtts_ns.iter().sum::<u64>(),
             batch: 1,
+            legs: 2,
         })
     }
 
@@ -313,6 +317,15 @@ mod tests {
         // 64 bytes per 2 µs half round trip: 32 MB/s, 0.5 Mmsg/s.
         assert_eq!(r.mb_per_s, 32.0);
         assert_eq!(r.mmsg_per_s, 0.5);
+    }
+
+    #[test]
+    fn whole_round_trips_count_once() {
+        let Sample::Pingpong(mut s) = pingpong(8, &[1000, 1000]) else { panic!() };
+        // Two reads of 2 µs each, reported whole.
+        s.legs = 1;
+        let Row::Pingpong(r) = aggregate(&[Sample::Pingpong(s)]) else { panic!() };
+        assert_eq!((r.t_avg_us, r.mmsg_per_s, r.mb_per_s), (2.0, 0.5, 4.0));
     }
 
     #[test]

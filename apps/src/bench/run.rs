@@ -20,8 +20,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use efapoll::device::shm::{ShmConfig, ShmDevice};
-use efapoll::device::sim::{SimConfig, SimFabric};
-use efapoll::endpoint::{Config, Endpoint};
+use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
+use efapoll::endpoint::Endpoint;
 use efapoll::relink::Conn;
 use efapoll_lcores::{
     CoreList, IdleStrategy, LcoreCtx, LcoreError, LcoreId, Lcores, LcoresConfig, StopFlag,
@@ -30,8 +30,9 @@ use efapoll_lcores::{
 
 use super::drive::{Nobody, drive_active, drive_passive};
 use super::oob::{self, Card, Control};
-use super::op::{Io, Transfer};
+use super::op::{Io, OpKind};
 use super::report::{self, Report, Row};
+use super::target::Target;
 use super::{
     ActiveSide, App, Params, PassiveSide, RunError, Sample, Side, pingpong, plot, streaming,
 };
@@ -58,7 +59,7 @@ pub struct RunArgs {
     pub app: App,
     pub mode: Mode,
     pub device: DeviceKind,
-    pub transfer: Transfer,
+    pub op: OpKind,
     pub params: Params,
     pub lcores: CoreList,
     pub idle: IdleStrategy,
@@ -139,21 +140,46 @@ fn run_sim(a: &RunArgs) -> Result<(), RunError> {
 fn sim_flow(ctx: &mut LcoreCtx, a: &RunArgs, sink: Sink<'_>, live: bool) -> FlowResult {
     let fabric = SimFabric::new(SimConfig::default());
     let io = || -> Result<Io<_>, RunError> {
-        let ep = Endpoint::new(fabric.device(), Config::default())
+        let ep = Endpoint::new(fabric.device(), a.op.config())
             .map_err(|e| RunError::Setup(format!("sim endpoint: {e}")))?;
-        Ok(Io::new(ep, a.transfer))
+        Io::new(ep, a.op)
     };
+    let (active, passive) = (io()?, io()?);
     match a.app {
         App::Pingpong => {
-            let active = pingpong::Initiator::new(io()?, &a.params)?;
-            let passive = pingpong::Responder::new(io()?, &a.params)?;
-            sim_pair(ctx, a, active, passive, sink, live)
+            let active = pingpong::Initiator::new(active, &a.params)?;
+            sim_with(ctx, a, active, passive, sink, live)
         }
         App::Streaming => {
-            let active = streaming::Sender::new(io()?, &a.params)?;
-            let passive = streaming::Receiver::new(io()?, &a.params)?;
-            sim_pair(ctx, a, active, passive, sink, live)
+            let active = streaming::Sender::new(active, &a.params)?;
+            sim_with(ctx, a, active, passive, sink, live)
         }
+    }
+}
+
+/// Whether the passive side is a one-sided run's [`Target`] rather than
+/// the app's own (pingpong's writes are answered by writes).
+fn passive_is_target(a: &RunArgs) -> bool {
+    match a.app {
+        App::Pingpong => !a.op.echoes(),
+        App::Streaming => a.op.is_one_sided(),
+    }
+}
+
+/// Pairs `active` with the passive side the run needs, over `io`.
+fn sim_with<A: ActiveSide + Side>(
+    ctx: &mut LcoreCtx,
+    a: &RunArgs,
+    active: A,
+    io: Io<SimDevice>,
+    sink: Sink<'_>,
+    live: bool,
+) -> FlowResult {
+    let p = &a.params;
+    match a.app {
+        _ if passive_is_target(a) => sim_pair(ctx, a, active, Target::new(io, p)?, sink, live),
+        App::Pingpong => sim_pair(ctx, a, active, pingpong::Responder::new(io, p)?, sink, live),
+        App::Streaming => sim_pair(ctx, a, active, streaming::Receiver::new(io, p)?, sink, live),
     }
 }
 
@@ -165,8 +191,8 @@ fn sim_pair<A: ActiveSide + Side, P: PassiveSide + Side>(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
-    active.connect(&passive.addr())?;
-    passive.connect(&active.addr())?;
+    active.connect(&passive.addr(), passive.data_mem())?;
+    passive.connect(&active.addr(), active.data_mem())?;
     drive_active(ctx, &a.params, a.timeout, &mut active, &mut passive, live, sink)?;
     Ok((Role::Active, active.counters()))
 }
@@ -183,19 +209,22 @@ fn shm_side(
 ) -> FlowResult {
     let dev = ShmDevice::new(ShmConfig::default())
         .map_err(|e| RunError::Setup(format!("shm device: {e}")))?;
-    let ep = Endpoint::new(dev, Config::default())
+    let ep = Endpoint::new(dev, a.op.config())
         .map_err(|e| RunError::Setup(format!("shm endpoint: {e}")))?;
-    let io = Io::new(ep, a.transfer);
+    let io = Io::new(ep, a.op)?;
     let p = &a.params;
     match (a.app, role) {
         (App::Pingpong, Role::Active) => {
             active_side(ctx, a, pingpong::Initiator::new(io, p)?, exchange, sink, live)
         }
-        (App::Pingpong, Role::Passive) => {
-            passive_side(ctx, a, pingpong::Responder::new(io, p)?, exchange)
-        }
         (App::Streaming, Role::Active) => {
             active_side(ctx, a, streaming::Sender::new(io, p)?, exchange, sink, live)
+        }
+        (_, Role::Passive) if passive_is_target(a) => {
+            passive_side(ctx, a, Target::new(io, p)?, exchange)
+        }
+        (App::Pingpong, Role::Passive) => {
+            passive_side(ctx, a, pingpong::Responder::new(io, p)?, exchange)
         }
         (App::Streaming, Role::Passive) => {
             passive_side(ctx, a, streaming::Receiver::new(io, p)?, exchange)
@@ -216,7 +245,7 @@ fn active_side<A: ActiveSide + Side>(
     live: bool,
 ) -> FlowResult {
     let peer = exchange(card_of(&side, &a.params))?;
-    side.connect(&peer.addr)?;
+    side.connect(&peer.addr, peer.mem)?;
     drive_active(ctx, &a.params, a.timeout, &mut side, &mut Nobody, live, sink)?;
     Ok((Role::Active, side.counters()))
 }
@@ -228,7 +257,7 @@ fn passive_side<P: PassiveSide + Side>(
     exchange: impl FnOnce(Card) -> Result<Card, RunError>,
 ) -> FlowResult {
     let peer = exchange(card_of(&side, &a.params))?;
-    side.connect(&peer.addr)?;
+    side.connect(&peer.addr, peer.mem)?;
     drive_passive(ctx, a.timeout, &mut side)?;
     Ok((Role::Passive, side.counters()))
 }
@@ -431,8 +460,11 @@ impl<'a> Collector<'a> {
     fn print_header(&self) {
         let a = self.a;
         let unit = match a.app {
-            App::Pingpong => "; times in µs, half round trips",
-            App::Streaming => "; MB/s = 10^6 bytes/s",
+            App::Pingpong if a.op.echoes() => "; times in µs, half round trips".to_owned(),
+            App::Pingpong => {
+                format!("; times in µs, whole round trips (each {} is one)", a.op.name())
+            }
+            App::Streaming => "; MB/s = 10^6 bytes/s".to_owned(),
         };
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
@@ -542,7 +574,7 @@ impl<'a> Collector<'a> {
         if let Some(path) = &a.plot
             && !self.rows.is_empty()
         {
-            plot::draw(path, a.app, &self.rows)
+            plot::draw(path, a.app, a.op, &self.rows)
                 .map_err(|e| RunError::Setup(format!("cannot draw {}: {e}", path.display())))?;
         }
         Ok(())

@@ -6,41 +6,34 @@
 //! Without `-c` every message goes from, and lands in, the same buffer;
 //! with it each message in flight has a buffer of its own and its own
 //! pattern, checked on arrival.
+//!
+//! One-sided operations (`-o write|read|atomic`) keep `window` of them in
+//! flight to the peer's buffer, a [`super::target::Target`]; as in
+//! perftest's _bw tests, the completion of the initiator's last operation
+//! ends the measurement. A fence then has the target check (with `-c`)
+//! and ready its buffer before the next size. With `-c` each operation in
+//! flight has its own slot, here and in the target: a write's pattern is
+//! checked in the target at the end of the size, a read's on completion,
+//! and the counter the fetch-adds hit by the target at the end.
 
 use std::time::{Duration, Instant};
 
-use efapoll::device::{Access, Device, Mr};
-use efapoll::endpoint::{Op, Span};
+use efapoll::device::{Device, Mr};
+use efapoll::endpoint::{Completion, Op, Span};
 
-use super::op::{self, Io, check_len, check_status};
+use super::op::{self, CTL_LEN, Io, OpKind, check_len, check_status};
 use super::report::StreamingSample;
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
 
 /// Peak bandwidth is the best of intervals this long.
 const PEAK_INTERVAL: Duration = Duration::from_millis(10);
 
-const ACK_LEN: u64 = 8;
-
-fn register<D: Device>(io: &mut Io<D>, len: u64) -> Result<Mr, RunError> {
-    io.ep
-        .register(len.max(8), Access::REMOTE_READ | Access::REMOTE_WRITE)
-        .map_err(|e| RunError::Setup(format!("registering {len} bytes: {e}")))
-}
-
-/// Bytes of buffers for `per_size(size)` messages of each size.
-fn buffer_len(params: &Params, per_size: impl Fn(u64) -> u64) -> u64 {
-    if !params.verify {
-        return params.max_size();
-    }
-    params.sizes.iter().map(|&s| per_size(s) * s).max().unwrap_or(0)
-}
-
 /// The measuring side.
 #[derive(Debug)]
 pub struct Sender<D: Device> {
     io: Io<D>,
+    /// Where operations go from (send, write) or land (read, atomic).
     src: Mr,
-    ack: Mr,
     params: Params,
     k: usize,
     size: u64,
@@ -55,6 +48,8 @@ pub struct Sender<D: Device> {
     filled: Option<u64>,
     ack_posted: bool,
     ack_received: bool,
+    /// One-sided: the fence that asks the target for the ack is out.
+    fence_sent: bool,
     measuring: bool,
     start: Instant,
     done_at_start: u64,
@@ -67,13 +62,11 @@ pub struct Sender<D: Device> {
 
 impl<D: Device> Sender<D> {
     pub fn new(mut io: Io<D>, params: &Params) -> Result<Sender<D>, RunError> {
-        let src = register(&mut io, buffer_len(params, |s| params.window_for(s)))?;
-        let ack = register(&mut io, ACK_LEN)?;
+        let src = io.register(params.buffer_len(|s| params.window_for(s)))?;
         let now = Instant::now();
         Ok(Sender {
             io,
             src,
-            ack,
             params: params.clone(),
             k: 0,
             size: 0,
@@ -85,6 +78,7 @@ impl<D: Device> Sender<D> {
             filled: None,
             ack_posted: false,
             ack_received: false,
+            fence_sent: false,
             measuring: false,
             start: now,
             done_at_start: 0,
@@ -96,11 +90,7 @@ impl<D: Device> Sender<D> {
         })
     }
 
-    fn data_mr(&self) -> Mr {
-        self.src
-    }
-
-    /// Where message `seq` goes from.
+    /// The slot of operation `seq`.
     #[inline]
     fn slot(&self, seq: u64) -> u64 {
         if self.params.verify { seq % self.window } else { 0 }
@@ -121,6 +111,30 @@ impl<D: Device> Sender<D> {
             self.interval_done = self.done;
         }
     }
+
+    /// One of our data operations completed; with `-c`, checks what a read
+    /// or an atomic brought back.
+    fn complete_op(&mut self, c: &Completion) -> Result<(), RunError> {
+        self.done += 1;
+        if self.done == self.total && self.io.op.is_one_sided() {
+            // As perftest's _bw tests: the last completion ends the
+            // measurement.
+            self.end = Instant::now();
+        }
+        if !self.params.verify {
+            return Ok(());
+        }
+        let (size, slot) = (self.size, self.slot(c.ctx));
+        let at = (slot * size) as usize;
+        let got = &self.io.ep.mem(self.src.id)[at..at + size as usize];
+        match self.io.op {
+            OpKind::Read => op::verify_read(got, size, c.ctx, slot)?,
+            OpKind::Atomic => op::verify_fetched(op::fetched(got), c.ctx, self.total, false)?,
+            _ => {}
+        }
+        self.slot_busy[slot as usize] = false;
+        Ok(())
+    }
 }
 
 impl<D: Device> ActiveSide for Sender<D> {
@@ -135,6 +149,7 @@ impl<D: Device> ActiveSide for Sender<D> {
         self.filled = None;
         self.ack_posted = false;
         self.ack_received = false;
+        self.fence_sent = false;
         self.measuring = false;
     }
 
@@ -156,25 +171,26 @@ impl<D: Device> ActiveSide for Sender<D> {
             worked = true;
             check_status(&c)?;
             match c.op {
-                Op::Send => {
-                    self.done += 1;
-                    if self.params.verify {
-                        self.slot_busy[(c.ctx % self.window) as usize] = false;
-                    }
-                }
+                op if op == self.io.op.local_op() => self.complete_op(&c)?,
                 Op::Recv => {
-                    check_len(&c, ACK_LEN)?;
+                    check_len(&c, CTL_LEN)?;
                     self.ack_received = true;
                 }
+                // The fence's.
                 _ => {}
             }
         }
         if !self.ack_posted {
-            self.ack_posted = self.io.recv(Span::new(&self.ack, 0, ACK_LEN), 0)?;
+            self.ack_posted = self.io.recv_ctl()?;
             worked |= self.ack_posted;
         }
         let size = self.size;
-        while self.sent < self.total && self.sent - self.done < self.window {
+        // The warmup posts only its own operations, so that the measured
+        // phase times exactly the measured ones (a window may outnumber
+        // them).
+        let warmup = self.params.warmup_for(self.k).min(self.total);
+        let limit = if self.measuring { self.total } else { warmup };
+        while self.sent < limit && self.sent - self.done < self.window {
             let seq = self.sent;
             let slot = self.slot(seq);
             if self.params.verify {
@@ -184,11 +200,13 @@ impl<D: Device> ActiveSide for Sender<D> {
                 if self.filled != Some(seq) {
                     let at = (slot * size) as usize;
                     let buf = &mut self.io.ep.mem_mut(self.src.id)[at..at + size as usize];
-                    op::fill(buf, op::seed(size, seq));
+                    op::prepare_local(self.io.op, buf, size, seq);
                     self.filled = Some(seq);
                 }
             }
-            if !self.io.send(Span::new(&self.src, slot * size, size), seq)? {
+            // Every fetch-add hits the one counter, as in ib_atomic_bw.
+            let remote_at = if self.io.op == OpKind::Atomic { 0 } else { slot * size };
+            if !self.io.post(Span::new(&self.src, slot * size, size), remote_at, seq, false)? {
                 break;
             }
             if self.params.verify {
@@ -198,17 +216,27 @@ impl<D: Device> ActiveSide for Sender<D> {
             worked = true;
         }
         if !self.measuring {
-            let warm = self.done >= self.params.warmup_for(self.k).min(self.total);
-            return Ok(if warm { Phase::Done } else { worked.into() });
+            return Ok(if self.done >= warmup { Phase::Done } else { worked.into() });
         }
         if self.done > before {
             self.track_peak();
         }
-        if self.ack_received && self.done == self.total {
-            self.end = Instant::now();
-            return Ok(Phase::Done);
+        if self.done < self.total {
+            return Ok(worked.into());
         }
-        Ok(worked.into())
+        // One-sided: a fence asks the target for the ack.
+        if self.io.op.is_one_sided() && !self.fence_sent {
+            self.fence_sent = self.io.send_ctl()?;
+            worked |= self.fence_sent;
+        }
+        if !self.ack_received {
+            return Ok(worked.into());
+        }
+        if !self.io.op.is_one_sided() {
+            // The receiver's ack says the last message was delivered.
+            self.end = Instant::now();
+        }
+        Ok(Phase::Done)
     }
 
     fn progress(&self) -> (u64, u64) {
@@ -234,12 +262,11 @@ impl<D: Device> ActiveSide for Sender<D> {
     }
 }
 
-/// The receiving side.
+/// The receiving side of send and tagged runs.
 #[derive(Debug)]
 pub struct Receiver<D: Device> {
     io: Io<D>,
     dst: Mr,
-    ack: Mr,
     params: Params,
     k: usize,
     size: u64,
@@ -256,12 +283,10 @@ pub struct Receiver<D: Device> {
 
 impl<D: Device> Receiver<D> {
     pub fn new(mut io: Io<D>, params: &Params) -> Result<Receiver<D>, RunError> {
-        let dst = register(&mut io, buffer_len(params, |s| params.depth_for(s)))?;
-        let ack = register(&mut io, ACK_LEN)?;
+        let dst = io.register(params.buffer_len(|s| params.depth_for(s)))?;
         let mut r = Receiver {
             io,
             dst,
-            ack,
             params: params.clone(),
             k: 0,
             size: 0,
@@ -275,10 +300,6 @@ impl<D: Device> Receiver<D> {
         };
         r.start_size(0);
         Ok(r)
-    }
-
-    fn data_mr(&self) -> Mr {
-        self.dst
     }
 
     fn start_size(&mut self, k: usize) {
@@ -305,9 +326,8 @@ impl<D: Device> PassiveSide for Receiver<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.ep.progress();
-        while let Some(c) = self.io.ep.poll_cq() {
+        while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
             worked = true;
-            check_status(&c)?;
             match c.op {
                 Op::Recv => {
                     check_len(&c, self.size)?;
@@ -342,7 +362,7 @@ impl<D: Device> PassiveSide for Receiver<D> {
             self.posted += 1;
             worked = true;
         }
-        if self.received == self.total && self.io.send(Span::new(&self.ack, 0, ACK_LEN), 0)? {
+        if self.received == self.total && self.io.send_ctl()? {
             self.sends_posted += 1;
             self.start_size(self.k + 1);
             worked = true;
@@ -355,5 +375,5 @@ impl<D: Device> PassiveSide for Receiver<D> {
     }
 }
 
-impl_side!(Sender);
-impl_side!(Receiver);
+impl_side!(Sender, src);
+impl_side!(Receiver, dst);
