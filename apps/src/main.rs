@@ -223,7 +223,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         (App::Pingpong, _) => sizes::default_pingpong(),
         (App::Streaming, _) => sizes::default_streaming(),
     });
-    check_sizes(app, b.op, &sizes).unwrap_or_else(|e| usage_error(e));
+    check_sizes(b.op, &sizes).unwrap_or_else(|e| usage_error(e));
     let iterations = sizes.iter().map(|&s| sizes::iterations(s, b.iterations, streaming)).collect();
     let flows = if device == DeviceKind::Sim { lcores.len() } else { lcores.len() / 2 };
     let params = Params {
@@ -256,21 +256,12 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
 const ATOMIC_SIZE: u64 = 8;
 
 /// Refuses sizes the operation cannot run.
-fn check_sizes(app: App, op: OpKind, sizes: &[u64]) -> Result<(), String> {
+fn check_sizes(op: OpKind, sizes: &[u64]) -> Result<(), String> {
     let list = || sizes.iter().map(|s| sizes::human(*s)).collect::<Vec<_>>().join(",");
     if op == OpKind::Atomic && sizes.iter().any(|&s| s != ATOMIC_SIZE) {
         return Err(format!(
             "-S {}: -o atomic is a fetch-add on one u64, so it takes -S {ATOMIC_SIZE} only \
              (the default with -o atomic)",
-            list()
-        ));
-    }
-    // A 0-byte RDMA write is not sent at all, so its CQ data never reaches
-    // the responder.
-    if app == App::Pingpong && op == OpKind::Write && sizes.contains(&0) {
-        return Err(format!(
-            "-S {}: pingpong -o write takes sizes from 1 byte (the responder learns of a \
-             write from its CQ data, which a 0-byte write does not carry)",
             list()
         ));
     }

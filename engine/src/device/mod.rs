@@ -217,7 +217,8 @@ pub struct Cqe {
     pub status: CqStatus,
     /// The work request's `wr_id`; for receives, the buffer.
     pub wr_id: u64,
-    /// Receives: bytes that arrived.
+    /// Receives: bytes that arrived; [`CqOp::RecvWriteImm`]: bytes the
+    /// write carried (EFA's byte_len).
     pub len: u32,
     /// Receives: who sent it.
     pub src: Source,

@@ -489,7 +489,7 @@ impl Fabric {
                         op: CqOp::RecvWriteImm,
                         status: CqStatus::Ok,
                         wr_id: rx as u64,
-                        len: 0,
+                        len: wr.len.min(u32::MAX as u64) as u32,
                         src: self.source(at, src),
                         imm,
                     };
@@ -998,7 +998,8 @@ mod tests {
         assert!(poll_all(&mut b).is_empty(), "waits for a receive buffer");
         b.post_recv(&[3]);
         let got = poll_all(&mut b);
-        assert_eq!((got[0].op, got[0].imm, got[0].wr_id), (CqOp::RecvWriteImm, 42, 3));
+        let imm = (got[0].op, got[0].imm, got[0].wr_id, got[0].len);
+        assert_eq!(imm, (CqOp::RecvWriteImm, 42, 3, 8));
         assert_eq!(b.region(remote.id), b"12345678");
         assert_eq!(poll_all(&mut a)[0].op, CqOp::Write);
     }

@@ -96,6 +96,13 @@ pub struct Counters {
     /// HANDSHAKE packets sent and received.
     pub handshakes_sent: u64,
     pub handshakes_received: u64,
+    /// Device RDMA reads and writes posted (direct operations and the
+    /// long-read pulls, by segment), and their bytes.
+    pub rdma_reads: u64,
+    pub rdma_writes: u64,
+    pub rdma_bytes: u64,
+    /// Peers' direct writes with CQ data that landed here.
+    pub remote_writes: u64,
 }
 
 impl Default for Counters {
@@ -115,6 +122,10 @@ impl Default for Counters {
             read_nacks: 0,
             handshakes_sent: 0,
             handshakes_received: 0,
+            rdma_reads: 0,
+            rdma_writes: 0,
+            rdma_bytes: 0,
+            remote_writes: 0,
         }
     }
 }
@@ -178,6 +189,10 @@ impl Counters {
             ("read_nacks", self.read_nacks),
             ("handshakes_sent", self.handshakes_sent),
             ("handshakes_received", self.handshakes_received),
+            ("rdma_reads", self.rdma_reads),
+            ("rdma_writes", self.rdma_writes),
+            ("rdma_bytes", self.rdma_bytes),
+            ("remote_writes", self.remote_writes),
         ];
         out.extend(scalars.iter().filter(|(_, v)| *v > 0).map(|(k, v)| (k.to_string(), *v)));
         out

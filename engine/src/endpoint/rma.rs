@@ -213,13 +213,48 @@ impl<D: Device> Endpoint<D> {
         op.req_built = true;
         let id = self.tx_ops.insert(op).ok_or(Error::Again)?;
         if local.len == 0 {
-            self.finish_tx_op(id);
+            match (kind, cq_data) {
+                (TxKind::Rdma { read: false }, Some(data)) => {
+                    // No bytes, but the CQ data must still reach the
+                    // target: a zero-length write with immediate.
+                    let wr = RdmaWr {
+                        op: RdmaOp::Write { imm: Some(data as u32) },
+                        ah: self.peers.get(peer).expect("checked peer").ah,
+                        local: local.mr,
+                        local_offset: local.offset,
+                        len: 0,
+                        remote_addr: remote.addr,
+                        remote_key: remote.key,
+                        wr_id: rdma_wr_id(false, id, 0),
+                    };
+                    if !self.post_rdma_wr(wr) {
+                        self.tx_ops.free(id);
+                        return Err(Error::Again);
+                    }
+                    self.tx_ops.get_mut(id).expect("live op").in_flight = 1;
+                }
+                _ => self.finish_tx_op(id),
+            }
             return Ok(());
         }
         self.tx_ops.get_mut(id).expect("live op").queued = true;
         self.txq.rdma.push_back(id);
         self.post_next_rdma();
         Ok(())
+    }
+
+    /// Posts one RDMA operation and counts it; false when the device is
+    /// full.
+    fn post_rdma_wr(&mut self, wr: RdmaWr) -> bool {
+        if self.dev.post_rdma(&[wr]) == 0 {
+            return false;
+        }
+        match wr.op {
+            RdmaOp::Read => self.counters.rdma_reads += 1,
+            RdmaOp::Write { .. } => self.counters.rdma_writes += 1,
+        }
+        self.counters.rdma_bytes += wr.len;
+        true
     }
 
     /// Posts the next RDMA segment of the first transfer with one due:
@@ -258,7 +293,7 @@ impl<D: Device> Endpoint<D> {
                 remote_key: rkey,
                 wr_id: rdma_wr_id(false, id, local.len),
             };
-            if self.dev.post_rdma(&[wr]) == 0 {
+            if !self.post_rdma_wr(wr) {
                 return false;
             }
             let op = self.tx_ops.get_mut(id).expect("live op");
@@ -292,7 +327,7 @@ impl<D: Device> Endpoint<D> {
                 remote_key: rkey,
                 wr_id: rdma_wr_id(true, id, local.len),
             };
-            if self.dev.post_rdma(&[wr]) == 0 {
+            if !self.post_rdma_wr(wr) {
                 return false;
             }
             let op = self.rx_ops.get_mut(id).expect("live op");
@@ -361,7 +396,11 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::DeviceError);
             return;
         }
+        self.counters.remote_writes += 1;
         let mut c = Completion::new(Op::RemoteWrite, 0);
+        // What the device reports: the bytes of the RDMA write that carried
+        // the data, its last piece when the write was split.
+        c.len = cqe.len as u64;
         c.cq_data = Some(cqe.imm as u64);
         c.peer = match cqe.src {
             Source::Known(ah) => self.peers.by_ah(ah).map(PeerId),

@@ -369,6 +369,12 @@ impl ShmDevice {
             self.stats.peers_lost += 1;
         }
         p.suspect = false;
+        // What the peer consumed before it went was delivered: those
+        // complete as such (its segment stays mapped until we drop it).
+        while let Some(op) = p.pending.front().copied().filter(|op| p.ring.consumed(op.pos)) {
+            p.pending.pop_front();
+            self.cq.push_back(Cqe { op: op.op, wr_id: op.wr_id, ..Cqe::default() });
+        }
         while let Some(op) = p.pending.pop_front() {
             let cqe = Cqe {
                 op: op.op,
@@ -499,7 +505,7 @@ impl ShmDevice {
                 }
             } else {
                 let op = CqOp::RecvWriteImm;
-                Cqe { op, status: CqStatus::Ok, wr_id: rx as u64, len: 0, src, imm: rec.imm }
+                Cqe { op, status: CqStatus::Ok, wr_id: rx as u64, len: rec.len, src, imm: rec.imm }
             };
             n += 1;
             self.ring.release(self.head);
@@ -850,7 +856,8 @@ impl Device for ShmDevice {
                         kind: Kind::WriteImm,
                         src_qpn: self.addr.qpn,
                         src_connid: self.addr.connid,
-                        len: 0,
+                        // The bytes written, as EFA reports them.
+                        len: wr.len.min(u32::MAX as u64) as u32,
                         imm,
                     };
                     let p = &mut self.peers[idx];

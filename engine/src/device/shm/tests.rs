@@ -241,6 +241,7 @@ fn rdma_read_write_and_write_with_immediate() {
         op: CqOp::RecvWriteImm,
         wr_id: 3,
         imm: 42,
+        len: 8,
         src: Source::Known(ah_a),
         ..Cqe::default()
     };
@@ -334,6 +335,27 @@ fn a_closed_peer_fails_what_was_sent_to_it() {
     assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
     assert_eq!(a.tx_outstanding(), 0);
     assert_eq!(a.stats().peers_lost, 1);
+}
+
+#[test]
+fn what_a_peer_consumed_before_closing_completes_as_delivered() {
+    let (mut a, mut b) = pair(small());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    b.post_recv(&[100]);
+    send(&mut a, ah, 0, b"delivered", 1);
+    send(&mut a, ah, 1, b"stranded", 2);
+    // b takes the first packet (one buffer posted), then closes.
+    assert_eq!(poll_n(&mut b, 1)[0].len, 9);
+    drop(b);
+    // The next send finds the peer closed before any poll reaped the
+    // first: the first still completes as delivered, in order.
+    send(&mut a, ah, 2, b"late", 3);
+    let got = poll_all(&mut a);
+    let status: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        status,
+        [(1, CqStatus::Ok), (2, CqStatus::PeerUnreachable), (3, CqStatus::PeerUnreachable)]
+    );
 }
 
 #[test]
