@@ -462,3 +462,22 @@ fn handshake_on_insert_is_answered_before_any_message() {
     assert!(w.done.iter().all(|d| d.is_empty()), "the trigger completes nothing");
     assert_eq!(w.eps[0].max_eager_size(to_b, false), MTU - 12);
 }
+
+#[test]
+fn flush_posts_a_send_before_the_next_progress() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    w.connect(1, 0);
+    let src = w.register(0, 64);
+    let b_addr = w.eps[1].addr();
+    w.eps[0].send(to_b, span(&src, 0, 64), 1).unwrap();
+    // Built, and waiting for a burst: nothing on the fabric yet.
+    assert_eq!(w.fabric.pending(&b_addr), 0);
+    assert!(w.eps[0].flush());
+    assert_eq!(w.fabric.pending(&b_addr), 1, "on its way without a progress call");
+    assert!(!w.eps[0].flush(), "nothing more to post");
+    let dst = w.register(1, 64);
+    w.eps[1].recv(span(&dst, 0, 64), None, 2).unwrap();
+    w.drive_until(100, |w| w.done[1].len() == 1 && w.done[0].len() == 1);
+    assert_eq!(w.done[1][0].len, 64);
+}

@@ -262,7 +262,22 @@ impl<D: Device> ActiveSide for Initiator<D> {
                 }
             }
         }
-        // The receive first, so the reply never arrives unexpected.
+        // The message leaves first and the receive for its reply is posted
+        // while it travels: off the round trip's critical path. The reply
+        // takes a round trip, far longer than posting a receive; were it
+        // ever first, it would wait as unexpected and still match.
+        if !self.send_posted {
+            self.send_posted = if self.fencing {
+                self.io.send_ctl()?
+            } else {
+                let local = Span::new(&self.local(), 0, self.size);
+                self.io.post(local, 0, self.seq, true)?
+            };
+            if self.send_posted {
+                self.io.ep.flush();
+            }
+            worked |= self.send_posted;
+        }
         if !self.recv_posted {
             self.recv_posted = if self.fencing {
                 self.io.recv_ctl()?
@@ -270,15 +285,6 @@ impl<D: Device> ActiveSide for Initiator<D> {
                 self.io.recv(Span::new(&self.rx, 0, self.size), self.seq)?
             };
             worked |= self.recv_posted;
-        }
-        if self.recv_posted && !self.send_posted {
-            self.send_posted = if self.fencing {
-                self.io.send_ctl()?
-            } else {
-                let local = Span::new(&self.local(), 0, self.size);
-                self.io.post(local, 0, self.seq, true)?
-            };
-            worked |= self.send_posted;
         }
         Ok(worked.into())
     }
@@ -365,22 +371,24 @@ impl<D: Device> PassiveSide for Responder<D> {
                 _ => {}
             }
         }
-        // The next receive before the echo, so the next message never
-        // arrives unexpected (a write needs none: its CQ data tells of
-        // it). The echo goes from the buffer the next message lands in:
-        // that message cannot come before the echo has been read.
+        // The echo leaves first, then the receive for the next message is
+        // posted while the echo travels (as the initiator does; a write
+        // needs none: its CQ data tells of it). The echo goes from the
+        // buffer the next message lands in: that message cannot come
+        // before the echo has been read.
+        if let Some((size, seq)) = self.echo
+            && self.io.post(Span::new(&self.rx, 0, size), 0, seq, true)?
+        {
+            self.io.ep.flush();
+            self.echo = None;
+            self.sends_posted += 1;
+            worked = true;
+        }
         if !self.recv_posted && self.k < self.params.sizes.len() {
             let size = self.params.sizes[self.k];
             self.recv_posted =
                 self.io.op.is_one_sided() || self.io.recv(Span::new(&self.rx, 0, size), 0)?;
             worked |= self.recv_posted;
-        }
-        if let Some((size, seq)) = self.echo
-            && self.io.post(Span::new(&self.rx, 0, size), 0, seq, true)?
-        {
-            self.echo = None;
-            self.sends_posted += 1;
-            worked = true;
         }
         Ok(worked)
     }

@@ -409,6 +409,14 @@ impl<D: Device> Endpoint<D> {
         self.cq.len()
     }
 
+    /// Posts the packets built so far to the device now rather than at the
+    /// next [`Endpoint::progress`], which posts them in bursts: for a send
+    /// whose latency matters more than the batching (a device call per
+    /// flush). Returns whether the device took any.
+    pub fn flush(&mut self) -> bool {
+        self.post_pending()
+    }
+
     /// Runs the progress loop once (see the module's doc); returns whether
     /// it did any work.
     pub fn progress(&mut self) -> bool {
