@@ -90,7 +90,9 @@ fn the_instruction_gate_passes_then_fails_against_a_lower_baseline() {
     let baseline = dir.join("base.json").display().to_string();
     let out = dir.join("out.json").display().to_string();
     let gate = |extra: &[&str]| {
-        let mut args = vec!["gate", "--filter", "codec/parse/CTS", "--suite", "full"];
+        // One valgrind at a time: tests run side by side.
+        let mut args =
+            vec!["gate", "--filter", "codec/parse/CTS", "--suite", "full", "--jobs", "1"];
         args.extend(["--baseline", &baseline, "--out", &out]);
         args.extend(extra);
         perf(&args)
