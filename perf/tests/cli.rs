@@ -69,6 +69,7 @@ fn compare_exits_3_on_a_regression_or_a_missing_metric() {
     assert_eq!(code(&perf(&["compare", &base, &gone])), 3);
     assert_eq!(code(&perf(&["compare", &base, &bad])), 1);
     assert_eq!(code(&perf(&["compare", &base, &same, "--threshold", "speed=5"])), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -119,4 +120,5 @@ fn the_instruction_gate_passes_then_fails_against_a_lower_baseline() {
     let results: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(results["codec/parse/CTS"]["instructions"]["value"].as_f64(), Some(count));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
