@@ -1,4 +1,9 @@
-//! efapoll's benchmarks: criterion benches under `benches/`, run with
-//! `cargo bench -p efapoll-perf`. Each reports a per-operation cost and
-//! feeds the same golden inputs as the unit tests.
+//! efapoll's benchmark suite and its regression gate.
+//!
+//! [`workloads`] names every benchmark once; the criterion benches under
+//! `benches/` and the [`gate`] (the `efapoll-perf` binary, run by
+//! scripts/perf-gate.sh) both measure that list. See perf/README.md.
 #![deny(unsafe_code)]
+
+pub mod gate;
+pub mod workloads;

@@ -1,0 +1,93 @@
+//! `efapoll-perf`: list and run the benchmark workloads, and the regression
+//! gate (scripts/perf-gate.sh runs it). See perf/README.md.
+#![deny(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use efapoll_perf::gate::{self, GateArgs, GateError};
+use efapoll_perf::workloads::{self, Unit};
+
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  pass (or baseline written)
+  1  error: a tool or a measured program failed, no baseline, unreadable file
+  2  bad arguments
+  3  a metric regressed beyond its threshold, or a baseline metric is missing";
+
+#[derive(Debug, Parser)]
+#[command(name = "efapoll-perf", version, about = "efapoll's benchmark suite and regression gate", after_help = EXIT_STATUS)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The workloads: name, kind, unit, operations per wall-clock sample,
+    /// whether in the small suite.
+    List {
+        /// Only the small suite.
+        #[arg(long)]
+        small: bool,
+    },
+    /// Set up one workload and run ITERS operations (what the gate runs
+    /// under callgrind; also a target for perf and other profilers).
+    Exec { name: String, iters: u64 },
+    /// Measure a suite, compare with the baseline, fail on a regression.
+    #[command(after_help = EXIT_STATUS)]
+    Gate(GateArgs),
+    /// Compare two result files (Bencher Metric Format) as the gate does.
+    #[command(after_help = EXIT_STATUS)]
+    Compare {
+        baseline: PathBuf,
+        current: PathBuf,
+        /// Overrides a measure's threshold in percent. Repeatable.
+        #[arg(long = "threshold", value_name = "MEASURE=PERCENT")]
+        thresholds: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::List { small } => {
+            for w in workloads::all().iter().filter(|w| !small || w.small) {
+                let unit = match w.unit {
+                    Unit::Ops => "ops".to_string(),
+                    Unit::Bytes(n) => format!("{n}B"),
+                };
+                let suite = if w.small { "small" } else { "" };
+                println!(
+                    "{:<40} {:<8} {:>9} {:>9} {suite}",
+                    w.name,
+                    format!("{:?}", w.kind),
+                    unit,
+                    w.iters
+                );
+            }
+            Ok(0)
+        }
+        Command::Exec { name, iters } => match workloads::find(&name) {
+            Some(w) => {
+                w.setup().run(iters);
+                Ok(0)
+            }
+            None => {
+                Err(GateError::Usage(format!("no workload `{name}` (see `efapoll-perf list`)")))
+            }
+        },
+        Command::Gate(args) => gate::run(&args),
+        Command::Compare { baseline, current, thresholds } => {
+            gate::compare_files(&baseline, &current, &thresholds)
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("efapoll-perf: {e}");
+            ExitCode::from(if matches!(e, GateError::Usage(_)) { 2 } else { 1 })
+        }
+    }
+}

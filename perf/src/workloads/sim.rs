@@ -1,0 +1,333 @@
+//! Two-sided messaging between endpoints on the sim device, in one thread:
+//! the engine's own cost, with a device that costs almost nothing.
+
+use std::hint::black_box;
+
+use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
+use efapoll::device::{Access, Mr};
+use efapoll::endpoint::{Config, Endpoint, Op, PeerId, Span, TagMatch};
+
+use super::{Kind, Runner, Unit, Workload};
+
+pub(super) type Ep = Endpoint<SimDevice>;
+
+pub(super) const KIB: u64 = 1 << 10;
+pub(super) const MIB: u64 = 1 << 20;
+
+/// Two endpoints on one fabric that know each other.
+pub(super) struct Pair {
+    /// Keeps the fabric alive as long as its devices.
+    _fabric: SimFabric,
+    pub a: Ep,
+    pub b: Ep,
+    pub to_b: PeerId,
+    pub to_a: PeerId,
+}
+
+impl Pair {
+    pub fn new(sim: SimConfig, cfg: Config) -> Pair {
+        let fabric = SimFabric::new(sim);
+        let mut a = Endpoint::new(fabric.device(), cfg).unwrap();
+        let mut b = Endpoint::new(fabric.device(), cfg).unwrap();
+        let to_b = a.insert_peer(&b.addr()).unwrap();
+        let to_a = b.insert_peer(&a.addr()).unwrap();
+        let mut p = Pair { _fabric: fabric, a, b, to_b, to_a };
+        if cfg.handshake_on_insert {
+            while !p.a.peer_handshake_received(p.to_b) || !p.b.peer_handshake_received(p.to_a) {
+                p.progress();
+            }
+        }
+        p
+    }
+
+    pub fn progress(&mut self) {
+        self.a.progress();
+        self.b.progress();
+    }
+
+    pub fn packets_sent(&self) -> Vec<u64> {
+        packets_sent([&self.a, &self.b])
+    }
+}
+
+/// Packets sent by all of `eps`, by type id.
+pub(super) fn packets_sent<'a>(eps: impl IntoIterator<Item = &'a Ep>) -> Vec<u64> {
+    let mut sum = vec![0u64; 256];
+    for ep in eps {
+        for (s, n) in sum.iter_mut().zip(ep.counters().tx_by_type.iter()) {
+            *s += n;
+        }
+    }
+    sum
+}
+
+/// A region both peers may read, write and update atomically.
+pub(super) fn region(ep: &mut Ep, len: u64) -> Mr {
+    ep.register(len, Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).unwrap()
+}
+
+/// Messages of one size from a to b, `window` in flight.
+struct Stream {
+    p: Pair,
+    len: u64,
+    window: u64,
+    src: Mr,
+    dst: Mr,
+}
+
+impl Stream {
+    fn new(sim: SimConfig, cfg: Config, len: u64, window: u64) -> Stream {
+        let mut p = Pair::new(sim, cfg);
+        let src = region(&mut p.a, len);
+        let dst = region(&mut p.b, len);
+        let mut s = Stream { p, len, window, src, dst };
+        // Warm-up: the HANDSHAKE is in and every pool has been used.
+        s.run(2 * window + 2);
+        s
+    }
+}
+
+impl Runner for Stream {
+    fn run(&mut self, n: u64) {
+        let Stream { p, len, window, src, dst } = self;
+        let (len, window) = (*len, *window);
+        let (mut posted, mut sent, mut recvd, mut sdone) = (0u64, 0u64, 0u64, 0u64);
+        while recvd < n || sdone < n {
+            while posted < n && posted - recvd < window {
+                p.b.recv(Span::new(dst, 0, len), None, posted).unwrap();
+                posted += 1;
+            }
+            while sent < n
+                && sent - sdone < window
+                && p.a.send(p.to_b, Span::new(src, 0, len), sent).is_ok()
+            {
+                sent += 1;
+            }
+            p.progress();
+            while let Some(c) = p.a.poll_cq() {
+                debug_assert!(c.status.is_ok());
+                sdone += 1;
+            }
+            while let Some(c) = p.b.poll_cq() {
+                black_box(c);
+                recvd += 1;
+            }
+        }
+    }
+
+    fn packets_sent(&self) -> Vec<u64> {
+        self.p.packets_sent()
+    }
+}
+
+fn stream(name: &str, len: u64, iters: u64, sim: SimConfig, cfg: Config) -> Workload {
+    let unit = if len <= 64 { Unit::Ops } else { Unit::Bytes(len) };
+    // Large messages one at a time: each is a pipeline of its own.
+    let window = if len <= 64 * KIB { 64 } else { 1 };
+    Workload::new(format!("sim/{name}"), unit, Kind::Rate, iters, move || {
+        Box::new(Stream::new(sim, cfg, len, window))
+    })
+}
+
+/// A 64-byte message to b and one back, each to a posted receive.
+struct PingPong {
+    p: Pair,
+    sa: Mr,
+    sb: Mr,
+}
+
+impl PingPong {
+    fn new() -> PingPong {
+        let mut p = Pair::new(SimConfig::default(), Config::default());
+        let sa = region(&mut p.a, 64);
+        let sb = region(&mut p.b, 64);
+        let mut pp = PingPong { p, sa, sb };
+        pp.run(100);
+        pp
+    }
+
+    fn round_trip(&mut self) {
+        let PingPong { p, sa, sb } = self;
+        p.b.recv(Span::new(sb, 0, 64), None, 0).unwrap();
+        p.a.recv(Span::new(sa, 0, 64), None, 0).unwrap();
+        p.a.send(p.to_b, Span::new(sa, 0, 64), 1).unwrap();
+        let mut got = false;
+        while !got {
+            p.progress();
+            while let Some(c) = p.b.poll_cq() {
+                got |= c.op == Op::Recv;
+            }
+        }
+        p.b.send(p.to_a, Span::new(sb, 0, 64), 2).unwrap();
+        let mut got = false;
+        while !got {
+            p.b.progress();
+            p.a.progress();
+            while let Some(c) = p.a.poll_cq() {
+                got |= c.op == Op::Recv;
+            }
+        }
+        while p.b.poll_cq().is_some() {}
+    }
+}
+
+impl Runner for PingPong {
+    fn run(&mut self, n: u64) {
+        (0..n).for_each(|_| self.round_trip());
+    }
+
+    fn packets_sent(&self) -> Vec<u64> {
+        self.p.packets_sent()
+    }
+}
+
+/// A message to one of `n` distinct posted tags, pseudo-random; its receive
+/// is posted again so that `n` stay posted.
+struct PostedTags {
+    p: Pair,
+    n: u64,
+    src: Mr,
+    dst: Mr,
+    /// xorshift state: the next tag.
+    x: u64,
+}
+
+impl PostedTags {
+    fn new(n: u64) -> PostedTags {
+        let cfg = Config { rx_ops: n as usize + 64, ..Config::default() };
+        let mut p = Pair::new(SimConfig::default(), cfg);
+        let src = region(&mut p.a, 64);
+        let dst = region(&mut p.b, 64);
+        for t in 0..n {
+            p.b.trecv(Span::new(&dst, 0, 64), TagMatch { tag: t, ignore: 0 }, None, t).unwrap();
+        }
+        let mut s = PostedTags { p, n, src, dst, x: 0x9e37_79b9 };
+        s.run(1000);
+        s
+    }
+}
+
+impl Runner for PostedTags {
+    fn run(&mut self, iters: u64) {
+        let PostedTags { p, n, src, dst, x } = self;
+        for _ in 0..iters {
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            let tag = *x % *n;
+            p.a.tsend(p.to_b, Span::new(src, 0, 64), tag, 0).unwrap();
+            let mut got = None;
+            while got.is_none() {
+                p.progress();
+                got = p.b.poll_cq();
+            }
+            black_box(got);
+            p.b.trecv(Span::new(dst, 0, 64), TagMatch { tag, ignore: 0 }, None, tag).unwrap();
+            while p.a.poll_cq().is_some() {}
+        }
+    }
+
+    fn packets_sent(&self) -> Vec<u64> {
+        self.p.packets_sent()
+    }
+}
+
+/// One receiver, `n` senders taking turns: the receiver's cost per message
+/// should not grow with its address vector.
+struct Peers {
+    _fabric: SimFabric,
+    rx: Ep,
+    dst: Mr,
+    senders: Vec<(Ep, PeerId, Mr)>,
+    turn: usize,
+}
+
+impl Peers {
+    fn new(n: usize) -> Peers {
+        // Small senders, so that a thousand of them fit in memory.
+        let small =
+            SimConfig { bufs: 32, mtu: 1024, tx_depth: 8, rx_depth: 8, ..SimConfig::default() };
+        let fabric = SimFabric::new(SimConfig { rx_depth: 512, ..small });
+        let cfg = Config { tx_ops: 16, rx_ops: 16, ..Config::default() };
+        let mut rx = Endpoint::new(fabric.device(), Config::default()).unwrap();
+        let senders = (0..n)
+            .map(|_| {
+                let mut s = Endpoint::new(fabric.device(), cfg).unwrap();
+                let p = s.insert_peer(&rx.addr()).unwrap();
+                let m = s.register(64, Access::empty()).unwrap();
+                (s, p, m)
+            })
+            .collect();
+        let dst = rx.register(64, Access::empty()).unwrap();
+        let mut p = Peers { _fabric: fabric, rx, dst, senders, turn: 0 };
+        // Warm-up: every sender's HANDSHAKE done.
+        p.run(4 * n as u64);
+        p
+    }
+}
+
+impl Runner for Peers {
+    fn run(&mut self, iters: u64) {
+        let Peers { rx, dst, senders, turn, .. } = self;
+        let n = senders.len();
+        for i in 0..iters {
+            let (s, p, m) = &mut senders[*turn];
+            *turn = (*turn + 1) % n;
+            rx.recv(Span::new(dst, 0, 64), None, i).unwrap();
+            s.send(*p, Span::new(m, 0, 64), i).unwrap();
+            s.progress();
+            let mut got = false;
+            while !got {
+                rx.progress();
+                got = rx.poll_cq().is_some();
+            }
+            s.progress();
+            while s.poll_cq().is_some() {}
+        }
+    }
+
+    fn packets_sent(&self) -> Vec<u64> {
+        packets_sent(std::iter::once(&self.rx).chain(self.senders.iter().map(|(s, _, _)| s)))
+    }
+}
+
+pub(super) fn workloads(v: &mut Vec<Workload>) {
+    let sim = SimConfig::default();
+    let cfg = Config::default();
+    let handshaken = Config { handshake_on_insert: true, ..cfg };
+    let no_rdma = SimConfig { rdma_read: false, rdma_write: false, ..sim };
+    v.push(stream("eager_64B_stream", 64, 200_000, sim, cfg).small());
+    // The same stream delivered out of order: the reorder buffer's cost.
+    for w in [8usize, 64] {
+        let reordered = SimConfig { reorder_window: w, ..sim };
+        let s = stream(&format!("eager_64B_reorder/{w}"), 64, 150_000, reordered, cfg);
+        v.push(if w == 64 { s.small() } else { s });
+    }
+    v.push(
+        Workload::new("sim/pingpong_64B", Unit::Ops, Kind::Latency, 130_000, || {
+            Box::new(PingPong::new())
+        })
+        .small(),
+    );
+    v.push(stream("medium_32KiB_stream", 32 * KIB, 12_000, sim, cfg).small());
+    // Without device RDMA, large messages go long-CTS.
+    v.push(stream("longcts_1MiB", MIB, 400, no_rdma, cfg).small());
+    // With it, and the peer's HANDSHAKE in, from 1 MiB: long-read, or
+    // runting read (the first runt_size bytes eager).
+    let long_read = Config { runt_size: 0, ..handshaken };
+    v.push(stream("longread_8MiB", 8 * MIB, 128, sim, long_read).small());
+    v.push(stream("runtread_1MiB", MIB, 700, sim, handshaken).small());
+    // Matching a tag among 100,000 misses the caches.
+    for (n, iters) in [(1u64, 160_000), (1000, 160_000), (100_000, 50_000)] {
+        let w = Workload::new(format!("sim/posted_tags/{n}"), Unit::Ops, Kind::Rate, iters, {
+            move || Box::new(PostedTags::new(n))
+        });
+        v.push(if n == 1000 { w.small() } else { w });
+    }
+    for (n, iters) in [(1usize, 170_000), (32, 150_000), (1024, 90_000)] {
+        let w = Workload::new(format!("sim/peers/{n}"), Unit::Ops, Kind::Rate, iters, move || {
+            Box::new(Peers::new(n))
+        });
+        v.push(if n == 32 { w.small() } else { w });
+    }
+}
