@@ -1,8 +1,6 @@
 //! What every bench main does: the workloads of one area (the first part
 //! of their names, see `efapoll_perf::workloads`) under criterion.
 
-use std::time::Instant;
-
 use criterion::{Criterion, Throughput};
 use efapoll_perf::workloads::{self, Unit};
 
@@ -24,11 +22,7 @@ pub fn bench_area(c: &mut Criterion, area: &str) {
         let mut runner = None;
         g.bench_function(id, |b| {
             let runner = runner.get_or_insert_with(|| w.setup());
-            b.iter_custom(|n| {
-                let t = Instant::now();
-                runner.run(n);
-                t.elapsed()
-            })
+            b.iter_custom(|n| runner.run_timed(n))
         });
         g.finish();
     }

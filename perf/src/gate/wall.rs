@@ -7,8 +7,6 @@
 //! in ns; rate workloads time a sample of `iters` operations and keep
 //! operations or bytes per second.
 
-use std::time::Instant;
-
 use hdrhistogram::Histogram;
 
 use super::bmf::{Metric, Report};
@@ -18,22 +16,19 @@ use crate::workloads::{Kind, Runner, Unit, Workload};
 fn latency_sample(runner: &mut dyn Runner, iters: u64) -> (f64, f64) {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
     for _ in 0..iters {
-        let t = Instant::now();
-        runner.run(1);
-        hist.saturating_record(t.elapsed().as_nanos() as u64);
+        hist.saturating_record(runner.run_timed(1).as_nanos() as u64);
     }
     (hist.value_at_quantile(0.5) as f64, hist.value_at_quantile(0.99) as f64)
 }
 
 /// Operations, or bytes, per second of one sample.
 fn rate_sample(runner: &mut dyn Runner, iters: u64, unit: Unit) -> f64 {
-    let t = Instant::now();
-    runner.run(iters);
+    let took = runner.run_timed(iters);
     let per_op = match unit {
         Unit::Ops => 1.0,
         Unit::Bytes(n) => n as f64,
     };
-    iters as f64 * per_op / t.elapsed().as_secs_f64()
+    iters as f64 * per_op / took.as_secs_f64()
 }
 
 /// Measures `workloads`, `runs` samples each; `progress` hears of each

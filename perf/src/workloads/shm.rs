@@ -7,7 +7,9 @@ use std::hint::black_box;
 use efapoll::device::shm::{ShmConfig, ShmDevice};
 use efapoll::device::{Access, BufId, CqStatus, Cqe, Device, RdmaOp, RdmaWr, SendWr};
 
-use super::sim::MIB;
+use efapoll::endpoint::{Config, Endpoint};
+
+use super::sim::{MIB, PingPong};
 use super::{Kind, Runner, Unit, Workload};
 
 fn pair() -> (ShmDevice, ShmDevice) {
@@ -97,6 +99,17 @@ impl Runner for Copy {
 }
 
 pub(super) fn workloads(v: &mut Vec<Workload>) {
+    // The engine over shm, both endpoints in one thread: what a round trip
+    // costs the two cores of a pingpong, without the wait between them.
+    v.push(
+        Workload::new("shm/pingpong_64B", Unit::Ops, Kind::Latency, 100_000, || {
+            let (a, b) = pair();
+            let a = Endpoint::new(a, Config::default()).unwrap();
+            let b = Endpoint::new(b, Config::default()).unwrap();
+            Box::new(PingPong::new(a, b, None))
+        })
+        .small(),
+    );
     for burst in [1usize, 32] {
         // Packets: a multiple of 32 * 50, so that every count is whole bursts.
         let w = Workload::new(

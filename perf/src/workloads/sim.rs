@@ -2,9 +2,10 @@
 //! the engine's own cost, with a device that costs almost nothing.
 
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
-use efapoll::device::{Access, Mr};
+use efapoll::device::{Access, Device, Mr};
 use efapoll::endpoint::{Config, Endpoint, Op, PeerId, Span, TagMatch};
 
 use super::{Kind, Runner, Unit, Workload};
@@ -51,7 +52,9 @@ impl Pair {
 }
 
 /// Packets sent by all of `eps`, by type id.
-pub(super) fn packets_sent<'a>(eps: impl IntoIterator<Item = &'a Ep>) -> Vec<u64> {
+pub(super) fn packets_sent<'a, D: Device + 'a>(
+    eps: impl IntoIterator<Item = &'a Endpoint<D>>,
+) -> Vec<u64> {
     let mut sum = vec![0u64; 256];
     for ep in eps {
         for (s, n) in sum.iter_mut().zip(ep.counters().tx_by_type.iter()) {
@@ -129,55 +132,63 @@ fn stream(name: &str, len: u64, iters: u64, sim: SimConfig, cfg: Config) -> Work
     })
 }
 
-/// A 64-byte message to b and one back, each to a posted receive.
-struct PingPong {
-    p: Pair,
+/// A 64-byte message to b and one back, each to a posted receive, on any
+/// device whose endpoints can share a thread.
+pub(super) struct PingPong<D: Device> {
+    /// What must outlive the endpoints (the sim fabric).
+    _keep: Option<SimFabric>,
+    a: Endpoint<D>,
+    b: Endpoint<D>,
+    to_b: PeerId,
+    to_a: PeerId,
     sa: Mr,
     sb: Mr,
 }
 
-impl PingPong {
-    fn new() -> PingPong {
-        let mut p = Pair::new(SimConfig::default(), Config::default());
-        let sa = region(&mut p.a, 64);
-        let sb = region(&mut p.b, 64);
-        let mut pp = PingPong { p, sa, sb };
+impl<D: Device> PingPong<D> {
+    pub(super) fn new(mut a: Endpoint<D>, mut b: Endpoint<D>, keep: Option<SimFabric>) -> Self {
+        let to_b = a.insert_peer(&b.addr()).unwrap();
+        let to_a = b.insert_peer(&a.addr()).unwrap();
+        let sa = a.register(64, Access::empty()).unwrap();
+        let sb = b.register(64, Access::empty()).unwrap();
+        let mut pp = PingPong { _keep: keep, a, b, to_b, to_a, sa, sb };
         pp.run(100);
         pp
     }
 
     fn round_trip(&mut self) {
-        let PingPong { p, sa, sb } = self;
-        p.b.recv(Span::new(sb, 0, 64), None, 0).unwrap();
-        p.a.recv(Span::new(sa, 0, 64), None, 0).unwrap();
-        p.a.send(p.to_b, Span::new(sa, 0, 64), 1).unwrap();
+        let PingPong { a, b, to_b, to_a, sa, sb, .. } = self;
+        b.recv(Span::new(sb, 0, 64), None, 0).unwrap();
+        a.recv(Span::new(sa, 0, 64), None, 0).unwrap();
+        a.send(*to_b, Span::new(sa, 0, 64), 1).unwrap();
         let mut got = false;
         while !got {
-            p.progress();
-            while let Some(c) = p.b.poll_cq() {
+            a.progress();
+            b.progress();
+            while let Some(c) = b.poll_cq() {
                 got |= c.op == Op::Recv;
             }
         }
-        p.b.send(p.to_a, Span::new(sb, 0, 64), 2).unwrap();
+        b.send(*to_a, Span::new(sb, 0, 64), 2).unwrap();
         let mut got = false;
         while !got {
-            p.b.progress();
-            p.a.progress();
-            while let Some(c) = p.a.poll_cq() {
+            b.progress();
+            a.progress();
+            while let Some(c) = a.poll_cq() {
                 got |= c.op == Op::Recv;
             }
         }
-        while p.b.poll_cq().is_some() {}
+        while b.poll_cq().is_some() {}
     }
 }
 
-impl Runner for PingPong {
+impl<D: Device> Runner for PingPong<D> {
     fn run(&mut self, n: u64) {
         (0..n).for_each(|_| self.round_trip());
     }
 
     fn packets_sent(&self) -> Vec<u64> {
-        self.p.packets_sent()
+        packets_sent([&self.a, &self.b])
     }
 }
 
@@ -232,8 +243,12 @@ impl Runner for PostedTags {
     }
 }
 
-/// One receiver, `n` senders taking turns: the receiver's cost per message
-/// should not grow with its address vector.
+/// Messages a batch of senders posts before the receiver takes them.
+const PEER_BATCH: u64 = 8;
+
+/// One receiver, `n` senders taking turns, a batch of messages at a time:
+/// the receiver's cost per message should not grow with its address
+/// vector. Only the receiver is timed: the senders stand for other hosts.
 struct Peers {
     _fabric: SimFabric,
     rx: Ep,
@@ -244,9 +259,15 @@ struct Peers {
 
 impl Peers {
     fn new(n: usize) -> Peers {
-        // Small senders, so that a thousand of them fit in memory.
-        let small =
-            SimConfig { bufs: 32, mtu: 1024, tx_depth: 8, rx_depth: 8, ..SimConfig::default() };
+        // Small senders, so that a thousand of them fit in memory; each
+        // can have a batch in flight beside its HANDSHAKE.
+        let small = SimConfig {
+            bufs: 64,
+            mtu: 1024,
+            tx_depth: 2 * PEER_BATCH as usize,
+            rx_depth: 8,
+            ..SimConfig::default()
+        };
         let fabric = SimFabric::new(SimConfig { rx_depth: 512, ..small });
         let cfg = Config { tx_ops: 16, rx_ops: 16, ..Config::default() };
         let mut rx = Endpoint::new(fabric.device(), Config::default()).unwrap();
@@ -264,26 +285,56 @@ impl Peers {
         p.run(4 * n as u64);
         p
     }
+
+    /// One batch of `k` messages; returns the receiver's time.
+    fn batch(&mut self, k: u64) -> Duration {
+        let Peers { rx, dst, senders, turn, .. } = self;
+        let n = senders.len();
+        let first = *turn;
+        for i in 0..k {
+            let (s, p, m) = &mut senders[*turn];
+            *turn = (*turn + 1) % n;
+            s.send(*p, Span::new(m, 0, 64), i).unwrap();
+            // Builds what waited for a buffer (its own HANDSHAKE may hold
+            // one) and posts it.
+            s.progress();
+        }
+        let t = Instant::now();
+        for i in 0..k {
+            rx.recv(Span::new(dst, 0, 64), None, i).unwrap();
+        }
+        let mut got = 0;
+        while got < k {
+            rx.progress();
+            while rx.poll_cq().is_some() {
+                got += 1;
+            }
+        }
+        let took = t.elapsed();
+        // The senders reap their completions (and any HANDSHAKE).
+        for j in 0..k.min(n as u64) as usize {
+            let (s, _, _) = &mut senders[(first + j) % n];
+            s.progress();
+            while s.poll_cq().is_some() {}
+        }
+        took
+    }
 }
 
 impl Runner for Peers {
     fn run(&mut self, iters: u64) {
-        let Peers { rx, dst, senders, turn, .. } = self;
-        let n = senders.len();
-        for i in 0..iters {
-            let (s, p, m) = &mut senders[*turn];
-            *turn = (*turn + 1) % n;
-            rx.recv(Span::new(dst, 0, 64), None, i).unwrap();
-            s.send(*p, Span::new(m, 0, 64), i).unwrap();
-            s.progress();
-            let mut got = false;
-            while !got {
-                rx.progress();
-                got = rx.poll_cq().is_some();
-            }
-            s.progress();
-            while s.poll_cq().is_some() {}
+        self.run_timed(iters);
+    }
+
+    fn run_timed(&mut self, iters: u64) -> Duration {
+        let mut took = Duration::ZERO;
+        let mut left = iters;
+        while left > 0 {
+            let k = left.min(PEER_BATCH);
+            took += self.batch(k);
+            left -= k;
         }
+        took
     }
 
     fn packets_sent(&self) -> Vec<u64> {
@@ -305,7 +356,10 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     }
     v.push(
         Workload::new("sim/pingpong_64B", Unit::Ops, Kind::Latency, 130_000, || {
-            Box::new(PingPong::new())
+            let fabric = SimFabric::new(SimConfig::default());
+            let a = Endpoint::new(fabric.device(), Config::default()).unwrap();
+            let b = Endpoint::new(fabric.device(), Config::default()).unwrap();
+            Box::new(PingPong::new(a, b, Some(fabric)))
         })
         .small(),
     );
