@@ -60,6 +60,24 @@ impl List {
         }
     }
 
+    /// Takes the head if `f` holds for it.
+    #[inline]
+    fn pop_front_if(&mut self, ops: &mut Slab<RxOp>, f: impl FnOnce(&RxOp) -> bool) -> Option<u32> {
+        let id = self.head;
+        let op = ops.get(id)?;
+        if !f(op) {
+            return None;
+        }
+        let next = op.next;
+        self.head = next;
+        if next == NONE {
+            self.tail = NONE;
+        } else {
+            ops.get_mut(next).expect("live next").prev = NONE;
+        }
+        Some(id)
+    }
+
     /// The first id for which `f` holds.
     fn find(&self, ops: &Slab<RxOp>, mut f: impl FnMut(&RxOp) -> bool) -> Option<u32> {
         let mut id = self.head;
@@ -131,6 +149,10 @@ impl Matcher {
         peer: u32,
     ) -> Option<u32> {
         if !tagged {
+            // The head, a receive from any peer, is the usual answer.
+            if let Some(id) = self.posted_msg.pop_front_if(ops, |op| op.want_peer.is_none()) {
+                return Some(id);
+            }
             let id = self.posted_msg.find(ops, |op| peer_ok(op.want_peer, peer))?;
             self.posted_msg.remove(ops, id);
             return Some(id);

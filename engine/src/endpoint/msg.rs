@@ -39,6 +39,16 @@ fn msg_proto(ptype: PacketType) -> Option<(Proto, bool, bool)> {
 /// message offset `seg_offset`, clipped to `dst`'s end.
 #[inline]
 fn copy_in<D: Device>(dev: &mut D, buf: BufId, from: usize, dst: &Sgl, seg_offset: u64, len: u64) {
+    if let Some(s) = dst.single() {
+        // One span, the common case: no walk over the list.
+        let n = len.min(s.len.saturating_sub(seg_offset)) as usize;
+        if n > 0 {
+            let (pkt, region) = dev.buf_and_region(buf, s.mr);
+            let at = (s.offset + seg_offset) as usize;
+            region[at..at + n].copy_from_slice(&pkt[from..from + n]);
+        }
+        return;
+    }
     let mut from = from;
     dst.pieces(seg_offset, len, |p| {
         let n = p.len as usize;
@@ -276,15 +286,19 @@ impl<D: Device> Endpoint<D> {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let mut op = RxOp::new(RxKind::Msg, RxState::Posted);
-        op.tagged = tagged;
-        op.ctx = ctx;
-        op.dst = Sgl::one(dst);
-        op.want_tag = want_tag;
-        op.ignore = ignore;
-        op.want_peer = want_peer;
-        op.seq = seq;
-        let id = self.rx_ops.insert(op).ok_or(Error::Again)?;
+        let id = self
+            .rx_ops
+            .insert_with(|op| {
+                *op = RxOp::new(RxKind::Msg, RxState::Posted);
+                op.tagged = tagged;
+                op.ctx = ctx;
+                op.dst = Sgl::one(dst);
+                op.want_tag = want_tag;
+                op.ignore = ignore;
+                op.want_peer = want_peer;
+                op.seq = seq;
+            })
+            .ok_or(Error::Again)?;
         self.matcher.post(&mut self.rx_ops, id);
         self.retry_stalled();
         Ok(())

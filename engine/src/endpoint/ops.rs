@@ -114,7 +114,7 @@ pub(crate) struct AtomicReq {
 }
 
 /// A send-side operation.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct TxOp {
     pub(crate) kind: TxKind,
     pub(crate) peer: u32,
@@ -163,6 +163,11 @@ pub(crate) struct TxOp {
 }
 
 impl TxOp {
+    /// What a free slab entry holds.
+    pub(crate) fn blank() -> TxOp {
+        TxOp::new(TxKind::Msg, 0, Proto::Eager, Sgl::EMPTY, 0)
+    }
+
     /// A new operation with every progress field zero.
     pub(crate) fn new(kind: TxKind, peer: u32, proto: Proto, src: Sgl, ctx: u64) -> TxOp {
         TxOp {
@@ -301,7 +306,7 @@ impl Iovs {
 }
 
 /// A receive, an unexpected message, a write target or a read requester.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct RxOp {
     pub(crate) kind: RxKind,
     pub(crate) state: RxState,

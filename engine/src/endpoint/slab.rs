@@ -14,7 +14,10 @@ pub(crate) const MAX_CAPACITY: usize = 1 << INDEX_BITS;
 #[derive(Debug)]
 struct Entry<T> {
     generation: u16,
-    value: Option<T>,
+    live: bool,
+    /// A freed entry keeps its last value until the next insert
+    /// overwrites it in place (no move through the stack).
+    value: T,
 }
 
 /// Entries addressed by `u32` ids: index in the low 20 bits, generation in
@@ -25,47 +28,63 @@ pub(crate) struct Slab<T> {
     free: Vec<u32>,
 }
 
-impl<T> Slab<T> {
-    /// A slab of `capacity` entries (at most [`MAX_CAPACITY`]).
-    pub(crate) fn with_capacity(capacity: usize) -> Slab<T> {
+impl<T: Clone> Slab<T> {
+    /// A slab of `capacity` entries (at most [`MAX_CAPACITY`]), each
+    /// holding `blank` until first used.
+    pub(crate) fn with_capacity(capacity: usize, blank: T) -> Slab<T> {
         assert!(capacity > 0 && capacity <= MAX_CAPACITY, "slab capacity {capacity}");
-        let entries = (0..capacity).map(|_| Entry { generation: 0, value: None }).collect();
+        let entries = (0..capacity)
+            .map(|_| Entry { generation: 0, live: false, value: blank.clone() })
+            .collect();
         // Pop from the end: low indices first, which keeps ids small.
         let free = (0..capacity as u32).rev().collect();
         Slab { entries, free }
+    }
+}
+
+impl<T> Slab<T> {
+    /// Takes a free entry and lets `init` set its value in place (the
+    /// entry holds a stale value: `init` must set every field it cares
+    /// about, typically by assigning a whole new value first); `None` when
+    /// full.
+    #[inline]
+    pub(crate) fn insert_with(&mut self, init: impl FnOnce(&mut T)) -> Option<u32> {
+        let index = self.free.pop()?;
+        let e = &mut self.entries[index as usize];
+        e.live = true;
+        init(&mut e.value);
+        Some(((e.generation as u32) << INDEX_BITS) | index)
     }
 
     /// Stores `value`; `None` when full.
     #[inline]
     pub(crate) fn insert(&mut self, value: T) -> Option<u32> {
-        let index = self.free.pop()?;
-        let e = &mut self.entries[index as usize];
-        e.value = Some(value);
-        Some(((e.generation as u32) << INDEX_BITS) | index)
+        self.insert_with(|v| *v = value)
     }
 
     /// The entry `id` names, if it is live and of this generation.
     #[inline]
     pub(crate) fn get(&self, id: u32) -> Option<&T> {
         let e = self.entries.get((id & INDEX_MASK) as usize)?;
-        if e.generation as u32 == id >> INDEX_BITS { e.value.as_ref() } else { None }
+        (e.live && e.generation as u32 == id >> INDEX_BITS).then_some(&e.value)
     }
 
     /// The entry `id` names, if it is live and of this generation.
     #[inline]
     pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut T> {
         let e = self.entries.get_mut((id & INDEX_MASK) as usize)?;
-        if e.generation as u32 == id >> INDEX_BITS { e.value.as_mut() } else { None }
+        (e.live && e.generation as u32 == id >> INDEX_BITS).then_some(&mut e.value)
     }
 
-    /// Frees entry `id` in place (no move of its value).
+    /// Frees entry `id`.
     #[inline]
     pub(crate) fn free(&mut self, id: u32) {
         let index = id & INDEX_MASK;
         if let Some(e) = self.entries.get_mut(index as usize)
+            && e.live
             && e.generation as u32 == id >> INDEX_BITS
-            && e.value.take().is_some()
         {
+            e.live = false;
             e.generation = e.generation.wrapping_add(1) & GENERATION_MASK;
             self.free.push(index);
         }
@@ -84,7 +103,7 @@ mod tests {
 
     #[test]
     fn stale_and_forged_ids_are_refused() {
-        let mut s = Slab::with_capacity(2);
+        let mut s = Slab::with_capacity(2, "");
         let a = s.insert("a").unwrap();
         let b = s.insert("b").unwrap();
         assert!(s.insert("c").is_none(), "full");
@@ -104,7 +123,7 @@ mod tests {
 
     #[test]
     fn generations_wrap_within_their_bits() {
-        let mut s = Slab::with_capacity(1);
+        let mut s = Slab::with_capacity(1, 0);
         let first = s.insert(0).unwrap();
         s.free(first);
         for _ in 0..4095 {

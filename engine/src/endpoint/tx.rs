@@ -246,7 +246,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Takes a free TX buffer for `owner`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn take_tx_buf(&mut self, owner: Owner) -> Option<BufId> {
         let b = self.txq.free.pop()?;
         self.txq.owner[b as usize] = owner;

@@ -148,7 +148,7 @@ mod tests {
             }
             "posted_tags" => (&[EagerTagRtm], &[MediumTagRtm, EagerMsgRtm]),
             "medium_32KiB_stream" => (&[MediumMsgRtm], &[EagerMsgRtm, LongCtsMsgRtm]),
-            "longcts_1MiB" => {
+            "longcts_1MiB" | "longcts_8MiB" => {
                 (&[LongCtsMsgRtm, Cts, CtsData], &[LongReadMsgRtm, RuntReadMsgRtm, MediumMsgRtm])
             }
             "longread_8MiB" => (&[LongReadMsgRtm, Eor], &[RuntReadMsgRtm, LongCtsMsgRtm]),

@@ -366,6 +366,7 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     v.push(stream("medium_32KiB_stream", 32 * KIB, 12_000, sim, cfg).small());
     // Without device RDMA, large messages go long-CTS.
     v.push(stream("longcts_1MiB", MIB, 400, no_rdma, cfg).small());
+    v.push(stream("longcts_8MiB", 8 * MIB, 50, no_rdma, cfg));
     // With it, and the peer's HANDSHAKE in, from 1 MiB: long-read, or
     // runting read (the first runt_size bytes eager).
     let long_read = Config { runt_size: 0, ..handshaken };
