@@ -229,7 +229,9 @@ pub struct Endpoint<D: Device> {
     mem: Registry,
     cq: cq::CompletionQueue,
     counters: Counters,
-    cqes: Box<[Cqe; POLL_BURST]>,
+    /// The device's completions of one poll; out of `self` while they are
+    /// handled, so handlers read them in place (see `progress`).
+    cqes: Option<Box<[Cqe; POLL_BURST]>>,
     /// Posting order of receives.
     next_seq: u64,
     /// Messages whose later packets are still to come, by (peer, msg_id).
@@ -293,7 +295,7 @@ impl<D: Device> Endpoint<D> {
             mem: Registry::default(),
             cq: cq::CompletionQueue::with_capacity(tx_ops + rx_ops),
             counters: Counters::default(),
-            cqes: Box::new([Cqe::default(); POLL_BURST]),
+            cqes: Some(Box::new([Cqe::default(); POLL_BURST])),
             next_seq: 0,
             in_progress: matching::MsgIndex::with_capacity(rx_ops),
             stalled_peers: VecDeque::with_capacity(64),
@@ -422,12 +424,16 @@ impl<D: Device> Endpoint<D> {
     pub fn progress(&mut self) -> bool {
         let mut did = false;
         loop {
-            let n = self.dev.poll(&mut self.cqes[..]);
+            // Handled in place, not copied out: a copy would read each
+            // completion wider than the device wrote it, which stalls
+            // store forwarding.
+            let mut cqes = self.cqes.take().expect("completions array");
+            let n = self.dev.poll(&mut cqes[..]);
             did |= n > 0;
-            for i in 0..n {
-                let cqe = self.cqes[i];
+            for cqe in &cqes[..n] {
                 self.handle_cqe(cqe);
             }
+            self.cqes = Some(cqes);
             if n < POLL_BURST {
                 break;
             }
@@ -445,7 +451,7 @@ impl<D: Device> Endpoint<D> {
         did
     }
 
-    fn handle_cqe(&mut self, cqe: Cqe) {
+    fn handle_cqe(&mut self, cqe: &Cqe) {
         use crate::device::CqOp;
         match cqe.op {
             CqOp::Send => self.handle_send_done(cqe),

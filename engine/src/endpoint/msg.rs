@@ -289,10 +289,10 @@ impl<D: Device> Endpoint<D> {
         let id = self
             .rx_ops
             .insert_with(|op| {
-                *op = RxOp::new(RxKind::Msg, RxState::Posted);
+                op.reset(RxKind::Msg, RxState::Posted);
                 op.tagged = tagged;
                 op.ctx = ctx;
-                op.dst = Sgl::one(dst);
+                op.dst.set_one(dst);
                 op.want_tag = want_tag;
                 op.ignore = ignore;
                 op.want_peer = want_peer;

@@ -10,14 +10,29 @@ use crate::wire::RmaIov;
 pub(crate) const MAX_IOV: usize = 4;
 
 /// Where an operation's bytes are: up to four ranges of local regions, in
-/// order, forming one contiguous message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// order, forming one contiguous message. Spans past `n` mean nothing (and
+/// are not compared).
+#[derive(Clone, Copy)]
 pub(crate) struct Sgl {
     n: u8,
     segs: [Span; MAX_IOV],
 }
 
 const NO_SPAN: Span = Span { mr: MrId(u32::MAX), offset: 0, len: 0 };
+
+impl PartialEq for Sgl {
+    fn eq(&self, other: &Sgl) -> bool {
+        self.segs() == other.segs()
+    }
+}
+
+impl Eq for Sgl {}
+
+impl std::fmt::Debug for Sgl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.segs()).finish()
+    }
+}
 
 impl Sgl {
     /// Nothing.
@@ -30,22 +45,33 @@ impl Sgl {
         s
     }
 
+    /// Makes this list `span` alone, in place: two stores, not a list's
+    /// worth.
+    #[inline]
+    pub(crate) fn set_one(&mut self, span: Span) {
+        self.segs[0] = span;
+        self.n = 1;
+    }
+
     /// Appends a span; panics past [`MAX_IOV`] (callers check counts).
     pub(crate) fn push(&mut self, span: Span) {
         self.segs[self.n as usize] = span;
         self.n += 1;
     }
 
+    #[inline]
     pub(crate) fn segs(&self) -> &[Span] {
         &self.segs[..self.n as usize]
     }
 
     /// Total bytes.
+    #[inline]
     pub(crate) fn len(&self) -> u64 {
         self.segs().iter().map(|s| s.len).sum()
     }
 
     /// The single span, when there is exactly one.
+    #[inline]
     pub(crate) fn single(&self) -> Option<Span> {
         (self.n == 1).then_some(self.segs[0])
     }
@@ -272,11 +298,25 @@ pub(crate) enum RxState {
     Matched,
 }
 
-/// Up to `MAX_IOV` iovs, by value.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Up to `MAX_IOV` iovs, by value; iovs past `n` mean nothing.
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Iovs {
     v: [RmaIov; MAX_IOV],
     n: u8,
+}
+
+impl PartialEq for Iovs {
+    fn eq(&self, other: &Iovs) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Iovs {}
+
+impl std::fmt::Debug for Iovs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
 }
 
 impl Iovs {
@@ -350,6 +390,40 @@ pub(crate) struct RxOp {
 }
 
 impl RxOp {
+    /// Makes this entry a new one of `kind`, every message field zero,
+    /// field by field in place (no temporary of the whole entry).
+    #[inline]
+    pub(crate) fn reset(&mut self, kind: RxKind, state: RxState) {
+        self.kind = kind;
+        self.state = state;
+        self.tagged = false;
+        self.ctx = 0;
+        self.dst.n = 0;
+        self.want_tag = 0;
+        self.ignore = 0;
+        self.want_peer = None;
+        self.seq = 0;
+        self.peer = 0;
+        self.msg_id = 0;
+        self.proto = Proto::Eager;
+        self.dc = false;
+        self.tag = 0;
+        self.cq_data = None;
+        self.total = 0;
+        self.received = 0;
+        self.send_id = 0;
+        self.granted = 0;
+        self.read_iov.n = 0;
+        self.runt = 0;
+        self.read_next = 0;
+        self.reads_in_flight = 0;
+        self.held = super::NO_BUF;
+        self.prev = 0;
+        self.next = 0;
+        self.deadline = 0;
+        self.watched = false;
+    }
+
     /// A new entry with every message field zero.
     pub(crate) fn new(kind: RxKind, state: RxState) -> RxOp {
         RxOp {
@@ -392,6 +466,42 @@ impl RxOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reset_leaves_nothing_of_the_previous_entry() {
+        let span = Span { mr: MrId(3), offset: 5, len: 7 };
+        let mut op = RxOp::new(RxKind::Read, RxState::Matched);
+        op.tagged = true;
+        op.ctx = 1;
+        op.dst = Sgl::one(span);
+        op.dst.push(span);
+        op.want_tag = 2;
+        op.ignore = 3;
+        op.want_peer = Some(4);
+        op.seq = 5;
+        op.peer = 6;
+        op.msg_id = 7;
+        op.proto = Proto::LongRead;
+        op.dc = true;
+        op.tag = 8;
+        op.cq_data = Some(9);
+        op.total = 10;
+        op.received = 11;
+        op.send_id = 12;
+        op.granted = 13;
+        op.read_iov = Iovs::one(RmaIov { addr: 1, len: 2, key: 3 });
+        op.runt = 14;
+        op.read_next = 15;
+        op.reads_in_flight = 16;
+        op.held = 17;
+        op.prev = 18;
+        op.next = 19;
+        op.deadline = 20;
+        op.watched = true;
+        op.reset(RxKind::Msg, RxState::Posted);
+        let new = RxOp::new(RxKind::Msg, RxState::Posted);
+        assert_eq!(format!("{op:?}"), format!("{new:?}"));
+    }
 
     #[test]
     fn pieces_split_a_range_across_spans() {

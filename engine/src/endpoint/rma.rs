@@ -339,7 +339,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// An RDMA segment finished.
-    pub(super) fn handle_rdma_done(&mut self, cqe: Cqe) {
+    pub(super) fn handle_rdma_done(&mut self, cqe: &Cqe) {
         let (rx, id, len) = split_wr_id(cqe.wr_id);
         let deadline = self.fresh_deadline();
         if rx {
@@ -388,7 +388,7 @@ impl<D: Device> Endpoint<D> {
 
     /// A peer's RDMA write with immediate data landed (direct write with CQ
     /// data): report it as the target's completion.
-    pub(super) fn handle_remote_write_imm(&mut self, cqe: Cqe) {
+    pub(super) fn handle_remote_write_imm(&mut self, cqe: &Cqe) {
         let buf = cqe.wr_id as BufId;
         self.rx_posted -= 1;
         self.release_rx(buf);

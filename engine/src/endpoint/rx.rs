@@ -58,8 +58,10 @@ impl IovAt {
 }
 
 impl ReqInfo {
-    /// Copies what the endpoint needs out of a checked REQ.
-    #[inline]
+    /// Copies what the endpoint needs out of a checked REQ. Inlined: a
+    /// call would return the struct through memory, and its caller read
+    /// it back wider than it was written, stalling store forwarding.
+    #[inline(always)]
     fn from_view(p: &ReqPacket<&[u8]>) -> ReqInfo {
         let f = p.fields();
         // The codec checked the raw address is at least 24 bytes.
@@ -94,7 +96,7 @@ impl ReqInfo {
     }
 
     /// Checks and reads a REQ packet.
-    #[inline]
+    #[inline(always)]
     pub(super) fn parse(bytes: &[u8]) -> Result<ReqInfo, crate::wire::WireError> {
         ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p))
     }
@@ -193,7 +195,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// A receive buffer completed.
-    pub(super) fn handle_recv(&mut self, cqe: Cqe) {
+    pub(super) fn handle_recv(&mut self, cqe: &Cqe) {
         let buf = cqe.wr_id as BufId;
         self.rx_posted -= 1;
         if cqe.status != CqStatus::Ok {

@@ -285,7 +285,7 @@ impl<D: Device> Endpoint<D> {
 
     /// A send completed at the device: frees its buffer, advances its
     /// operation.
-    pub(super) fn handle_send_done(&mut self, cqe: Cqe) {
+    pub(super) fn handle_send_done(&mut self, cqe: &Cqe) {
         let buf = cqe.wr_id as BufId;
         let owner = self.txq.owner[buf as usize];
         self.txq.free.push(buf);
@@ -346,7 +346,7 @@ impl<D: Device> Endpoint<D> {
     /// The optional headers a REQ to `peer` carries now: our raw address
     /// until its HANDSHAKE arrives (spec 2.2), then our connid if it asked
     /// for it (spec 4.4).
-    #[inline]
+    #[inline(always)]
     pub(super) fn req_opt_headers(&self, peer: u32) -> (bool, Option<u32>) {
         let p = self.peers.get(peer).expect("live peer");
         if !p.handshake_received {

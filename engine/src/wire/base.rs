@@ -58,6 +58,7 @@ macro_rules! packet_types {
         }
 
         impl PacketType {
+            #[inline(always)]
             const fn from_id(id: u8) -> Self {
                 match id {
                     $($id => PacketType::$variant,)*

@@ -604,8 +604,10 @@ impl<T: AsRef<[u8]>> ReqPacket<T> {
     }
 
     /// Every fixed-header field at once, at the type's constant offsets:
-    /// what a receiver reads, in one step.
-    #[inline]
+    /// what a receiver reads, in one step. Always inlined: returned through
+    /// memory, its fields would be read back wider than written, which
+    /// stalls store forwarding.
+    #[inline(always)]
     pub fn fields(&self) -> ReqFields {
         let buf = self.buffer.as_ref();
         // The type was checked with the buffer: `None` cannot happen.
