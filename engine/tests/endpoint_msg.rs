@@ -311,17 +311,28 @@ fn directed_receives_among_64_peers() {
 
 #[test]
 fn a_short_receive_buffer_is_truncated_with_both_lengths() {
-    for &len in &[100u64, 30_000, 500_000] {
+    // Posted first, and posted after the message arrived (unexpected).
+    for (&len, posted_first) in
+        [100u64, 30_000, 500_000].iter().flat_map(|l| [(l, true), (l, false)])
+    {
         let mut w = World::pair(reordering(3), Config::default());
         let to_b = w.connect(0, 1);
         let src = w.register(0, len);
         let dst = w.register(1, len);
         w.fill(0, &src, 2);
-        w.eps[1].recv(span(&dst, 0, len / 2), None, 1).unwrap();
-        w.eps[0].send(to_b, span(&src, 0, len), 2).unwrap();
+        if posted_first {
+            w.eps[1].recv(span(&dst, 0, len / 2), None, 1).unwrap();
+        }
+        w.eps[0].senddata(to_b, span(&src, 0, len), 77, 2).unwrap();
+        if !posted_first {
+            w.settle();
+            assert_eq!(w.eps[1].counters().unexpected, 1);
+            w.eps[1].recv(span(&dst, 0, len / 2), None, 1).unwrap();
+        }
         w.drive_until(100_000, |w| w.done[1].len() == 1 && w.done[0].len() == 1);
         let c = w.done[1][0];
         assert_eq!((c.len, c.status), (len / 2, Status::Truncated { olen: len }), "len {len}");
+        assert_eq!((c.ctx, c.cq_data), (1, Some(77)), "len {len}");
         let h = (len / 2) as usize;
         assert_eq!(&w.eps[1].mem(dst.id)[..h], &w.eps[0].mem(src.id)[..h]);
         assert!(w.eps[1].mem(dst.id)[h..].iter().all(|b| *b == 0), "nothing past the buffer");

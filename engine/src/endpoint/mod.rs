@@ -257,6 +257,9 @@ struct RxMeta {
     len: u32,
     peer: u32,
     next: u32,
+    /// REQs: where the payload starts, so that a held eager message is
+    /// landed without parsing its packet again.
+    payload_off: u32,
 }
 
 impl<D: Device> Endpoint<D> {
@@ -291,7 +294,10 @@ impl<D: Device> Endpoint<D> {
             } else {
                 caps.rx_depth
             },
-            rx_meta: vec![RxMeta { len: 0, peer: 0, next: NO_BUF }; caps.bufs as usize],
+            rx_meta: vec![
+                RxMeta { len: 0, peer: 0, next: NO_BUF, payload_off: 0 };
+                caps.bufs as usize
+            ],
             mem: Registry::default(),
             cq: cq::CompletionQueue::with_capacity(tx_ops + rx_ops),
             counters: Counters::default(),

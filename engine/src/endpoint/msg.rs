@@ -3,7 +3,7 @@
 //! protocols, delivery complete, unexpected messages, truncation.
 
 use super::cq::{Completion, Op, Status};
-use super::ops::{MAX_IOV, Proto, RxKind, RxOp, RxState, Sgl, TxKind, TxOp};
+use super::ops::{MAX_IOV, Proto, RxKind, RxState, Sgl, TxKind, TxOp};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
@@ -278,6 +278,21 @@ impl<D: Device> Endpoint<D> {
             self.matcher.take_unexpected(&mut self.rx_ops, tagged, want_tag, ignore, want_peer)
         {
             let op = self.rx_ops.get_mut(id).expect("live op");
+            if op.proto == Proto::Eager && !op.dc {
+                // The whole message waits in one held packet, whose payload
+                // offset was noted when it was held: land it and report it.
+                let (buf, total, tagged, tag, cq_data, peer) =
+                    (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
+                let from = self.rx_meta[buf as usize].payload_off as usize;
+                let mut sgl = Sgl::EMPTY;
+                sgl.set_one(dst);
+                copy_in(&mut self.dev, buf, from, &sgl, 0, total);
+                self.report_rx(Op::Recv, ctx, total, dst.len, tagged, tag, cq_data, peer);
+                self.release_rx(buf);
+                self.rx_ops.free(id);
+                self.retry_stalled();
+                return Ok(());
+            }
             op.state = RxState::Matched;
             op.ctx = ctx;
             op.dst = Sgl::one(dst);
@@ -337,7 +352,8 @@ impl<D: Device> Endpoint<D> {
         let id = match matched {
             Some(id) => id,
             None => {
-                let Some(id) = self.rx_ops.insert(RxOp::new(RxKind::Msg, RxState::Unexpected))
+                let Some(id) =
+                    self.rx_ops.insert_with(|op| op.reset(RxKind::Msg, RxState::Unexpected))
                 else {
                     // No room even for an unexpected message: the packet
                     // waits (holding its buffer) until receives are posted.

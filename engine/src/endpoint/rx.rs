@@ -219,6 +219,7 @@ impl<D: Device> Endpoint<D> {
                 self.counters.drop(DropReason::Unsupported);
                 self.release_rx(buf);
             } else {
+                self.rx_meta[buf as usize].payload_off = info.payload_off;
                 self.handle_req(buf, peer, &info);
             }
             return;
