@@ -58,7 +58,7 @@ macro_rules! packet_types {
         }
 
         impl PacketType {
-            #[inline(always)]
+            #[inline]
             const fn from_id(id: u8) -> Self {
                 match id {
                     $($id => PacketType::$variant,)*
