@@ -418,8 +418,9 @@ struct Parts<'a> {
 
 impl<'a> Parts<'a> {
     /// Checks every count and size against the bytes present, in u64
-    /// arithmetic so that a u32 count times 24 cannot wrap.
-    #[inline]
+    /// arithmetic so that a u32 count times 24 cannot wrap. Inlined into
+    /// `new_checked`, for the reason given there.
+    #[inline(always)]
     fn check(buf: &'a [u8]) -> Result<Parts<'a>, WireError> {
         match fast_base(buf) {
             Some(type_id) => {
@@ -564,7 +565,10 @@ pub struct ReqPacket<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> ReqPacket<T> {
     /// Checks a received REQ packet: base header, fixed header, and every
-    /// count and size against the bytes present.
+    /// count and size against the bytes present. Always inlined: returned
+    /// through memory, the view's fields would be read back in other
+    /// widths than they were written, which stalls store forwarding.
+    #[inline(always)]
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let Parts { layout, at, .. } = Parts::check(buffer.as_ref())?;
         Ok(ReqPacket { buffer, layout, at })
