@@ -11,8 +11,12 @@ use crate::wire::{
 };
 
 /// The headers of a received REQ, copied out of its buffer so that the
-/// endpoint can act on it while the buffer stays where it is.
+/// endpoint can act on it while the buffer stays where it is. `repr(C)`
+/// keeps the type first, where the wide stores that build the struct
+/// start: its reads, the first of every handler, are then served from
+/// those stores without waiting for them to reach the cache.
 #[derive(Debug, Clone, Copy)]
+#[repr(C)]
 pub(super) struct ReqInfo {
     pub(super) ptype: PacketType,
     pub(super) class: ReqClass,
