@@ -3,6 +3,53 @@
 //!
 //! Each worker core owns one endpoint and busy-polls it; nothing on the hot
 //! path is shared between cores, allocates, locks or makes a system call.
+//!
+//! # Embedding
+//!
+//! An [`endpoint::Endpoint`] runs over a [`device::Device`]: [`device::sim`]
+//! (in-process, deterministic) or [`device::shm`] (processes or threads of
+//! one host). Create it on the thread (lcore) that will poll it, insert
+//! the peer's raw address (exchanged out of band, e.g. with [`relink`]),
+//! register the memory operations use, post, and call
+//! [`progress`](endpoint::Endpoint::progress) in the poll loop; completions
+//! come out of [`poll_cq`](endpoint::Endpoint::poll_cq). A full pool
+//! answers [`Again`](endpoint::Error::Again): progress, then retry.
+//!
+//! ```
+//! use efapoll::device::Access;
+//! use efapoll::device::sim::{SimConfig, SimFabric};
+//! use efapoll::endpoint::{Config, Endpoint, Op, Span};
+//!
+//! let fabric = SimFabric::new(SimConfig::default());
+//! let mut a = Endpoint::new(fabric.device(), Config::default())?;
+//! let mut b = Endpoint::new(fabric.device(), Config::default())?;
+//! let to_b = a.insert_peer(&b.addr())?;
+//!
+//! let src = a.register(64, Access::empty())?;
+//! let dst = b.register(64, Access::empty())?;
+//! a.mem_mut(src.id)[..5].copy_from_slice(b"hello");
+//! b.recv(Span::new(&dst, 0, 64), None, 7)?;
+//! a.send(to_b, Span::new(&src, 0, 5), 1)?;
+//! // Latency-sensitive code posts at once rather than at the next
+//! // progress call, which posts in bursts.
+//! a.flush();
+//!
+//! let done = loop {
+//!     a.progress();
+//!     b.progress();
+//!     if let Some(c) = b.poll_cq() {
+//!         break c;
+//!     }
+//! };
+//! assert_eq!((done.op, done.ctx, done.len), (Op::Recv, 7, 5));
+//! assert_eq!(&b.mem(dst.id)[..5], b"hello");
+//! # Ok::<(), efapoll::endpoint::Error>(())
+//! ```
+//!
+//! On shm, replace the fabric with a `device::shm::ShmDevice::new(ShmConfig::default())`
+//! per endpoint (each in its own process or thread); `efapoll-lcores` pins
+//! the threads and runs their poll loops; the `efapoll` apps (crate
+//! `efapoll-apps`) are complete examples of both.
 #![deny(unsafe_code)]
 #[allow(unsafe_code)]
 pub mod device;
