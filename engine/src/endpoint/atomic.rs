@@ -7,7 +7,7 @@
 //! operation element by element in its own thread: nothing else touches
 //! the target in between, which is what makes it atomic.
 
-use super::ops::{AtomicReq, MAX_IOV, Proto, Sgl, TxKind, TxOp};
+use super::ops::{AtomicReq, MAX_IOV, Proto, Sgl, TxKind};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, Owner};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
@@ -332,15 +332,21 @@ impl<D: Device> Endpoint<D> {
         if self.tx_ops.is_full() {
             return Err(Error::Again);
         }
-        let mut t = TxOp::new(TxKind::Atomic, peer.0, Proto::Eager, Sgl::one(operand), ctx);
-        t.atomic = Some(AtomicReq { datatype: dt as u32, op: op as u32, class, result, compare });
-        t.remote[0] = remote;
-        t.remote_n = 1;
-        t.msg_id = self.next_msg_id(peer.0);
-        t.dc = dc;
-        t.awaiting_peer = dc || class != RtaClass::Write;
-        let watch = t.awaiting_peer;
-        let id = self.tx_ops.insert(t).expect("checked room");
+        let msg_id = self.next_msg_id(peer.0);
+        let watch = dc || class != RtaClass::Write;
+        let id = self
+            .tx_ops
+            .insert_with(|t| {
+                t.reset(TxKind::Atomic, peer.0, Proto::Eager, ctx);
+                t.set_src(operand);
+                t.atomic =
+                    Some(AtomicReq { datatype: dt as u32, op: op as u32, class, result, compare });
+                t.set_remote(remote);
+                t.msg_id = msg_id;
+                t.dc = dc;
+                t.awaiting_peer = watch;
+            })
+            .expect("checked room");
         if watch {
             self.watch_tx(id);
         }
@@ -459,6 +465,7 @@ impl<D: Device> Endpoint<D> {
 
     /// The local spans of an RTA's iovs, or `None` (counted) when one is
     /// refused.
+    #[inline(always)]
     fn resolve_targets(&mut self, iovs: &[RmaIov]) -> Option<Sgl> {
         let mut sgl = Sgl::EMPTY;
         for iov in iovs.iter().take(MAX_IOV) {

@@ -3,7 +3,7 @@
 //! protocols, delivery complete, unexpected messages, truncation.
 
 use super::cq::{Completion, Op, Status};
-use super::ops::{MAX_IOV, Proto, RxKind, RxState, Sgl, TxKind, TxOp};
+use super::ops::{MAX_IOV, Proto, RxKind, RxState, Sgl, TxKind};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
@@ -205,25 +205,31 @@ impl<D: Device> Endpoint<D> {
             return Err(Error::Again);
         }
         let msg_id = self.next_msg_id(peer.0);
-        let mut op = TxOp::new(TxKind::Msg, peer.0, proto, Sgl::one(src), ctx);
-        op.tagged = tag.is_some();
-        op.tag = tag.unwrap_or(0);
-        op.cq_data = cq_data;
-        op.msg_id = msg_id;
-        op.dc = dc;
-        match proto {
+        let (granted, awaiting_peer) = match proto {
             Proto::RuntRead => {
                 let p = self.peers.get_mut(peer.0).expect("checked peer");
                 let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight).min(src.len);
                 p.runt_in_flight += runt;
-                op.granted = runt;
-                op.awaiting_peer = true;
+                (runt, true)
             }
-            Proto::LongRead => op.awaiting_peer = true,
-            _ => op.awaiting_peer = dc,
-        }
-        let watch = op.awaiting_peer || proto == Proto::LongCts;
-        let id = self.tx_ops.insert(op).expect("checked room");
+            Proto::LongRead => (0, true),
+            _ => (0, dc),
+        };
+        let watch = awaiting_peer || proto == Proto::LongCts;
+        let id = self
+            .tx_ops
+            .insert_with(|op| {
+                op.reset(TxKind::Msg, peer.0, proto, ctx);
+                op.set_src(src);
+                op.tagged = tag.is_some();
+                op.tag = tag.unwrap_or(0);
+                op.cq_data = cq_data;
+                op.msg_id = msg_id;
+                op.dc = dc;
+                op.granted = granted;
+                op.awaiting_peer = awaiting_peer;
+            })
+            .expect("checked room");
         if watch {
             self.watch_tx(id);
         }

@@ -155,8 +155,7 @@ pub(crate) struct TxOp {
     /// The local data (source of sends and writes, target of reads).
     pub(crate) src: Sgl,
     /// Writes, reads, atomics: the peer's memory.
-    pub(crate) remote: [RmaIov; MAX_IOV],
-    pub(crate) remote_n: u8,
+    pub(crate) remote: Iovs,
     pub(crate) atomic: Option<AtomicReq>,
     pub(crate) msg_id: u32,
     /// Message length.
@@ -206,8 +205,7 @@ impl TxOp {
             cq_data: None,
             ctx,
             src,
-            remote: [RmaIov::default(); MAX_IOV],
-            remote_n: 0,
+            remote: Iovs::default(),
             atomic: None,
             msg_id: 0,
             total: src.len(),
@@ -226,8 +224,53 @@ impl TxOp {
         }
     }
 
+    /// Makes this entry a new operation with every progress field zero
+    /// and no data, field by field in place (no temporary of the whole
+    /// entry); the caller sets `src` and `total`.
+    #[inline]
+    pub(crate) fn reset(&mut self, kind: TxKind, peer: u32, proto: Proto, ctx: u64) {
+        self.kind = kind;
+        self.peer = peer;
+        self.proto = proto;
+        self.dc = false;
+        self.tagged = false;
+        self.tag = 0;
+        self.cq_data = None;
+        self.ctx = ctx;
+        self.src.n = 0;
+        self.remote.n = 0;
+        self.atomic = None;
+        self.msg_id = 0;
+        self.total = 0;
+        self.sent = 0;
+        self.done_bytes = 0;
+        self.granted = 0;
+        self.recv_id = 0;
+        self.req_built = false;
+        self.in_flight = 0;
+        self.awaiting_peer = false;
+        self.report = true;
+        self.queued = false;
+        self.after_nack = false;
+        self.error = None;
+        self.deadline = 0;
+    }
+
+    /// Its data: one span.
+    #[inline]
+    pub(crate) fn set_src(&mut self, span: Span) {
+        self.src.set_one(span);
+        self.total = span.len;
+    }
+
+    /// The peer's memory: one iov.
+    #[inline]
+    pub(crate) fn set_remote(&mut self, iov: RmaIov) {
+        self.remote.set_one(iov);
+    }
+
     pub(crate) fn remote(&self) -> &[RmaIov] {
-        &self.remote[..self.remote_n as usize]
+        self.remote.as_slice()
     }
 
     /// Whether it has a packet (or RDMA operation) to build now.
@@ -320,6 +363,13 @@ impl std::fmt::Debug for Iovs {
 }
 
 impl Iovs {
+    /// Makes these iovs `iov` alone, in place.
+    #[inline]
+    pub(crate) fn set_one(&mut self, iov: RmaIov) {
+        self.v[0] = iov;
+        self.n = 1;
+    }
+
     pub(crate) fn one(iov: RmaIov) -> Iovs {
         let mut v = Iovs { n: 1, ..Iovs::default() };
         v.v[0] = iov;
@@ -466,6 +516,41 @@ impl RxOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reset_send_side_entry_is_a_new_one() {
+        let span = Span { mr: MrId(3), offset: 5, len: 7 };
+        let mut op = TxOp::new(TxKind::Write, 9, Proto::LongRead, Sgl::one(span), 4);
+        op.dc = true;
+        op.tagged = true;
+        op.tag = 1;
+        op.cq_data = Some(2);
+        op.set_remote(RmaIov { addr: 1, len: 2, key: 3 });
+        op.atomic = Some(AtomicReq {
+            datatype: 1,
+            op: 2,
+            class: super::super::atomic::RtaClass::Fetch,
+            result: Some(span),
+            compare: None,
+        });
+        op.msg_id = 5;
+        op.sent = 6;
+        op.done_bytes = 7;
+        op.granted = 8;
+        op.recv_id = 9;
+        op.req_built = true;
+        op.in_flight = 10;
+        op.awaiting_peer = true;
+        op.report = false;
+        op.queued = true;
+        op.after_nack = true;
+        op.error = Some(Status::Timeout);
+        op.deadline = 11;
+        op.reset(TxKind::Msg, 1, Proto::Eager, 2);
+        op.set_src(span);
+        let new = TxOp::new(TxKind::Msg, 1, Proto::Eager, Sgl::one(span), 2);
+        assert_eq!(format!("{op:?}"), format!("{new:?}"));
+    }
 
     #[test]
     fn reset_leaves_nothing_of_the_previous_entry() {

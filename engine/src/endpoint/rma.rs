@@ -11,7 +11,7 @@
 
 use super::cq::{Completion, Op};
 use super::msg::iov_total;
-use super::ops::{Iovs, Proto, RxKind, RxOp, RxState, Sgl, TxKind, TxOp};
+use super::ops::{Iovs, Proto, RxKind, RxOp, RxState, Sgl, TxKind};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, device_status};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
@@ -177,14 +177,20 @@ impl<D: Device> Endpoint<D> {
         } else {
             Proto::LongCts
         };
-        let mut op = TxOp::new(TxKind::Write, peer.0, proto, Sgl::one(src), ctx);
-        op.cq_data = cq_data;
-        op.remote[0] = remote;
-        op.remote_n = 1;
-        op.dc = dc && proto != Proto::LongRead;
-        op.awaiting_peer = op.dc || proto == Proto::LongRead;
-        let watch = op.awaiting_peer || proto == Proto::LongCts;
-        let id = self.tx_ops.insert(op).ok_or(Error::Again)?;
+        let dc = dc && proto != Proto::LongRead;
+        let awaiting_peer = dc || proto == Proto::LongRead;
+        let watch = awaiting_peer || proto == Proto::LongCts;
+        let id = self
+            .tx_ops
+            .insert_with(|op| {
+                op.reset(TxKind::Write, peer.0, proto, ctx);
+                op.set_src(src);
+                op.cq_data = cq_data;
+                op.set_remote(remote);
+                op.dc = dc;
+                op.awaiting_peer = awaiting_peer;
+            })
+            .ok_or(Error::Again)?;
         if watch {
             self.watch_tx(id);
         }
@@ -205,13 +211,17 @@ impl<D: Device> Endpoint<D> {
         cq_data: Option<u64>,
         ctx: u64,
     ) -> Result<(), Error> {
-        let mut op = TxOp::new(kind, peer, Proto::Eager, Sgl::one(local), ctx);
-        op.remote[0] = remote;
-        op.remote_n = 1;
-        op.cq_data = cq_data;
-        // Nothing to build: the "REQ" is the first segment.
-        op.req_built = true;
-        let id = self.tx_ops.insert(op).ok_or(Error::Again)?;
+        let id = self
+            .tx_ops
+            .insert_with(|op| {
+                op.reset(kind, peer, Proto::Eager, ctx);
+                op.set_src(local);
+                op.set_remote(remote);
+                op.cq_data = cq_data;
+                // Nothing to build: the "REQ" is the first segment.
+                op.req_built = true;
+            })
+            .ok_or(Error::Again)?;
         if local.len == 0 {
             match (kind, cq_data) {
                 (TxKind::Rdma { read: false }, Some(data)) => {
@@ -504,11 +514,14 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::Invalid);
             return;
         }
-        let mut op = TxOp::new(TxKind::ReadRsp, peer, Proto::LongCts, src, 0);
-        op.report = false;
-        op.recv_id = info.recv_id;
-        op.granted = (info.recv_length as u64).min(op.total);
-        let Some(id) = self.tx_ops.insert(op) else {
+        let Some(id) = self.tx_ops.insert_with(|op| {
+            op.reset(TxKind::ReadRsp, peer, Proto::LongCts, 0);
+            op.src = src;
+            op.total = src.len();
+            op.report = false;
+            op.recv_id = info.recv_id;
+            op.granted = (info.recv_length as u64).min(op.total);
+        }) else {
             // The requester times out; nothing here is lost.
             self.counters.drop(DropReason::Unsupported);
             return;

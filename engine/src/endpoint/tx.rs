@@ -642,8 +642,8 @@ impl<D: Device> Endpoint<D> {
         if op.after_nack {
             r.flags |= ReqFlags::READ_NACK;
         }
-        let remote: [RmaIov; MAX_IOV] = op.remote;
-        r.rma_iov = IovList::Host(&remote[..op.remote_n as usize]);
+        let remote = op.remote;
+        r.rma_iov = IovList::Host(remote.as_slice());
         let mut read_iov = [RmaIov::default(); MAX_IOV];
         let mut read_n = 0;
         if matches!(op.proto, Proto::LongRead | Proto::RuntRead) && !op.after_nack {
