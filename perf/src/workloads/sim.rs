@@ -373,7 +373,7 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     v.push(stream("longread_8MiB", 8 * MIB, 128, sim, long_read).small());
     v.push(stream("runtread_1MiB", MIB, 700, sim, handshaken).small());
     // Matching a tag among 100,000 misses the caches.
-    for (n, iters) in [(1u64, 160_000), (1000, 160_000), (100_000, 50_000)] {
+    for (n, iters) in [(1u64, 160_000), (1000, 160_000), (10_000, 120_000), (100_000, 50_000)] {
         let w = Workload::new(format!("sim/posted_tags/{n}"), Unit::Ops, Kind::Rate, iters, {
             move || Box::new(PostedTags::new(n))
         });
