@@ -227,16 +227,9 @@ impl<D: Device> Endpoint<D> {
                 (TxKind::Rdma { read: false }, Some(data)) => {
                     // No bytes, but the CQ data must still reach the
                     // target: a zero-length write with immediate.
-                    let wr = RdmaWr {
-                        op: RdmaOp::Write { imm: Some(data as u32) },
-                        ah: self.peers.get(peer).expect("checked peer").ah,
-                        local: local.mr,
-                        local_offset: local.offset,
-                        len: 0,
-                        remote_addr: remote.addr,
-                        remote_key: remote.key,
-                        wr_id: rdma_wr_id(false, id, 0),
-                    };
+                    let write = RdmaOp::Write { imm: Some(data as u32) };
+                    let wr_id = rdma_wr_id(false, id, 0);
+                    let wr = self.rdma_wr(write, peer, local, remote.addr, remote.key, wr_id);
                     if !self.post_rdma_wr(wr) {
                         self.tx_ops.free(id);
                         return Err(Error::Again);
@@ -267,6 +260,29 @@ impl<D: Device> Endpoint<D> {
         true
     }
 
+    /// The work request moving `local` to or from peer `peer`'s
+    /// `[remote_addr, remote_addr + local.len)`.
+    fn rdma_wr(
+        &self,
+        op: RdmaOp,
+        peer: u32,
+        local: Span,
+        remote_addr: u64,
+        remote_key: u64,
+        wr_id: u64,
+    ) -> RdmaWr {
+        RdmaWr {
+            op,
+            ah: self.peers.get(peer).expect("live peer").ah,
+            local: local.mr,
+            local_offset: local.offset,
+            len: local.len,
+            remote_addr,
+            remote_key,
+            wr_id,
+        }
+    }
+
     /// Posts the next RDMA segment of the first transfer with one due:
     /// direct reads and writes first, then long-read receives. Returns
     /// whether it posted one.
@@ -293,16 +309,9 @@ impl<D: Device> Endpoint<D> {
             };
             let last = op.sent + local.len == op.total;
             let imm = if last { op.cq_data.map(|d| d as u32) } else { None };
-            let wr = RdmaWr {
-                op: if read { RdmaOp::Read } else { RdmaOp::Write { imm } },
-                ah: self.peers.get(op.peer).expect("live peer").ah,
-                local: local.mr,
-                local_offset: local.offset,
-                len: local.len,
-                remote_addr: raddr,
-                remote_key: rkey,
-                wr_id: rdma_wr_id(false, id, local.len),
-            };
+            let rdma_op = if read { RdmaOp::Read } else { RdmaOp::Write { imm } };
+            let wr_id = rdma_wr_id(false, id, local.len);
+            let wr = self.rdma_wr(rdma_op, op.peer, local, raddr, rkey, wr_id);
             if !self.post_rdma_wr(wr) {
                 return false;
             }
@@ -327,16 +336,8 @@ impl<D: Device> Endpoint<D> {
                 self.txq.reads.pop_front();
                 continue;
             };
-            let wr = RdmaWr {
-                op: RdmaOp::Read,
-                ah: self.peers.get(op.peer).expect("live peer").ah,
-                local: local.mr,
-                local_offset: local.offset,
-                len: local.len,
-                remote_addr: raddr,
-                remote_key: rkey,
-                wr_id: rdma_wr_id(true, id, local.len),
-            };
+            let wr_id = rdma_wr_id(true, id, local.len);
+            let wr = self.rdma_wr(RdmaOp::Read, op.peer, local, raddr, rkey, wr_id);
             if !self.post_rdma_wr(wr) {
                 return false;
             }

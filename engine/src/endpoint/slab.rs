@@ -11,9 +11,9 @@ const GENERATION_MASK: u16 = (1 << (32 - INDEX_BITS)) - 1;
 /// Largest capacity a slab can have.
 pub(crate) const MAX_CAPACITY: usize = 1 << INDEX_BITS;
 
-/// Its generation and liveness first, beside the value's first fields
-/// (`repr(C)`), on a cache line of its own: checking an id from the wire
-/// and reading what it names is one miss, not two.
+/// Its generation and liveness first, then the value (`repr(C)`), from
+/// the start of a cache line: checking an id from the wire and reading the
+/// value's first fields touch the same line.
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Entry<T> {

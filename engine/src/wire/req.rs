@@ -472,16 +472,6 @@ impl<'a> Parts<'a> {
     }
 
     #[inline]
-    fn u32_field(&self, f: ReqField) -> u32 {
-        self.layout.offset(f).map_or(0, |o| get_u32(self.buf, o))
-    }
-
-    #[inline]
-    fn u64_field(&self, f: ReqField) -> u64 {
-        self.layout.offset(f).map_or(0, |o| get_u64(self.buf, o))
-    }
-
-    #[inline]
     fn rma_iov(&self) -> IovList<'a> {
         IovList::Wire(&self.buf[self.layout.header_len()..self.at.opt])
     }
@@ -756,20 +746,21 @@ impl<'a> ReqRepr<'a> {
         layout: &'static ReqLayout,
     ) -> Result<(ReqRepr<'a>, &'a [u8]), WireError> {
         let p = Parts::check_as(buf, layout)?;
+        let f = ReqFields::read(buf, layout);
         let repr = ReqRepr {
             ptype,
             flags: p.flags,
-            msg_id: p.u32_field(ReqField::MsgId),
-            tag: p.u64_field(ReqField::Tag),
-            msg_length: p.u64_field(ReqField::MsgLength),
-            seg_offset: p.u64_field(ReqField::SegOffset),
-            send_id: p.u32_field(ReqField::SendId),
-            recv_id: p.u32_field(ReqField::RecvId),
-            credit_request: p.u32_field(ReqField::CreditRequest),
-            recv_length: p.u32_field(ReqField::RecvLength),
-            atomic_datatype: p.u32_field(ReqField::AtomicDatatype),
-            atomic_op: p.u32_field(ReqField::AtomicOp),
-            runt_length: p.u64_field(ReqField::RuntLength),
+            msg_id: f.msg_id,
+            tag: f.tag,
+            msg_length: f.msg_length,
+            seg_offset: f.seg_offset,
+            send_id: f.send_id,
+            recv_id: f.recv_id,
+            credit_request: f.credit_request,
+            recv_length: f.recv_length,
+            atomic_datatype: f.atomic_datatype,
+            atomic_op: f.atomic_op,
+            runt_length: f.runt_length,
             rma_iov: p.rma_iov(),
             raw_addr: p.raw_addr(),
             cq_data: p.cq_data(),
