@@ -128,6 +128,7 @@ impl Matcher {
     }
 
     /// Queues a posted receive.
+    #[inline(always)]
     pub(crate) fn post(&mut self, ops: &mut Slab<RxOp>, id: u32) {
         let op = ops.get(id).expect("live op");
         match (op.tagged, op.ignore) {
@@ -141,6 +142,7 @@ impl Matcher {
     }
 
     /// Takes the earliest-posted receive that matches a message.
+    #[inline(always)]
     pub(crate) fn take_posted(
         &mut self,
         ops: &mut Slab<RxOp>,

@@ -37,7 +37,7 @@ fn msg_proto(ptype: PacketType) -> Option<(Proto, bool, bool)> {
 
 /// Copies `len` bytes of packet `buf` from offset `from` into `dst` at
 /// message offset `seg_offset`, clipped to `dst`'s end.
-#[inline]
+#[inline(always)]
 fn copy_in<D: Device>(dev: &mut D, buf: BufId, from: usize, dst: &Sgl, seg_offset: u64, len: u64) {
     if let Some(s) = dst.single() {
         // One span, the common case: no walk over the list.
@@ -160,6 +160,9 @@ impl<D: Device> Endpoint<D> {
         if p.supports(extra::DELIVERY_COMPLETE) { Ok(()) } else { Err(Error::NotSupported) }
     }
 
+    /// A message send. The eager packet built at once, the common case, is
+    /// inlined into each public send; everything else is not.
+    #[inline(always)]
     fn send_msg(
         &mut self,
         peer: PeerId,
@@ -175,35 +178,52 @@ impl<D: Device> Endpoint<D> {
             self.check_dc(peer.0)?;
         }
         let proto = self.choose_proto(peer.0, &src, tag.is_some(), cq_data.is_some());
-        // Fast path: an eager message whose packet can be built now is the
-        // whole operation; its TX buffer remembers what to report.
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
-        if proto == Proto::Eager && now && !dc {
-            let msg_id = self.next_msg_id(peer.0);
-            let done = EagerSend {
-                ctx,
-                tag: tag.unwrap_or(0),
-                len: src.len as u32,
-                peer: peer.0,
-                tagged: tag.is_some(),
-            };
-            let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-            let hdr = self.emit_eager(buf, peer.0, msg_id, tag, cq_data);
-            let n = src.len as usize;
-            if n > 0 {
-                let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
-                let from = src.offset as usize;
-                pkt[hdr..hdr + n].copy_from_slice(&region[from..from + n]);
-            }
-            let ptype =
-                if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-            self.push_packet(peer.0, ptype, buf, hdr + n, None);
-            self.maybe_post();
-            return Ok(());
+        if proto != Proto::Eager || !now || dc {
+            return self.send_msg_op(peer, src, proto, now, tag, cq_data, ctx);
         }
+        // The packet is the whole operation; its TX buffer remembers what
+        // to report.
+        let msg_id = self.next_msg_id(peer.0);
+        let done = EagerSend {
+            ctx,
+            tag: tag.unwrap_or(0),
+            len: src.len as u32,
+            peer: peer.0,
+            tagged: tag.is_some(),
+        };
+        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        let hdr = self.emit_eager(buf, peer.0, msg_id, tag, cq_data);
+        let n = src.len as usize;
+        if n > 0 {
+            let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
+            let from = src.offset as usize;
+            pkt[hdr..hdr + n].copy_from_slice(&region[from..from + n]);
+        }
+        let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
+        self.push_packet(peer.0, ptype, buf, hdr + n, None);
+        self.maybe_post();
+        Ok(())
+    }
+
+    /// A message that needs an operation entry: a protocol other than
+    /// eager, delivery complete, or no TX buffer now.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn send_msg_op(
+        &mut self,
+        peer: PeerId,
+        src: Span,
+        proto: Proto,
+        now: bool,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), Error> {
         if self.tx_ops.is_full() {
             return Err(Error::Again);
         }
+        let dc = self.cfg.delivery_complete;
         let msg_id = self.next_msg_id(peer.0);
         let (granted, awaiting_peer) = match proto {
             Proto::RuntRead => {
@@ -266,6 +286,7 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
+    #[inline(always)]
     fn post_recv_op(
         &mut self,
         dst: Span,

@@ -279,7 +279,7 @@ impl<D: Device> Endpoint<D> {
     /// Counts a parsed packet and resolves its sender; `None` when it is
     /// dropped (buffer released). The first packet from a peer is answered
     /// with our HANDSHAKE (spec 2.1; libfabric answers any packet type).
-    #[inline]
+    #[inline(always)]
     fn accept_from(
         &mut self,
         buf: BufId,
@@ -407,6 +407,7 @@ impl<D: Device> Endpoint<D> {
     /// A REQ with a msg_id whose turn has come: a message or an atomic.
     /// Returns false, leaving the packet to the caller, when it cannot be
     /// taken in yet.
+    #[inline(always)]
     fn handle_ordered_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) -> bool {
         match info.class {
             ReqClass::Rta => self.handle_rta(buf, peer, info),
