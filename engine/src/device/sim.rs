@@ -545,6 +545,7 @@ impl SimDevice {
         n.alive && n.incarnation == self.incarnation
     }
 
+    #[inline(always)]
     fn region_bytes(&self, mr: MrId) -> &Rc<Bytes> {
         self.regions
             .get(mr.0 as usize)
