@@ -180,7 +180,7 @@ impl<D: Device> Endpoint<D> {
         let proto = self.choose_proto(peer.0, &src, tag.is_some(), cq_data.is_some());
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
-            return self.send_msg_op(peer, src, proto, now, tag, cq_data, ctx);
+            return self.send_msg_op(peer, src, proto, tag, cq_data, ctx);
         }
         // The packet is the whole operation; its TX buffer remembers what
         // to report.
@@ -208,14 +208,12 @@ impl<D: Device> Endpoint<D> {
 
     /// A message that needs an operation entry: a protocol other than
     /// eager, delivery complete, or no TX buffer now.
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn send_msg_op(
         &mut self,
         peer: PeerId,
         src: Span,
         proto: Proto,
-        now: bool,
         tag: Option<u64>,
         cq_data: Option<u64>,
         ctx: u64,
@@ -224,6 +222,7 @@ impl<D: Device> Endpoint<D> {
             return Err(Error::Again);
         }
         let dc = self.cfg.delivery_complete;
+        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         let msg_id = self.next_msg_id(peer.0);
         let (granted, awaiting_peer) = match proto {
             Proto::RuntRead => {

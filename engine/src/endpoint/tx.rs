@@ -199,7 +199,7 @@ impl<D: Device> Endpoint<D> {
             // The device is full: building more would only pin buffers.
             return posted;
         }
-        if self.txq.ctrl.is_empty() && self.txq.ready.is_empty() && !self.txq.has_rdma_due() {
+        if !self.txq.has_work() {
             // Only built packets were due (the eager fast path's).
             return posted;
         }
