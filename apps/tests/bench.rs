@@ -265,11 +265,14 @@ fn client(app: &str, port: u16, args: &[&str]) -> Output {
 }
 
 /// Runs `app -o op` as a server and its client on localhost, with `-c`;
-/// checks both ends and the client's report.
+/// checks both ends, their tables and their reports.
 fn server_and_client(app: &str, op: &str) {
     let port = free_port();
     let args = ["-o", op, "-S", "64,9000,100k", "-I", "100", "-c"];
-    let srv = server(app, port, &args);
+    let srv_json = tmp(&format!("{app}-{op}-server.json"));
+    let mut srv_args = args.to_vec();
+    srv_args.extend(["--json", srv_json.to_str().unwrap()]);
+    let srv = server(app, port, &srv_args);
     let json = tmp(&format!("{app}-{op}-client.json"));
     let mut client_args = args.to_vec();
     client_args.extend(["--json", json.to_str().unwrap()]);
@@ -278,12 +281,21 @@ fn server_and_client(app: &str, op: &str) {
     assert_ok(&out, &format!("{app} -o {op} client"));
     assert_ok(&srv, &format!("{app} -o {op} server"));
     assert_eq!(rows(&out).len(), 3, "{app}: {}", text(&out.stdout));
-    assert!(rows(&srv).is_empty(), "the server prints no table");
+    // The server prints the client's measurements, row for row.
+    assert_eq!(rows(&srv), rows(&out), "{app} server: {}", text(&srv.stdout));
     assert!(text(&srv.stderr).contains("served 1 flow(s)"), "{}", text(&srv.stderr));
-    let v = read_report(&json, app, "shm", op, &[64, 9000, 102_400]);
+    let sizes = [64, 9000, 102_400];
+    let v = read_report(&json, app, "shm", op, &sizes);
     for r in v["results"].as_array().unwrap() {
         if app == "pingpong" { check_pingpong_row(r, 100) } else { check_streaming_row(r, 100) }
     }
+    // The server's report: the client's rows, the server's own counters.
+    let s = read_report(&srv_json, app, "shm", op, &sizes);
+    assert_eq!(s["results"], v["results"], "{app}");
+    let rx = |v: &Value| {
+        v["counters"].as_object().unwrap().keys().filter(|k| k.starts_with("rx.")).count()
+    };
+    assert!(rx(&s) > 0, "{s}");
 }
 
 #[test]

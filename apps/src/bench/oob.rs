@@ -9,9 +9,11 @@
 //! sides compare the parameters before any traffic. After the run each
 //! side sends `end` on channel 0, with `ok` or `error` and a message, and
 //! the link shuts down; a peer that fails or vanishes mid-run stops this
-//! side's lcores.
+//! side's lcores. While a client measures, it sends each size's row on
+//! channel 0 (`row`, the row's JSON) and the server prints it: both ends
+//! show the table, as fabtests do.
 
-use std::io;
+use std::io::{self, Write};
 use std::net::{TcpListener, ToSocketAddrs};
 use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
@@ -22,7 +24,8 @@ use efapoll::relink::{self, Conn, Options, TcpError};
 use efapoll::wire::RawAddr;
 use efapoll_lcores::StopFlag;
 
-use super::{Params, RunError};
+use super::report::{self, Row};
+use super::{App, Params, RunError};
 
 /// A registered region as a peer reaches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,34 +159,55 @@ pub fn abort(mut conn: Conn, error: &RunError) {
     let _ = conn.shutdown();
 }
 
+/// What our side tells the peer during a run, in order.
+#[derive(Debug)]
+pub enum ToPeer {
+    /// A size's row as measured here (by the active side), for the peer's
+    /// table.
+    Row(Row),
+    /// How our side ended; the last message.
+    End(Result<(), String>),
+}
+
+/// How the peer's run went, and the rows it measured.
+pub type PeerOutcome = (Result<(), RunError>, Vec<Row>);
+
 /// The control link during a run, on a thread of its own (blocked in
 /// reads, never polling).
 #[derive(Debug)]
 pub struct Control {
-    outcome: mpsc::Sender<Result<(), String>>,
-    thread: JoinHandle<Result<(), RunError>>,
+    outbox: mpsc::Sender<ToPeer>,
+    thread: JoinHandle<PeerOutcome>,
 }
 
 impl Control {
     /// Watches `conn`: the peer's failure, or its loss before its `end`,
-    /// raises `stop`. Once our side ended, the peer has `timeout` to end
-    /// too.
-    pub fn spawn(mut conn: Conn, stop: StopFlag, timeout: Duration) -> Control {
-        let (outcome, from_main) = mpsc::channel::<Result<(), String>>();
+    /// raises `stop`. Sends what arrives on `from_main` (`outbox` is its
+    /// sender); prints the rows the peer measured, under our header. Once
+    /// our side ended, the peer has `timeout` to end too.
+    pub fn spawn(
+        mut conn: Conn,
+        stop: StopFlag,
+        timeout: Duration,
+        app: App,
+        (outbox, from_main): (mpsc::Sender<ToPeer>, mpsc::Receiver<ToPeer>),
+    ) -> Control {
         let thread = thread::spawn(move || {
             let mut sent: Option<Instant> = None;
             let mut peer: Option<Result<(), RunError>> = None;
+            let mut rows = Vec::new();
             loop {
-                if sent.is_none() {
-                    let ours = match from_main.try_recv() {
-                        Ok(result) => Some(result),
-                        Err(mpsc::TryRecvError::Empty) => None,
-                        Err(mpsc::TryRecvError::Disconnected) => Some(Err("aborted".into())),
+                while sent.is_none() {
+                    let parts = match from_main.try_recv() {
+                        Ok(ToPeer::Row(row)) => row_parts(&row),
+                        Ok(ToPeer::End(result)) => end_parts(result),
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => end_parts(Err("aborted".into())),
                     };
-                    if let Some(result) = ours {
-                        let parts = end_parts(result);
-                        let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-                        let _ = conn.send(0, &parts);
+                    let is_end = parts[0] == b"end";
+                    let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                    let _ = conn.send(0, &parts);
+                    if is_end {
                         sent = Some(Instant::now());
                     }
                 }
@@ -197,11 +221,26 @@ impl Control {
                     break;
                 }
                 match conn.recv(Duration::from_millis(50)) {
+                    Ok((_, parts)) if parts.first().is_some_and(|p| p == b"row") => {
+                        match parts.get(1).map(|json| Row::from_json(app, json)) {
+                            Some(Ok(row)) => {
+                                let _ =
+                                    writeln!(io::stdout().lock(), "{}", report::format_row(&row));
+                                rows.push(row);
+                            }
+                            _ if peer.is_some() => {}
+                            _ => {
+                                let e = RunError::Setup("the peer sent a malformed row".into());
+                                peer = Some(Err(e));
+                                stop.stop();
+                            }
+                        }
+                    }
                     Ok((_, parts)) if parts.first().is_some_and(|p| p == b"end") => {
                         let ok = parts.get(1).is_some_and(|p| p == b"ok");
                         let message = parts.get(2).map(|m| String::from_utf8_lossy(m).into_owned());
                         if ok {
-                            peer = Some(Ok(()));
+                            peer.get_or_insert(Ok(()));
                         } else {
                             peer = Some(Err(RunError::Peer(message.unwrap_or_default())));
                             stop.stop();
@@ -214,24 +253,33 @@ impl Control {
                             stop.stop();
                         }
                         if sent.is_none() {
-                            // Nobody to tell any more; wait for our side.
-                            let _ = from_main.recv();
+                            // Nobody to tell any more; wait for our side's end.
+                            while let Ok(ToPeer::Row(_)) = from_main.recv() {}
                         }
-                        return peer.expect("set above");
+                        return (peer.expect("set above"), rows);
                     }
                 }
             }
             let _ = conn.shutdown();
-            peer.expect("loop ends with the peer's outcome")
+            (peer.expect("loop ends with the peer's outcome"), rows)
         });
-        Control { outcome, thread }
+        Control { outbox, thread }
     }
 
-    /// Tells the peer how our side ended and returns how the peer's did.
-    pub fn finish(self, ours: &Result<(), RunError>) -> Result<(), RunError> {
-        let _ = self.outcome.send(ours.clone().map_err(|e| e.to_string()));
-        self.thread.join().unwrap_or_else(|_| Err(RunError::Setup("control thread".into())))
+    /// Tells the peer how our side ended and returns how the peer's did,
+    /// with the rows it sent.
+    pub fn finish(self, ours: &Result<(), RunError>) -> PeerOutcome {
+        let _ = self.outbox.send(ToPeer::End(ours.clone().map_err(|e| e.to_string())));
+        self.thread
+            .join()
+            .unwrap_or_else(|_| (Err(RunError::Setup("control thread".into())), Vec::new()))
     }
+}
+
+/// The `row` message for a row: its JSON, as the report holds it.
+fn row_parts(row: &Row) -> Vec<Vec<u8>> {
+    let json = serde_json::to_vec(&row.to_value()).expect("rows serialize");
+    vec![b"row".to_vec(), json]
 }
 
 /// The `end` message for an outcome.

@@ -8,7 +8,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::App;
@@ -72,7 +72,7 @@ fn secs(ns: u64) -> f64 {
 }
 
 /// A pingpong table row.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PingpongRow {
     pub bytes: u64,
     pub iterations: u64,
@@ -89,7 +89,7 @@ pub struct PingpongRow {
 }
 
 /// A streaming table row.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StreamingRow {
     pub bytes: u64,
     pub iterations: u64,
@@ -105,6 +105,25 @@ pub struct StreamingRow {
 pub enum Row {
     Pingpong(PingpongRow),
     Streaming(StreamingRow),
+}
+
+impl Row {
+    /// The row as the JSON report's `results` hold it.
+    pub fn to_value(&self) -> Value {
+        match self {
+            Row::Pingpong(r) => serde_json::to_value(r),
+            Row::Streaming(r) => serde_json::to_value(r),
+        }
+        .expect("rows serialize")
+    }
+
+    /// A row of `app` from its JSON (as [`Row::to_value`] wrote it).
+    pub fn from_json(app: App, json: &[u8]) -> Result<Row, serde_json::Error> {
+        Ok(match app {
+            App::Pingpong => Row::Pingpong(serde_json::from_slice(json)?),
+            App::Streaming => Row::Streaming(serde_json::from_slice(json)?),
+        })
+    }
 }
 
 /// Rounds to 4 significant digits, for readable JSON that keeps small
@@ -254,15 +273,7 @@ pub struct Report<'a> {
 
 impl Report<'_> {
     pub fn to_json(&self) -> Value {
-        let results: Vec<Value> = self
-            .rows
-            .iter()
-            .map(|row| match row {
-                Row::Pingpong(r) => serde_json::to_value(r),
-                Row::Streaming(r) => serde_json::to_value(r),
-            })
-            .collect::<Result<_, _>>()
-            .expect("rows serialize");
+        let results: Vec<Value> = self.rows.iter().map(Row::to_value).collect();
         let counters: Map<String, Value> =
             self.counters.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
         json!({

@@ -10,7 +10,8 @@
 //!   of one host keeps them on distinct cores); cards go over Relink.
 //!
 //! The main lcore runs flow 0's side (the active one unless serving) and
-//! prints: each size's row once every flow has measured it.
+//! prints: each size's row once every flow has measured it. A client also
+//! sends each row to the server, whose control thread prints it.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -29,7 +30,7 @@ use efapoll_lcores::{
 };
 
 use super::drive::{Nobody, drive_active, drive_passive};
-use super::oob::{self, Card, Control};
+use super::oob::{self, Card, Control, ToPeer};
 use super::op::{Io, OpKind};
 use super::report::{self, Report, Row};
 use super::target::Target;
@@ -377,6 +378,10 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
     let mut conn = Some(conn);
     let mut control = None;
     let mut out = Collector::new(a, flows, sample_rx, stop.clone());
+    let (to_peer, from_main) = mpsc::channel();
+    if role == Role::Active {
+        out.to_peer = Some(to_peer.clone());
+    }
     let relay = |mine: Card| -> Result<Card, RunError> {
         let mut cards = vec![mine];
         let mut others: Vec<Option<Card>> = vec![None; flows];
@@ -397,7 +402,7 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         }
         ctrlc(&stop);
         let link = conn.take().expect("unused until now");
-        control = Some(Control::spawn(link, stop.clone(), a.timeout));
+        control = Some(Control::spawn(link, stop.clone(), a.timeout, a.app, (to_peer, from_main)));
         Ok(first)
     };
     let main = lcores
@@ -411,24 +416,32 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         stop.stop();
     }
     let rest = lcores.wait_all();
-    let ours = out.finish(main, rest, role);
-    match (control, conn) {
-        (Some(control), _) => {
-            let theirs = control.finish(&ours);
-            // Our lcores stop when the peer fails: its failure is the cause.
-            match RunError::first_cause(ours.err().into_iter().chain(theirs.err())) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
+    let ours = out.conclude(main, rest, role);
+    let Some(control) = control else {
+        if let (Err(e), Some(conn)) = (&ours, conn) {
+            oob::abort(conn, e);
         }
-        (None, Some(conn)) => {
-            if let Err(e) = &ours {
-                oob::abort(conn, e);
-            }
-            ours
-        }
-        (None, None) => ours,
+        return ours?.write();
+    };
+    let (theirs, peer_rows) = control.finish(&ours.as_ref().map(|_| ()).map_err(Clone::clone));
+    // Our lcores stop when the peer fails: its failure is the cause.
+    if let Some(e) =
+        RunError::first_cause(ours.as_ref().err().cloned().into_iter().chain(theirs.err()))
+    {
+        return Err(e);
     }
+    let mut ours = ours?;
+    if role == Role::Passive {
+        // The client measured; its rows are this run's results here too.
+        ours.rows = peer_rows;
+        eprintln!(
+            "efapoll {}: served {} flow(s) over {} size(s)",
+            a.app.name(),
+            flows,
+            a.params.sizes.len()
+        );
+    }
+    ours.write()
 }
 
 /// Gathers every flow's samples of each size on the main lcore, prints
@@ -440,6 +453,15 @@ struct Collector<'a> {
     pending: Vec<Vec<Sample>>,
     rows: Vec<Row>,
     stop: StopFlag,
+    /// Where rows go to the peer's table (a client's control link).
+    to_peer: Option<mpsc::Sender<ToPeer>>,
+}
+
+/// A run's outcome on this side, before its files are written.
+struct Outcome<'a> {
+    a: &'a RunArgs,
+    rows: Vec<Row>,
+    counters: BTreeMap<String, u64>,
 }
 
 impl<'a> Collector<'a> {
@@ -450,10 +472,8 @@ impl<'a> Collector<'a> {
         stop: StopFlag,
     ) -> Collector<'a> {
         let pending = vec![Vec::new(); a.params.sizes.len()];
-        let c = Collector { a, flows, from_flows, pending, rows: Vec::new(), stop };
-        if a.mode != Mode::Server {
-            c.print_header();
-        }
+        let c = Collector { a, flows, from_flows, pending, rows: Vec::new(), stop, to_peer: None };
+        c.print_header();
         c
     }
 
@@ -497,13 +517,13 @@ impl<'a> Collector<'a> {
             }
         }
         let row = report::aggregate(&std::mem::take(&mut self.pending[k]));
-        self.print(&row);
+        let _ = writeln!(std::io::stdout().lock(), "{}", report::format_row(&row));
+        if let Some(to_peer) = &self.to_peer {
+            // A peer gone is the control link's to report.
+            let _ = to_peer.send(ToPeer::Row(row.clone()));
+        }
         self.rows.push(row);
         Ok(())
-    }
-
-    fn print(&self, row: &Row) {
-        let _ = writeln!(std::io::stdout().lock(), "{}", report::format_row(row));
     }
 
     /// Says which sizes were timed in batches, once, after the table.
@@ -525,13 +545,14 @@ impl<'a> Collector<'a> {
         }
     }
 
-    /// Reports the run: the first real error of any lcore, or the files.
-    fn finish(
+    /// The run's outcome: the first real error of any lcore, or the rows
+    /// and the counters of the sides in `report_role`.
+    fn conclude(
         self,
         main: FlowResult,
         rest: Vec<(LcoreId, Result<FlowResult, LcoreError>)>,
         report_role: Role,
-    ) -> Result<(), RunError> {
+    ) -> Result<Outcome<'a>, RunError> {
         let mut errors = Vec::new();
         let mut counters = BTreeMap::new();
         let results = std::iter::once(main).chain(
@@ -549,22 +570,31 @@ impl<'a> Collector<'a> {
             return Err(e);
         }
         self.note_batches();
+        Ok(Outcome { a: self.a, rows: self.rows, counters })
+    }
+
+    /// [`Collector::conclude`], then the files.
+    fn finish(
+        self,
+        main: FlowResult,
+        rest: Vec<(LcoreId, Result<FlowResult, LcoreError>)>,
+        report_role: Role,
+    ) -> Result<(), RunError> {
+        self.conclude(main, rest, report_role)?.write()
+    }
+}
+
+impl Outcome<'_> {
+    /// Writes `--json` and `--plot`, if asked for.
+    fn write(&self) -> Result<(), RunError> {
         let a = self.a;
-        if a.mode == Mode::Server {
-            eprintln!(
-                "efapoll {}: served {} flow(s) over {} size(s)",
-                a.app.name(),
-                self.flows,
-                a.params.sizes.len()
-            );
-        }
         let report = Report {
             app: a.app,
             device: &a.params.device,
             op: &a.params.op,
             lcores: a.lcores.to_string(),
             rows: &self.rows,
-            counters: &counters,
+            counters: &self.counters,
         };
         if let Some(path) = &a.json {
             report
