@@ -194,6 +194,45 @@ fn unexpected_messages_wait_for_their_receives() {
 }
 
 #[test]
+fn a_receiver_that_reposts_after_each_progress_keeps_up_with_a_sender_far_ahead() {
+    // Every message is in the receiver's device before it starts, and it
+    // keeps 32 receives posted, reposting after each progress. A progress
+    // call handles one burst of completions, so each message finds its
+    // receive; one that drained the device would leave most unexpected.
+    const N: u64 = 256;
+    let sim = SimConfig { rx_depth: 512, ..SimConfig::default() };
+    let mut w = World::pair(sim, Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 64);
+    let dst = w.register(1, 64);
+    for i in 0..N {
+        while let Err(e) = w.eps[0].send(to_b, span(&src, 0, 64), i) {
+            assert_eq!(e, Error::Again);
+            w.eps[0].progress();
+        }
+    }
+    while w.eps[0].progress() {}
+    assert!(w.fabric.pending_total() as u64 >= N, "all {N} in flight to the receiver");
+    let (mut posted, mut received) = (0, 0);
+    for _ in 0..10_000 {
+        while posted < N && posted - received < 32 {
+            w.eps[1].recv(span(&dst, 0, 64), None, posted).unwrap();
+            posted += 1;
+        }
+        w.eps[1].progress();
+        while let Some(c) = w.eps[1].poll_cq() {
+            assert_eq!((c.status, c.ctx), (Status::Ok, received));
+            received += 1;
+        }
+        if received == N {
+            break;
+        }
+    }
+    assert_eq!(received, N);
+    assert_eq!(w.eps[1].counters().unexpected, 0);
+}
+
+#[test]
 fn unordered_endpoints_deliver_everything() {
     let cfg = Config { ordered: false, ..Config::default() };
     let mut w = World::pair(reordering(9), cfg);

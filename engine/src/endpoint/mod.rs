@@ -428,22 +428,20 @@ impl<D: Device> Endpoint<D> {
     /// Runs the progress loop once (see the module's doc); returns whether
     /// it did any work.
     pub fn progress(&mut self) -> bool {
-        let mut did = false;
-        loop {
-            // Handled in place, not copied out: a copy would read each
-            // completion wider than the device wrote it, which stalls
-            // store forwarding.
-            let mut cqes = self.cqes.take().expect("completions array");
-            let n = self.dev.poll(&mut cqes[..]);
-            did |= n > 0;
-            for cqe in &cqes[..n] {
-                self.handle_cqe(cqe);
-            }
-            self.cqes = Some(cqes);
-            if n < POLL_BURST {
-                break;
-            }
+        // One burst per call, as a DPDK poll loop: draining the device
+        // while a fast sender keeps it full would starve the application of
+        // its turn to post receives, and every message would arrive
+        // unexpected (an extra copy each).
+        // Handled in place, not copied out: a copy would read each
+        // completion wider than the device wrote it, which stalls store
+        // forwarding.
+        let mut cqes = self.cqes.take().expect("completions array");
+        let n = self.dev.poll(&mut cqes[..]);
+        let mut did = n > 0;
+        for cqe in &cqes[..n] {
+            self.handle_cqe(cqe);
         }
+        self.cqes = Some(cqes);
         if self.txq.has_work() {
             did |= self.flush_tx();
         }
