@@ -244,6 +244,10 @@ fn shm_streaming_verifies_every_byte_and_writes_json() {
         check_streaming_row(r, 100);
         assert_eq!(r["window"], 16);
     }
+    // The receiver ran here: its counters too (the 64 B messages are eager).
+    let passive = v["passive_counters"].as_object().expect("passive_counters object");
+    assert!(passive["rx.EAGER_TAGRTM"].as_u64().is_some_and(|n| n >= 100), "{passive:?}");
+    assert_eq!(passive["tx.EAGER_TAGRTM"], sizes.len(), "the receiver's: an ack per size");
 }
 
 /// Starts `efapoll APP --server` on `port` with `args`.

@@ -269,21 +269,29 @@ pub struct Report<'a> {
     pub lcores: String,
     pub rows: &'a [Row],
     pub counters: &'a BTreeMap<String, u64>,
+    /// The answering sides' (receivers', responders', targets') when they
+    /// ran in this process; written only if any is non-zero.
+    pub passive_counters: &'a BTreeMap<String, u64>,
 }
 
 impl Report<'_> {
     pub fn to_json(&self) -> Value {
         let results: Vec<Value> = self.rows.iter().map(Row::to_value).collect();
-        let counters: Map<String, Value> =
-            self.counters.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-        json!({
+        let map = |c: &BTreeMap<String, u64>| -> Map<String, Value> {
+            c.iter().map(|(k, v)| (k.clone(), json!(v))).collect()
+        };
+        let mut report = json!({
             "app": self.app.name(),
             "device": self.device,
             "op": self.op,
             "lcores": self.lcores,
             "results": results,
-            "counters": counters,
-        })
+            "counters": map(self.counters),
+        });
+        if !self.passive_counters.is_empty() {
+            report["passive_counters"] = Value::Object(map(self.passive_counters));
+        }
+        report
     }
 
     pub fn write(&self, path: &Path) -> io::Result<()> {
@@ -411,10 +419,15 @@ mod tests {
             lcores: "0".into(),
             rows: &rows,
             counters: &counters,
+            passive_counters: &BTreeMap::new(),
         };
         let v = report.to_json();
         assert_eq!(v["app"], "pingpong");
         assert_eq!(v["counters"]["tx.EAGER_MSGRTM"], 5);
+        assert!(v.get("passive_counters").is_none(), "only when the passive sides ran here");
+        let passive = BTreeMap::from([("unexpected".to_owned(), 7)]);
+        let v = Report { passive_counters: &passive, ..report }.to_json();
+        assert_eq!(v["passive_counters"]["unexpected"], 7);
         let r = &v["results"][0];
         for key in [
             "bytes",

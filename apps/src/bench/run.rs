@@ -77,8 +77,11 @@ enum Role {
     Passive,
 }
 
-/// What a side's lcore hands back: its role and its endpoint's counters.
-type FlowResult = Result<(Role, Vec<(String, u64)>), RunError>;
+/// An endpoint's counters, by name.
+type Counters = Vec<(String, u64)>;
+
+/// What a flow's lcore hands back: the counters of each side it ran.
+type FlowResult = Result<Vec<(Role, Counters)>, RunError>;
 
 /// Where measured samples go.
 type Sink<'a> = &'a mut dyn FnMut(usize, Sample) -> Result<(), RunError>;
@@ -195,7 +198,7 @@ fn sim_pair<A: ActiveSide + Side, P: PassiveSide + Side>(
     active.connect(&passive.addr(), passive.data_mem())?;
     passive.connect(&active.addr(), active.data_mem())?;
     drive_active(ctx, &a.params, a.timeout, &mut active, &mut passive, live, sink)?;
-    Ok((Role::Active, active.counters()))
+    Ok(vec![(Role::Active, active.counters()), (Role::Passive, passive.counters())])
 }
 
 /// Runs one side of a flow on a shm device made on this thread; `exchange`
@@ -248,7 +251,7 @@ fn active_side<A: ActiveSide + Side>(
     let peer = exchange(card_of(&side, &a.params))?;
     side.connect(&peer.addr, peer.mem)?;
     drive_active(ctx, &a.params, a.timeout, &mut side, &mut Nobody, live, sink)?;
-    Ok((Role::Active, side.counters()))
+    Ok(vec![(Role::Active, side.counters())])
 }
 
 fn passive_side<P: PassiveSide + Side>(
@@ -260,7 +263,7 @@ fn passive_side<P: PassiveSide + Side>(
     let peer = exchange(card_of(&side, &a.params))?;
     side.connect(&peer.addr, peer.mem)?;
     drive_passive(ctx, a.timeout, &mut side)?;
-    Ok((Role::Passive, side.counters()))
+    Ok(vec![(Role::Passive, side.counters())])
 }
 
 /// One end of an in-process card exchange.
@@ -461,7 +464,11 @@ struct Collector<'a> {
 struct Outcome<'a> {
     a: &'a RunArgs,
     rows: Vec<Row>,
+    /// The reporting sides' counters, summed over flows.
     counters: BTreeMap<String, u64>,
+    /// The passive sides' run here while active ones report (empty
+    /// otherwise).
+    passive_counters: BTreeMap<String, u64>,
 }
 
 impl<'a> Collector<'a> {
@@ -546,7 +553,8 @@ impl<'a> Collector<'a> {
     }
 
     /// The run's outcome: the first real error of any lcore, or the rows
-    /// and the counters of the sides in `report_role`.
+    /// and the counters of the sides in `report_role` (and of the passive
+    /// sides run here, when active ones report).
     fn conclude(
         self,
         main: FlowResult,
@@ -554,15 +562,22 @@ impl<'a> Collector<'a> {
         report_role: Role,
     ) -> Result<Outcome<'a>, RunError> {
         let mut errors = Vec::new();
-        let mut counters = BTreeMap::new();
+        let (mut counters, mut passive_counters) = (BTreeMap::new(), BTreeMap::new());
         let results = std::iter::once(main).chain(
             rest.into_iter()
                 .map(|(_, r)| r.unwrap_or_else(|e| Err(RunError::Engine(e.to_string())))),
         );
         for result in results {
             match result {
-                Ok((role, c)) if role == report_role => report::merge_counters(&mut counters, c),
-                Ok(_) => {}
+                Ok(sides) => {
+                    for (role, c) in sides {
+                        if role == report_role {
+                            report::merge_counters(&mut counters, c);
+                        } else if role == Role::Passive {
+                            report::merge_counters(&mut passive_counters, c);
+                        }
+                    }
+                }
                 Err(e) => errors.push(e),
             }
         }
@@ -570,7 +585,7 @@ impl<'a> Collector<'a> {
             return Err(e);
         }
         self.note_batches();
-        Ok(Outcome { a: self.a, rows: self.rows, counters })
+        Ok(Outcome { a: self.a, rows: self.rows, counters, passive_counters })
     }
 
     /// [`Collector::conclude`], then the files.
@@ -595,6 +610,7 @@ impl Outcome<'_> {
             lcores: a.lcores.to_string(),
             rows: &self.rows,
             counters: &self.counters,
+            passive_counters: &self.passive_counters,
         };
         if let Some(path) = &a.json {
             report
