@@ -16,7 +16,7 @@
 //! Semantics follow the sim device:
 //!
 //! * a send completes when the receiver has taken the packet out of its
-//!   ring (the sender watches the slot's sequence number), so a receiver
+//!   ring (the sender watches the head it publishes after each burst), so a receiver
 //!   that stops polling, or has no receive buffer posted (counted as an
 //!   RNR wait), back-pressures the sender through `tx_depth`; a full ring
 //!   makes `post_send` take fewer;

@@ -19,8 +19,10 @@
 //! tail on; any producer that finds a claimed slot under the tail moves the
 //! tail on for it, so a producer that dies after claiming blocks no other
 //! producer. The consumer, stuck on a slot whose writer died, can tell so
-//! from the pid and skip the slot. A sender learns that its packet was
-//! consumed when the slot's sequence number has moved past `pos + 1`.
+//! from the pid and skip the slot. The consumer publishes its head after
+//! each burst: a sender learns that its packet at `pos` was consumed when
+//! the head has passed `pos`, one shared line read per burst rather than a
+//! slot's line per packet.
 
 use std::ffi::CString;
 use std::io;
@@ -31,7 +33,7 @@ use super::map::{Mapping, hdr};
 
 /// The producers' tail, on a cache line pair of its own.
 const TAIL: usize = 128;
-/// The consumer's head (published per burst, for observers), likewise.
+/// The consumer's head (published per burst, for senders), likewise.
 const HEAD: usize = 256;
 /// The first slot.
 const SLOTS: usize = 512;
@@ -273,10 +275,11 @@ impl Ring {
         pos
     }
 
-    /// Whether the consumer has taken the slot published at `pos`.
+    /// Whether the consumer has taken the slot published at `pos`, as of
+    /// its last published head.
     pub(crate) fn consumed(&self, pos: u32) -> bool {
-        let (seq, _) = split(self.ctl(pos).load(Acquire));
-        seq.wrapping_sub(pos.wrapping_add(1)) as i32 > 0
+        let head = self.map.u32_at(HEAD).load(Acquire);
+        head.wrapping_sub(pos.wrapping_add(1)) as i32 >= 0
     }
 
     // Consumer side: only the ring's owner.
@@ -319,9 +322,10 @@ impl Ring {
         self.ctl(pos).compare_exchange(ctl(pos, writer), next, Release, Relaxed).is_ok()
     }
 
-    /// Records the consumer's head for observers.
+    /// Publishes the consumer's head: every slot before `pos` is consumed
+    /// (what senders learn their completions from).
     pub(crate) fn set_head(&self, pos: u32) {
-        self.map.u32_at(HEAD).store(pos, Relaxed);
+        self.map.u32_at(HEAD).store(pos, Release);
     }
 }
 
@@ -364,6 +368,8 @@ mod tests {
                 ring.read(p, &mut b);
                 assert_eq!(b[0], i as u8);
                 ring.release(p);
+                assert!(!ring.consumed(p), "not until the head is published");
+                ring.set_head(p + 1);
                 assert!(ring.consumed(p));
             }
             assert_eq!(ring.head(pos[3] + 1), Head::Empty);
