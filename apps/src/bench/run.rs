@@ -466,8 +466,8 @@ struct Outcome<'a> {
     rows: Vec<Row>,
     /// The reporting sides' counters, summed over flows.
     counters: BTreeMap<String, u64>,
-    /// The passive sides' run here while active ones report (empty
-    /// otherwise).
+    /// The counters of the passive sides that ran in this process, when
+    /// active ones report (empty otherwise).
     passive_counters: BTreeMap<String, u64>,
 }
 
