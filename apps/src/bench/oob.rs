@@ -198,13 +198,14 @@ impl Control {
             let mut rows = Vec::new();
             loop {
                 while sent.is_none() {
-                    let parts = match from_main.try_recv() {
-                        Ok(ToPeer::Row(row)) => row_parts(&row),
-                        Ok(ToPeer::End(result)) => end_parts(result),
+                    let (parts, is_end) = match from_main.try_recv() {
+                        Ok(ToPeer::Row(row)) => (row_parts(&row), false),
+                        Ok(ToPeer::End(result)) => (end_parts(result), true),
                         Err(mpsc::TryRecvError::Empty) => break,
-                        Err(mpsc::TryRecvError::Disconnected) => end_parts(Err("aborted".into())),
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            (end_parts(Err("aborted".into())), true)
+                        }
                     };
-                    let is_end = parts[0] == b"end";
                     let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
                     let _ = conn.send(0, &parts);
                     if is_end {
