@@ -395,41 +395,9 @@ impl Fabric {
         let flight = if pick == 0 { inbox.pop_front() } else { inbox.remove(pick) };
         let flight = flight.expect("picked inside the window");
         Some(match flight {
-            Flight::Packet { src, incarnation, buf, len: hdr, data, wr_id } => {
-                let mtu = self.cfg.mtu;
-                let rx = self.nodes[at].posted_rx.pop_front().expect("checked above");
-                let dst = frame_at(rx, mtu);
-                Bytes::copy(
-                    &self.nodes[src].pool,
-                    frame_at(buf, mtu),
-                    &self.nodes[at].pool,
-                    dst,
-                    hdr as usize,
-                );
-                let mut len = hdr;
-                if let Some((region, offset, n)) = data {
-                    Bytes::copy(
-                        &region,
-                        offset as usize,
-                        &self.nodes[at].pool,
-                        dst + hdr as usize,
-                        n as usize,
-                    );
-                    len += n;
-                }
-                self.nodes[at].stats.delivered += 1;
-                *out = self.recv_cqe(at, src, rx, len);
-                if let Some(capture) = &mut self.capture {
-                    capture.push((src as u16, at as u16, self.nodes[at].pool_bytes(rx, len, mtu)));
-                }
-                if self.cfg.duplicate_ppm > 0
-                    && self.next_random() % 1_000_000 < self.cfg.duplicate_ppm as u64
-                {
-                    let bytes = self.nodes[at].pool_bytes(rx, len, mtu);
-                    self.nodes[at].stats.duplicated += 1;
-                    self.nodes[at].inbox.push_back(Flight::Raw { src, bytes });
-                }
-                self.complete_at(src, incarnation, Cqe { op: CqOp::Send, wr_id, ..Cqe::default() });
+            Flight::Packet { src, incarnation, buf, len, data, wr_id } => {
+                let data = data.as_ref().map(|(r, offset, n)| (&**r, *offset, *n));
+                *out = self.land_packet(at, src, incarnation, buf, len, data, wr_id);
                 1
             }
             Flight::Raw { src, bytes } => {
@@ -448,6 +416,48 @@ impl Fabric {
                 self.run_rdma(at, src, incarnation, wr, &local, out)
             }
         })
+    }
+
+    /// Lands a packet in `at`'s next posted buffer (the caller checked
+    /// there is one): the first `hdr` bytes of `src`'s buffer `buf`, then
+    /// `data` (a region, an offset, a length). Completes the send at its
+    /// sender; returns the receive completion.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn land_packet(
+        &mut self,
+        at: usize,
+        src: usize,
+        incarnation: u32,
+        buf: BufId,
+        hdr: u32,
+        data: Option<(&Bytes, u64, u32)>,
+        wr_id: u64,
+    ) -> Cqe {
+        let mtu = self.cfg.mtu;
+        let rx = self.nodes[at].posted_rx.pop_front().expect("checked by the caller");
+        let dst = frame_at(rx, mtu);
+        let pool = &self.nodes[at].pool;
+        Bytes::copy(&self.nodes[src].pool, frame_at(buf, mtu), pool, dst, hdr as usize);
+        let mut len = hdr;
+        if let Some((region, offset, n)) = data {
+            Bytes::copy(region, offset as usize, pool, dst + hdr as usize, n as usize);
+            len += n;
+        }
+        self.nodes[at].stats.delivered += 1;
+        let cqe = self.recv_cqe(at, src, rx, len);
+        if let Some(capture) = &mut self.capture {
+            capture.push((src as u16, at as u16, self.nodes[at].pool_bytes(rx, len, mtu)));
+        }
+        if self.cfg.duplicate_ppm > 0
+            && self.next_random() % 1_000_000 < self.cfg.duplicate_ppm as u64
+        {
+            let bytes = self.nodes[at].pool_bytes(rx, len, mtu);
+            self.nodes[at].stats.duplicated += 1;
+            self.nodes[at].inbox.push_back(Flight::Raw { src, bytes });
+        }
+        self.complete_at(src, incarnation, Cqe { op: CqOp::Send, wr_id, ..Cqe::default() });
+        cqe
     }
 
     fn recv_cqe(&self, at: usize, src: usize, rx: BufId, len: u32) -> Cqe {
@@ -734,7 +744,7 @@ impl Device for SimDevice {
                                 .checked_add(d.len as u64)
                                 .is_some_and(|e| e <= r.len() as u64) =>
                         {
-                            Some((r.clone(), d.offset, d.len))
+                            Some((r, d.offset, d.len))
                         }
                         _ => panic!("send gathers outside its region: {wr:?}"),
                     }
@@ -758,12 +768,25 @@ impl Device for SimDevice {
                     let cqe = Cqe { op: CqOp::Send, status, wr_id: wr.wr_id, ..Cqe::default() };
                     f.complete_at(self.node, self.incarnation, cqe);
                 }
+                // An in-order fabric with nothing queued ahead and a buffer
+                // posted delivers at once, as a NIC would by the time the
+                // receiver looks: the same bytes and completions, without
+                // the packet's trip through the inbox.
+                None if f.cfg.reorder_window == 1
+                    && f.nodes[target].inbox.is_empty()
+                    && !f.nodes[target].posted_rx.is_empty() =>
+                {
+                    let data = data.map(|(r, offset, n)| (&**r, offset, n));
+                    let (src, inc) = (self.node, self.incarnation);
+                    let cqe = f.land_packet(target, src, inc, wr.buf, wr.len, data, wr.wr_id);
+                    f.nodes[target].cq.push_back(cqe);
+                }
                 None => f.nodes[target].inbox.push_back(Flight::Packet {
                     src: self.node,
                     incarnation: self.incarnation,
                     buf: wr.buf,
                     len: wr.len,
-                    data,
+                    data: data.map(|(r, offset, n)| (r.clone(), offset, n)),
                     wr_id: wr.wr_id,
                 }),
             }
@@ -929,6 +952,27 @@ mod tests {
     }
 
     #[test]
+    fn in_order_delivery_is_immediate_but_never_overtakes_a_held_packet() {
+        let (_f, mut a, mut b) = pair(SimConfig::default());
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        b.post_recv(&[10]);
+        send(&mut a, ah, 0, b"now", 0);
+        assert_eq!(poll_all(&mut a).len(), 1, "delivered before the receiver polls");
+        // No buffer: held. A buffer posted later must not let the next
+        // packet land before it.
+        send(&mut a, ah, 1, b"held", 1);
+        b.post_recv(&[11, 12]);
+        send(&mut a, ah, 2, b"after", 2);
+        let got = poll_all(&mut b);
+        let bufs: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+        assert_eq!(bufs, [10, 11, 12]);
+        assert_eq!(&b.buf(10)[..3], b"now");
+        assert_eq!(&b.buf(11)[..4], b"held");
+        assert_eq!(&b.buf(12)[..5], b"after");
+        assert_eq!(poll_all(&mut a).len(), 2);
+    }
+
+    #[test]
     fn reordering_is_deterministic_per_seed() {
         let order = |seed| {
             let cfg = SimConfig { seed, reorder_window: 8, ..SimConfig::default() };
@@ -1029,7 +1073,9 @@ mod tests {
         send(&mut a, ah, 0, b"lost", 1);
         assert_eq!(poll_all(&mut a)[0].status, CqStatus::DeviceError);
 
-        b.post_recv(&[1, 2]);
+        // One buffer, which the injected packet takes: the next packet is
+        // still in flight (held for a buffer) when its target dies.
+        b.post_recv(&[1]);
         fabric.inject(&b.addr(), 77, b"\x40\x04");
         let got = poll_all(&mut b);
         assert_eq!(got[0].src, Source::Unknown { qpn: 77 });
