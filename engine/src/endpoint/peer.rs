@@ -7,7 +7,7 @@ use crate::device::Ah;
 use crate::wire::RawAddr;
 
 /// A REQ raw address header as current providers send it: size + 36.
-pub(crate) const RAW_ADDR_HDR_LEN: u32 = 4 + RawAddr::REQ_HDR_SIZE as u32;
+pub(crate) const RAW_ADDR_HDR_LEN: u8 = 4 + RawAddr::REQ_HDR_SIZE as u8;
 
 /// "No buffer" / "no entry" in the per-peer tables.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -28,10 +28,14 @@ impl ReorderBuf {
 }
 
 /// A peer.
+///
+/// One cache line holds what receiving a packet from it reads (the
+/// handshake flags, the expected msg_id, whether a reorder buffer exists,
+/// the connid to check) and what sending to it reads: with a thousand
+/// peers taking turns, each packet costs one line of peer state, not two.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub(crate) struct Peer {
-    pub(crate) addr: RawAddr,
-    pub(crate) ah: Ah,
     /// Our HANDSHAKE is queued or sent.
     pub(crate) handshake_sent: bool,
     /// Theirs arrived: `features` is valid and REQs stop carrying our raw
@@ -39,22 +43,29 @@ pub(crate) struct Peer {
     pub(crate) handshake_received: bool,
     /// We asked for theirs (a zero-byte EAGER_RTW) or sent them a REQ.
     pub(crate) req_sent: bool,
-    /// `extra_info[0]` of their HANDSHAKE.
-    pub(crate) features: u64,
-    /// The next msg_id we send them.
-    pub(crate) next_msg_id: u32,
-    /// The msg_id we deliver next from them.
-    pub(crate) expected_msg_id: u32,
-    /// Allocated the first time one of their messages arrives early.
-    pub(crate) reorder: Option<ReorderBuf>,
     /// Bytes of optional headers our REQs to them carry now: the raw
     /// address header (40) until their HANDSHAKE, then the connid (4) if
     /// they asked for it.
-    pub(crate) req_opt_len: u32,
+    pub(crate) req_opt_len: u8,
+    pub(crate) ah: Ah,
+    /// The msg_id we deliver next from them.
+    pub(crate) expected_msg_id: u32,
+    /// The next msg_id we send them.
+    pub(crate) next_msg_id: u32,
+    /// Allocated the first time one of their messages arrives early.
+    pub(crate) reorder: Option<ReorderBuf>,
+    pub(crate) addr: RawAddr,
+    /// `extra_info[0]` of their HANDSHAKE.
+    pub(crate) features: u64,
     /// Runting-read bytes sent to them and not yet read (provider: the
     /// runt budget is per peer).
     pub(crate) runt_in_flight: u64,
 }
+
+const _: () = assert!(
+    std::mem::offset_of!(Peer, addr) + std::mem::size_of::<RawAddr>() <= 64,
+    "hot fields in one line"
+);
 
 impl Peer {
     /// Whether their HANDSHAKE advertised `feature` (an `extra` bit).
