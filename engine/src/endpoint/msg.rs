@@ -451,6 +451,7 @@ impl<D: Device> Endpoint<D> {
             _ => None,
         };
         let op = self.rx_ops.get_mut(id).expect("live op");
+        op.reset_message();
         op.peer = peer;
         op.msg_id = info.msg_id;
         op.proto = proto;

@@ -13,6 +13,7 @@ pub(crate) const MAX_IOV: usize = 4;
 /// order, forming one contiguous message. Spans past `n` mean nothing (and
 /// are not compared).
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub(crate) struct Sgl {
     n: u8,
     segs: [Span; MAX_IOV],
@@ -343,9 +344,12 @@ pub(crate) enum RxState {
 
 /// Up to `MAX_IOV` iovs, by value; iovs past `n` mean nothing.
 #[derive(Clone, Copy, Default)]
+#[repr(C)]
 pub(crate) struct Iovs {
-    v: [RmaIov; MAX_IOV],
+    /// First, beside the fields before it: clearing the list touches one
+    /// cache line, not the one the array ends in.
     n: u8,
+    v: [RmaIov; MAX_IOV],
 }
 
 impl PartialEq for Iovs {
@@ -397,9 +401,14 @@ impl Iovs {
 
 /// A receive, an unexpected message, a write target or a read requester.
 ///
-/// In declaration order (`repr(C)`), so that what matching reads of a
-/// posted receive, and what a match writes, share the entry's first cache
-/// lines: with thousands posted, each match is a cache miss per line.
+/// In declaration order (`repr(C)`) by when the fields are used. With
+/// thousands of receives posted, each lands on a cold entry, so lines
+/// count: the slab entry's first line holds what matching reads (and
+/// `ctx`); the second what posting writes besides (`held`, `watched`,
+/// the first span of `dst`), which is all that an eager message's
+/// delivery reads. What a message records (`msg_id` onwards) is written
+/// by [`RxOp::reset_message`] when one arrives, not when the receive is
+/// posted: an eager message into a posted receive never touches it.
 #[derive(Debug, Clone)]
 #[repr(C)]
 pub(crate) struct RxOp {
@@ -418,17 +427,18 @@ pub(crate) struct RxOp {
     /// Posting order, to pick the earliest of several matching receives.
     pub(crate) seq: u64,
     pub(crate) ctx: u64,
-    // The message.
-    pub(crate) msg_id: u32,
     /// Unexpected: the held packets (a chain of RX buffers).
     pub(crate) held: u32,
+    /// Its deadline is on the timer.
+    pub(crate) watched: bool,
+    pub(crate) dst: Sgl,
+    // The message.
+    pub(crate) msg_id: u32,
     /// The sender's operation (long-CTS, long-read, DC receipts).
     pub(crate) send_id: u32,
     /// RDMA reads in flight.
     pub(crate) reads_in_flight: u32,
     pub(crate) proto: Proto,
-    /// Its deadline is on the timer.
-    pub(crate) watched: bool,
     pub(crate) tag: u64,
     pub(crate) cq_data: Option<u64>,
     pub(crate) total: u64,
@@ -441,44 +451,50 @@ pub(crate) struct RxOp {
     pub(crate) read_next: u64,
     /// When the peer must have answered by (endpoint clock, ns).
     pub(crate) deadline: u64,
-    pub(crate) dst: Sgl,
     /// Long-read / runting read: the sender's buffer.
     pub(crate) read_iov: Iovs,
 }
 
 impl RxOp {
-    /// Makes this entry a new one of `kind`, every message field zero,
-    /// field by field in place (no temporary of the whole entry).
+    /// Makes this entry a new one of `kind` with no message yet, field by
+    /// field in place (no temporary of the whole entry): the fields up to
+    /// `dst`'s count. The message's fields are stale until
+    /// [`RxOp::reset_message`].
     #[inline]
     pub(crate) fn reset(&mut self, kind: RxKind, state: RxState) {
         self.kind = kind;
         self.state = state;
         self.tagged = false;
-        self.ctx = 0;
-        self.dst.n = 0;
+        self.dc = false;
+        self.want_peer = None;
+        self.prev = 0;
+        self.next = 0;
+        self.peer = 0;
         self.want_tag = 0;
         self.ignore = 0;
-        self.want_peer = None;
         self.seq = 0;
-        self.peer = 0;
+        self.ctx = 0;
+        self.held = super::NO_BUF;
+        self.watched = false;
+        self.dst.n = 0;
+    }
+
+    /// Zeroes what a message records, for a message about to be recorded.
+    #[inline]
+    pub(crate) fn reset_message(&mut self) {
         self.msg_id = 0;
+        self.send_id = 0;
+        self.reads_in_flight = 0;
         self.proto = Proto::Eager;
-        self.dc = false;
         self.tag = 0;
         self.cq_data = None;
         self.total = 0;
         self.received = 0;
-        self.send_id = 0;
         self.granted = 0;
-        self.read_iov.n = 0;
         self.runt = 0;
         self.read_next = 0;
-        self.reads_in_flight = 0;
-        self.held = super::NO_BUF;
-        self.prev = 0;
-        self.next = 0;
         self.deadline = 0;
-        self.watched = false;
+        self.read_iov.n = 0;
     }
 
     /// A new entry with every message field zero.
@@ -591,8 +607,23 @@ mod tests {
         op.deadline = 20;
         op.watched = true;
         op.reset(RxKind::Msg, RxState::Posted);
+        op.reset_message();
         let new = RxOp::new(RxKind::Msg, RxState::Posted);
         assert_eq!(format!("{op:?}"), format!("{new:?}"));
+    }
+
+    #[test]
+    fn a_posted_receive_touches_two_cache_lines_of_its_slab_entry() {
+        use std::mem::offset_of;
+        // The slab puts the value 8 bytes into a 64-byte aligned entry.
+        let line = |offset: usize| (offset + 8) / 64;
+        assert_eq!(line(offset_of!(RxOp, kind)), 0);
+        assert_eq!(line(offset_of!(RxOp, ctx) + 7), 0);
+        assert_eq!(line(offset_of!(RxOp, held)), 1);
+        let dst = offset_of!(RxOp, dst);
+        assert_eq!(line(dst + offset_of!(Sgl, n)), 1);
+        assert_eq!(line(dst + offset_of!(Sgl, segs) + size_of::<Span>() - 1), 1);
+        assert!(line(offset_of!(RxOp, msg_id)) >= 1, "message fields after the posting ones");
     }
 
     #[test]
