@@ -288,6 +288,11 @@ fn server_and_client(app: &str, op: &str) {
     // The server prints the client's measurements, row for row.
     assert_eq!(rows(&srv), rows(&out), "{app} server: {}", text(&srv.stdout));
     assert!(text(&srv.stderr).contains("served 1 flow(s)"), "{}", text(&srv.stderr));
+    // And says, as the client does, which sizes were timed in batches.
+    let note = |o: &Output| {
+        text(&o.stderr).lines().find(|l| l.starts_with("note: round trips")).map(str::to_owned)
+    };
+    assert_eq!(note(&srv), note(&out), "{app} server: {}", text(&srv.stderr));
     let sizes = [64, 9000, 102_400];
     let v = read_report(&json, app, "shm", op, &sizes);
     for r in v["results"].as_array().unwrap() {

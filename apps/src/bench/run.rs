@@ -437,6 +437,7 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
     if role == Role::Passive {
         // The client measured; its rows are this run's results here too.
         ours.rows = peer_rows;
+        note_batches(&ours.rows);
         eprintln!(
             "efapoll {}: served {} flow(s) over {} size(s)",
             a.app.name(),
@@ -445,6 +446,24 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         );
     }
     ours.write()
+}
+
+/// Says which sizes were timed in batches, once, after the table.
+fn note_batches(rows: &[Row]) {
+    let batched: Vec<String> = rows
+        .iter()
+        .filter_map(|row| match row {
+            Row::Pingpong(r) if r.batch > 1 => Some(format!("{} B x{}", r.bytes, r.batch)),
+            _ => None,
+        })
+        .collect();
+    if !batched.is_empty() {
+        eprintln!(
+            "note: round trips under 100 clock reads long were timed in batches, so their \
+             percentiles are of batch means: {}",
+            batched.join(", ")
+        );
+    }
 }
 
 /// Gathers every flow's samples of each size on the main lcore, prints
@@ -533,25 +552,6 @@ impl<'a> Collector<'a> {
         Ok(())
     }
 
-    /// Says which sizes were timed in batches, once, after the table.
-    fn note_batches(&self) {
-        let batched: Vec<String> = self
-            .rows
-            .iter()
-            .filter_map(|row| match row {
-                Row::Pingpong(r) if r.batch > 1 => Some(format!("{} B x{}", r.bytes, r.batch)),
-                _ => None,
-            })
-            .collect();
-        if !batched.is_empty() {
-            eprintln!(
-                "note: round trips under 100 clock reads long were timed in batches, so their \
-                 percentiles are of batch means: {}",
-                batched.join(", ")
-            );
-        }
-    }
-
     /// The run's outcome: the first real error of any lcore, or the rows
     /// and the counters of the sides in `report_role` (and of the passive
     /// sides run here, when active ones report).
@@ -584,7 +584,7 @@ impl<'a> Collector<'a> {
         if let Some(e) = RunError::first_cause(errors) {
             return Err(e);
         }
-        self.note_batches();
+        note_batches(&self.rows);
         Ok(Outcome { a: self.a, rows: self.rows, counters, passive_counters })
     }
 
