@@ -24,6 +24,14 @@ struct Entry<T> {
     value: T,
 }
 
+/// Where a value of type `T` starts in its entry, and the entry's
+/// alignment: what a layout test needs to tell which cache line of an
+/// entry a field is in.
+#[cfg(test)]
+pub(crate) const fn value_placement<T>() -> (usize, usize) {
+    (std::mem::offset_of!(Entry<T>, value), std::mem::align_of::<Entry<T>>())
+}
+
 /// Entries addressed by `u32` ids: index in the low 20 bits, generation in
 /// the high 12. All memory is allocated at construction.
 #[derive(Debug)]
