@@ -245,30 +245,44 @@ fn register<D: Device>(ep: &mut Endpoint<D>, len: u64) -> Result<Mr, RunError> {
         .map_err(|e| RunError::Setup(format!("registering {len} bytes: {e}")))
 }
 
+#[inline]
 fn posted(result: Result<(), Error>, what: &str) -> Result<bool, RunError> {
     match result {
         Ok(()) => Ok(true),
         Err(Error::Again) => Ok(false),
-        Err(e) => Err(RunError::Engine(format!("posting a {what}: {e}"))),
+        Err(e) => Err(refused(e, what)),
     }
 }
 
+#[cold]
+#[inline(never)]
+fn refused(e: Error, what: &str) -> RunError {
+    RunError::Engine(format!("posting a {what}: {e}"))
+}
+
 /// Fails a completion that is not a success.
+#[inline]
 pub fn check_status(c: &Completion) -> Result<(), RunError> {
+    if c.status == Status::Ok { Ok(()) } else { Err(failed(c)) }
+}
+
+/// Why a completion failed, for the run's error.
+#[cold]
+#[inline(never)]
+fn failed(c: &Completion) -> RunError {
     match c.status {
-        Status::Ok => Ok(()),
         Status::PeerUnreachable => {
-            Err(RunError::PeerGone(format!("the peer is unreachable (a {:?} failed)", c.op)))
+            RunError::PeerGone(format!("the peer is unreachable (a {:?} failed)", c.op))
         }
-        Status::Truncated { olen } => Err(RunError::Verify(format!(
+        Status::Truncated { olen } => RunError::Verify(format!(
             "a {olen}-byte message arrived in a {}-byte receive: the sides disagree on sizes",
             c.len
-        ))),
-        Status::RemoteAccess => Err(RunError::Engine(format!(
+        )),
+        Status::RemoteAccess => RunError::Engine(format!(
             "the peer refused a {:?} on its buffer (key, bounds or rights)",
             c.op
-        ))),
-        s => Err(RunError::Engine(format!("{:?} completed with {s:?}", c.op))),
+        )),
+        s => RunError::Engine(format!("{:?} completed with {s:?}", c.op)),
     }
 }
 
@@ -277,6 +291,7 @@ pub fn check_status(c: &Completion) -> Result<(), RunError> {
 /// the active side ends as soon as it has that message and may close
 /// before the device here has seen it consumed (shm then fails what is
 /// outstanding to it). Whether it arrived is the active side's to say.
+#[inline]
 pub fn check_passive_status(c: &Completion, all_received: bool) -> Result<(), RunError> {
     let last_send = matches!(c.op, Op::Send | Op::Write);
     if all_received && last_send && c.status == Status::PeerUnreachable {
@@ -286,12 +301,15 @@ pub fn check_passive_status(c: &Completion, all_received: bool) -> Result<(), Ru
 }
 
 /// Fails a receive that did not deliver `want` bytes.
+#[inline]
 pub fn check_len(c: &Completion, want: u64) -> Result<(), RunError> {
-    if c.len == want {
-        Ok(())
-    } else {
-        Err(RunError::Verify(format!("received {} bytes, expected {want}", c.len)))
-    }
+    if c.len == want { Ok(()) } else { Err(short(c.len, want)) }
+}
+
+#[cold]
+#[inline(never)]
+fn short(len: u64, want: u64) -> RunError {
+    RunError::Verify(format!("received {len} bytes, expected {want}"))
 }
 
 /// The seed of message `seq` of a `size`-byte run: each message's bytes

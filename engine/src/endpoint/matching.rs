@@ -31,6 +31,7 @@ impl List {
         self.head == NONE
     }
 
+    #[inline]
     fn push_back(&mut self, ops: &mut Slab<RxOp>, id: u32) {
         let op = ops.get_mut(id).expect("live op");
         op.prev = self.tail;
