@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use efapoll_lcores::{CoreList, IdleStrategy, available_cores, check_cores_exist};
+use efapoll_lcores::{CoreList, IdleStrategy, LcoreMap, available_cores, check_cores_exist};
 
 use bench::op::OpKind;
 use bench::run::{DeviceKind, Mode, RunArgs};
@@ -91,12 +91,15 @@ fn parse_sizes(text: &str) -> Result<Sizes, String> {
     sizes::parse(text).map(Sizes)
 }
 
-fn parse_lcores(text: &str) -> Result<CoreList, String> {
-    let list: CoreList = text
-        .parse()
-        .map_err(|e| format!("{e}; expected a core list like `0-1` or `0,2-3` (DPDK's -l)"))?;
-    check_cores_exist(&list).map_err(|e| e.to_string())?;
-    Ok(list)
+fn parse_lcores(text: &str) -> Result<LcoreMap, String> {
+    let map: LcoreMap = text.parse().map_err(|e| {
+        format!(
+            "{e}; expected a core list like `0-1` or `0,2-3` (DPDK's -l), or lcores on CPUs \
+             like `0-1@0,2-3@1` (DPDK's --lcores)"
+        )
+    })?;
+    check_cores_exist(&map.cpus()).map_err(|e| e.to_string())?;
+    Ok(map)
 }
 
 #[derive(Debug, Args)]
@@ -129,9 +132,11 @@ struct BenchArgs {
     /// Lcores, DPDK syntax (0-3,5): one flow per pair (the first of a pair
     /// measures, as the client; the second answers, as the server); with
     /// -p sim one flow per lcore. Default: the first two cores (sim: the
-    /// first).
+    /// first). `LCORES@CPU` items (DPDK's --lcores) run lcores on a CPU of
+    /// another number, several on one: `0-1@0,2-3@1` runs two flows on two
+    /// CPUs, for functional runs (with --idle yield), not for timing.
     #[arg(short = 'l', long = "lcores", value_name = "LIST", value_parser = parse_lcores)]
-    lcores: Option<CoreList>,
+    lcores: Option<LcoreMap>,
     /// Verify every byte received (a pattern per message); one-sided ops:
     /// what each write left in the target, each read brought back, and the
     /// counter the atomics added to.
@@ -204,14 +209,14 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         if available.len() < n {
             usage_error(format!("-l: {n} cores are needed; the cores here are {available}"));
         }
-        CoreList::from_cores(available.iter().take(n)).expect("existing cores")
+        LcoreMap::identity(CoreList::from_cores(available.iter().take(n)).expect("existing cores"))
     };
     let lcores = match (b.lcores, device) {
         (Some(list), _) => list,
         (None, DeviceKind::Sim) => first(1),
         (None, DeviceKind::Shm) => first(2),
     };
-    if device == DeviceKind::Shm && !lcores.len().is_multiple_of(2) {
+    if device == DeviceKind::Shm && !lcores.lcores().len().is_multiple_of(2) {
         usage_error(format!(
             "-l {lcores}: shm runs one flow per lcore pair, so it takes an even number of \
              lcores (like 0-1 or 0-3); the cores here are {available}"
@@ -225,7 +230,8 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
     });
     check_sizes(b.op, &sizes).unwrap_or_else(|e| usage_error(e));
     let iterations = sizes.iter().map(|&s| sizes::iterations(s, b.iterations, streaming)).collect();
-    let flows = if device == DeviceKind::Sim { lcores.len() } else { lcores.len() / 2 };
+    let n = lcores.lcores().len();
+    let flows = if device == DeviceKind::Sim { n } else { n / 2 };
     let params = Params {
         app: app.name().into(),
         device: b.provider.to_possible_value().expect("not skipped").get_name().to_owned(),

@@ -124,7 +124,8 @@ fn read_report(path: &PathBuf, app: &str, device: &str, op: &str, sizes: &[u64])
     v
 }
 
-fn check_pingpong_row(r: &Value, iterations: u64) {
+/// A pingpong row of `flows` flows: iterations and MB/s add up over them.
+fn check_pingpong_row(r: &Value, iterations: u64, flows: f64) {
     for key in PINGPONG_FIELDS {
         assert!(number(r, key) >= 0.0, "{key} in {r}");
     }
@@ -136,9 +137,9 @@ fn check_pingpong_row(r: &Value, iterations: u64) {
     assert!(avg >= t[0] && avg <= t[4], "{r}");
     assert!(number(r, "mb_per_s") > 0.0 || r["bytes"] == 0, "{r}");
     assert!(number(r, "mmsg_per_s") > 0.0, "{r}");
-    // MB/s is bytes per average half round trip.
+    // MB/s is bytes per average half round trip, of every flow.
     let bytes = number(r, "bytes");
-    let expect = bytes / avg;
+    let expect = flows * bytes / avg;
     assert!((number(r, "mb_per_s") - expect).abs() <= expect * 0.01 + 0.01, "{r}");
 }
 
@@ -212,7 +213,7 @@ fn shm_pingpong_verifies_every_byte_and_writes_json() {
     assert_eq!(rows(&out).len(), sizes.len());
     let v = read_report(&json, "pingpong", "shm", "send", &sizes);
     for r in v["results"].as_array().unwrap() {
-        check_pingpong_row(r, 40);
+        check_pingpong_row(r, 40, 1.0);
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     let _ = std::fs::remove_file(&plot);
@@ -248,6 +249,39 @@ fn shm_streaming_verifies_every_byte_and_writes_json() {
     let passive = v["passive_counters"].as_object().expect("passive_counters object");
     assert!(passive["rx.EAGER_TAGRTM"].as_u64().is_some_and(|n| n >= 100), "{passive:?}");
     assert_eq!(passive["tx.EAGER_TAGRTM"], sizes.len(), "the receiver's: an ack per size");
+}
+
+#[test]
+fn shm_runs_a_flow_per_lcore_pair_with_pairs_sharing_cpus() {
+    let _busy = busy();
+    // Two flows, four lcores on two CPUs (DPDK's --lcores form): what a
+    // two-core machine can check of -l with several pairs. Yield, so that
+    // the lcores sharing a CPU take turns.
+    let map = "0@0,1@1,2@0,3@1";
+    for app in ["pingpong", "streaming"] {
+        let json = tmp(&format!("{app}-pairs.json"));
+        let args =
+            [app, "-l", map, "--idle", "yield", "-S", "64,9000", "-I", "300", "-c", "--json"];
+        let out = run(&[&args[..], &[json.to_str().unwrap()]].concat());
+        if !out.status.success() && text(&out.stderr).contains("does not exist") {
+            return; // a one-core machine
+        }
+        assert_ok(&out, &format!("{app} -l {map}"));
+        assert!(text(&out.stdout).contains("2 flow(s)"), "{}", text(&out.stdout));
+        let v = read_report(&json, app, "shm", "send", &[64, 9000]);
+        assert_eq!(v["lcores"], map);
+        for r in v["results"].as_array().unwrap() {
+            // Both flows' iterations, every byte verified.
+            if app == "pingpong" {
+                check_pingpong_row(r, 600, 2.0);
+            } else {
+                check_streaming_row(r, 600);
+            }
+        }
+        // Both flows' traffic: the 64 B messages (and their echoes) are eager.
+        let sent = v["counters"]["tx.EAGER_MSGRTM"].as_u64().unwrap_or(0);
+        assert!(sent >= 2 * 300, "{app}: {}", v["counters"]);
+    }
 }
 
 /// Starts `efapoll APP --server` on `port` with `args`.
@@ -296,7 +330,11 @@ fn server_and_client(app: &str, op: &str) {
     let sizes = [64, 9000, 102_400];
     let v = read_report(&json, app, "shm", op, &sizes);
     for r in v["results"].as_array().unwrap() {
-        if app == "pingpong" { check_pingpong_row(r, 100) } else { check_streaming_row(r, 100) }
+        if app == "pingpong" {
+            check_pingpong_row(r, 100, 1.0)
+        } else {
+            check_streaming_row(r, 100)
+        }
     }
     // The server's report: the client's rows, the server's own counters.
     let s = read_report(&srv_json, app, "shm", op, &sizes);
@@ -395,7 +433,7 @@ fn one_sided(app: &str, device: &str, op: &str, sizes: &[u64]) {
     let header = text(&out.stdout);
     let v = read_report(&json, app, device, op, sizes);
     for r in v["results"].as_array().unwrap() {
-        if app == "pingpong" { check_pingpong_row(r, 60) } else { check_streaming_row(r, 60) }
+        if app == "pingpong" { check_pingpong_row(r, 60, 1.0) } else { check_streaming_row(r, 60) }
     }
     if app == "pingpong" {
         let whole = op != "write";
@@ -458,6 +496,10 @@ fn bad_values_name_the_argument_and_what_is_accepted() {
     assert!(err.contains("--lcores") && err.contains("core list like"), "{err}");
     let err = usage_error(&["pingpong", "-l", "1000"]);
     assert!(err.contains("--lcores") && err.contains("cores available are"), "{err}");
+    let err = usage_error(&["pingpong", "-l", "0@"]);
+    assert!(err.contains("--lcores") && err.contains("`0@` is not an lcore mapping"), "{err}");
+    let err = usage_error(&["pingpong", "-l", "0@0,0@1"]);
+    assert!(err.contains("lcore 0 is mapped twice"), "{err}");
     let err = usage_error(&["pingpong", "-l", "0"]);
     assert!(err.contains("-l 0") && err.contains("even number"), "{err}");
     let err = usage_error(&["streaming", "--idle", "sleep"]);

@@ -3,6 +3,9 @@
 //! Items are single core ids or inclusive ranges `first-last`, separated by commas. Spaces
 //! around items are allowed; anything else that is not a number is an error that names the
 //! offending text. The parsed list is sorted and de-duplicated, so `3,1-2,2` is `1-3`.
+//!
+//! [`LcoreMap`] adds DPDK's `--lcores` form, `lcores@cpu`: `0-1@0,2-3@1` runs lcores 0 and 1
+//! on CPU 0 and lcores 2 and 3 on CPU 1.
 
 use std::fmt;
 use std::str::FromStr;
@@ -53,6 +56,20 @@ pub enum CoreListError {
         first: LcoreId,
         /// Last core of the range as written.
         last: LcoreId,
+    },
+    /// An `lcores@cpu` item with nothing on one side of the `@`, or more than one `@`.
+    #[error("`{item}` is not an lcore mapping; write `lcores@cpu`, like `2-3@1`")]
+    BadMapping {
+        /// The item as given.
+        item: String,
+    },
+    /// An lcore named by two items of a map, as in `0@0,0@1`.
+    #[error("lcore {lcore} is mapped twice in `{list}`")]
+    DuplicateLcore {
+        /// The lcore named twice.
+        lcore: LcoreId,
+        /// The whole map as given.
+        list: String,
     },
     /// A core id above [`MAX_LCORE_ID`].
     #[error("core `{core}` is out of range: core ids go from 0 to {max}")]
@@ -211,6 +228,108 @@ impl fmt::Display for CoreList {
     }
 }
 
+/// Lcores and the CPU each one runs on: DPDK's `--lcores`. An item `lcores@cpu` puts every
+/// lcore of `lcores` (one id or a range) on `cpu`; an item without `@` runs each lcore on the
+/// CPU of its own number, so every plain core list is also a map. Several lcores may share a
+/// CPU: functional runs on a machine with fewer cores than lcores (a busy-polling lcore then
+/// takes its CPU from the others, so such runs are not for timing; an idle strategy that
+/// yields keeps them moving).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LcoreMap {
+    lcores: CoreList,
+    /// The CPU of each lcore, by its index in `lcores`.
+    cpus: Vec<LcoreId>,
+}
+
+impl LcoreMap {
+    /// Each lcore of `lcores` on the CPU of its own number (DPDK's `-l`).
+    pub fn identity(lcores: CoreList) -> Self {
+        let cpus = lcores.as_slice().to_vec();
+        Self { lcores, cpus }
+    }
+
+    /// The lcores, ascending.
+    pub fn lcores(&self) -> &CoreList {
+        &self.lcores
+    }
+
+    /// The CPU `lcore` runs on, if it is in the map.
+    pub fn cpu_of(&self, lcore: LcoreId) -> Option<LcoreId> {
+        self.lcores.index_of(lcore).map(|i| self.cpus[i])
+    }
+
+    /// The CPUs the lcores run on, each once.
+    pub fn cpus(&self) -> CoreList {
+        CoreList::from_cores(self.cpus.iter().copied()).expect("a map has at least one lcore")
+    }
+
+    /// The part of the map for `lcores`; `None` if one of them is not in it.
+    pub fn restricted_to(&self, lcores: &CoreList) -> Option<LcoreMap> {
+        let cpus = lcores.iter().map(|l| self.cpu_of(l)).collect::<Option<Vec<_>>>()?;
+        Some(Self { lcores: lcores.clone(), cpus })
+    }
+}
+
+impl From<CoreList> for LcoreMap {
+    fn from(lcores: CoreList) -> Self {
+        Self::identity(lcores)
+    }
+}
+
+impl FromStr for LcoreMap {
+    type Err = CoreListError;
+
+    fn from_str(list: &str) -> Result<Self, Self::Err> {
+        if !list.contains('@') {
+            return list.parse::<CoreList>().map(Self::identity);
+        }
+        let mut pairs: Vec<(LcoreId, LcoreId)> = Vec::new();
+        for item in list.split(',') {
+            let item = item.trim();
+            let (lcores, cpu) = match item.split_once('@') {
+                None => (item, None),
+                Some((lcores, cpu)) => {
+                    let (lcores, cpu) = (lcores.trim(), cpu.trim());
+                    if lcores.is_empty() || cpu.is_empty() || cpu.contains('@') {
+                        return Err(CoreListError::BadMapping { item: item.into() });
+                    }
+                    (lcores, Some(parse_core(cpu)?))
+                }
+            };
+            // One item of a core list: a core or a range (a stray comma shows as empty).
+            let lcores = lcores.parse::<CoreList>().map_err(|e| match e {
+                CoreListError::Empty => {
+                    CoreListError::EmptyItem { position: pairs.len(), list: list.into() }
+                }
+                e => e,
+            })?;
+            pairs.extend(lcores.iter().map(|l| (l, cpu.unwrap_or(l))));
+        }
+        pairs.sort_unstable();
+        if let Some(w) = pairs.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(CoreListError::DuplicateLcore { lcore: w[0].0, list: list.into() });
+        }
+        let lcores = CoreList::from_cores(pairs.iter().map(|p| p.0))?;
+        Ok(Self { lcores, cpus: pairs.into_iter().map(|p| p.1).collect() })
+    }
+}
+
+impl fmt::Display for LcoreMap {
+    /// The plain core list when every lcore runs on its own number, else `lcore@cpu` items.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.lcores.as_slice() == self.cpus.as_slice() {
+            return self.lcores.fmt(f);
+        }
+        for (i, (lcore, cpu)) in self.lcores.iter().zip(&self.cpus).enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{lcore}@{cpu}")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +441,52 @@ mod tests {
         #[test]
         fn parsing_arbitrary_text_never_panics(text in "[0-9, \\-a]{0,16}") {
             let _ = text.parse::<CoreList>();
+        }
+    }
+
+    fn map(list: &str) -> Result<Vec<(LcoreId, LcoreId)>, CoreListError> {
+        let m = list.parse::<LcoreMap>()?;
+        Ok(m.lcores().iter().map(|l| (l, m.cpu_of(l).unwrap())).collect())
+    }
+
+    #[test]
+    fn lcore_maps_put_lcores_on_cpus() {
+        assert_eq!(map("0-1@0,2-3@1"), Ok(vec![(0, 0), (1, 0), (2, 1), (3, 1)]));
+        assert_eq!(map("5, 2@0"), Ok(vec![(2, 0), (5, 5)]));
+        // A plain core list is the identity map.
+        assert_eq!(map("0-2"), Ok(vec![(0, 0), (1, 1), (2, 2)]));
+        let m: LcoreMap = "0-1@0,2-3@1".parse().unwrap();
+        assert_eq!(m.cpus().as_slice(), &[0, 1]);
+        assert_eq!(m.cpu_of(4), None);
+        let part = m.restricted_to(&"1,3".parse().unwrap()).unwrap();
+        assert_eq!(part.to_string(), "1@0,3@1");
+        assert_eq!(m.restricted_to(&"4".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn lcore_maps_refuse_what_they_cannot_place() {
+        let bad = |item: &str| Err(CoreListError::BadMapping { item: item.into() });
+        assert_eq!(map("0@"), bad("0@"));
+        assert_eq!(map("@1"), bad("@1"));
+        assert_eq!(map("0@1@2"), bad("0@1@2"));
+        assert_eq!(
+            map("0-1@0,1@1"),
+            Err(CoreListError::DuplicateLcore { lcore: 1, list: "0-1@0,1@1".into() })
+        );
+        assert_eq!(map("0@x"), Err(CoreListError::BadNumber { text: "x".into() }));
+        assert_eq!(
+            map("0@0,,1@1"),
+            Err(CoreListError::EmptyItem { position: 1, list: "0@0,,1@1".into() })
+        );
+        assert!(matches!(map("3-1@0"), Err(CoreListError::ReversedRange { first: 3, last: 1 })));
+    }
+
+    #[test]
+    fn lcore_maps_print_as_they_parse() {
+        for text in ["0-3", "0@0,1@1,2@0,3@1", "1@5"] {
+            let m: LcoreMap = text.parse().unwrap();
+            assert_eq!(m.to_string(), text);
+            assert_eq!(m.to_string().parse::<LcoreMap>().unwrap(), m);
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::thread::{self, JoinHandle};
 
-use crate::corelist::{CoreList, LcoreId};
+use crate::corelist::{CoreList, LcoreId, LcoreMap};
 use crate::ctx::LcoreCtx;
 use crate::idle::IdleStrategy;
 use crate::pin::{PinError, check_cores_exist, pin_current_thread};
@@ -19,8 +19,9 @@ use crate::stop::StopFlag;
 /// What a launch runs on: the cores, which one is main, how idle loops wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LcoresConfig {
-    /// Every lcore of the launch, main included (DPDK's `-l`).
-    pub cores: CoreList,
+    /// Every lcore of the launch, main included, and the CPU each runs on (DPDK's `-l`, or
+    /// `--lcores` when lcores share CPUs).
+    pub lcores: LcoreMap,
     /// The main lcore (DPDK's `--main-lcore`); `None` means the first core of the list.
     pub main_lcore: Option<LcoreId>,
     /// What poll loops do after an iteration without work.
@@ -29,8 +30,8 @@ pub struct LcoresConfig {
 
 impl LcoresConfig {
     /// A configuration with the first core as main and the default (spinning) idle strategy.
-    pub fn new(cores: CoreList) -> Self {
-        Self { cores, main_lcore: None, idle: IdleStrategy::default() }
+    pub fn new(lcores: impl Into<LcoreMap>) -> Self {
+        Self { lcores: lcores.into(), main_lcore: None, idle: IdleStrategy::default() }
     }
 }
 
@@ -122,6 +123,8 @@ pub enum LcoreState {
 #[derive(Debug)]
 pub struct Lcores<R: Send + 'static = ()> {
     cores: CoreList,
+    /// The CPU of each lcore, by lcore index.
+    cpus: Vec<LcoreId>,
     main: LcoreId,
     main_index: usize,
     idle: IdleStrategy,
@@ -132,24 +135,26 @@ pub struct Lcores<R: Send + 'static = ()> {
 }
 
 impl<R: Send + 'static> Lcores<R> {
-    /// Checks that every core exists on this machine and pins the calling thread to the main
-    /// lcore, as DPDK's EAL initialisation does.
+    /// Checks that every lcore's CPU exists on this machine and pins the calling thread to the
+    /// main lcore's, as DPDK's EAL initialisation does.
     pub fn new(config: LcoresConfig) -> Result<Self, LcoresError> {
-        let main = config.main_lcore.unwrap_or(config.cores.main_lcore());
-        if !config.cores.contains(main) {
-            return Err(LcoresError::MainNotInList { main, cores: config.cores });
-        }
-        check_cores_exist(&config.cores)?;
-        pin_current_thread(main)?;
-        let count = config.cores.len();
+        let cores = config.lcores.lcores().clone();
+        let main = config.main_lcore.unwrap_or(cores.main_lcore());
+        let Some(main_cpu) = config.lcores.cpu_of(main) else {
+            return Err(LcoresError::MainNotInList { main, cores });
+        };
+        check_cores_exist(&config.lcores.cpus())?;
+        pin_current_thread(main_cpu)?;
+        let count = cores.len();
         Ok(Self {
             main,
-            main_index: config.cores.index_of(main).unwrap_or_default(),
+            main_index: cores.index_of(main).unwrap_or_default(),
             idle: config.idle,
             stop: StopFlag::new(),
             slots: new_slots(count),
             workers: (0..count).map(|_| None).collect(),
-            cores: config.cores,
+            cpus: cores.iter().filter_map(|l| config.lcores.cpu_of(l)).collect(),
+            cores,
         })
     }
 
@@ -179,7 +184,7 @@ impl<R: Send + 'static> Lcores<R> {
         self.stop.stop();
     }
 
-    /// Starts `work` on a new thread pinned to `lcore` (`rte_eal_remote_launch`).
+    /// Starts `work` on a new thread pinned to `lcore`'s CPU (`rte_eal_remote_launch`).
     ///
     /// Refused for an lcore outside the list, for the main lcore, and for an lcore whose
     /// previous work was not waited for.
@@ -197,10 +202,11 @@ impl<R: Send + 'static> Lcores<R> {
             return Err(LaunchError::Busy { lcore });
         }
         let (stop, slots, idle) = (self.stop.clone(), self.slots.clone(), self.idle);
+        let cpu = self.cpus[index];
         let handle = thread::Builder::new()
             .name(format!("lcore-{lcore}"))
             .spawn(move || {
-                pin_current_thread(lcore).map_err(|source| LcoreError::Pin { lcore, source })?;
+                pin_current_thread(cpu).map_err(|source| LcoreError::Pin { lcore, source })?;
                 let mut ctx = LcoreCtx::new(lcore, index, stop, slots, idle);
                 Ok(work(&mut ctx))
             })
@@ -213,7 +219,7 @@ impl<R: Send + 'static> Lcores<R> {
     /// lcore's context.
     pub fn run_on_main<T>(&mut self, work: impl FnOnce(&mut LcoreCtx) -> T) -> Result<T, PinError> {
         // Pin again: this value may have moved to another thread since `new`.
-        pin_current_thread(self.main)?;
+        pin_current_thread(self.cpus[self.main_index])?;
         let mut ctx = LcoreCtx::new(
             self.main,
             self.main_index,

@@ -59,7 +59,7 @@ mod stats;
 mod stop;
 mod sys;
 
-pub use corelist::{CoreList, CoreListError, LcoreId, MAX_LCORE_ID};
+pub use corelist::{CoreList, CoreListError, LcoreId, LcoreMap, MAX_LCORE_ID};
 pub use ctx::{LcoreCtx, Step};
 pub use idle::{IdleStrategy, UnknownIdleStrategy};
 pub use launch::{LaunchError, LcoreError, LcoreState, Lcores, LcoresConfig, LcoresError};

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use efapoll_lcores::{
-    CoreList, IdleStrategy, LaunchError, LcoreError, LcoreState, Lcores, LcoresConfig, LcoresError,
-    MAX_LCORE_ID, PinError, Step, available_cores,
+    CoreList, IdleStrategy, LaunchError, LcoreError, LcoreMap, LcoreState, Lcores, LcoresConfig,
+    LcoresError, MAX_LCORE_ID, PinError, Step, available_cores,
 };
 
 /// Serialises the tests: each runs a main lcore and at most one worker.
@@ -257,4 +257,28 @@ fn a_main_lcore_outside_the_list_is_refused() {
         Lcores::<()>::new(LcoresConfig { main_lcore: Some(1), ..LcoresConfig::new(cores.clone()) })
             .unwrap_err();
     assert_eq!(err, LcoresError::MainNotInList { main: 1, cores });
+}
+
+#[test]
+fn lcores_mapped_to_one_cpu_run_there_under_their_own_ids() {
+    let _lock = cores_lock();
+    let cpu = available_cores().unwrap().main_lcore();
+    // Lcores 7 and 9, both on the first CPU (DPDK's `--lcores 7@c,9@c`).
+    let map: LcoreMap = format!("7@{cpu},9@{cpu}").parse().unwrap();
+    let config = LcoresConfig { idle: IdleStrategy::Yield, ..LcoresConfig::new(map) };
+    let mut lcores: Lcores<(usize, Vec<usize>)> = Lcores::new(config).unwrap();
+    assert_eq!(lcores.main_lcore(), 7);
+    lcores.remote_launch(9, |ctx| (ctx.lcore_id(), current_affinity())).unwrap();
+    let (lcore, affinity) = lcores.wait(9).unwrap().unwrap();
+    assert_eq!((lcore, affinity), (9, vec![cpu]));
+    let on_main = lcores.run_on_main(|ctx| (ctx.lcore_id(), current_affinity())).unwrap();
+    assert_eq!(on_main, (7, vec![cpu]));
+}
+
+#[test]
+fn a_mapped_cpu_that_does_not_exist_is_refused_by_name() {
+    let available = available_cores().unwrap();
+    let map: LcoreMap = format!("0@{},1@{MAX_LCORE_ID}", available.main_lcore()).parse().unwrap();
+    let err = Lcores::<()>::new(LcoresConfig::new(map)).unwrap_err();
+    assert_eq!(err, LcoresError::Pin(PinError::NoSuchCore { core: MAX_LCORE_ID, available }));
 }

@@ -25,8 +25,8 @@ use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
 use efapoll::endpoint::Endpoint;
 use efapoll::relink::Conn;
 use efapoll_lcores::{
-    CoreList, IdleStrategy, LcoreCtx, LcoreError, LcoreId, Lcores, LcoresConfig, StopFlag,
-    install_ctrlc_handler,
+    CoreList, IdleStrategy, LcoreCtx, LcoreError, LcoreId, LcoreMap, Lcores, LcoresConfig,
+    StopFlag, install_ctrlc_handler,
 };
 
 use super::drive::{Nobody, drive_active, drive_passive};
@@ -62,7 +62,7 @@ pub struct RunArgs {
     pub device: DeviceKind,
     pub op: OpKind,
     pub params: Params,
-    pub lcores: CoreList,
+    pub lcores: LcoreMap,
     pub idle: IdleStrategy,
     pub port: u16,
     /// No progress for this long fails the run.
@@ -102,8 +102,8 @@ pub fn run(a: &RunArgs) -> Result<(), RunError> {
     }
 }
 
-fn new_lcores(cores: CoreList, idle: IdleStrategy) -> Result<Lcores<FlowResult>, RunError> {
-    Lcores::new(LcoresConfig { cores, main_lcore: None, idle })
+fn new_lcores(lcores: LcoreMap, idle: IdleStrategy) -> Result<Lcores<FlowResult>, RunError> {
+    Lcores::new(LcoresConfig { lcores, main_lcore: None, idle })
         .map_err(|e| RunError::Setup(format!("lcores: {e}")))
 }
 
@@ -125,14 +125,14 @@ fn run_sim(a: &RunArgs) -> Result<(), RunError> {
     let mut lcores = new_lcores(a.lcores.clone(), a.idle)?;
     ctrlc(lcores.stop_flag());
     let (sample_tx, sample_rx) = mpsc::channel();
-    for (flow, lcore) in a.lcores.iter().enumerate().skip(1) {
+    for (flow, lcore) in a.lcores.lcores().iter().enumerate().skip(1) {
         let (args, tx) = (a.clone(), sample_tx.clone());
         launch(&mut lcores, lcore, move |ctx| {
             sim_flow(ctx, &args, &mut |k, s| send_sample(&tx, flow, k, s), false)
         })?;
     }
     drop(sample_tx);
-    let mut out = Collector::new(a, a.lcores.len(), sample_rx, lcores.stop_flag().clone());
+    let mut out = Collector::new(a, a.lcores.lcores().len(), sample_rx, lcores.stop_flag().clone());
     let main = lcores
         .run_on_main(|ctx| sim_flow(ctx, a, &mut |k, s| out.add(k, s), true))
         .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
@@ -304,7 +304,7 @@ fn send_sample(
 }
 
 fn run_local(a: &RunArgs) -> Result<(), RunError> {
-    let pairs = pairs(&a.lcores);
+    let pairs = pairs(a.lcores.lcores());
     let mut lcores = new_lcores(a.lcores.clone(), a.idle)?;
     ctrlc(lcores.stop_flag());
     let (sample_tx, sample_rx) = mpsc::channel();
@@ -343,13 +343,13 @@ fn run_server(a: &RunArgs) -> Result<(), RunError> {
     eprintln!("efapoll {}: waiting for a client on port {}", a.app.name(), a.port);
     // A client may take its time: only its handshake has a deadline.
     let conn = oob::accept(&listener, a.app.endpoint_name(), a.timeout)?;
-    let cores = pairs(&a.lcores).iter().map(|p| p.1).collect();
+    let cores = pairs(a.lcores.lcores()).iter().map(|p| p.1).collect();
     run_remote(a, conn, Role::Passive, cores)
 }
 
 fn run_client(a: &RunArgs, host: &str) -> Result<(), RunError> {
     let conn = oob::connect(host, a.port, a.app.endpoint_name(), a.timeout)?;
-    let cores = pairs(&a.lcores).iter().map(|p| p.0).collect();
+    let cores = pairs(a.lcores.lcores()).iter().map(|p| p.0).collect();
     run_remote(a, conn, Role::Active, cores)
 }
 
@@ -358,7 +358,9 @@ fn run_client(a: &RunArgs, host: &str) -> Result<(), RunError> {
 fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Result<(), RunError> {
     let flows = cores.len();
     let list = CoreList::from_cores(cores.iter().copied())
-        .map_err(|e| RunError::Setup(format!("lcores: {e}")))?;
+        .ok()
+        .and_then(|list| a.lcores.restricted_to(&list))
+        .ok_or_else(|| RunError::Setup(format!("lcores: {cores:?} not in {}", a.lcores)))?;
     let mut lcores = new_lcores(list, a.idle)?;
     let stop = lcores.stop_flag().clone();
     let (card_tx, card_rx) = mpsc::channel::<(usize, Card)>();
