@@ -17,9 +17,9 @@
 //! - [`StopFlag`] and [`install_ctrlc_handler`]: one flag every loop honours, raised on Ctrl-C.
 //!
 //! ```no_run
-//! use efapoll_lcores::{Lcores, LcoresConfig, install_ctrlc_handler};
+//! use efapoll_lcores::{CoreList, Lcores, LcoresConfig, install_ctrlc_handler};
 //!
-//! let cores = "0-1".parse()?;
+//! let cores: CoreList = "0-1".parse()?;
 //! let mut lcores: Lcores<u64> = Lcores::new(LcoresConfig::new(cores))?;
 //! install_ctrlc_handler(lcores.stop_flag())?;
 //! let workers: Vec<_> = lcores.worker_lcores().collect();
