@@ -462,6 +462,51 @@ fn full_pools_push_back_and_nothing_is_lost() {
 }
 
 #[test]
+fn posted_receives_and_messages_in_progress_each_have_rx_ops_entries() {
+    let cfg = Config { rx_ops: 4, ..Config::default() };
+    let mut w = World::pair(SimConfig::default(), cfg);
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 4 * 20_000);
+    let dst = w.register(1, 8 * 20_000);
+    w.fill(0, &src, 3);
+    let tag = |t| TagMatch { tag: t, ignore: 0 };
+    // Four unexpected messages fill the entries for messages...
+    for i in 0..4 {
+        w.eps[0].tsend(to_b, span(&src, i * 64, 64), 1, i).unwrap();
+    }
+    w.settle();
+    assert_eq!(w.eps[1].counters().unexpected, 4);
+    // ...and leave room for four posted receives, no more.
+    for i in 0..4 {
+        w.eps[1].trecv(span(&dst, i * 20_000, 20_000), tag(2), None, 10 + i).unwrap();
+    }
+    assert_eq!(w.eps[1].trecv(span(&dst, 0, 8), tag(2), None, 99), Err(Error::Again));
+    // Medium messages match those receives but need entries to land in
+    // over several packets: they wait, holding their packets...
+    for i in 0..4 {
+        w.eps[0].tsend(to_b, span(&src, i * 20_000, 20_000), 2, 10 + i).unwrap();
+    }
+    w.settle();
+    assert!(w.done[1].is_empty());
+    assert!(w.eps[1].counters().rx_ops_exhausted > 0);
+    // ...until receives for the unexpected ones free the entries.
+    for i in 0..4 {
+        w.eps[1].trecv(span(&dst, (4 + i) * 20_000, 64), tag(1), None, i).unwrap();
+    }
+    w.drive_until(10_000, |w| w.done[1].len() == 8);
+    let mut got: Vec<(u64, Status, u64)> =
+        w.done[1].iter().map(|c| (c.ctx, c.status, c.len)).collect();
+    got.sort_by_key(|g| g.0);
+    let want: Vec<(u64, Status, u64)> = (0..4)
+        .map(|i| (i, Status::Ok, 64))
+        .chain((10..14).map(|i| (i, Status::Ok, 20_000)))
+        .collect();
+    assert_eq!(got, want);
+    let mem = w.eps[1].mem(dst.id).to_vec();
+    assert_eq!(&mem[..4 * 20_000], w.eps[0].mem(src.id));
+}
+
+#[test]
 fn an_unknown_sender_is_learned_from_its_raw_address() {
     let mut w = World::pair(SimConfig::default(), Config::default());
     w.fabric.set_capture(true);

@@ -103,7 +103,13 @@ impl CompletionQueue {
 
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<Completion> {
-        self.q.pop_front()
+        let c = self.q.pop_front();
+        // Rewind to the first slots once drained: a queue that rotates
+        // through all its capacity writes a cold line per completion.
+        if self.q.is_empty() {
+            self.q.clear();
+        }
+        c
     }
 
     #[inline]

@@ -1,19 +1,64 @@
 //! Receive matching: posted receives, unexpected messages, and messages in
 //! progress by (peer, msg_id).
 //!
-//! Posted receives live in intrusive lists threaded through the receive
-//! slab (no allocation per receive): untagged in one FIFO; tagged with an
-//! exact tag in a FIFO per tag, found by hash, so matching costs the same
-//! with 1 or 10,000 posted tags; tagged with ignore bits in one FIFO. An
-//! arriving message takes the earliest-posted receive that matches, by
-//! posting sequence. Unexpected messages wait in arrival order.
+//! A posted receive is a [`Posted`] record of one cache line in a slab of
+//! its own: everything matching reads, and everything an eager message
+//! needs to land and report, so that with thousands of receives posted a
+//! message costs one cold line for its receive, not the several of a full
+//! receive entry. A message that needs more (medium, long, delivery
+//! complete) moves its receive into a receive entry ([`RxOp`]) when it
+//! matches.
+//!
+//! Posted receives live in intrusive lists threaded through their slab (no
+//! allocation per receive): untagged in one FIFO; tagged with an exact tag
+//! in a FIFO per tag, found by hash, so matching costs the same with 1 or
+//! 10,000 posted tags; tagged with ignore bits in one FIFO. An arriving
+//! message takes the earliest-posted receive that matches, by posting
+//! sequence. Unexpected messages wait in arrival order, in lists through
+//! the receive entries.
 
-use super::ops::RxOp;
+use super::TagMatch;
+use super::ops::{Posted, RxOp};
 use super::peer::NONE;
-use super::slab::Slab;
-use crate::intmap::IntMap;
+use super::slab::{self, Slab};
+use crate::intmap::FlatMap;
 
-/// An intrusive FIFO of receive ids.
+/// An entry's place in one of the matcher's lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Link {
+    pub(crate) prev: u32,
+    pub(crate) next: u32,
+}
+
+impl Link {
+    pub(crate) const NONE: Link = Link { prev: NONE, next: NONE };
+}
+
+/// Entries that lists thread through.
+pub(crate) trait Linked {
+    fn link(&self) -> &Link;
+    fn link_mut(&mut self) -> &mut Link;
+}
+
+/// Entries with a `link` field.
+macro_rules! linked {
+    ($($t:ty),*) => {$(
+        impl Linked for $t {
+            #[inline(always)]
+            fn link(&self) -> &Link {
+                &self.link
+            }
+            #[inline(always)]
+            fn link_mut(&mut self) -> &mut Link {
+                &mut self.link
+            }
+        }
+    )*};
+}
+
+linked!(Posted, RxOp);
+
+/// An intrusive FIFO of slab ids.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct List {
     head: u32,
@@ -31,114 +76,119 @@ impl List {
         self.head == NONE
     }
 
-    #[inline]
-    fn push_back(&mut self, ops: &mut Slab<RxOp>, id: u32) {
-        let op = ops.get_mut(id).expect("live op");
-        op.prev = self.tail;
-        op.next = NONE;
+    #[inline(always)]
+    fn push_back<T: Linked>(&mut self, ops: &mut Slab<T>, id: u32) {
+        *ops.get_mut(id).expect("live entry").link_mut() = Link { prev: self.tail, next: NONE };
         if self.tail == NONE {
             self.head = id;
         } else {
-            ops.get_mut(self.tail).expect("live tail").next = id;
+            ops.get_mut(self.tail).expect("live tail").link_mut().next = id;
         }
         self.tail = id;
     }
 
-    fn remove(&mut self, ops: &mut Slab<RxOp>, id: u32) {
-        let (prev, next) = {
-            let op = ops.get(id).expect("live op");
-            (op.prev, op.next)
-        };
+    fn remove<T: Linked>(&mut self, ops: &mut Slab<T>, id: u32) {
+        let Link { prev, next } = *ops.get(id).expect("live entry").link();
         if prev == NONE {
             self.head = next;
         } else {
-            ops.get_mut(prev).expect("live prev").next = next;
+            ops.get_mut(prev).expect("live prev").link_mut().next = next;
         }
         if next == NONE {
             self.tail = prev;
         } else {
-            ops.get_mut(next).expect("live next").prev = prev;
+            ops.get_mut(next).expect("live next").link_mut().prev = prev;
         }
     }
 
     /// Takes the head if `f` holds for it.
     #[inline]
-    fn pop_front_if(&mut self, ops: &mut Slab<RxOp>, f: impl FnOnce(&RxOp) -> bool) -> Option<u32> {
+    fn pop_front_if<T: Linked>(
+        &mut self,
+        ops: &mut Slab<T>,
+        f: impl FnOnce(&T) -> bool,
+    ) -> Option<u32> {
         let id = self.head;
         let op = ops.get(id)?;
         if !f(op) {
             return None;
         }
-        let next = op.next;
+        let next = op.link().next;
         self.head = next;
         if next == NONE {
             self.tail = NONE;
         } else {
-            ops.get_mut(next).expect("live next").prev = NONE;
+            ops.get_mut(next).expect("live next").link_mut().prev = NONE;
         }
         Some(id)
     }
 
     /// The first id for which `f` holds.
-    fn find(&self, ops: &Slab<RxOp>, mut f: impl FnMut(&RxOp) -> bool) -> Option<u32> {
+    fn find<T: Linked>(&self, ops: &Slab<T>, mut f: impl FnMut(u32, &T) -> bool) -> Option<u32> {
         let mut id = self.head;
         while id != NONE {
-            let op = ops.get(id).expect("live op");
-            if f(op) {
+            let op = ops.get(id).expect("live entry");
+            if f(id, op) {
                 return Some(id);
             }
-            id = op.next;
+            id = op.link().next;
         }
         None
     }
 }
 
-/// Whether a receive posted for `want_peer` takes a message from `peer`.
+/// Whether a receive posted for `want_peer` (`NONE`: any) takes a message
+/// from `peer`.
 #[inline]
-fn peer_ok(want_peer: Option<u32>, peer: u32) -> bool {
-    want_peer.is_none_or(|p| p == peer)
+fn peer_ok(want_peer: u32, peer: u32) -> bool {
+    want_peer == NONE || want_peer == peer
 }
 
 /// Whether a tagged receive takes a message with `tag`.
 #[inline]
-fn tag_ok(op: &RxOp, tag: u64) -> bool {
-    (op.want_tag ^ tag) & !op.ignore == 0
+fn tag_ok(want: TagMatch, tag: u64) -> bool {
+    (want.tag ^ tag) & !want.ignore == 0
 }
 
 /// Posted receives and unexpected messages.
 #[derive(Debug)]
 pub(crate) struct Matcher {
     posted_msg: List,
-    posted_exact: IntMap<List>,
+    posted_exact: FlatMap<List>,
     posted_wild: List,
+    /// What the receives on `posted_wild` match, by slab index: the rare
+    /// wildcard receive keeps its tag apart, so that every posted receive
+    /// fits one line.
+    wild: Vec<TagMatch>,
     unexp_msg: List,
     unexp_tag: List,
 }
 
 impl Matcher {
+    /// A matcher for a slab of `n` posted receives.
     pub(crate) fn with_capacity(n: usize) -> Matcher {
-        let mut posted_exact = IntMap::default();
-        posted_exact.reserve(n);
         Matcher {
             posted_msg: List::default(),
-            posted_exact,
+            posted_exact: FlatMap::with_capacity(n),
             posted_wild: List::default(),
+            wild: vec![TagMatch { tag: 0, ignore: 0 }; n],
             unexp_msg: List::default(),
             unexp_tag: List::default(),
         }
     }
 
-    /// Queues a posted receive.
+    /// Queues posted receive `id`, untagged or matching `tag`.
     #[inline(always)]
-    pub(crate) fn post(&mut self, ops: &mut Slab<RxOp>, id: u32) {
-        let op = ops.get(id).expect("live op");
-        match (op.tagged, op.ignore) {
-            (false, _) => self.posted_msg.push_back(ops, id),
-            (true, 0) => {
-                let tag = op.want_tag;
-                self.posted_exact.entry(tag).or_default().push_back(ops, id)
+    pub(crate) fn post(&mut self, posted: &mut Slab<Posted>, id: u32, tag: Option<TagMatch>) {
+        match tag {
+            None => self.posted_msg.push_back(posted, id),
+            Some(t) if t.ignore == 0 => {
+                self.posted_exact.get_or_default(t.tag).push_back(posted, id)
             }
-            (true, _) => self.posted_wild.push_back(ops, id),
+            Some(t) => {
+                self.wild[slab::index(id)] = t;
+                self.posted_wild.push_back(posted, id)
+            }
         }
     }
 
@@ -146,43 +196,48 @@ impl Matcher {
     #[inline(always)]
     pub(crate) fn take_posted(
         &mut self,
-        ops: &mut Slab<RxOp>,
+        posted: &mut Slab<Posted>,
         tagged: bool,
         tag: u64,
         peer: u32,
     ) -> Option<u32> {
         if !tagged {
             // The head, a receive from any peer, is the usual answer.
-            if let Some(id) = self.posted_msg.pop_front_if(ops, |op| op.want_peer.is_none()) {
+            if let Some(id) = self.posted_msg.pop_front_if(posted, |p| p.want_peer == NONE) {
                 return Some(id);
             }
-            let id = self.posted_msg.find(ops, |op| peer_ok(op.want_peer, peer))?;
-            self.posted_msg.remove(ops, id);
+            let id = self.posted_msg.find(posted, |_, p| peer_ok(p.want_peer, peer))?;
+            self.posted_msg.remove(posted, id);
             return Some(id);
         }
-        let exact =
-            self.posted_exact.get(&tag).and_then(|l| l.find(ops, |op| peer_ok(op.want_peer, peer)));
+        let exact = self
+            .posted_exact
+            .get(tag)
+            .and_then(|l| l.find(posted, |_, p| peer_ok(p.want_peer, peer)));
         let wild = if self.posted_wild.is_empty() {
             None
         } else {
-            self.posted_wild.find(ops, |op| tag_ok(op, tag) && peer_ok(op.want_peer, peer))
+            let wild = &self.wild;
+            self.posted_wild.find(posted, |id, p| {
+                tag_ok(wild[slab::index(id)], tag) && peer_ok(p.want_peer, peer)
+            })
         };
-        let seq = |id: u32| ops.get(id).expect("live op").seq;
+        let seq = |id: u32| posted.get(id).expect("live entry").seq;
         match (exact, wild) {
             (Some(e), Some(w)) if seq(w) < seq(e) => {
-                self.posted_wild.remove(ops, w);
+                self.posted_wild.remove(posted, w);
                 Some(w)
             }
             (Some(e), _) => {
-                let list = self.posted_exact.get_mut(&tag).expect("bucket");
-                list.remove(ops, e);
+                let list = self.posted_exact.get_mut(tag).expect("bucket");
+                list.remove(posted, e);
                 if list.is_empty() {
-                    self.posted_exact.remove(&tag);
+                    self.posted_exact.remove(tag);
                 }
                 Some(e)
             }
             (None, Some(w)) => {
-                self.posted_wild.remove(ops, w);
+                self.posted_wild.remove(posted, w);
                 Some(w)
             }
             (None, None) => None,
@@ -199,18 +254,30 @@ impl Matcher {
     }
 
     /// Takes the first unexpected message a receive being posted matches.
+    #[inline(always)]
     pub(crate) fn take_unexpected(
         &mut self,
         ops: &mut Slab<RxOp>,
-        tagged: bool,
-        want_tag: u64,
-        ignore: u64,
-        want_peer: Option<u32>,
+        tag: Option<TagMatch>,
+        want_peer: u32,
     ) -> Option<u32> {
-        let list = if tagged { &mut self.unexp_tag } else { &mut self.unexp_msg };
-        let id = list.find(ops, |m| {
-            peer_ok(want_peer, m.peer) && (!tagged || (want_tag ^ m.tag) & !ignore == 0)
-        })?;
+        let list = if tag.is_some() { &mut self.unexp_tag } else { &mut self.unexp_msg };
+        // Usually none wait: say so without a call.
+        if list.is_empty() {
+            return None;
+        }
+        Self::take_first_match(list, ops, tag, want_peer)
+    }
+
+    #[inline(never)]
+    fn take_first_match(
+        list: &mut List,
+        ops: &mut Slab<RxOp>,
+        tag: Option<TagMatch>,
+        want_peer: u32,
+    ) -> Option<u32> {
+        let id = list
+            .find(ops, |_, m| peer_ok(want_peer, m.peer) && tag.is_none_or(|t| tag_ok(t, m.tag)))?;
         list.remove(ops, id);
         Some(id)
     }
@@ -220,14 +287,12 @@ impl Matcher {
 /// long-CTS data), by (peer, msg_id).
 #[derive(Debug)]
 pub(crate) struct MsgIndex {
-    map: IntMap<u32>,
+    map: FlatMap<u32>,
 }
 
 impl MsgIndex {
     pub(crate) fn with_capacity(n: usize) -> MsgIndex {
-        let mut map = IntMap::default();
-        map.reserve(n);
-        MsgIndex { map }
+        MsgIndex { map: FlatMap::with_capacity(n) }
     }
 
     #[inline]
@@ -237,7 +302,7 @@ impl MsgIndex {
 
     #[inline]
     pub(crate) fn get(&self, peer: u32, msg_id: u32) -> Option<u32> {
-        self.map.get(&Self::key(peer, msg_id)).copied()
+        self.map.get(Self::key(peer, msg_id)).copied()
     }
 
     #[inline]
@@ -247,6 +312,6 @@ impl MsgIndex {
 
     #[inline]
     pub(crate) fn remove(&mut self, peer: u32, msg_id: u32) {
-        self.map.remove(&Self::key(peer, msg_id));
+        self.map.remove(Self::key(peer, msg_id));
     }
 }

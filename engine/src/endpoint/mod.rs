@@ -78,7 +78,7 @@ use crate::device::{Access, BufId, Caps, Cqe, Device, DeviceError, Mr, MrId};
 use crate::mem::Registry;
 use crate::wire::RawAddr;
 use matching::Matcher;
-use ops::{RxOp, TxOp};
+use ops::{Posted, RxOp, TxOp};
 use peer::Peers;
 use slab::Slab;
 use tx::TxQueue;
@@ -150,7 +150,8 @@ pub struct Config {
     pub response_timeout: Duration,
     /// Send operations in flight (at most 2^20).
     pub tx_ops: usize,
-    /// Receives posted, in progress or unexpected (at most 2^20).
+    /// Receives posted and not yet matched (at most 2^20), and as many
+    /// again of messages in progress or unexpected.
     pub rx_ops: usize,
     /// Ask each inserted peer for its HANDSHAKE at once (the provider waits
     /// for the first message), so the first large message or one-sided
@@ -214,6 +215,8 @@ pub struct Endpoint<D: Device> {
     peers: Peers,
     tx_ops: Slab<TxOp>,
     rx_ops: Slab<RxOp>,
+    /// Receives waiting for a message.
+    posted: Slab<Posted>,
     matcher: Matcher,
     txq: TxQueue,
     bufs: BufLayout,
@@ -283,7 +286,11 @@ impl<D: Device> Endpoint<D> {
             addr_hdr: addr.to_req_hdr_bytes(),
             peers: Peers::default(),
             tx_ops: Slab::with_capacity(tx_ops, TxOp::blank()),
-            rx_ops: Slab::with_capacity(rx_ops, RxOp::new(ops::RxKind::Msg, ops::RxState::Posted)),
+            rx_ops: Slab::with_capacity(
+                rx_ops,
+                RxOp::new(ops::RxKind::Msg, ops::RxState::Unexpected),
+            ),
+            posted: Slab::with_capacity(rx_ops, Posted::BLANK),
             matcher: Matcher::with_capacity(rx_ops),
             txq: TxQueue::new(tx, tx_ops + rx_ops),
             bufs,
@@ -299,7 +306,7 @@ impl<D: Device> Endpoint<D> {
                 caps.bufs as usize
             ],
             mem: Registry::default(),
-            cq: cq::CompletionQueue::with_capacity(tx_ops + rx_ops),
+            cq: cq::CompletionQueue::with_capacity(tx_ops + 2 * rx_ops),
             counters: Counters::default(),
             cqes: Some(Box::new([Cqe::default(); POLL_BURST])),
             next_seq: 0,

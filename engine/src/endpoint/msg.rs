@@ -3,7 +3,9 @@
 //! protocols, delivery complete, unexpected messages, truncation.
 
 use super::cq::{Completion, Op, Status};
-use super::ops::{MAX_IOV, Proto, RxKind, RxState, Sgl, TxKind};
+use super::matching::Link;
+use super::ops::{MAX_IOV, Posted, Proto, RxKind, RxState, Sgl, TxKind};
+use super::peer::NONE;
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
@@ -41,12 +43,7 @@ fn msg_proto(ptype: PacketType) -> Option<(Proto, bool, bool)> {
 fn copy_in<D: Device>(dev: &mut D, buf: BufId, from: usize, dst: &Sgl, seg_offset: u64, len: u64) {
     if let Some(s) = dst.single() {
         // One span, the common case: no walk over the list.
-        let n = len.min(s.len.saturating_sub(seg_offset)) as usize;
-        if n > 0 {
-            let (pkt, region) = dev.buf_and_region(buf, s.mr);
-            let at = (s.offset + seg_offset) as usize;
-            region[at..at + n].copy_from_slice(&pkt[from..from + n]);
-        }
+        copy_in_span(dev, buf, from, &s, seg_offset, len);
         return;
     }
     let mut from = from;
@@ -56,6 +53,24 @@ fn copy_in<D: Device>(dev: &mut D, buf: BufId, from: usize, dst: &Sgl, seg_offse
         region[p.offset as usize..p.offset as usize + n].copy_from_slice(&pkt[from..from + n]);
         from += n;
     });
+}
+
+/// [`copy_in`] into one span.
+#[inline(always)]
+fn copy_in_span<D: Device>(
+    dev: &mut D,
+    buf: BufId,
+    from: usize,
+    dst: &Span,
+    seg_offset: u64,
+    len: u64,
+) {
+    let n = len.min(dst.len.saturating_sub(seg_offset)) as usize;
+    if n > 0 {
+        let (pkt, region) = dev.buf_and_region(buf, dst.mr);
+        let at = (dst.offset + seg_offset) as usize;
+        region[at..at + n].copy_from_slice(&pkt[from..from + n]);
+    }
 }
 
 impl<D: Device> Endpoint<D> {
@@ -297,12 +312,8 @@ impl<D: Device> Endpoint<D> {
         if let Some(p) = from {
             self.check_peer(p)?;
         }
-        let tagged = tag.is_some();
-        let TagMatch { tag: want_tag, ignore } = tag.unwrap_or(TagMatch { tag: 0, ignore: 0 });
-        let want_peer = from.map(|p| p.0);
-        if let Some(id) =
-            self.matcher.take_unexpected(&mut self.rx_ops, tagged, want_tag, ignore, want_peer)
-        {
+        let want_peer = from.map_or(NONE, |p| p.0);
+        if let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, tag, want_peer) {
             let op = self.rx_ops.get_mut(id).expect("live op");
             if op.proto == Proto::Eager && !op.dc {
                 // The whole message waits in one held packet, whose payload
@@ -310,9 +321,7 @@ impl<D: Device> Endpoint<D> {
                 let (buf, total, tagged, tag, cq_data, peer) =
                     (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
                 let from = self.rx_meta[buf as usize].payload_off as usize;
-                let mut sgl = Sgl::EMPTY;
-                sgl.set_one(dst);
-                copy_in(&mut self.dev, buf, from, &sgl, 0, total);
+                copy_in_span(&mut self.dev, buf, from, &dst, 0, total);
                 self.report_rx(Op::Recv, ctx, total, dst.len, tagged, tag, cq_data, peer);
                 self.release_rx(buf);
                 self.rx_ops.free(id);
@@ -326,21 +335,14 @@ impl<D: Device> Endpoint<D> {
             return Ok(());
         }
         let seq = self.next_seq;
-        self.next_seq += 1;
         let id = self
-            .rx_ops
-            .insert_with(|op| {
-                op.reset(RxKind::Msg, RxState::Posted);
-                op.tagged = tagged;
-                op.ctx = ctx;
-                op.dst.set_one(dst);
-                op.want_tag = want_tag;
-                op.ignore = ignore;
-                op.want_peer = want_peer;
-                op.seq = seq;
-            })
+            .posted
+            .insert(Posted { link: Link::NONE, want_peer, ctx, seq, dst })
             .ok_or(Error::Again)?;
-        self.matcher.post(&mut self.rx_ops, id);
+        self.next_seq += 1;
+        self.matcher.post(&mut self.posted, id, tag);
+        // A message that waited for room may be an eager one this receive
+        // takes without an entry.
         self.retry_stalled();
         Ok(())
     }
@@ -374,42 +376,47 @@ impl<D: Device> Endpoint<D> {
             self.release_rx(buf);
             return true;
         }
-        let matched = self.matcher.take_posted(&mut self.rx_ops, tagged, info.tag, peer);
-        let id = match matched {
-            Some(id) => id,
-            None => {
-                let Some(id) =
-                    self.rx_ops.insert_with(|op| op.reset(RxKind::Msg, RxState::Unexpected))
-                else {
-                    // No room even for an unexpected message: the packet
-                    // waits (holding its buffer) until receives are posted.
-                    self.counters.rx_ops_exhausted += 1;
-                    return false;
-                };
-                self.counters.unexpected += 1;
-                self.set_message(id, buf, peer, proto, tagged, dc, total, info);
-                self.rx_ops.get_mut(id).expect("live op").tagged = tagged;
-                self.matcher.push_unexpected(&mut self.rx_ops, id);
-                self.hold(id, buf);
-                if self.needs_later_packets(proto, info) {
-                    self.in_progress.insert(peer, info.msg_id, id);
-                }
-                return true;
+        // Everything but an eager message that nothing answers is recorded
+        // in an entry, matched or not: without room, the packet waits
+        // (holding its buffer) until entries are freed or receives posted.
+        let needs_entry = proto != Proto::Eager || dc;
+        if needs_entry && self.rx_ops.is_full() {
+            self.counters.rx_ops_exhausted += 1;
+            return false;
+        }
+        let Some(pid) = self.matcher.take_posted(&mut self.posted, tagged, info.tag, peer) else {
+            let Some(id) = self.rx_ops.insert_with(|op| op.reset(RxKind::Msg, RxState::Unexpected))
+            else {
+                self.counters.rx_ops_exhausted += 1;
+                return false;
+            };
+            self.counters.unexpected += 1;
+            self.set_message(id, buf, peer, proto, tagged, dc, total, info);
+            self.matcher.push_unexpected(&mut self.rx_ops, id);
+            self.hold(id, buf);
+            if self.needs_later_packets(proto, info) {
+                self.in_progress.insert(peer, info.msg_id, id);
             }
+            return true;
         };
-        if proto == Proto::Eager && !dc {
+        let Posted { ctx, dst, .. } = *self.posted.get(pid).expect("live receive");
+        self.posted.free(pid);
+        if !needs_entry {
             // The whole message is here and nothing answers it: land it
-            // and report it without recording it in the entry.
-            let op = self.rx_ops.get(id).expect("live op");
-            copy_in(&mut self.dev, buf, info.payload_off as usize, &op.dst, 0, total);
-            let (ctx, dst_len) = (op.ctx, op.dst.len());
-            self.report_rx(Op::Recv, ctx, total, dst_len, tagged, info.tag, info.cq_data, peer);
+            // and report it without recording it in an entry.
+            copy_in_span(&mut self.dev, buf, info.payload_off as usize, &dst, 0, total);
+            self.report_rx(Op::Recv, ctx, total, dst.len, tagged, info.tag, info.cq_data, peer);
             self.release_rx(buf);
-            self.rx_ops.free(id);
-            self.retry_stalled();
             return true;
         }
-        self.rx_ops.get_mut(id).expect("live op").state = RxState::Matched;
+        let id = self
+            .rx_ops
+            .insert_with(|op| {
+                op.reset(RxKind::Msg, RxState::Matched);
+                op.ctx = ctx;
+                op.dst.set_one(dst);
+            })
+            .expect("room checked");
         self.set_message(id, buf, peer, proto, tagged, dc, total, info);
         if self.needs_later_packets(proto, info) {
             self.in_progress.insert(peer, info.msg_id, id);

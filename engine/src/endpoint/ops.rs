@@ -2,6 +2,7 @@
 //! read and atomic, and the scatter lists their data lives in.
 
 use super::cq::Status;
+use super::matching::Link;
 use crate::device::MrId;
 use crate::mem::Span;
 use crate::wire::RmaIov;
@@ -333,8 +334,6 @@ pub(crate) enum RxKind {
 /// Where a receive operation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RxState {
-    /// Posted by the application, waiting for a message.
-    Posted,
     /// A message arrived before any matching receive was posted; its
     /// packets are held.
     Unexpected,
@@ -399,16 +398,39 @@ impl Iovs {
     }
 }
 
-/// A receive, an unexpected message, a write target or a read requester.
+/// A receive the application posted, waiting for a message: what matching
+/// reads and what an eager message needs to land and report, in one slab
+/// entry of one cache line (see the layout test).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub(crate) struct Posted {
+    /// Links in the matcher's lists.
+    pub(crate) link: Link,
+    /// The peer it takes a message from; `NONE`: any.
+    pub(crate) want_peer: u32,
+    pub(crate) ctx: u64,
+    /// Posting order, to pick the earliest of several matching receives.
+    pub(crate) seq: u64,
+    pub(crate) dst: Span,
+}
+
+impl Posted {
+    pub(crate) const BLANK: Posted = Posted {
+        link: Link::NONE,
+        want_peer: super::peer::NONE,
+        ctx: 0,
+        seq: 0,
+        dst: Span { mr: MrId(0), offset: 0, len: 0 },
+    };
+}
+
+/// An unexpected message, a message being received, a write target or a
+/// read requester.
 ///
-/// In declaration order (`repr(C)`) by when the fields are used. With
-/// thousands of receives posted, each lands on a cold entry, so lines
-/// count: the slab entry's first line holds what matching reads (and
-/// `ctx`); the second what posting writes besides (`held`, `watched`,
-/// the first span of `dst`), which is all that an eager message's
-/// delivery reads. What a message records (`msg_id` onwards) is written
-/// by [`RxOp::reset_message`] when one arrives, not when the receive is
-/// posted: an eager message into a posted receive never touches it.
+/// In declaration order (`repr(C)`) by when the fields are used: the
+/// slab entry's first line holds what matching an unexpected message reads.
+/// What a message records (`msg_id` onwards) is written by
+/// [`RxOp::reset_message`] when one arrives.
 #[derive(Debug, Clone)]
 #[repr(C)]
 pub(crate) struct RxOp {
@@ -416,16 +438,10 @@ pub(crate) struct RxOp {
     pub(crate) state: RxState,
     pub(crate) tagged: bool,
     pub(crate) dc: bool,
-    // What the application posted, as matching reads it.
-    pub(crate) want_peer: Option<u32>,
     /// Links in the matcher's lists.
-    pub(crate) prev: u32,
-    pub(crate) next: u32,
+    pub(crate) link: Link,
     pub(crate) peer: u32,
-    pub(crate) want_tag: u64,
-    pub(crate) ignore: u64,
-    /// Posting order, to pick the earliest of several matching receives.
-    pub(crate) seq: u64,
+    pub(crate) tag: u64,
     pub(crate) ctx: u64,
     /// Unexpected: the held packets (a chain of RX buffers).
     pub(crate) held: u32,
@@ -439,7 +455,6 @@ pub(crate) struct RxOp {
     /// RDMA reads in flight.
     pub(crate) reads_in_flight: u32,
     pub(crate) proto: Proto,
-    pub(crate) tag: u64,
     pub(crate) cq_data: Option<u64>,
     pub(crate) total: u64,
     pub(crate) received: u64,
@@ -466,13 +481,8 @@ impl RxOp {
         self.state = state;
         self.tagged = false;
         self.dc = false;
-        self.want_peer = None;
-        self.prev = 0;
-        self.next = 0;
+        self.link = Link::NONE;
         self.peer = 0;
-        self.want_tag = 0;
-        self.ignore = 0;
-        self.seq = 0;
         self.ctx = 0;
         self.held = super::NO_BUF;
         self.watched = false;
@@ -505,10 +515,6 @@ impl RxOp {
             tagged: false,
             ctx: 0,
             dst: Sgl::EMPTY,
-            want_tag: 0,
-            ignore: 0,
-            want_peer: None,
-            seq: 0,
             peer: 0,
             msg_id: 0,
             proto: Proto::Eager,
@@ -524,8 +530,7 @@ impl RxOp {
             read_next: 0,
             reads_in_flight: 0,
             held: super::NO_BUF,
-            prev: 0,
-            next: 0,
+            link: Link::NONE,
             deadline: 0,
             watched: false,
         }
@@ -583,10 +588,6 @@ mod tests {
         op.ctx = 1;
         op.dst = Sgl::one(span);
         op.dst.push(span);
-        op.want_tag = 2;
-        op.ignore = 3;
-        op.want_peer = Some(4);
-        op.seq = 5;
         op.peer = 6;
         op.msg_id = 7;
         op.proto = Proto::LongRead;
@@ -602,32 +603,31 @@ mod tests {
         op.read_next = 15;
         op.reads_in_flight = 16;
         op.held = 17;
-        op.prev = 18;
-        op.next = 19;
+        op.link = Link { prev: 18, next: 19 };
         op.deadline = 20;
         op.watched = true;
-        op.reset(RxKind::Msg, RxState::Posted);
+        op.reset(RxKind::Msg, RxState::Unexpected);
         op.reset_message();
-        let new = RxOp::new(RxKind::Msg, RxState::Posted);
+        let new = RxOp::new(RxKind::Msg, RxState::Unexpected);
         assert_eq!(format!("{op:?}"), format!("{new:?}"));
     }
 
     #[test]
-    fn a_posted_receive_touches_two_cache_lines_of_its_slab_entry() {
-        use std::mem::offset_of;
-        let (value_at, align) = super::super::slab::value_placement::<RxOp>();
+    fn a_posted_receive_is_one_cache_line_of_its_slab() {
+        let (value_at, align) = super::super::slab::value_placement::<Posted>();
         assert_eq!(align, 64, "entries start on a cache line");
+        assert!(value_at + size_of::<Posted>() <= 64, "{value_at} + {}", size_of::<Posted>());
+    }
+
+    #[test]
+    fn matching_an_unexpected_message_reads_the_first_line_of_its_entry() {
+        use std::mem::offset_of;
+        let (value_at, _) = super::super::slab::value_placement::<RxOp>();
         let line = |offset: usize| (value_at + offset) / 64;
-        assert_eq!(line(offset_of!(RxOp, kind)), 0);
-        assert_eq!(line(offset_of!(RxOp, ctx) + 7), 0);
-        assert_eq!(line(offset_of!(RxOp, held)), 1);
-        let dst = offset_of!(RxOp, dst);
-        assert_eq!(line(dst + offset_of!(Sgl, n)), 1);
-        assert_eq!(line(dst + offset_of!(Sgl, segs) + size_of::<Span>() - 1), 1);
-        assert!(
-            offset_of!(RxOp, msg_id) >= dst + size_of::<Sgl>(),
-            "the message's fields after the posting ones"
-        );
+        assert_eq!(line(offset_of!(RxOp, tagged)), 0);
+        assert_eq!(line(offset_of!(RxOp, link) + size_of::<Link>() - 1), 0);
+        assert_eq!(line(offset_of!(RxOp, peer) + 3), 0);
+        assert_eq!(line(offset_of!(RxOp, tag) + 7), 0);
     }
 
     #[test]

@@ -8,6 +8,12 @@ const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 const GENERATION_MASK: u16 = (1 << (32 - INDEX_BITS)) - 1;
 
+/// The slab index an id names, whatever its generation.
+#[inline(always)]
+pub(crate) fn index(id: u32) -> usize {
+    (id & INDEX_MASK) as usize
+}
+
 /// Largest capacity a slab can have.
 pub(crate) const MAX_CAPACITY: usize = 1 << INDEX_BITS;
 
