@@ -1,37 +1,54 @@
 //! `efapoll info`: the devices here and what they can do, like `fi_info`.
 //! Each built device is probed by creating one.
 
+use std::fmt::Write as _;
+use std::io::{self, Write as _};
 use std::process::ExitCode;
 
 use efapoll::device::Device;
 use efapoll::device::shm::{ShmConfig, ShmDevice};
 use efapoll::device::sim::{SimConfig, SimFabric};
 
-fn print_device(name: &str, about: &str, probe: Result<(efapoll::device::Caps, String), String>) {
-    println!("device: {name}");
-    println!("    about: {about}");
+/// `writeln!` into a `String`, which cannot fail.
+macro_rules! put {
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// Appends one device's entry to `out`.
+fn describe(
+    out: &mut String,
+    name: &str,
+    about: &str,
+    probe: Result<(efapoll::device::Caps, String), String>,
+) {
+    put!(out, "device: {name}");
+    put!(out, "    about: {about}");
     match probe {
         Ok((caps, addr)) => {
             let yes_no = |b: bool| if b { "yes" } else { "no" };
-            println!("    status: available");
-            println!("    address: {addr}");
-            println!("    mtu: {}", caps.mtu);
-            println!("    packet_buffers: {}", caps.bufs);
-            println!("    tx_depth: {}", caps.tx_depth);
-            println!("    rx_depth: {}", caps.rx_depth);
-            println!("    inline_size: {}", caps.inline_size);
-            println!("    max_rdma_size: {}", caps.max_rdma_size);
-            println!("    rdma_read: {}", yes_no(caps.rdma_read));
-            println!("    rdma_write: {}", yes_no(caps.rdma_write));
-            println!("    device_version: {:#x}", caps.device_version);
+            put!(out, "    status: available");
+            put!(out, "    address: {addr}");
+            put!(out, "    mtu: {}", caps.mtu);
+            put!(out, "    packet_buffers: {}", caps.bufs);
+            put!(out, "    tx_depth: {}", caps.tx_depth);
+            put!(out, "    rx_depth: {}", caps.rx_depth);
+            put!(out, "    inline_size: {}", caps.inline_size);
+            put!(out, "    max_rdma_size: {}", caps.max_rdma_size);
+            put!(out, "    rdma_read: {}", yes_no(caps.rdma_read));
+            put!(out, "    rdma_write: {}", yes_no(caps.rdma_write));
+            put!(out, "    device_version: {:#x}", caps.device_version);
         }
-        Err(status) => println!("    status: {status}"),
+        Err(status) => put!(out, "    status: {status}"),
     }
 }
 
 pub fn run() -> ExitCode {
+    let mut out = String::new();
     let sim = SimFabric::new(SimConfig::default()).device();
-    print_device(
+    describe(
+        &mut out,
         "sim",
         "in-process model of EFA, one thread (tests; the engine's own cost)",
         Ok((sim.caps(), sim.addr().to_string())),
@@ -39,12 +56,20 @@ pub fn run() -> ExitCode {
     let shm = ShmDevice::new(ShmConfig::default())
         .map(|d| (d.caps(), d.addr().to_string()))
         .map_err(|e| format!("unavailable: {e}"));
-    print_device("shm", "processes and threads of this host over POSIX shared memory", shm);
-    print_device(
+    describe(&mut out, "shm", "processes and threads of this host over POSIX shared memory", shm);
+    describe(
+        &mut out,
         "udp",
         "software SRD and RDMA over UDP, across hosts",
         Err("not built yet".into()),
     );
-    print_device("efa", "AWS Elastic Fabric Adapter", Err("not built yet".into()));
-    ExitCode::SUCCESS
+    describe(&mut out, "efa", "AWS Elastic Fabric Adapter", Err("not built yet".into()));
+    match io::stdout().lock().write_all(out.as_bytes()) {
+        // A reader that stopped early (`| head`) is not an error of ours.
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            eprintln!("efapoll info: {e}");
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::SUCCESS,
+    }
 }

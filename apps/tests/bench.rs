@@ -534,6 +534,18 @@ fn info_lists_sim_and_shm_and_what_is_not_built() {
 }
 
 #[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    // `efapoll info | head -1`: the reader is gone before the report is
+    // written.
+    let mut child =
+        efapoll().arg("info").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}: {}", out.status, text(&out.stderr));
+    assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+}
+
+#[test]
 fn help_documents_the_exit_status() {
     let out = run(&["--help"]);
     assert_ok(&out, "--help");

@@ -2,6 +2,8 @@
 //! gate (scripts/perf-gate.sh runs it). See perf/README.md.
 #![deny(unsafe_code)]
 
+use std::fmt::Write as _;
+use std::io::{self, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -53,21 +55,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::List { small } => {
+            let mut out = String::new();
             for w in workloads::all().iter().filter(|w| !small || w.small) {
                 let unit = match w.unit {
                     Unit::Ops => "ops".to_string(),
                     Unit::Bytes(n) => format!("{n}B"),
                 };
                 let suite = if w.small { "small" } else { "" };
-                println!(
-                    "{:<40} {:<8} {:>9} {:>9} {suite}",
-                    w.name,
-                    format!("{:?}", w.kind),
-                    unit,
-                    w.iters
-                );
+                let kind = format!("{:?}", w.kind);
+                let _ = writeln!(out, "{:<40} {kind:<8} {unit:>9} {:>9} {suite}", w.name, w.iters);
             }
-            Ok(0)
+            match io::stdout().lock().write_all(out.as_bytes()) {
+                // A reader that stopped early (`| head`) is not an error.
+                Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+                    Err(GateError::Tool(format!("stdout: {e}")))
+                }
+                _ => Ok(0),
+            }
         }
         Command::Exec { name, iters } => match workloads::find(&name) {
             Some(w) => {
