@@ -31,14 +31,9 @@ pub fn run(args: &[String]) -> ExitCode {
     } else {
         args.iter().filter(|a| !a.trim().is_empty()).try_for_each(|a| emit(a))
     };
-    match result.and_then(|()| out.flush()) {
-        // A reader that stopped early (`| head`) is not an error of ours.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
-        Err(e) => {
-            eprintln!("efapoll decode: {e}");
-            return ExitCode::FAILURE;
-        }
-        Ok(()) => {}
+    if let Err(e) = crate::reader_gone_is_ok(result.and_then(|()| out.flush())) {
+        eprintln!("efapoll decode: {e}");
+        return ExitCode::FAILURE;
     }
     if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -64,12 +64,11 @@ pub fn run() -> ExitCode {
         Err("not built yet".into()),
     );
     describe(&mut out, "efa", "AWS Elastic Fabric Adapter", Err("not built yet".into()));
-    match io::stdout().lock().write_all(out.as_bytes()) {
-        // A reader that stopped early (`| head`) is not an error of ours.
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+    match crate::reader_gone_is_ok(io::stdout().lock().write_all(out.as_bytes())) {
+        Err(e) => {
             eprintln!("efapoll info: {e}");
             ExitCode::FAILURE
         }
-        _ => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
     }
 }

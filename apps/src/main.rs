@@ -284,6 +284,15 @@ fn bench(args: RunArgs) -> ExitCode {
     }
 }
 
+/// `r`, with a reader that stopped early (`| head`) taken as success:
+/// not an error of ours.
+pub(crate) fn reader_gone_is_ok(r: std::io::Result<()>) -> std::io::Result<()> {
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r,
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {

@@ -83,14 +83,14 @@ impl<T> Slab<T> {
     /// The entry `id` names, if it is live and of this generation.
     #[inline]
     pub(crate) fn get(&self, id: u32) -> Option<&T> {
-        let e = self.entries.get((id & INDEX_MASK) as usize)?;
+        let e = self.entries.get(index(id))?;
         (e.live && e.generation as u32 == id >> INDEX_BITS).then_some(&e.value)
     }
 
     /// The entry `id` names, if it is live and of this generation.
     #[inline]
     pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut T> {
-        let e = self.entries.get_mut((id & INDEX_MASK) as usize)?;
+        let e = self.entries.get_mut(index(id))?;
         (e.live && e.generation as u32 == id >> INDEX_BITS).then_some(&mut e.value)
     }
 
