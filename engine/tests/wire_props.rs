@@ -129,6 +129,41 @@ proptest! {
         prop_assert_eq!(view.payload_offset(), n);
     }
 
+    /// The receive path's header prediction reads what the full parse
+    /// reads, answers for every eager RTM in the common form, and for
+    /// nothing the full parse would refuse (bytes flipped at random).
+    #[test]
+    fn eager_prediction_agrees_with_the_full_parse(
+        input in req_input(),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+    ) {
+        let repr = input.repr();
+        let mut buf = vec![0u8; repr.buffer_len() + input.payload.len()];
+        let n = repr.emit(&mut buf);
+        buf[n..].copy_from_slice(&input.payload);
+        let common = matches!(input.ptype, PacketType::EagerMsgRtm | PacketType::EagerTagRtm)
+            && !repr.wire_flags().intersects(ReqFlags::RAW_ADDR_HDR | ReqFlags::READ_NACK);
+        prop_assert_eq!(EagerRtm::predict(&buf).is_some(), common);
+        for (at, x) in flips {
+            let i = at.index(buf.len());
+            buf[i] ^= x;
+        }
+        for len in [buf.len(), buf.len() / 2] {
+            let bytes = &buf[..len];
+            let Some(e) = EagerRtm::predict(bytes) else { continue };
+            let view = ReqPacket::new_checked(bytes).expect("the full parse takes it too");
+            let tagged = view.packet_type() == PacketType::EagerTagRtm;
+            prop_assert!(tagged || view.packet_type() == PacketType::EagerMsgRtm);
+            prop_assert!(view.raw_addr().is_none() && !view.flags().contains(ReqFlags::READ_NACK));
+            prop_assert_eq!(e.tagged, tagged);
+            prop_assert_eq!(e.msg_id, view.fields().msg_id);
+            prop_assert_eq!(e.tag, view.fields().tag);
+            prop_assert_eq!(e.cq_data, view.cq_data());
+            prop_assert_eq!(e.connid, view.connid());
+            prop_assert_eq!(e.payload_off, view.payload_offset());
+        }
+    }
+
     #[test]
     fn cts_round_trip(flags in any::<u16>(), connid in proptest::option::of(any::<u32>()),
                       send_id in any::<u32>(), recv_id in any::<u32>(), recv_length in any::<u64>()) {

@@ -9,8 +9,8 @@ use super::peer::NONE;
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
-use crate::device::{Access, BufId, Device};
-use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, PacketType, extra};
+use crate::device::{Access, BufId, Device, Source};
+use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, EagerRtm, PacketType, extra};
 
 /// What an arriving message is, by its REQ type: protocol, tagged,
 /// delivery complete.
@@ -347,6 +347,42 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
+    /// Header prediction, as TCP's fast path: the packet a receiver sees
+    /// most, an eager message from a known peer in its turn that a posted
+    /// receive takes, is landed and reported in one pass. Anything else
+    /// answers false before any state changes, and the packet takes the
+    /// full path (`handle_recv`'s parse, `accept_from`, `handle_req`,
+    /// `handle_new_msg`), whose outcome for this packet would be the same.
+    #[inline(always)]
+    pub(super) fn recv_predicted(&mut self, buf: BufId, len: usize, src: Source) -> bool {
+        let Source::Known(ah) = src else { return false };
+        let Some(e) = EagerRtm::predict(&self.dev.buf(buf)[..len]) else { return false };
+        let Some(peer) = self.peers.by_ah(ah) else { return false };
+        let p = self.peers.get(peer).expect("live peer");
+        let in_turn = !self.cfg.ordered
+            || (e.msg_id == p.expected_msg_id && p.reorder.as_ref().is_none_or(|r| r.held == 0));
+        // A connid that is not the peer's, and our HANDSHAKE still owed,
+        // are the full path's business.
+        if !in_turn || !p.handshake_sent || e.connid.is_some_and(|c| c != p.addr.connid) {
+            return false;
+        }
+        let Some(pid) = self.matcher.take_posted(&mut self.posted, e.tagged, e.tag, peer) else {
+            return false;
+        };
+        if self.cfg.ordered {
+            let p = self.peers.get_mut(peer).expect("live peer");
+            p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
+        }
+        let ptype = if e.tagged { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
+        self.counters.rx_by_type[ptype.id() as usize] += 1;
+        let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
+        let total = (len - e.payload_off) as u64;
+        copy_in_span(&mut self.dev, buf, e.payload_off, &dst, 0, total);
+        self.report_rx(Op::Recv, ctx, total, dst.len, e.tagged, e.tag, e.cq_data, peer);
+        self.release_rx(buf);
+        true
+    }
+
     /// An RTM whose turn has come: match it or keep it as unexpected.
     /// Returns false, leaving the packet to the caller, when there is no
     /// room to keep an unexpected message.
@@ -399,8 +435,7 @@ impl<D: Device> Endpoint<D> {
             }
             return true;
         };
-        let Posted { ctx, dst, .. } = *self.posted.get(pid).expect("live receive");
-        self.posted.free(pid);
+        let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
         if !needs_entry {
             // The whole message is here and nothing answers it: land it
             // and report it without recording it in an entry.

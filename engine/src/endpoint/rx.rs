@@ -208,6 +208,9 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         let len = (cqe.len as usize).min(self.caps.mtu);
+        if self.recv_predicted(buf, len, cqe.src) {
+            return;
+        }
         let bytes = &self.dev.buf(buf)[..len];
         // REQs, the common case, skip the enum of the other types.
         if bytes.first().is_some_and(|&t| PacketType::is_req_id(t)) {

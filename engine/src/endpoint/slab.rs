@@ -94,18 +94,35 @@ impl<T> Slab<T> {
         (e.live && e.generation as u32 == id >> INDEX_BITS).then_some(&mut e.value)
     }
 
-    /// Frees entry `id`.
+    /// Frees entry `id`, if it is live and of this generation.
     #[inline]
     pub(crate) fn free(&mut self, id: u32) {
+        self.retire(id);
+    }
+
+    /// Frees entry `id` and returns its value, if it is live and of this
+    /// generation: one check where `get` then `free` would make two.
+    #[inline(always)]
+    pub(crate) fn take(&mut self, id: u32) -> Option<T>
+    where
+        T: Copy,
+    {
+        self.retire(id).copied()
+    }
+
+    /// Frees entry `id` if it is live and of this generation; its value
+    /// stays in place until the next insert.
+    #[inline(always)]
+    fn retire(&mut self, id: u32) -> Option<&T> {
         let index = id & INDEX_MASK;
-        if let Some(e) = self.entries.get_mut(index as usize)
-            && e.live
-            && e.generation as u32 == id >> INDEX_BITS
-        {
-            e.live = false;
-            e.generation = e.generation.wrapping_add(1) & GENERATION_MASK;
-            self.free.push(index);
+        let e = self.entries.get_mut(index as usize)?;
+        if !e.live || e.generation as u32 != id >> INDEX_BITS {
+            return None;
         }
+        e.live = false;
+        e.generation = e.generation.wrapping_add(1) & GENERATION_MASK;
+        self.free.push(index);
+        Some(&e.value)
     }
 
     /// Whether no entry is free.
@@ -134,6 +151,12 @@ mod tests {
         assert_eq!(s.get(a), None, "the old id is stale");
         s.free(a);
         assert_eq!(s.get(c), Some(&"c"), "freeing a stale id frees nothing");
+        assert_eq!(s.take(a), None, "taking a stale id takes nothing");
+        assert_eq!(s.take(c), Some("c"));
+        assert_eq!(s.get(c), None, "taken is freed");
+        assert_eq!(s.take(c), None, "once");
+        let d = s.insert("d").unwrap();
+        assert_ne!(d, c, "a taken slot comes back with a new generation");
         assert_eq!(s.get(b | 0x0ff0_0000), None, "forged generation");
         assert_eq!(s.get(0xfffff), None, "index out of range");
         assert!(s.is_full());

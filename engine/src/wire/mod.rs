@@ -45,7 +45,7 @@ pub use ctrl::{CtrlPacket, EorRepr, ReadNackRepr, ReceiptRepr};
 pub use cts::{CtsDataPacket, CtsDataRepr, CtsFlags, CtsPacket, CtsRepr};
 pub use handshake::{ExtraInfo, HandshakeFlags, HandshakePacket, HandshakeRepr, UserRecvQp, extra};
 pub use list::{IovList, RmaIov, WireItem, WireList};
-pub use req::{ReqClass, ReqField, ReqFields, ReqFlags, ReqLayout, ReqPacket, ReqRepr};
+pub use req::{EagerRtm, ReqClass, ReqField, ReqFields, ReqFlags, ReqLayout, ReqPacket, ReqRepr};
 pub use rsp::{AtomRspRepr, ReadRspRepr, RspPacket};
 
 bitflags::bitflags! {

@@ -545,6 +545,61 @@ impl ReqFields {
     }
 }
 
+/// An eager RTM (EAGER_MSGRTM or EAGER_TAGRTM) read in one pass: the
+/// receive path's header prediction, for the packet it sees most.
+///
+/// [`EagerRtm::predict`] answers only for the common form, without a raw
+/// address header and without the READ_NACK flag; for anything else,
+/// malformed packets included, it answers `None` and the caller takes the
+/// full parse ([`ReqPacket::new_checked`]), which says what is wrong.
+/// Where it answers, it reads what the full parse reads (a property test
+/// holds it to that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EagerRtm {
+    pub tagged: bool,
+    pub msg_id: u32,
+    /// 0 when untagged.
+    pub tag: u64,
+    pub cq_data: Option<u64>,
+    pub connid: Option<u32>,
+    /// Where the application data starts.
+    pub payload_off: usize,
+}
+
+impl EagerRtm {
+    /// The eager RTM in `buf`, if it is one in the common form.
+    #[inline(always)]
+    pub fn predict(buf: &[u8]) -> Option<EagerRtm> {
+        use super::base::type_id as t;
+        let [type_id, version, f0, f1] = *buf.first_chunk::<4>()?;
+        let flags = ReqFlags::from_bits_retain(u16::from_le_bytes([f0, f1]));
+        let unusual = ReqFlags::RAW_ADDR_HDR.union(ReqFlags::READ_NACK);
+        if version != base::PROTOCOL_VERSION || flags.intersects(unusual) {
+            return None;
+        }
+        let (tagged, fixed) = match type_id {
+            t::EAGER_MSGRTM => (false, EAGER_RTM.header_len()),
+            t::EAGER_TAGRTM => (true, tagged(EAGER_RTM).header_len()),
+            _ => return None,
+        };
+        let has_cq_data = flags.contains(ReqFlags::CQ_DATA_HDR);
+        let has_connid = flags.contains(ReqFlags::CONNID_HDR);
+        let connid_at = fixed + if has_cq_data { CQ_DATA_LEN } else { 0 };
+        let payload_off = connid_at + if has_connid { CONNID_LEN } else { 0 };
+        if buf.len() < payload_off {
+            return None;
+        }
+        Some(EagerRtm {
+            tagged,
+            msg_id: get_u32(buf, EAGER_RTM.msg_id as usize),
+            tag: if tagged { get_u64(buf, EAGER_RTM.header_len()) } else { 0 },
+            cq_data: has_cq_data.then(|| get_u64(buf, fixed)),
+            connid: has_connid.then(|| get_u32(buf, connid_at)),
+            payload_off,
+        })
+    }
+}
+
 /// A checked, zero-copy view of a REQ packet.
 #[derive(Debug, Clone, Copy)]
 pub struct ReqPacket<T: AsRef<[u8]>> {
