@@ -522,6 +522,19 @@ impl Fabric {
 }
 
 impl Node {
+    /// Moves queued completions into `out`; returns how many.
+    #[inline(always)]
+    fn take_cqes(&mut self, out: &mut [Cqe]) -> usize {
+        let mut n = 0;
+        while n < out.len()
+            && let Some(c) = self.cq.pop_front()
+        {
+            out[n] = c;
+            n += 1;
+        }
+        n
+    }
+
     fn pool_bytes(&self, buf: BufId, len: u32, mtu: usize) -> Vec<u8> {
         // SAFETY: the buffer was just delivered into and is not yet handed
         // to the endpoint; reading it aliases no writer.
@@ -847,32 +860,15 @@ impl Device for SimDevice {
         if !self.is_current(&f) {
             return 0;
         }
-        let mut n = 0;
-        while n < out.len() {
-            match f.nodes[self.node].cq.pop_front() {
-                Some(c) => {
-                    out[n] = c;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        while n < out.len() {
+        let mut n = f.nodes[self.node].take_cqes(out);
+        while n < out.len() && !f.nodes[self.node].inbox.is_empty() {
             match f.deliver_one(self.node, &mut out[n]) {
                 Some(wrote) => n += wrote,
                 None => break,
             }
             // Completions of this device's own operations (a peer that is
             // this device) come back through its queue.
-            while n < out.len() {
-                match f.nodes[self.node].cq.pop_front() {
-                    Some(c) => {
-                        out[n] = c;
-                        n += 1;
-                    }
-                    None => break,
-                }
-            }
+            n += f.nodes[self.node].take_cqes(&mut out[n..]);
         }
         n
     }

@@ -617,14 +617,16 @@ impl<D: Device> Endpoint<D> {
         cq_data: Option<u64>,
         peer: u32,
     ) {
-        let mut c = Completion::new(what, ctx);
-        c.len = total.min(dst_len);
-        c.status = if total > dst_len { Status::Truncated { olen: total } } else { Status::Ok };
-        c.tag = tag;
-        c.tagged = tagged;
-        c.cq_data = cq_data;
-        c.peer = Some(PeerId(peer));
-        self.cq.push(c);
+        self.cq.push(Completion {
+            ctx,
+            op: what,
+            status: if total > dst_len { Status::Truncated { olen: total } } else { Status::Ok },
+            len: total.min(dst_len),
+            tag,
+            tagged,
+            cq_data,
+            peer: Some(PeerId(peer)),
+        });
     }
 
     /// After data landed: complete the operation, grant more (long-CTS),

@@ -299,13 +299,16 @@ impl<D: Device> Endpoint<D> {
         match owner {
             Owner::Ctrl => {}
             Owner::Eager(e) => {
-                let mut c = Completion::new(Op::Send, e.ctx);
-                c.len = e.len as u64;
-                c.tag = e.tag;
-                c.tagged = e.tagged;
-                c.peer = Some(PeerId(e.peer));
-                c.status = device_status(cqe.status);
-                self.cq.push(c);
+                self.cq.push(Completion {
+                    ctx: e.ctx,
+                    op: Op::Send,
+                    status: device_status(cqe.status),
+                    len: e.len as u64,
+                    tag: e.tag,
+                    tagged: e.tagged,
+                    cq_data: None,
+                    peer: Some(PeerId(e.peer)),
+                });
             }
             Owner::Op(id) => {
                 let Some(op) = self.tx_ops.get_mut(id) else { return };

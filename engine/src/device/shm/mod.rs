@@ -629,12 +629,14 @@ impl Device for ShmDevice {
         }
     }
 
+    #[inline(always)]
     fn buf(&self, id: BufId) -> &[u8] {
         assert!(id < self.caps.bufs, "buffer {id} out of range");
         let at = id as usize * self.cfg.mtu;
         &self.pool[at..at + self.cfg.mtu]
     }
 
+    #[inline(always)]
     fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
         assert!(id < self.caps.bufs, "buffer {id} out of range");
         let at = id as usize * self.cfg.mtu;
@@ -699,6 +701,7 @@ impl Device for ShmDevice {
         unsafe { r.map.slice_mut(REGION_DATA, r.len) }
     }
 
+    #[inline(always)]
     fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]) {
         assert!(buf < self.caps.bufs, "buffer {buf} out of range");
         let r = self
