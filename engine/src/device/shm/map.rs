@@ -46,6 +46,10 @@ pub(crate) mod hdr {
     pub const RING_SLOTS: usize = 40;
     pub const SLOT_PAYLOAD: usize = 44;
     pub const SLOT_STRIDE: usize = 48;
+    /// Lanes of the segment: one ring per sending peer.
+    pub const LANES: usize = 52;
+    /// Moves whenever a sender claims a lane.
+    pub const LANE_GEN: usize = 56;
 
     // Region segments.
     pub const KEY: usize = 32;
@@ -59,7 +63,7 @@ pub(crate) mod hdr {
     pub const LEN_MIN: usize = 64;
 
     pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"EFAPSHM\0");
-    pub const VERSION_VALUE: u32 = 1;
+    pub const VERSION_VALUE: u32 = 2;
     pub const STATE_READY: u32 = 1;
     pub const STATE_CLOSED: u32 = 2;
     pub const KIND_ENDPOINT: u32 = 1;

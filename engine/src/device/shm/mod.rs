@@ -4,11 +4,12 @@
 //! Each [`ShmDevice`] creates a segment `/efapoll-<qpn>` whose name is its
 //! endpoint number (the lowest free one, taken atomically across processes
 //! by an exclusive create) and which holds a header and the device's
-//! receive ring (see `ring`). Its raw address is this host's GID, that
-//! number and a random connid. A sender maps the receiver's segment once,
-//! at `insert_addr`, and `post_send` copies the packet into a slot of the
-//! receiver's ring; the receiver's `poll` copies slots into its posted
-//! receive buffers. Registered regions are segments of their own
+//! receive rings, one lane per sending peer (see `ring`). Its raw address
+//! is this host's GID, that number and a random connid. A sender maps the
+//! receiver's segment and claims a lane of it once, at `insert_addr`, and
+//! `post_send` copies the packet into the next slot of its lane with plain
+//! stores (no locked instruction: the lane has one producer); the
+//! receiver's `poll` copies slots into its posted receive buffers. Registered regions are segments of their own
 //! (`/efapoll-<qpn>-<connid>-<key>`), which peers map on first use to do
 //! RDMA read and write by copy, after checking the key, the bounds and the
 //! rights in the region's header.
@@ -16,19 +17,21 @@
 //! Semantics follow the sim device:
 //!
 //! * a send completes when the receiver has taken the packet out of its
-//!   ring (the sender watches the head it publishes after each burst), so a receiver
-//!   that stops polling, or has no receive buffer posted (counted as an
-//!   RNR wait), back-pressures the sender through `tx_depth`; a full ring
-//!   makes `post_send` take fewer;
+//!   ring (the sender watches the head it publishes after each burst), so a
+//!   receiver that stops polling, or has no receive buffer posted (counted
+//!   as an RNR wait), back-pressures the sender through `tx_depth`; a full
+//!   lane makes `post_send` take fewer;
 //! * the receiver reports `Source::Known(ah)` only for a sender whose
 //!   address (QPN and connid) it inserted, else `Source::Unknown { qpn }`;
 //! * RDMA read and write run when posted and complete at the next poll; a
 //!   write with immediate data also puts a notice in the target's ring that
 //!   consumes a receive buffer there, and completes when it is consumed;
 //! * a peer that closed, or whose process died, fails what is outstanding
-//!   to it and what is posted to it with `PeerUnreachable`. Death is
-//!   noticed by a liveness check (`kill(pid, 0)`) that runs only while
-//!   something is outstanding and at most once per millisecond.
+//!   to it and what is posted to it with `PeerUnreachable`; a sender that
+//!   closed or died has what it published delivered, then its lane is
+//!   reset and freed for the next sender. Death is noticed by a liveness
+//!   check (`kill(pid, 0)`) that runs at most once per millisecond, and
+//!   only while something is outstanding or a sender holds a lane.
 //!
 //! A transmit slot stays taken until its completion is polled, so the
 //! completion queue never holds more than `tx_depth` entries and nothing
@@ -53,7 +56,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use map::remove_stale_segments;
 use map::{Mapping, hdr, pid_alive};
-use ring::{Head, Kind, Record, Ring};
+use ring::{Kind, LaneState, Record, Ring};
 
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Mr, MrId, RdmaOp, RdmaWr,
@@ -73,8 +76,13 @@ pub struct ShmConfig {
     pub tx_depth: usize,
     /// Posted receive buffers.
     pub rx_depth: usize,
-    /// Slots of the receive ring: a power of two, at least 2. Packets that
-    /// wait for a receive buffer wait here.
+    /// Senders this device can receive from at once: each claims a lane
+    /// (a ring of its own) in our segment, and `insert_addr` answers
+    /// `Again` while every lane is taken.
+    pub lanes: u32,
+    /// Slots of each lane's ring: a power of two, at least 2. Packets that
+    /// wait for a receive buffer wait here. The segment holds `lanes *
+    /// ring_slots` slots of `mtu` bytes.
     pub ring_slots: u32,
     /// Largest RDMA operation.
     pub max_rdma_size: u64,
@@ -87,7 +95,8 @@ impl Default for ShmConfig {
             bufs: 2048,
             tx_depth: 512,
             rx_depth: 512,
-            ring_slots: 512,
+            lanes: 8,
+            ring_slots: 256,
             max_rdma_size: 1 << 30,
         }
     }
@@ -108,8 +117,8 @@ pub struct ShmStats {
     pub remote_access_errors: u64,
     /// Ring slots dropped as malformed (a peer wrote garbage).
     pub malformed: u64,
-    /// Ring slots skipped because their writer died before publishing.
-    pub abandoned: u64,
+    /// Lanes freed after their sender closed or died.
+    pub lanes_reclaimed: u64,
     /// Liveness checks run.
     pub liveness_checks: u64,
     /// Peers found closed or dead.
@@ -138,11 +147,18 @@ const REGION_DATA: usize = 4096;
 /// How often, at most, the liveness check runs.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
 
+/// How often, at most, the senders holding our lanes are checked for
+/// life (a closed sender is seen at every liveness check).
+const LANE_PID_PERIOD: Duration = Duration::from_millis(100);
+
 /// Polls with work outstanding between looks at the clock: a spinning
 /// poller reads it every few microseconds, not on every spin.
 const CLOCK_EVERY_POLLS: u32 = 64;
 
 const NO_PEER: u32 = u32::MAX;
+
+/// Most lanes a segment may have.
+const MAX_LANES: u32 = 4096;
 
 /// A GID naming this host: the shm GID prefix and bytes of the machine id,
 /// so that an address from another host is refused.
@@ -184,11 +200,17 @@ struct Pending {
     wr_id: u64,
 }
 
-/// A peer: its ring, mapped once, and what we have outstanding to it.
+/// A peer: its segment, mapped once, our lane in it, and what we have
+/// outstanding to it.
 #[derive(Debug)]
 struct Peer {
     addr: RawAddr,
     ring: Ring,
+    /// Our lane in its segment, and the position we publish at next.
+    lane: u32,
+    tail: u32,
+    /// Its head of our lane as we last read it: room up to a lap past it.
+    seen_head: u32,
     pid: u32,
     in_book: bool,
     dead: bool,
@@ -215,6 +237,17 @@ struct Region {
     len: usize,
 }
 
+/// A lane of our segment that a sender holds: where we read it next, and
+/// who it is.
+#[derive(Debug, Clone, Copy)]
+struct RxLane {
+    lane: u32,
+    head: u32,
+    qpn: u16,
+    connid: u32,
+    pid: u32,
+}
+
 /// An endpoint on shared memory. See the module documentation.
 #[derive(Debug)]
 pub struct ShmDevice {
@@ -223,9 +256,14 @@ pub struct ShmDevice {
     addr: RawAddr,
     pid: u32,
     name: CString,
-    /// Our receive ring, in our segment.
+    /// Our receive rings, in our segment.
     ring: Ring,
-    head: u32,
+    /// The lanes senders hold, in the order we take packets from them.
+    rx_lanes: Vec<RxLane>,
+    /// The segment's lane generation when we last looked at its lanes.
+    lane_gen: u32,
+    /// The lane the next poll reads first (round robin).
+    next_lane: usize,
     /// Packet buffers: private memory, `bufs * mtu` bytes.
     pool: Box<[u8]>,
     posted_rx: VecDeque<BufId>,
@@ -240,10 +278,9 @@ pub struct ShmDevice {
     /// Peers with pending operations or suspected of death.
     active: Vec<u32>,
     regions: Vec<Option<Region>>,
-    /// Our ring's head slot is claimed by this writer and unpublished.
-    stuck_writer: Option<u32>,
     polls_since_clock: u32,
     last_check: Instant,
+    last_lane_check: Instant,
     stats: ShmStats,
 }
 
@@ -259,6 +296,9 @@ impl ShmDevice {
         }
         if cfg.ring_slots < 2 || !cfg.ring_slots.is_power_of_two() {
             return Err(ShmError::Config("ring_slots must be a power of two, at least 2"));
+        }
+        if cfg.lanes == 0 || cfg.lanes > MAX_LANES {
+            return Err(ShmError::Config("lanes must be from 1 to 4096"));
         }
         let pool_len =
             cfg.mtu.checked_mul(cfg.bufs as usize).ok_or(ShmError::Config("bufs * mtu"))?;
@@ -289,8 +329,10 @@ impl ShmDevice {
             addr: RawAddr { gid: host_gid(), qpn, connid },
             pid: std::process::id(),
             name: endpoint_name(qpn),
+            lane_gen: ring.lane_gen(),
             ring,
-            head: 0,
+            rx_lanes: Vec::with_capacity(cfg.lanes as usize),
+            next_lane: 0,
             pool: vec![0u8; pool_len].into_boxed_slice(),
             posted_rx: VecDeque::with_capacity(cfg.rx_depth),
             cq: VecDeque::with_capacity(cfg.tx_depth),
@@ -299,16 +341,16 @@ impl ShmDevice {
             by_qpn: vec![NO_PEER; 1 << 16].into_boxed_slice(),
             active: Vec::new(),
             regions: Vec::new(),
-            stuck_writer: None,
             polls_since_clock: 0,
             last_check: Instant::now(),
+            last_lane_check: Instant::now(),
             stats: ShmStats { stale_removed, ..ShmStats::default() },
         })
     }
 
     fn create_ring(cfg: &ShmConfig) -> Result<(u16, Ring), ShmError> {
         for qpn in 0..=u16::MAX {
-            match Ring::create(&endpoint_name(qpn), cfg.ring_slots, cfg.mtu) {
+            match Ring::create(&endpoint_name(qpn), cfg.lanes, cfg.ring_slots, cfg.mtu) {
                 Ok(ring) => return Ok((qpn, ring)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e.into()),
@@ -371,7 +413,8 @@ impl ShmDevice {
         p.suspect = false;
         // What the peer consumed before it went was delivered: those
         // complete as such (its segment stays mapped until we drop it).
-        while let Some(op) = p.pending.front().copied().filter(|op| p.ring.consumed(op.pos)) {
+        while let Some(op) = p.pending.front().copied().filter(|op| p.ring.consumed(p.lane, op.pos))
+        {
             p.pending.pop_front();
             self.cq.push_back(Cqe { op: op.op, wr_id: op.wr_id, ..Cqe::default() });
         }
@@ -395,7 +438,7 @@ impl ShmDevice {
             let idx = self.active[i] as usize;
             let p = &mut self.peers[idx];
             while let Some(front) = p.pending.front() {
-                if !p.ring.consumed(front.pos) {
+                if !p.ring.consumed(p.lane, front.pos) {
                     break;
                 }
                 let cqe = Cqe { op: front.op, wr_id: front.wr_id, ..Cqe::default() };
@@ -414,9 +457,9 @@ impl ShmDevice {
     }
 
     /// Runs the liveness check if it is due: only while something waits on
-    /// a peer (or on a writer to our ring), at most once per period.
+    /// a peer or a sender holds a lane of ours, at most once per period.
     fn maybe_check_liveness(&mut self) {
-        if self.active.is_empty() && self.stuck_writer.is_none() {
+        if self.active.is_empty() && self.rx_lanes.is_empty() {
             self.polls_since_clock = 0;
             return;
         }
@@ -438,42 +481,93 @@ impl ShmDevice {
             }
             self.peers[idx].suspect = false;
         }
-        if let Some(writer) = self.stuck_writer.take()
-            && !pid_alive(writer)
-            && self.ring.skip_abandoned(self.head, writer)
-        {
-            self.head = self.head.wrapping_add(1);
-            self.ring.set_head(self.head);
-            self.stats.abandoned += 1;
+        self.reclaim_lanes(now);
+    }
+
+    /// Frees the lanes whose sender closed (or, looked for less often,
+    /// died), once we took all it published.
+    fn reclaim_lanes(&mut self, now: Instant) {
+        let check_pids = now.duration_since(self.last_lane_check) >= LANE_PID_PERIOD;
+        if check_pids {
+            self.last_lane_check = now;
+        }
+        let mut i = 0;
+        while i < self.rx_lanes.len() {
+            let l = self.rx_lanes[i];
+            let gone = self.ring.owner(l.lane).state != LaneState::Open
+                || (check_pids && !pid_alive(l.pid));
+            if gone && self.ring.peek(l.lane, l.head).is_none() {
+                self.ring.reset_lane(l.lane);
+                self.rx_lanes.remove(i);
+                self.stats.lanes_reclaimed += 1;
+            } else {
+                i += 1;
+            }
+        }
+        self.next_lane = 0;
+    }
+
+    /// Takes up lanes senders claimed since we last looked.
+    #[cold]
+    fn scan_lanes(&mut self) {
+        self.lane_gen = self.ring.lane_gen();
+        for lane in 0..self.ring.lanes() {
+            let o = self.ring.owner(lane);
+            if o.state != LaneState::Free && !self.rx_lanes.iter().any(|l| l.lane == lane) {
+                let (qpn, connid, pid) = (o.qpn, o.connid, o.pid);
+                self.rx_lanes.push(RxLane { lane, head: 0, qpn, connid, pid });
+            }
         }
     }
 
-    fn source(&self, rec: &Record) -> Source {
-        let idx = self.by_qpn[rec.src_qpn as usize];
+    fn source(&self, qpn: u16, connid: u32) -> Source {
+        let idx = self.by_qpn[qpn as usize];
         match self.peers.get(idx as usize) {
-            Some(p) if p.in_book && p.addr.connid == rec.src_connid => Source::Known(Ah(idx)),
-            _ => Source::Unknown { qpn: rec.src_qpn },
+            Some(p) if p.in_book && p.addr.connid == connid => Source::Known(Ah(idx)),
+            _ => Source::Unknown { qpn },
         }
     }
 
-    /// Takes ready slots off our ring into `out`; returns how many
-    /// completions it wrote.
+    /// Takes ready slots off our lanes into `out`, lane after lane from
+    /// the one after last time's first; returns how many completions it
+    /// wrote.
     fn receive(&mut self, out: &mut [Cqe]) -> usize {
+        if self.ring.lane_gen() != self.lane_gen {
+            self.scan_lanes();
+        }
+        let lanes = self.rx_lanes.len();
+        if lanes <= 1 {
+            return if lanes == 0 { 0 } else { self.receive_lane(0, out).0 };
+        }
+        let first = if self.next_lane < lanes { self.next_lane } else { 0 };
+        let mut i = first;
         let mut n = 0;
-        let start = self.head;
-        self.stuck_writer = None;
+        for _ in 0..lanes {
+            let (got, rnr) = self.receive_lane(i, &mut out[n..]);
+            n += got;
+            if rnr || n == out.len() {
+                break;
+            }
+            i = if i + 1 == lanes { 0 } else { i + 1 };
+        }
+        self.next_lane = first + 1;
+        n
+    }
+
+    /// Takes ready slots off lane `rx_lanes[i]`; returns how many
+    /// completions it wrote and whether it stopped for want of a receive
+    /// buffer.
+    #[inline(always)]
+    fn receive_lane(&mut self, i: usize, out: &mut [Cqe]) -> (usize, bool) {
+        let RxLane { lane, head: start, qpn, connid, .. } = self.rx_lanes[i];
+        let mut head = start;
+        let mut n = 0;
+        let mut rnr = false;
         // Malformed slots write no completion: bound the work per call.
-        let mut budget = self.cfg.ring_slots;
+        let mut budget = self.ring.slots();
         while n < out.len() && budget > 0 {
             budget -= 1;
-            let rec = match self.ring.head(self.head) {
-                Head::Empty => break,
-                Head::Writing { writer } => {
-                    self.stuck_writer = Some(writer);
-                    break;
-                }
-                Head::Ready(rec) => rec,
-            };
+            let Some(rec) = self.ring.peek(lane, head) else { break };
             let len = rec.len as usize;
             let valid = match rec.kind {
                 Kind::Packet => len <= self.cfg.mtu,
@@ -482,18 +576,18 @@ impl ShmDevice {
             };
             if !valid {
                 self.stats.malformed += 1;
-                self.ring.release(self.head);
-                self.head = self.head.wrapping_add(1);
+                head = head.wrapping_add(1);
                 continue;
             }
             let Some(rx) = self.posted_rx.pop_front() else {
                 self.stats.rnr_waits += 1;
+                rnr = true;
                 break;
             };
-            let src = self.source(&rec);
+            let src = self.source(qpn, connid);
             out[n] = if rec.kind == Kind::Packet {
                 let at = rx as usize * self.cfg.mtu;
-                self.ring.read(self.head, &mut self.pool[at..at + len]);
+                self.ring.read(lane, head, &mut self.pool[at..at + len]);
                 self.stats.delivered += 1;
                 Cqe {
                     op: CqOp::Recv,
@@ -508,13 +602,13 @@ impl ShmDevice {
                 Cqe { op, status: CqStatus::Ok, wr_id: rx as u64, len: rec.len, src, imm: rec.imm }
             };
             n += 1;
-            self.ring.release(self.head);
-            self.head = self.head.wrapping_add(1);
+            head = head.wrapping_add(1);
         }
-        if self.head != start {
-            self.ring.set_head(self.head);
+        if head != start {
+            self.rx_lanes[i].head = head;
+            self.ring.set_head(lane, head);
         }
-        n
+        (n, rnr)
     }
 
     /// The peer's region `key`, mapped on first use.
@@ -587,7 +681,7 @@ impl Device for ShmDevice {
             None => {
                 let map = Mapping::open(&endpoint_name(addr.qpn), true)
                     .map_err(|_| DeviceError::BadAddress)?;
-                let ring = Ring::attach(map).ok_or(DeviceError::BadAddress)?;
+                let ring = Ring::attach_peer(map).ok_or(DeviceError::BadAddress)?;
                 let h = ring.map();
                 let pid = h.u32_at(hdr::PID).load(Relaxed);
                 let matches = h.u32_at(hdr::STATE).load(Relaxed) == hdr::STATE_READY
@@ -596,9 +690,17 @@ impl Device for ShmDevice {
                 if !matches || !pid_alive(pid) {
                     return Err(DeviceError::BadAddress);
                 }
+                // Every lane taken: the receiver has as many senders as it
+                // can take; one may leave.
+                let lane = ring
+                    .claim_lane(self.pid, self.addr.qpn, self.addr.connid)
+                    .ok_or(DeviceError::Again)?;
                 self.peers.push(Peer {
                     addr: *addr,
                     ring,
+                    lane,
+                    tail: 0,
+                    seen_head: 0,
                     pid,
                     in_book: false,
                     dead: false,
@@ -758,19 +860,13 @@ impl Device for ShmDevice {
                 }
             };
             let p = &mut self.peers[idx];
-            let Some(claim) = p.ring.claim(self.pid) else {
+            if !p.ring.has_room(p.lane, p.tail, &mut p.seen_head) {
                 self.stats.ring_full += 1;
                 p.suspect = true;
                 self.activate(idx);
                 break;
-            };
-            let rec = Record {
-                kind: Kind::Packet,
-                src_qpn: self.addr.qpn,
-                src_connid: self.addr.connid,
-                len: wr.wire_len() as u32,
-                imm: 0,
-            };
+            }
+            let rec = Record { kind: Kind::Packet, len: wr.wire_len() as u32, imm: 0 };
             let at = wr.buf as usize * self.cfg.mtu;
             let data: &[u8] = match wr.data {
                 None => &[],
@@ -791,7 +887,9 @@ impl Device for ShmDevice {
                     unsafe { r.map.slice(REGION_DATA + off, n) }
                 }
             };
-            let pos = p.ring.publish(claim, &rec, [&self.pool[at..at + len], data]);
+            let pos = p.tail;
+            p.ring.publish(p.lane, pos, &rec, [&self.pool[at..at + len], data]);
+            p.tail = pos.wrapping_add(1);
             p.pending.push_back(Pending { pos, op: CqOp::Send, wr_id: wr.wr_id });
             self.activate(idx);
             self.stats.sent += 1;
@@ -831,20 +929,17 @@ impl Device for ShmDevice {
                     continue;
                 }
             };
-            // The notice's slot is claimed before any byte moves, so a full
-            // ring refuses the whole operation.
-            let claim = match wr.op {
-                RdmaOp::Write { imm: Some(_) } => match self.peers[idx].ring.claim(self.pid) {
-                    Some(claim) => Some(claim),
-                    None => {
-                        self.stats.ring_full += 1;
-                        self.peers[idx].suspect = true;
-                        self.activate(idx);
-                        break;
-                    }
-                },
-                _ => None,
-            };
+            // Room for the notice is checked before any byte moves, so a
+            // full lane refuses the whole operation.
+            if let RdmaOp::Write { imm: Some(_) } = wr.op {
+                let p = &mut self.peers[idx];
+                if !p.ring.has_room(p.lane, p.tail, &mut p.seen_head) {
+                    self.stats.ring_full += 1;
+                    p.suspect = true;
+                    self.activate(idx);
+                    break;
+                }
+            }
             let local = &self.regions[wr.local.0 as usize].as_ref().expect("checked above").map;
             let remote = &self.peers[idx].regions[&wr.remote_key];
             let local_off = REGION_DATA + wr.local_offset as usize;
@@ -853,18 +948,15 @@ impl Device for ShmDevice {
                 RdmaOp::Read => Mapping::copy(remote, remote_off, local, local_off, len),
                 RdmaOp::Write { .. } => Mapping::copy(local, local_off, remote, remote_off, len),
             }
-            match (claim, wr.op) {
-                (Some(claim), RdmaOp::Write { imm: Some(imm) }) => {
-                    let rec = Record {
-                        kind: Kind::WriteImm,
-                        src_qpn: self.addr.qpn,
-                        src_connid: self.addr.connid,
-                        // The bytes written, as EFA reports them.
-                        len: wr.len.min(u32::MAX as u64) as u32,
-                        imm,
-                    };
+            match wr.op {
+                RdmaOp::Write { imm: Some(imm) } => {
+                    // The bytes written, as EFA reports them.
+                    let len = wr.len.min(u32::MAX as u64) as u32;
+                    let rec = Record { kind: Kind::WriteImm, len, imm };
                     let p = &mut self.peers[idx];
-                    let pos = p.ring.publish(claim, &rec, [&[], &[]]);
+                    let pos = p.tail;
+                    p.ring.publish(p.lane, pos, &rec, [&[], &[]]);
+                    p.tail = pos.wrapping_add(1);
                     p.pending.push_back(Pending { pos, op, wr_id: wr.wr_id });
                     self.activate(idx);
                 }
@@ -903,6 +995,10 @@ impl Drop for ShmDevice {
     fn drop(&mut self) {
         // Peers that map us see the state and fail what they sent us.
         self.ring.map().u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
+        // Receivers take what we published, then free our lanes.
+        for p in &self.peers {
+            p.ring.close_lane(p.lane);
+        }
         map::unlink(&self.name);
         for region in self.regions.iter().flatten() {
             region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);

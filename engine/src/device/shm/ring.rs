@@ -1,47 +1,55 @@
-//! The receive ring in an endpoint's segment: a bounded lock-free
-//! multi-producer single-consumer queue of MTU-sized slots (Vyukov's
-//! bounded queue: a sequence number per slot, producers advance the tail,
-//! the owner alone consumes).
+//! The receive rings in an endpoint's segment: one lane per sending peer,
+//! each a bounded single-producer single-consumer ring of MTU-sized slots.
 //!
-//! Each slot's control word holds the slot's sequence number (low 32 bits)
-//! and the pid of the producer writing it (high 32 bits). For position
-//! `pos` (wrapping u32) a slot goes through:
+//! A sender claims a free lane of the receiver's segment once, when it
+//! inserts the receiver's address (a compare-and-swap on the lane's owner
+//! word, the only locked operation of the protocol), and from then on is
+//! the lane's only producer: publishing a packet is plain stores, the
+//! control word last with Release, and needs no read of a line the
+//! receiver writes except, once per lap of the ring, the receiver's head.
+//! A lane's control block holds its owner (pid, QPN, connid, state) on one
+//! cache line and the head the receiver publishes after each burst on
+//! another; the producer's tail is its own business.
 //!
-//! | seq | writer | meaning |
-//! |---|---|---|
-//! | `pos` | 0 | free for the producer of `pos` |
-//! | `pos` | pid | claimed: `pid` is writing it |
-//! | `pos + 1` | 0 | published: the consumer may take it |
-//! | `pos + slots` | 0 | consumed: free for the producer of the next lap |
+//! Slot `pos & (slots - 1)` of a lane holds the packet at position `pos`
+//! (wrapping u32) when its control word is `pos + 1`; anything else (0 in
+//! a new lane, or a previous lap's `pos - slots + 1`) means not yet
+//! published. The receiver never writes a slot: the producer knows a slot
+//! is free again when the head has passed the packet of the previous lap,
+//! and a sender learns that its packet at `pos` was consumed the same way.
 //!
-//! A producer claims a slot by a compare-and-swap on the control word (not
-//! on the tail), so the claim names its writer atomically, then moves the
-//! tail on; any producer that finds a claimed slot under the tail moves the
-//! tail on for it, so a producer that dies after claiming blocks no other
-//! producer. The consumer, stuck on a slot whose writer died, can tell so
-//! from the pid and skip the slot. The consumer publishes its head after
-//! each burst: a sender learns that its packet at `pos` was consumed when
-//! the head has passed `pos`, one shared line read per burst rather than a
-//! slot's line per packet.
+//! A producer that closes marks its lane closed; one that dies leaves it
+//! owned. Either way the receiver takes what was published, then resets
+//! the lane (slots unpublished, head 0) and frees it for the next sender:
+//! a dead producer stalls its own lane only, never another's.
 
 use std::ffi::CString;
 use std::io;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 use super::map::{Mapping, hdr};
 
-/// The producers' tail, on a cache line pair of its own.
-const TAIL: usize = 128;
-/// The consumer's head (published per burst, for senders), likewise.
-const HEAD: usize = 256;
-/// The first slot.
-const SLOTS: usize = 512;
+/// Lane control blocks start here, `LANE_CTL` bytes each.
+const LANE_TABLE: usize = 128;
+const LANE_CTL: usize = 128;
+
+/// A lane control block: the owner's line, then the head's.
+mod lane {
+    /// The owner word: 0 while free, else the producer's pid.
+    pub const OWNER: usize = 0;
+    pub const QPN: usize = 8;
+    pub const CONNID: usize = 12;
+    /// [`super::LaneState`] as a u32.
+    pub const STATE: usize = 16;
+    /// Every position before it is consumed (written by the receiver).
+    pub const HEAD: usize = 64;
+}
 
 mod slot {
     /// Payload starts right after the header, in the header's cache line:
-    /// a packet of up to 96 bytes arrives in two lines, not three.
-    pub const DATA: usize = 32;
+    /// a packet of up to 112 bytes arrives in two lines.
+    pub const DATA: usize = 16;
 }
 
 /// A slot's header, at the start of its slot: the control word, then the
@@ -49,20 +57,14 @@ mod slot {
 #[repr(C)]
 #[derive(Debug)]
 pub(crate) struct SlotHeader {
-    ctl: AtomicU64,
+    ctl: AtomicU32,
     kind: AtomicU32,
-    src_qpn: AtomicU32,
-    src_connid: AtomicU32,
     len: AtomicU32,
     imm: AtomicU32,
 }
 
 const _: () = assert!(std::mem::size_of::<SlotHeader>() <= slot::DATA);
-
-/// Attempts of one `claim` before it reports the ring full.
-const CLAIM_TRIES: u32 = 4096;
-
-const _: () = assert!(hdr::LEN_MIN <= TAIL && TAIL + 128 <= HEAD && HEAD + 128 <= SLOTS);
+const _: () = assert!(hdr::LEN_MIN <= LANE_TABLE && lane::HEAD + 4 <= LANE_CTL);
 
 /// What a slot carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,74 +99,92 @@ impl Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Record {
     pub kind: Kind,
-    pub src_qpn: u16,
-    pub src_connid: u32,
     pub len: u32,
     pub imm: u32,
 }
 
-/// What the consumer finds at its head.
+/// Where a lane is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Head {
-    /// Nothing published.
-    Empty,
-    /// Process `writer` claimed the slot and has not published it yet.
-    Writing {
-        writer: u32,
-    },
-    Ready(Record),
+pub(crate) enum LaneState {
+    /// No producer (or one still writing its owner line).
+    Free,
+    /// A producer sends through it.
+    Open,
+    /// Its producer closed: nothing more will be published.
+    Closed,
 }
 
-/// A claimed slot, to be published by [`Ring::publish`].
-#[derive(Debug)]
-#[must_use = "a claimed slot blocks the ring until it is published"]
-pub(crate) struct Claim(u32);
-
-fn ctl(seq: u32, writer: u32) -> u64 {
-    (writer as u64) << 32 | seq as u64
+impl LaneState {
+    fn to_u32(self) -> u32 {
+        match self {
+            LaneState::Free => 0,
+            LaneState::Open => 1,
+            LaneState::Closed => 2,
+        }
+    }
 }
 
-fn split(ctl: u64) -> (u32, u32) {
-    (ctl as u32, (ctl >> 32) as u32)
+/// A lane's producer, as its owner line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub pid: u32,
+    pub qpn: u16,
+    pub connid: u32,
+    pub state: LaneState,
 }
 
-/// A ring in a mapped endpoint segment: the owner's (to consume) or a
-/// peer's (to produce into).
+/// The rings of a mapped endpoint segment: the owner's (to consume) or a
+/// peer's (to produce into one lane of).
 #[derive(Debug)]
 pub(crate) struct Ring {
     map: Mapping,
+    lanes: u32,
     mask: u32,
     stride: usize,
     payload: usize,
+    /// Where the first lane's slots start, and each lane's bytes.
+    slots_at: usize,
+    lane_len: usize,
+}
+
+/// Bytes of the lane table, rounded to a page so slots start on one.
+fn slots_at(lanes: u32) -> Option<usize> {
+    let table = (lanes as usize).checked_mul(LANE_CTL)?.checked_add(LANE_TABLE)?;
+    Some(table.checked_add(4095)? & !4095)
+}
+
+fn stride(payload: usize) -> Option<usize> {
+    Some(payload.checked_add(slot::DATA + 63)? & !63)
 }
 
 impl Ring {
-    /// Bytes of a segment with `slots` slots of `payload` bytes.
-    pub(crate) fn segment_len(slots: u32, payload: usize) -> Option<usize> {
-        let stride = Ring::stride(payload)?;
-        stride.checked_mul(slots as usize)?.checked_add(SLOTS)
+    /// Bytes of a segment with `lanes` lanes of `slots` slots of `payload`
+    /// bytes.
+    pub(crate) fn segment_len(lanes: u32, slots: u32, payload: usize) -> Option<usize> {
+        let lane = stride(payload)?.checked_mul(slots as usize)?;
+        lane.checked_mul(lanes as usize)?.checked_add(slots_at(lanes)?)
     }
 
-    fn stride(payload: usize) -> Option<usize> {
-        Some(payload.checked_add(slot::DATA + 63)? & !63)
-    }
-
-    /// Creates segment `name` holding an empty ring; the caller writes the
+    /// Creates segment `name` holding empty lanes; the caller writes the
     /// rest of the header and then [`Ring::open_for_business`].
-    pub(crate) fn create(name: &CString, slots: u32, payload: usize) -> io::Result<Ring> {
+    pub(crate) fn create(
+        name: &CString,
+        lanes: u32,
+        slots: u32,
+        payload: usize,
+    ) -> io::Result<Ring> {
+        assert!(lanes >= 1, "at least one lane");
         assert!(slots >= 2 && slots.is_power_of_two(), "ring slots: a power of two, at least 2");
-        let len = Ring::segment_len(slots, payload).ok_or(io::ErrorKind::InvalidInput)?;
-        let stride = Ring::stride(payload).ok_or(io::ErrorKind::InvalidInput)?;
+        let invalid = || io::Error::from(io::ErrorKind::InvalidInput);
+        let len = Ring::segment_len(lanes, slots, payload).ok_or_else(invalid)?;
         let map = Mapping::create(name, len)?;
         map.u32_at(hdr::PID).store(std::process::id(), Release);
+        map.u32_at(hdr::LANES).store(lanes, Relaxed);
         map.u32_at(hdr::RING_SLOTS).store(slots, Relaxed);
         map.u32_at(hdr::SLOT_PAYLOAD).store(payload as u32, Relaxed);
-        map.u32_at(hdr::SLOT_STRIDE).store(stride as u32, Relaxed);
-        let ring = Ring { map, mask: slots - 1, stride, payload };
-        for pos in 0..slots {
-            ring.ctl(pos).store(ctl(pos, 0), Relaxed);
-        }
-        Ok(ring)
+        map.u32_at(hdr::SLOT_STRIDE).store(stride(payload).ok_or_else(invalid)? as u32, Relaxed);
+        // A new segment is zeroed: every lane free, every slot unpublished.
+        Ring::attach(map).ok_or_else(invalid)
     }
 
     /// Publishes the header: magic last, so a reader that sees it sees
@@ -176,23 +196,33 @@ impl Ring {
         self.map.u64_at(hdr::MAGIC).store(hdr::MAGIC_VALUE, Release);
     }
 
-    /// A peer's ring in `map`, if the header describes a ring that fits.
-    /// The geometry is read once here: a peer changing its header later
-    /// cannot move our accesses outside the mapping.
+    /// The rings in `map`, if its header describes rings that fit. The
+    /// geometry is read once here: a peer changing its header later cannot
+    /// move our accesses outside the mapping. (A segment being created has
+    /// no magic yet; `create` checks its own geometry the same way.)
     pub(crate) fn attach(map: Mapping) -> Option<Ring> {
-        if map.u64_at(hdr::MAGIC).load(Acquire) != hdr::MAGIC_VALUE
-            || map.u32_at(hdr::VERSION).load(Relaxed) != hdr::VERSION_VALUE
-            || map.u32_at(hdr::KIND).load(Relaxed) != hdr::KIND_ENDPOINT
-            || map.len() < SLOTS
-        {
-            return None;
-        }
+        let lanes = map.u32_at(hdr::LANES).load(Relaxed);
         let slots = map.u32_at(hdr::RING_SLOTS).load(Relaxed);
         let payload = map.u32_at(hdr::SLOT_PAYLOAD).load(Relaxed) as usize;
         let stride = map.u32_at(hdr::SLOT_STRIDE).load(Relaxed) as usize;
-        let fits = Ring::segment_len(slots, payload).is_some_and(|len| len <= map.len());
-        (slots >= 2 && slots.is_power_of_two() && fits && Ring::stride(payload) == Some(stride))
-            .then_some(Ring { map, mask: slots - 1, stride, payload })
+        let fits = Ring::segment_len(lanes, slots, payload).is_some_and(|len| len <= map.len());
+        if lanes == 0 || slots < 2 || !slots.is_power_of_two() || !fits {
+            return None;
+        }
+        if self::stride(payload) != Some(stride) {
+            return None;
+        }
+        let slots_at = slots_at(lanes)?;
+        let lane_len = stride * slots as usize;
+        Some(Ring { map, lanes, mask: slots - 1, stride, payload, slots_at, lane_len })
+    }
+
+    /// A peer's published segment: magic, version and kind checked.
+    pub(crate) fn attach_peer(map: Mapping) -> Option<Ring> {
+        let ready = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
+            && map.u32_at(hdr::VERSION).load(Relaxed) == hdr::VERSION_VALUE
+            && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_ENDPOINT;
+        if ready { Ring::attach(map) } else { None }
     }
 
     /// The segment, for its header.
@@ -205,127 +235,158 @@ impl Ring {
         self.payload
     }
 
-    fn slot_off(&self, pos: u32) -> usize {
-        SLOTS + (pos & self.mask) as usize * self.stride
+    /// Lanes of the segment.
+    pub(crate) fn lanes(&self) -> u32 {
+        self.lanes
     }
 
-    /// The header of the slot at `pos`: one bounds check for all its fields.
-    fn slot(&self, pos: u32) -> &SlotHeader {
-        self.map.slot_header_at(self.slot_off(pos))
+    /// Slots of each lane.
+    pub(crate) fn slots(&self) -> u32 {
+        self.mask + 1
     }
 
-    fn ctl(&self, pos: u32) -> &AtomicU64 {
-        &self.slot(pos).ctl
+    fn lane_ctl(&self, lane: u32) -> usize {
+        assert!(lane < self.lanes, "lane {lane} out of range");
+        LANE_TABLE + lane as usize * LANE_CTL
+    }
+
+    #[inline]
+    fn slot_off(&self, lane: u32, pos: u32) -> usize {
+        self.slots_at + lane as usize * self.lane_len + (pos & self.mask) as usize * self.stride
+    }
+
+    /// The header of slot `pos` of `lane`: one bounds check for all its
+    /// fields.
+    #[inline]
+    fn slot(&self, lane: u32, pos: u32) -> &SlotHeader {
+        self.map.slot_header_at(self.slot_off(lane, pos))
+    }
+
+    fn head_word(&self, lane: u32) -> &AtomicU32 {
+        self.map.u32_at(self.lane_ctl(lane) + lane::HEAD)
     }
 
     // Producer side.
 
-    /// Claims the next free slot for `writer` (our pid); `None` when the
-    /// ring is full, or when it stays contended (or a peer corrupted it)
-    /// for longer than a ring's worth of tries: back-pressure, not a spin.
-    pub(crate) fn claim(&self, writer: u32) -> Option<Claim> {
-        let tail = self.map.u32_at(TAIL);
-        let mut pos = tail.load(Relaxed);
-        for _ in 0..CLAIM_TRIES {
-            let ctl_word = self.ctl(pos);
-            let word = ctl_word.load(Acquire);
-            let (seq, owner) = split(word);
-            let lag = seq.wrapping_sub(pos) as i32;
-            if lag == 0 && owner == 0 {
-                // Acquire: the consumer's reads of the slot's last packet
-                // happened before we overwrite it.
-                if ctl_word.compare_exchange_weak(word, ctl(pos, writer), Acquire, Relaxed).is_ok()
-                {
-                    let _ = tail.compare_exchange(pos, pos.wrapping_add(1), Relaxed, Relaxed);
-                    return Some(Claim(pos));
-                }
-            } else if lag == 0 {
-                // Claimed by a producer that has not moved the tail yet
-                // (or died first): move it for them.
-                let _ = tail.compare_exchange(pos, pos.wrapping_add(1), Relaxed, Relaxed);
-                pos = tail.load(Relaxed);
-            } else if lag < 0 {
-                // The slot still holds the previous lap's packet.
-                return None;
-            } else {
-                pos = tail.load(Relaxed);
+    /// Claims a free lane for the producer `pid` with address (`qpn`,
+    /// `connid`); `None` when every lane is taken.
+    pub(crate) fn claim_lane(&self, pid: u32, qpn: u16, connid: u32) -> Option<u32> {
+        (0..self.lanes).find(|&lane| {
+            let ctl = self.lane_ctl(lane);
+            let owner = self.map.u64_at(ctl + lane::OWNER);
+            if owner.compare_exchange(0, pid as u64, Acquire, Relaxed).is_err() {
+                return false;
             }
-        }
-        None
+            self.map.u32_at(ctl + lane::QPN).store(qpn as u32, Relaxed);
+            self.map.u32_at(ctl + lane::CONNID).store(connid, Relaxed);
+            self.map.u32_at(ctl + lane::STATE).store(LaneState::Open.to_u32(), Release);
+            // Receivers rescan their lanes when this moves.
+            self.map.u32_at(hdr::LANE_GEN).fetch_add(1, AcqRel);
+            true
+        })
     }
 
-    /// Fills a claimed slot and hands it to the consumer; returns its
-    /// position, which [`Ring::consumed`] takes.
-    pub(crate) fn publish(&self, claim: Claim, rec: &Record, parts: [&[u8]; 2]) -> u32 {
-        let pos = claim.0;
+    /// Marks our lane closed: nothing more will be published in it.
+    pub(crate) fn close_lane(&self, lane: u32) {
+        let state = self.map.u32_at(self.lane_ctl(lane) + lane::STATE);
+        state.store(LaneState::Closed.to_u32(), Release);
+    }
+
+    /// Whether slot `pos` of our lane is free, given the consumer's head as
+    /// last read (`seen`, refreshed here when the lane looks full).
+    #[inline]
+    pub(crate) fn has_room(&self, lane: u32, pos: u32, seen: &mut u32) -> bool {
+        if pos.wrapping_sub(*seen) <= self.mask {
+            return true;
+        }
+        // Acquire: the consumer's reads of the slot's last packet happened
+        // before we overwrite it.
+        *seen = self.head_word(lane).load(Acquire);
+        pos.wrapping_sub(*seen) <= self.mask
+    }
+
+    /// Fills slot `pos` of our lane (free: see [`Ring::has_room`]) and hands
+    /// it to the consumer.
+    pub(crate) fn publish(&self, lane: u32, pos: u32, rec: &Record, parts: [&[u8]; 2]) {
         let [head, tail] = parts;
         assert!(head.len() + tail.len() <= self.payload, "packet larger than the peer's slots");
-        let h = self.slot(pos);
+        let at = self.slot_off(lane, pos);
+        let h = self.map.slot_header_at(at);
         h.kind.store(rec.kind.to_u32(), Relaxed);
-        h.src_qpn.store(rec.src_qpn as u32, Relaxed);
-        h.src_connid.store(rec.src_connid, Relaxed);
         h.len.store(rec.len, Relaxed);
         h.imm.store(rec.imm, Relaxed);
-        let at = self.slot_off(pos) + slot::DATA;
-        self.map.write_bytes(at, head);
+        self.map.write_bytes(at + slot::DATA, head);
         if !tail.is_empty() {
-            self.map.write_bytes(at + head.len(), tail);
+            self.map.write_bytes(at + slot::DATA + head.len(), tail);
         }
-        h.ctl.store(ctl(pos.wrapping_add(1), 0), Release);
-        pos
+        h.ctl.store(pos.wrapping_add(1), Release);
     }
 
-    /// Whether the consumer has taken the slot published at `pos`, as of
-    /// its last published head.
-    pub(crate) fn consumed(&self, pos: u32) -> bool {
-        let head = self.map.u32_at(HEAD).load(Acquire);
+    /// Whether the consumer has taken the packet we published at `pos`, as
+    /// of its last published head.
+    pub(crate) fn consumed(&self, lane: u32, pos: u32) -> bool {
+        let head = self.head_word(lane).load(Acquire);
         head.wrapping_sub(pos.wrapping_add(1)) as i32 >= 0
     }
 
-    // Consumer side: only the ring's owner.
+    // Consumer side: only the segment's owner.
 
-    /// What is at position `pos` (the consumer's head).
-    pub(crate) fn head(&self, pos: u32) -> Head {
-        let h = self.slot(pos);
-        let (seq, writer) = split(h.ctl.load(Acquire));
-        if seq == pos.wrapping_add(1) {
-            Head::Ready(Record {
-                kind: Kind::from_u32(h.kind.load(Relaxed)),
-                src_qpn: h.src_qpn.load(Relaxed) as u16,
-                src_connid: h.src_connid.load(Relaxed),
-                len: h.len.load(Relaxed),
-                imm: h.imm.load(Relaxed),
-            })
-        } else if seq == pos && writer != 0 {
-            Head::Writing { writer }
-        } else {
-            Head::Empty
+    /// Who produces into `lane`.
+    pub(crate) fn owner(&self, lane: u32) -> Owner {
+        let ctl = self.lane_ctl(lane);
+        let state = match self.map.u32_at(ctl + lane::STATE).load(Acquire) {
+            1 => LaneState::Open,
+            2 => LaneState::Closed,
+            // 0, or a peer's garbage: no producer to take packets from.
+            _ => LaneState::Free,
+        };
+        Owner {
+            pid: self.map.u64_at(ctl + lane::OWNER).load(Relaxed) as u32,
+            qpn: self.map.u32_at(ctl + lane::QPN).load(Relaxed) as u16,
+            connid: self.map.u32_at(ctl + lane::CONNID).load(Relaxed),
+            state,
         }
     }
 
-    /// Copies the first `dst.len()` payload bytes of the slot at `pos`.
-    pub(crate) fn read(&self, pos: u32, dst: &mut [u8]) {
+    /// Moves whenever a producer claims a lane.
+    pub(crate) fn lane_gen(&self) -> u32 {
+        self.map.u32_at(hdr::LANE_GEN).load(Acquire)
+    }
+
+    /// The packet at position `pos` of `lane` (the consumer's head), if
+    /// published.
+    #[inline]
+    pub(crate) fn peek(&self, lane: u32, pos: u32) -> Option<Record> {
+        let h = self.slot(lane, pos);
+        (h.ctl.load(Acquire) == pos.wrapping_add(1)).then(|| Record {
+            kind: Kind::from_u32(h.kind.load(Relaxed)),
+            len: h.len.load(Relaxed),
+            imm: h.imm.load(Relaxed),
+        })
+    }
+
+    /// Copies the first `dst.len()` payload bytes of slot `pos` of `lane`.
+    pub(crate) fn read(&self, lane: u32, pos: u32, dst: &mut [u8]) {
         assert!(dst.len() <= self.payload, "longer than a slot");
-        self.map.read_bytes(self.slot_off(pos) + slot::DATA, dst);
+        self.map.read_bytes(self.slot_off(lane, pos) + slot::DATA, dst);
     }
 
-    /// Frees the slot at `pos` for the next lap: its sender sees the
-    /// packet consumed.
-    pub(crate) fn release(&self, pos: u32) {
-        self.ctl(pos).store(ctl(pos.wrapping_add(self.mask + 1), 0), Release);
+    /// Publishes the consumer's head of `lane`: every packet before `pos`
+    /// is consumed (what its producer learns completions and room from).
+    pub(crate) fn set_head(&self, lane: u32, pos: u32) {
+        self.head_word(lane).store(pos, Release);
     }
 
-    /// Frees the slot at `pos` that dead process `writer` claimed and never
-    /// published; false if it changed meanwhile.
-    pub(crate) fn skip_abandoned(&self, pos: u32, writer: u32) -> bool {
-        let next = ctl(pos.wrapping_add(self.mask + 1), 0);
-        self.ctl(pos).compare_exchange(ctl(pos, writer), next, Release, Relaxed).is_ok()
-    }
-
-    /// Publishes the consumer's head: every slot before `pos` is consumed
-    /// (what senders learn their completions from).
-    pub(crate) fn set_head(&self, pos: u32) {
-        self.map.u32_at(HEAD).store(pos, Release);
+    /// Empties a lane whose producer is gone, and frees it for the next:
+    /// slots unpublished, head 0, owner line cleared, the owner word last.
+    pub(crate) fn reset_lane(&self, lane: u32) {
+        for pos in 0..=self.mask {
+            self.slot(lane, pos).ctl.store(0, Relaxed);
+        }
+        let ctl = self.lane_ctl(lane);
+        self.head_word(lane).store(0, Relaxed);
+        self.map.u32_at(ctl + lane::STATE).store(LaneState::Free.to_u32(), Relaxed);
+        self.map.u64_at(ctl + lane::OWNER).store(0, Release);
     }
 }
 
@@ -333,63 +394,73 @@ impl Ring {
 mod tests {
     use super::*;
 
-    fn test_ring(slots: u32) -> Ring {
+    fn test_ring(lanes: u32, slots: u32) -> Ring {
         let seg = super::super::map::name(format_args!(
             "test-ring-{}-{}",
             std::process::id(),
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
         ));
-        let ring = Ring::create(&seg, slots, 64).unwrap();
+        let ring = Ring::create(&seg, lanes, slots, 64).unwrap();
         super::super::map::unlink(&seg);
         ring.open_for_business();
         ring
     }
 
     fn rec(len: u32) -> Record {
-        Record { kind: Kind::Packet, src_qpn: 7, src_connid: 9, len, imm: 0 }
+        Record { kind: Kind::Packet, len, imm: 0 }
     }
 
     #[test]
-    fn slots_go_round_and_senders_see_consumption() {
-        let ring = test_ring(4);
+    fn slots_go_round_and_the_producer_sees_room_and_consumption_from_the_head() {
+        let ring = test_ring(2, 4);
         let me = std::process::id();
+        let lane = ring.claim_lane(me, 7, 9).unwrap();
+        assert_eq!(ring.owner(lane), Owner { pid: me, qpn: 7, connid: 9, state: LaneState::Open });
+        let mut seen = 0;
         for lap in 0..3u32 {
-            let mut pos = Vec::new();
-            for i in 0..4u8 {
-                let c = ring.claim(me).expect("free slot");
-                pos.push(ring.publish(c, &rec(1), [&[i], &[]]));
+            for i in 0..4u32 {
+                let pos = lap * 4 + i;
+                assert!(ring.has_room(lane, pos, &mut seen), "lap {lap} slot {i}");
+                ring.publish(lane, pos, &rec(1), [&[i as u8], &[]]);
             }
-            assert!(ring.claim(me).is_none(), "full");
-            for (i, &p) in pos.iter().enumerate() {
-                assert_eq!(p, lap * 4 + i as u32);
-                assert!(!ring.consumed(p));
-                assert_eq!(ring.head(p), Head::Ready(rec(1)));
+            assert!(!ring.has_room(lane, lap * 4 + 4, &mut seen), "full");
+            for i in 0..4u32 {
+                let pos = lap * 4 + i;
+                assert!(!ring.consumed(lane, pos));
+                assert_eq!(ring.peek(lane, pos), Some(rec(1)));
                 let mut b = [0u8; 1];
-                ring.read(p, &mut b);
+                ring.read(lane, pos, &mut b);
                 assert_eq!(b[0], i as u8);
-                ring.release(p);
-                assert!(!ring.consumed(p), "not until the head is published");
-                ring.set_head(p + 1);
-                assert!(ring.consumed(p));
+                ring.set_head(lane, pos + 1);
+                assert!(ring.consumed(lane, pos));
             }
-            assert_eq!(ring.head(pos[3] + 1), Head::Empty);
+            assert_eq!(ring.peek(lane, lap * 4 + 4), None, "the last lap's packet is stale");
         }
     }
 
     #[test]
-    fn a_dead_writers_slot_is_skipped_and_the_tail_moves_past_it() {
-        let ring = test_ring(4);
-        // A pid that existed and is gone: a child we reaped.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let stuck = ring.claim(dead).unwrap();
-        assert_eq!(ring.head(0), Head::Writing { writer: dead });
-        let c = ring.claim(std::process::id()).unwrap();
-        assert_eq!(ring.publish(c, &rec(0), [&[], &[]]), 1, "the next producer is not blocked");
-        assert!(!ring.skip_abandoned(0, dead + 1), "only the writer named in the slot");
-        assert!(ring.skip_abandoned(0, dead));
-        assert!(matches!(ring.head(1), Head::Ready(_)));
-        drop(stuck);
+    fn each_producer_has_a_lane_until_there_are_none() {
+        let ring = test_ring(2, 4);
+        let generation = ring.lane_gen();
+        let a = ring.claim_lane(100, 1, 1).unwrap();
+        let b = ring.claim_lane(200, 2, 2).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(ring.claim_lane(300, 3, 3), None, "every lane taken");
+        assert_eq!(ring.lane_gen(), generation.wrapping_add(2));
+        ring.publish(a, 0, &rec(1), [b"a", &[]]);
+        ring.publish(b, 0, &rec(1), [b"b", &[]]);
+        let mut x = [0u8; 1];
+        ring.read(b, 0, &mut x);
+        assert_eq!(&x, b"b", "lanes do not share slots");
+        ring.close_lane(a);
+        assert_eq!(ring.owner(a).state, LaneState::Closed);
+        ring.reset_lane(a);
+        assert_eq!(ring.owner(a).state, LaneState::Free);
+        assert_eq!(ring.peek(a, 0), None, "a reset lane has nothing published");
+        let c = ring.claim_lane(300, 3, 3).unwrap();
+        assert_eq!(c, a, "the freed lane goes to the next producer");
+        let mut seen = 0;
+        assert!(ring.has_room(c, 0, &mut seen));
+        assert!(!ring.consumed(c, 0), "and its head starts again at 0");
     }
 }

@@ -361,20 +361,18 @@ fn what_a_peer_consumed_before_closing_completes_as_delivered() {
 #[test]
 fn malformed_slots_are_dropped_and_counted() {
     let (a, mut b) = pair(small());
-    // A hostile peer writes a slot by hand into b's ring.
+    // A hostile peer claims a lane of b's segment and writes slots by hand.
     let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
-    let ring = Ring::attach(map).unwrap();
+    let ring = Ring::attach_peer(map).unwrap();
+    let lane = ring.claim_lane(std::process::id(), a.addr().qpn, 0).unwrap();
     let bad = [
-        Record { kind: Kind::Unknown(9), src_qpn: 1, src_connid: 1, len: 0, imm: 0 },
-        Record { kind: Kind::Packet, src_qpn: 1, src_connid: 1, len: 1 << 20, imm: 0 },
+        Record { kind: Kind::Unknown(9), len: 0, imm: 0 },
+        Record { kind: Kind::Packet, len: 1 << 20, imm: 0 },
     ];
-    for rec in &bad {
-        let claim = ring.claim(std::process::id()).unwrap();
-        ring.publish(claim, rec, [&[], &[]]);
+    for (pos, rec) in bad.iter().enumerate() {
+        ring.publish(lane, pos as u32, rec, [&[], &[]]);
     }
-    let claim = ring.claim(std::process::id()).unwrap();
-    let good = Record { kind: Kind::Packet, src_qpn: a.addr().qpn, src_connid: 0, len: 3, imm: 0 };
-    ring.publish(claim, &good, [b"abc", &[]]);
+    ring.publish(lane, 2, &Record { kind: Kind::Packet, len: 3, imm: 0 }, [b"abc", &[]]);
     b.post_recv(&[0]);
     let got = poll_all(&mut b);
     assert_eq!(got.len(), 1);
@@ -446,21 +444,61 @@ fn two_threads_move_sequenced_packets_without_loss() {
 }
 
 #[test]
-fn a_slot_claimed_by_a_dead_writer_is_skipped() {
-    let (mut a, mut b) = pair(small());
+fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
+    let cfg = ShmConfig { lanes: 2, ..small() };
+    let (mut a, mut b) = pair(cfg);
     let ah = a.insert_addr(&b.addr()).unwrap();
-    // A writer that claims a slot of b's ring and dies before publishing.
+    // A sender that claims the other lane, publishes one packet and a half
+    // (no control word), and dies.
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
     let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
-    let ring = Ring::attach(map).unwrap();
-    let _never_published = ring.claim(dead).unwrap();
-    send(&mut a, ah, 0, b"after", 1);
+    let ring = Ring::attach_peer(map).unwrap();
+    let lane = ring.claim_lane(dead, 999, 1).unwrap();
+    ring.publish(lane, 0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, [b"dead", &[]]);
+    let mut c = ShmDevice::new(cfg).unwrap();
+    assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
+
+    send(&mut a, ah, 0, b"alive", 1);
+    b.post_recv(&[0, 1]);
+    let got = poll_n(&mut b, 2);
+    let texts: Vec<&[u8]> = got.iter().map(|c| &b.buf(c.wr_id as u32)[..c.len as usize]).collect();
+    assert!(texts.contains(&&b"alive"[..]), "the live sender is not stalled");
+    assert!(texts.contains(&&b"dead"[..]), "what the dead sender published arrives");
+    assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
+
+    // The liveness check frees the dead sender's lane for a new one.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.stats().lanes_reclaimed == 0 && Instant::now() < deadline {
+        poll_all(&mut b);
+    }
+    assert_eq!(b.stats().lanes_reclaimed, 1);
+    let ah_c = c.insert_addr(&b.addr()).expect("a lane is free again");
+    send(&mut c, ah_c, 0, b"new", 2);
+    b.post_recv(&[2]);
+    let got = poll_n(&mut b, 1);
+    assert_eq!(&b.buf(got[0].wr_id as u32)[..3], b"new");
+}
+
+#[test]
+fn a_closed_senders_lane_is_freed_for_the_next() {
+    let cfg = ShmConfig { lanes: 1, ..small() };
+    let (mut a, mut b) = pair(cfg);
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    send(&mut a, ah, 0, b"last", 1);
+    drop(a);
     b.post_recv(&[0]);
     let got = poll_n(&mut b, 1);
-    assert_eq!(got.len(), 1, "the receiver is not stuck behind the dead writer");
-    assert_eq!(&b.buf(0)[..5], b"after");
-    assert_eq!(b.stats().abandoned, 1);
-    assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
+    assert_eq!(&b.buf(got[0].wr_id as u32)[..4], b"last", "published before closing: delivered");
+    let mut c = ShmDevice::new(cfg).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.stats().lanes_reclaimed == 0 && Instant::now() < deadline {
+        poll_all(&mut b);
+    }
+    let ah_c = c.insert_addr(&b.addr()).expect("the closed sender's lane is free");
+    send(&mut c, ah_c, 0, b"next", 2);
+    b.post_recv(&[1]);
+    let got = poll_n(&mut b, 1);
+    assert_eq!(&b.buf(got[0].wr_id as u32)[..4], b"next");
 }
