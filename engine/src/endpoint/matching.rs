@@ -102,7 +102,7 @@ impl List {
     }
 
     /// Takes the head if `f` holds for it.
-    #[inline]
+    #[inline(always)]
     fn pop_front_if<T: Linked>(
         &mut self,
         ops: &mut Slab<T>,
