@@ -53,10 +53,16 @@ pub fn run() -> ExitCode {
         "in-process model of EFA, one thread (tests; the engine's own cost)",
         Ok((sim.caps(), sim.addr().to_string())),
     );
-    let shm = ShmDevice::new(ShmConfig::default())
+    let shm_cfg = ShmConfig::default();
+    let shm = ShmDevice::new(shm_cfg)
         .map(|d| (d.caps(), d.addr().to_string()))
         .map_err(|e| format!("unavailable: {e}"));
-    describe(&mut out, "shm", "processes and threads of this host over POSIX shared memory", shm);
+    let about = format!(
+        "processes and threads of this host over POSIX shared memory; an endpoint takes \
+         packets from up to {} senders at once, each through a ring of {} slots of its own",
+        shm_cfg.lanes, shm_cfg.ring_slots
+    );
+    describe(&mut out, "shm", &about, shm);
     describe(
         &mut out,
         "udp",
