@@ -348,10 +348,11 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Header prediction, as TCP's fast path: the packet a receiver sees
-    /// most, an eager message from a known peer in its turn that a posted
-    /// receive takes, is landed and reported in one pass. Anything else
-    /// answers false before any state changes, and the packet takes the
-    /// full path (`handle_recv`'s parse, `accept_from`, `handle_req`,
+    /// most, an eager message from a known peer, is landed and reported in
+    /// one pass when it is in its turn and a posted receive takes it, and
+    /// held for its turn when it is ahead. Anything else answers false
+    /// before any state changes, and the packet takes the full path
+    /// (`handle_recv`'s parse, `accept_from`, `handle_req`,
     /// `handle_new_msg`), whose outcome for this packet would be the same.
     #[inline(always)]
     pub(super) fn recv_predicted(&mut self, buf: BufId, len: usize, src: Source) -> bool {
@@ -359,22 +360,56 @@ impl<D: Device> Endpoint<D> {
         let Some(e) = EagerRtm::predict(&self.dev.buf(buf)[..len]) else { return false };
         let Some(peer) = self.peers.by_ah(ah) else { return false };
         let p = self.peers.get(peer).expect("live peer");
-        let in_turn = !self.cfg.ordered
-            || (e.msg_id == p.expected_msg_id && p.reorder.as_ref().is_none_or(|r| r.held == 0));
         // A connid that is not the peer's, and our HANDSHAKE still owed,
         // are the full path's business.
-        if !in_turn || !p.handshake_sent || e.connid.is_some_and(|c| c != p.addr.connid) {
+        if !p.handshake_sent || e.connid.is_some_and(|c| c != p.addr.connid) {
             return false;
         }
-        let Some(pid) = self.matcher.take_posted(&mut self.posted, e.tagged, e.tag, peer) else {
+        let in_turn = !self.cfg.ordered
+            || (e.msg_id == p.expected_msg_id && p.reorder.as_ref().is_none_or(|r| r.held == 0));
+        if in_turn {
+            if !self.land_eager(buf, len, peer, &e) {
+                return false;
+            }
+            if self.cfg.ordered {
+                let p = self.peers.get_mut(peer).expect("live peer");
+                p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
+            }
+        } else if !self.hold_predicted(buf, len, peer, &e) {
             return false;
-        };
-        if self.cfg.ordered {
-            let p = self.peers.get_mut(peer).expect("live peer");
-            p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
         }
         let ptype = if e.tagged { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
         self.counters.rx_by_type[ptype.id() as usize] += 1;
+        true
+    }
+
+    /// [`Endpoint::recv_predicted`]'s eager message that is ahead of its
+    /// turn, held until then as `handle_req` would; false, with nothing
+    /// changed, when it is not ahead within the reorder window.
+    #[inline(never)]
+    fn hold_predicted(&mut self, buf: BufId, len: usize, peer: u32, e: &EagerRtm) -> bool {
+        let expected = self.peers.get(peer).expect("live peer").expected_msg_id;
+        let ahead = e.msg_id.wrapping_sub(expected);
+        if ahead == 0 || ahead >= self.cfg.reorder_window {
+            return false;
+        }
+        let meta = &mut self.rx_meta[buf as usize];
+        meta.len = len as u32;
+        meta.peer = peer;
+        meta.payload_off = e.payload_off as u32;
+        self.hold_in_order(peer, e.msg_id, buf);
+        self.counters.reordered += 1;
+        true
+    }
+
+    /// Lands eager message `e` (in `len` bytes of `buf`, from `peer`) in
+    /// the posted receive that takes it, reports it and frees the buffer;
+    /// false, with nothing changed, when no posted receive takes it.
+    #[inline(always)]
+    pub(super) fn land_eager(&mut self, buf: BufId, len: usize, peer: u32, e: &EagerRtm) -> bool {
+        let Some(pid) = self.matcher.take_posted(&mut self.posted, e.tagged, e.tag, peer) else {
+            return false;
+        };
         let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
         let total = (len - e.payload_off) as u64;
         copy_in_span(&mut self.dev, buf, e.payload_off, &dst, 0, total);

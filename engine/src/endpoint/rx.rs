@@ -6,8 +6,8 @@ use super::peer::{NONE, ReorderBuf};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId};
 use crate::device::{BufId, CqStatus, Cqe, Device, Source};
 use crate::wire::{
-    AtomRspRepr, CtsDataRepr, CtsRepr, EorRepr, Packet, PacketType, RawAddr, ReadNackRepr,
-    ReadRspRepr, ReceiptRepr, ReqClass, ReqFlags, ReqPacket, RmaIov, WireItem,
+    AtomRspRepr, CtsDataRepr, CtsRepr, EagerRtm, EorRepr, Packet, PacketType, RawAddr,
+    ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqClass, ReqFlags, ReqPacket, RmaIov, WireItem,
 };
 
 /// The headers of a received REQ, copied out of its buffer so that the
@@ -420,7 +420,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Keeps `buf` in `peer`'s reorder buffer under `msg_id`, after the
     /// packets of that msg_id already there (arrival order).
-    fn hold_in_order(&mut self, peer: u32, msg_id: u32, buf: BufId) {
+    pub(super) fn hold_in_order(&mut self, peer: u32, msg_id: u32, buf: BufId) {
         let window = self.cfg.reorder_window;
         let p = self.peers.get_mut(peer).expect("live peer");
         let rb = p.reorder.get_or_insert_with(|| ReorderBuf::new(window));
@@ -457,6 +457,9 @@ impl<D: Device> Endpoint<D> {
             let head = rb.slots[slot];
             if rb.held == 0 || head == NONE {
                 return;
+            }
+            if self.drain_predicted(peer, slot, head) {
+                continue;
             }
             // The first packet of the message decides whether it can go.
             let Some(info) = self.held_info(head) else {
@@ -512,6 +515,29 @@ impl<D: Device> Endpoint<D> {
                 buf = next;
             }
         }
+    }
+
+    /// The held packet whose turn came, landed without its full parse
+    /// when it is an eager message alone in its slot that a posted receive
+    /// takes (see `recv_predicted`); false, with nothing changed,
+    /// otherwise.
+    #[inline]
+    fn drain_predicted(&mut self, peer: u32, slot: usize, head: BufId) -> bool {
+        let meta = self.rx_meta[head as usize];
+        if meta.next != NO_BUF {
+            return false;
+        }
+        let len = meta.len as usize;
+        let Some(e) = EagerRtm::predict(&self.dev.buf(head)[..len]) else { return false };
+        if !self.land_eager(head, len, peer, &e) {
+            return false;
+        }
+        let p = self.peers.get_mut(peer).expect("live peer");
+        p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
+        let rb = p.reorder.as_mut().expect("reorder buffer");
+        rb.slots[slot] = NONE;
+        rb.held -= 1;
+        true
     }
 
     /// Empties a reorder slot, returning its chain.
