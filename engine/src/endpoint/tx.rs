@@ -265,7 +265,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Queues the packet in buffer `buf` (its first `len` bytes, then
     /// `data` if any) for posting to `peer`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn push_packet(
         &mut self,
         peer: u32,
