@@ -9,7 +9,7 @@ use super::peer::NONE;
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
-use crate::device::{Access, BufId, Device, Source};
+use crate::device::{Access, BufId, DataSeg, Device, Source};
 use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, EagerRtm, PacketType, extra};
 
 /// What an arriving message is, by its REQ type: protocol, tagged,
@@ -210,13 +210,18 @@ impl<D: Device> Endpoint<D> {
         let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
         let hdr = self.emit_eager(buf, peer.0, msg_id, tag, cq_data);
         let n = src.len as usize;
-        if n > 0 {
-            let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
-            let from = src.offset as usize;
-            pkt[hdr..hdr + n].copy_from_slice(&region[from..from + n]);
-        }
         let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-        self.push_packet(peer.0, ptype, buf, hdr + n, None);
+        if n > 0 && self.gathers(hdr, n) {
+            let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
+            self.push_packet(peer.0, ptype, buf, hdr, Some(data));
+        } else {
+            if n > 0 {
+                let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
+                let from = src.offset as usize;
+                pkt[hdr..hdr + n].copy_from_slice(&region[from..from + n]);
+            }
+            self.push_packet(peer.0, ptype, buf, hdr + n, None);
+        }
         self.maybe_post();
         Ok(())
     }

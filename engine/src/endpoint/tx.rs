@@ -24,8 +24,10 @@ use crate::wire::{
 const POST_BURST: usize = 32;
 
 /// Payloads at least this long are sent from the application's region
-/// without a copy (a second gather element); shorter ones are copied.
-const ZERO_COPY_MIN: u64 = 1024;
+/// without a copy (a second gather element); shorter ones are copied,
+/// unless the device copies the whole packet when it is posted (see
+/// [`Endpoint::gathers`]).
+const ZERO_COPY_MIN: usize = 1024;
 
 /// A control packet to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -698,6 +700,17 @@ impl<D: Device> Endpoint<D> {
         (ptype, r.emit(self.dev.buf_mut(buf)), data_len)
     }
 
+    /// Whether `len` payload bytes behind a `hdr`-byte header go as a
+    /// gather element from the application's region rather than copied
+    /// into the packet buffer: long ones, where the second element costs a
+    /// NIC less than the copy costs us, and any packet the device copies
+    /// whole when it is posted (its inline size), where the copy into the
+    /// buffer would be one copy too many.
+    #[inline(always)]
+    pub(super) fn gathers(&self, hdr: usize, len: usize) -> bool {
+        len >= ZERO_COPY_MIN || hdr + len <= self.caps.inline_size
+    }
+
     /// Puts message bytes `[offset, offset + len)` of `src` behind the
     /// header in `buf`: as a gather element when they are one long range,
     /// else copied.
@@ -709,7 +722,7 @@ impl<D: Device> Endpoint<D> {
         offset: u64,
         len: u64,
     ) -> Option<DataSeg> {
-        if len >= ZERO_COPY_MIN {
+        if self.gathers(hdr, len as usize) {
             let mut one = None;
             let mut pieces = 0;
             src.pieces(offset, len, |p| {
