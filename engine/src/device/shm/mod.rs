@@ -386,6 +386,21 @@ impl ShmDevice {
         }
     }
 
+    /// Whether our lane in peer `idx`'s segment has a free slot; when it
+    /// has not, counts it and watches the peer (a full lane may be a dead
+    /// receiver's).
+    #[inline(always)]
+    fn lane_has_room(&mut self, idx: usize) -> bool {
+        let p = &mut self.peers[idx];
+        if p.ring.has_room(p.lane, p.tail, &mut p.seen_head) {
+            return true;
+        }
+        self.stats.ring_full += 1;
+        p.suspect = true;
+        self.activate(idx);
+        false
+    }
+
     /// The peer behind `ah` if it is in the address book; marks it dead if
     /// it closed.
     fn book_peer(&mut self, ah: Ah) -> Result<usize, CqStatus> {
@@ -859,13 +874,10 @@ impl Device for ShmDevice {
                     continue;
                 }
             };
-            let p = &mut self.peers[idx];
-            if !p.ring.has_room(p.lane, p.tail, &mut p.seen_head) {
-                self.stats.ring_full += 1;
-                p.suspect = true;
-                self.activate(idx);
+            if !self.lane_has_room(idx) {
                 break;
             }
+            let p = &mut self.peers[idx];
             let rec = Record { kind: Kind::Packet, len: wr.wire_len() as u32, imm: 0 };
             let at = wr.buf as usize * self.cfg.mtu;
             let data: &[u8] = match wr.data {
@@ -931,14 +943,10 @@ impl Device for ShmDevice {
             };
             // Room for the notice is checked before any byte moves, so a
             // full lane refuses the whole operation.
-            if let RdmaOp::Write { imm: Some(_) } = wr.op {
-                let p = &mut self.peers[idx];
-                if !p.ring.has_room(p.lane, p.tail, &mut p.seen_head) {
-                    self.stats.ring_full += 1;
-                    p.suspect = true;
-                    self.activate(idx);
-                    break;
-                }
+            if let RdmaOp::Write { imm: Some(_) } = wr.op
+                && !self.lane_has_room(idx)
+            {
+                break;
             }
             let local = &self.regions[wr.local.0 as usize].as_ref().expect("checked above").map;
             let remote = &self.peers[idx].regions[&wr.remote_key];
