@@ -520,6 +520,16 @@ impl ShmDevice {
             }
         }
         self.next_lane = 0;
+        if check_pids {
+            // A sender that died between taking a lane and opening it.
+            for lane in 0..self.ring.lanes() {
+                let o = self.ring.owner(lane);
+                if o.pid != 0 && o.state == LaneState::Free && !pid_alive(o.pid) {
+                    self.ring.reset_lane(lane);
+                    self.stats.lanes_reclaimed += 1;
+                }
+            }
+        }
     }
 
     /// Takes up lanes senders claimed since we last looked.

@@ -286,6 +286,16 @@ impl Ring {
         })
     }
 
+    /// Takes a free lane for `pid` and stops there, as a sender that dies
+    /// halfway through [`Ring::claim_lane`] would.
+    #[cfg(test)]
+    pub(crate) fn take_lane_unopened(&self, pid: u32) -> Option<u32> {
+        (0..self.lanes).find(|&lane| {
+            let owner = self.map.u64_at(self.lane_ctl(lane) + lane::OWNER);
+            owner.compare_exchange(0, pid as u64, Acquire, Relaxed).is_ok()
+        })
+    }
+
     /// Marks our lane closed: nothing more will be published in it.
     pub(crate) fn close_lane(&self, lane: u32) {
         let state = self.map.u32_at(self.lane_ctl(lane) + lane::STATE);

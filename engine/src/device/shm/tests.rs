@@ -502,3 +502,26 @@ fn a_closed_senders_lane_is_freed_for_the_next() {
     let got = poll_n(&mut b, 1);
     assert_eq!(&b.buf(got[0].wr_id as u32)[..4], b"next");
 }
+
+#[test]
+fn a_sender_that_died_taking_a_lane_does_not_keep_it() {
+    let cfg = ShmConfig { lanes: 2, ..small() };
+    let (mut a, mut b) = pair(cfg);
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
+    Ring::attach_peer(map).unwrap().take_lane_unopened(dead).unwrap();
+    let mut c = ShmDevice::new(cfg).unwrap();
+    assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
+    // b keeps polling (a holds a lane, so its liveness check runs).
+    send(&mut a, ah, 0, b"x", 1);
+    b.post_recv(&[0]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.stats().lanes_reclaimed == 0 && Instant::now() < deadline {
+        poll_all(&mut b);
+    }
+    assert_eq!(b.stats().lanes_reclaimed, 1);
+    c.insert_addr(&b.addr()).expect("the half-taken lane is free again");
+}
