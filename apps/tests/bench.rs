@@ -531,6 +531,12 @@ fn info_lists_sim_and_shm_and_what_is_not_built() {
     assert_eq!(info.matches("status: available").count(), 2, "{info}");
     assert_eq!(info.matches("status: not built").count(), 2, "{info}");
     assert!(info.contains("mtu: 8192"), "{info}");
+    let memcpy = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("memcpy_1MiB_MB/s: "))
+        .and_then(|v| v.split(' ').next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no memcpy reference: {info}"));
+    assert!(memcpy > 100.0, "a 1 MiB copy at {memcpy} MB/s: {info}");
 }
 
 #[test]
