@@ -257,6 +257,11 @@ fn shm_streaming_verifies_every_byte_and_writes_json() {
     let passive = v["passive_counters"].as_object().expect("passive_counters object");
     assert!(passive["rx.EAGER_TAGRTM"].as_u64().is_some_and(|n| n >= 100), "{passive:?}");
     assert_eq!(passive["tx.EAGER_TAGRTM"], sizes.len(), "the receiver's: an ack per size");
+    // On shm, what does not fit a packet is read, each read ended by an EOR.
+    let c = &v["counters"];
+    let reads = c["tx.LONGREAD_TAGRTM"].as_u64().unwrap_or(0);
+    assert!(reads >= 3 * 100 && c["rx.EOR"] == reads, "{c}");
+    assert!(c.get("tx.MEDIUM_TAGRTM").is_none() && c.get("tx.RUNTREAD_TAGRTM").is_none(), "{c}");
 }
 
 #[test]

@@ -440,3 +440,38 @@ fn one_sided_operations_wait_for_the_handshake() {
     assert_eq!(w.done[0][0].status, Status::Ok);
     let _ = pattern(0, 0);
 }
+
+#[test]
+fn on_host_reads_every_message_past_one_packet_and_falls_back_without_read() {
+    // Just past one packet, a medium message and a long-CTS one by the
+    // defaults.
+    for len in [8_200u64, 64 << 10, 200 << 10] {
+        for (cfg, read, want) in [
+            (Config::on_host(), true, PacketType::LongReadMsgRtm),
+            (Config::on_host(), false, PacketType::MediumMsgRtm),
+            (Config::default(), true, PacketType::MediumMsgRtm),
+        ] {
+            let want = if want == PacketType::MediumMsgRtm && len > 64 << 10 {
+                PacketType::LongCtsMsgRtm
+            } else {
+                want
+            };
+            let cfg = Config { handshake_on_insert: true, ..cfg };
+            let mut w = ready(sim(len, read, read), cfg);
+            w.fabric.set_capture(true);
+            let src = w.register(0, len);
+            let dst = w.register(1, len);
+            w.fill(0, &src, len);
+            w.eps[1].recv(span(&dst, 0, len), None, 1).unwrap();
+            w.eps[0].send(efapoll::endpoint::PeerId(0), span(&src, 0, len), 1).unwrap();
+            w.drive_until(100_000, |w| w.done[0].len() == 1 && w.done[1].len() == 1);
+            assert_eq!((w.done[1][0].status, w.done[1][0].len), (Status::Ok, len));
+            assert!(w.eps[1].mem(dst.id) == w.eps[0].mem(src.id), "len {len}: byte-exact");
+            let wire = w.fabric.take_capture();
+            let first = wire.iter().find(|(f, _, p)| *f == 0 && p[0] != PacketType::Handshake.id());
+            assert_eq!(first.map(|(_, _, p)| p[0]), Some(want.id()), "len {len} read {read}");
+            let runts = wire.iter().filter(|(_, _, p)| p[0] == PacketType::RuntReadMsgRtm.id());
+            assert_eq!(runts.count(), 0, "on_host sends no runt");
+        }
+    }
+}

@@ -105,11 +105,12 @@ impl OpKind {
         }
     }
 
-    /// The endpoint configuration for the operation.
-    pub fn config(self) -> Config {
+    /// The endpoint configuration for the operation over a device whose
+    /// defaults are `base`.
+    pub fn config(self, base: Config) -> Config {
         // Writes, reads and atomics wait for the peer's HANDSHAKE: ask for
         // it as soon as the peer is known.
-        Config { handshake_on_insert: self.is_one_sided(), ..Config::default() }
+        Config { handshake_on_insert: self.is_one_sided(), ..base }
     }
 
     fn post_send<D: Device>(
@@ -451,8 +452,8 @@ mod tests {
         for op in [OpKind::Read, OpKind::Atomic] {
             assert_eq!((op.legs(), op.echoes(), op.lands_here()), (1, false, true), "{op:?}");
         }
-        assert!(OpKind::Write.config().handshake_on_insert);
-        assert!(!OpKind::Send.config().handshake_on_insert);
+        assert!(OpKind::Write.config(Config::default()).handshake_on_insert);
+        assert!(!OpKind::Send.config(Config::default()).handshake_on_insert);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use efapoll::device::shm::{ShmConfig, ShmDevice};
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
-use efapoll::endpoint::Endpoint;
+use efapoll::endpoint::{Config, Endpoint};
 use efapoll::relink::Conn;
 use efapoll_lcores::{
     CoreList, IdleStrategy, LcoreCtx, LcoreError, LcoreId, LcoreMap, Lcores, LcoresConfig,
@@ -144,7 +144,7 @@ fn run_sim(a: &RunArgs) -> Result<(), RunError> {
 fn sim_flow(ctx: &mut LcoreCtx, a: &RunArgs, sink: Sink<'_>, live: bool) -> FlowResult {
     let fabric = SimFabric::new(SimConfig::default());
     let io = || -> Result<Io<_>, RunError> {
-        let ep = Endpoint::new(fabric.device(), a.op.config())
+        let ep = Endpoint::new(fabric.device(), a.op.config(Config::default()))
             .map_err(|e| RunError::Setup(format!("sim endpoint: {e}")))?;
         Io::new(ep, a.op)
     };
@@ -213,7 +213,8 @@ fn shm_side(
 ) -> FlowResult {
     let dev = ShmDevice::new(ShmConfig::default())
         .map_err(|e| RunError::Setup(format!("shm device: {e}")))?;
-    let ep = Endpoint::new(dev, a.op.config())
+    // Large messages by one copy out of the peer's mapping: shm's read.
+    let ep = Endpoint::new(dev, a.op.config(Config::on_host()))
         .map_err(|e| RunError::Setup(format!("shm endpoint: {e}")))?;
     let io = Io::new(ep, a.op)?;
     let p = &a.params;

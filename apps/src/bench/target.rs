@@ -178,7 +178,8 @@ mod tests {
     /// A target on a sim fabric of its own (kept alive with it).
     fn target(op: OpKind, params: &Params) -> (SimFabric, Target<SimDevice>) {
         let fabric = SimFabric::new(SimConfig::default());
-        let ep = Endpoint::new(fabric.device(), op.config()).unwrap();
+        let ep = Endpoint::new(fabric.device(), op.config(efapoll::endpoint::Config::default()))
+            .unwrap();
         let t = Target::new(Io::new(ep, op).unwrap(), params).unwrap();
         (fabric, t)
     }

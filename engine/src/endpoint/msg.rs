@@ -149,8 +149,6 @@ impl<D: Device> Endpoint<D> {
         let len = src.len;
         if len <= eager_max {
             Proto::Eager
-        } else if len <= self.cfg.medium_max {
-            Proto::Medium
         } else if len >= self.cfg.long_read_min && self.can_long_read(peer, src) {
             let p = self.peers.get(peer).expect("live peer");
             let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight);
@@ -159,6 +157,8 @@ impl<D: Device> Endpoint<D> {
             } else {
                 Proto::LongRead
             }
+        } else if len <= self.cfg.medium_max {
+            Proto::Medium
         } else {
             Proto::LongCts
         }
