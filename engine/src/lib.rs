@@ -47,7 +47,9 @@
 //! ```
 //!
 //! On shm, replace the fabric with a `device::shm::ShmDevice::new(ShmConfig::default())`
-//! per endpoint (each in its own process or thread); `efapoll-lcores` pins
+//! per endpoint (each in its own process or thread) and give it
+//! `Config::on_host()`, which reads what does not fit one packet instead of
+//! pushing it through the rings twice; `efapoll-lcores` pins
 //! the threads and runs their poll loops; the `efapoll` apps (crate
 //! `efapoll-apps`) are complete examples of both.
 #![deny(unsafe_code)]
