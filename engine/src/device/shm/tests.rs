@@ -525,3 +525,28 @@ fn a_sender_that_died_taking_a_lane_does_not_keep_it() {
     assert_eq!(b.stats().lanes_reclaimed, 1);
     c.insert_addr(&b.addr()).expect("the half-taken lane is free again");
 }
+
+#[test]
+fn sixteen_senders_reach_one_receiver_by_default_and_the_next_is_told_again() {
+    // Default lanes; short rings keep the segments small.
+    let cfg =
+        ShmConfig { bufs: 64, tx_depth: 8, rx_depth: 32, ring_slots: 2, ..Default::default() };
+    assert_eq!(ShmConfig::default().lanes, 16);
+    let mut b = ShmDevice::new(cfg).unwrap();
+    let mut senders: Vec<ShmDevice> = (0..16).map(|_| ShmDevice::new(cfg).unwrap()).collect();
+    for (i, s) in senders.iter_mut().enumerate() {
+        let ah = s.insert_addr(&b.addr()).expect("a lane for each of sixteen");
+        send(s, ah, 0, &pattern(i, 100), i as u64);
+    }
+    let mut extra = ShmDevice::new(cfg).unwrap();
+    assert_eq!(extra.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
+    b.post_recv(&(0..16).collect::<Vec<BufId>>());
+    let got = poll_n(&mut b, 16);
+    assert_eq!(got.len(), 16);
+    let mut seen: Vec<Vec<u8>> =
+        got.iter().map(|c| b.buf(c.wr_id as u32)[..100].to_vec()).collect();
+    seen.sort();
+    let mut want: Vec<Vec<u8>> = (0..16).map(|i| pattern(i, 100)).collect();
+    want.sort();
+    assert_eq!(seen, want, "one packet from each sender, intact");
+}
