@@ -157,7 +157,7 @@ impl_side!(Target, buf);
 #[cfg(test)]
 mod tests {
     use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
-    use efapoll::endpoint::Endpoint;
+    use efapoll::endpoint::{Config, Endpoint};
 
     use super::*;
 
@@ -178,8 +178,7 @@ mod tests {
     /// A target on a sim fabric of its own (kept alive with it).
     fn target(op: OpKind, params: &Params) -> (SimFabric, Target<SimDevice>) {
         let fabric = SimFabric::new(SimConfig::default());
-        let ep = Endpoint::new(fabric.device(), op.config(efapoll::endpoint::Config::default()))
-            .unwrap();
+        let ep = Endpoint::new(fabric.device(), op.config(Config::default())).unwrap();
         let t = Target::new(Io::new(ep, op).unwrap(), params).unwrap();
         (fabric, t)
     }
