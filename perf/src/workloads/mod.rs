@@ -152,6 +152,7 @@ mod tests {
                 (&[LongCtsMsgRtm, Cts, CtsData], &[LongReadMsgRtm, RuntReadMsgRtm, MediumMsgRtm])
             }
             "longread_8MiB" => (&[LongReadMsgRtm, Eor], &[RuntReadMsgRtm, LongCtsMsgRtm]),
+            "stream_64KiB_on_host" => (&[LongReadMsgRtm, Eor], &[MediumMsgRtm, RuntReadMsgRtm]),
             "runtread_1MiB" => (&[RuntReadMsgRtm], &[LongReadMsgRtm, LongCtsMsgRtm]),
             "write_eager_4KiB" => (&[EagerRtw], &[LongCtsRtw, LongReadRtw]),
             "write_longcts_1MiB" => (&[LongCtsRtw, Cts, CtsData], &[EagerRtw, LongReadRtw]),
@@ -168,8 +169,12 @@ mod tests {
 
     #[test]
     fn every_endpoint_workload_runs_the_protocol_it_names() {
-        let endpoints =
-            |n: &str| n.starts_with("sim/") || n.starts_with("rma/") || n == "shm/pingpong_64B";
+        let endpoints = |n: &str| {
+            n.starts_with("sim/")
+                || n.starts_with("rma/")
+                || n.starts_with("shm/pingpong")
+                || n.starts_with("shm/stream")
+        };
         for w in all().iter().filter(|w| endpoints(&w.name)) {
             let (must, must_not) = protocol(&w.name);
             let mut r = w.setup();

@@ -9,7 +9,7 @@ use efapoll::device::{Access, BufId, CqStatus, Cqe, Device, RdmaOp, RdmaWr, Send
 
 use efapoll::endpoint::{Config, Endpoint};
 
-use super::sim::{MIB, PingPong};
+use super::sim::{KIB, MIB, Pair, PingPong, Stream};
 use super::{Kind, Runner, Unit, Workload};
 
 fn pair() -> (ShmDevice, ShmDevice) {
@@ -106,8 +106,26 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
             let (a, b) = pair();
             let a = Endpoint::new(a, Config::default()).unwrap();
             let b = Endpoint::new(b, Config::default()).unwrap();
-            Box::new(PingPong::new(a, b, None))
+            Box::new(PingPong::new(Pair::connect(a, b, None)))
         })
+        .small(),
+    );
+    // Messages past one packet as the apps send them over shm: read, one
+    // copy out of the sender's region (`Config::on_host`).
+    v.push(
+        Workload::new(
+            "shm/stream_64KiB_on_host",
+            Unit::Bytes(64 * KIB),
+            Kind::Rate,
+            15_000,
+            || {
+                let (a, b) = pair();
+                let cfg = Config { handshake_on_insert: true, ..Config::on_host() };
+                let a = Endpoint::new(a, cfg).unwrap();
+                let b = Endpoint::new(b, cfg).unwrap();
+                Box::new(Stream::new(Pair::connect(a, b, None), 64 * KIB, 64))
+            },
+        )
         .small(),
     );
     for burst in [1usize, 32] {

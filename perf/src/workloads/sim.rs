@@ -15,25 +15,36 @@ pub(super) type Ep = Endpoint<SimDevice>;
 pub(super) const KIB: u64 = 1 << 10;
 pub(super) const MIB: u64 = 1 << 20;
 
-/// Two endpoints on one fabric that know each other.
-pub(super) struct Pair {
-    /// Keeps the fabric alive as long as its devices.
-    _fabric: SimFabric,
-    pub a: Ep,
-    pub b: Ep,
+/// Two endpoints that know each other, on any device whose endpoints can
+/// share a thread.
+pub(super) struct Pair<D: Device = SimDevice> {
+    /// What must outlive the endpoints (the sim fabric).
+    _keep: Option<SimFabric>,
+    pub a: Endpoint<D>,
+    pub b: Endpoint<D>,
     pub to_b: PeerId,
     pub to_a: PeerId,
 }
 
 impl Pair {
+    /// Two endpoints on a sim fabric of their own.
     pub fn new(sim: SimConfig, cfg: Config) -> Pair {
         let fabric = SimFabric::new(sim);
-        let mut a = Endpoint::new(fabric.device(), cfg).unwrap();
-        let mut b = Endpoint::new(fabric.device(), cfg).unwrap();
+        let a = Endpoint::new(fabric.device(), cfg).unwrap();
+        let b = Endpoint::new(fabric.device(), cfg).unwrap();
+        Pair::connect(a, b, Some(fabric))
+    }
+}
+
+impl<D: Device> Pair<D> {
+    /// Introduces `a` and `b` to each other; with `handshake_on_insert`,
+    /// returns once both HANDSHAKEs are in.
+    pub fn connect(mut a: Endpoint<D>, mut b: Endpoint<D>, keep: Option<SimFabric>) -> Self {
         let to_b = a.insert_peer(&b.addr()).unwrap();
         let to_a = b.insert_peer(&a.addr()).unwrap();
-        let mut p = Pair { _fabric: fabric, a, b, to_b, to_a };
-        if cfg.handshake_on_insert {
+        let handshake = a.config().handshake_on_insert;
+        let mut p = Pair { _keep: keep, a, b, to_b, to_a };
+        if handshake {
             while !p.a.peer_handshake_received(p.to_b) || !p.b.peer_handshake_received(p.to_a) {
                 p.progress();
             }
@@ -65,22 +76,21 @@ pub(super) fn packets_sent<'a, D: Device + 'a>(
 }
 
 /// A region both peers may read, write and update atomically.
-pub(super) fn region(ep: &mut Ep, len: u64) -> Mr {
+pub(super) fn region<D: Device>(ep: &mut Endpoint<D>, len: u64) -> Mr {
     ep.register(len, Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).unwrap()
 }
 
 /// Messages of one size from a to b, `window` in flight.
-struct Stream {
-    p: Pair,
+pub(super) struct Stream<D: Device = SimDevice> {
+    p: Pair<D>,
     len: u64,
     window: u64,
     src: Mr,
     dst: Mr,
 }
 
-impl Stream {
-    fn new(sim: SimConfig, cfg: Config, len: u64, window: u64) -> Stream {
-        let mut p = Pair::new(sim, cfg);
+impl<D: Device> Stream<D> {
+    pub(super) fn new(mut p: Pair<D>, len: u64, window: u64) -> Self {
         let src = region(&mut p.a, len);
         let dst = region(&mut p.b, len);
         let mut s = Stream { p, len, window, src, dst };
@@ -90,7 +100,7 @@ impl Stream {
     }
 }
 
-impl Runner for Stream {
+impl<D: Device> Runner for Stream<D> {
     fn run(&mut self, n: u64) {
         let Stream { p, len, window, src, dst } = self;
         let (len, window) = (*len, *window);
@@ -128,36 +138,29 @@ fn stream(name: &str, len: u64, iters: u64, sim: SimConfig, cfg: Config) -> Work
     // Large messages one at a time: each is a pipeline of its own.
     let window = if len <= 64 * KIB { 64 } else { 1 };
     Workload::new(format!("sim/{name}"), unit, Kind::Rate, iters, move || {
-        Box::new(Stream::new(sim, cfg, len, window))
+        Box::new(Stream::new(Pair::new(sim, cfg), len, window))
     })
 }
 
 /// A 64-byte message to b and one back, each to a posted receive, on any
 /// device whose endpoints can share a thread.
 pub(super) struct PingPong<D: Device> {
-    /// What must outlive the endpoints (the sim fabric).
-    _keep: Option<SimFabric>,
-    a: Endpoint<D>,
-    b: Endpoint<D>,
-    to_b: PeerId,
-    to_a: PeerId,
+    p: Pair<D>,
     sa: Mr,
     sb: Mr,
 }
 
 impl<D: Device> PingPong<D> {
-    pub(super) fn new(mut a: Endpoint<D>, mut b: Endpoint<D>, keep: Option<SimFabric>) -> Self {
-        let to_b = a.insert_peer(&b.addr()).unwrap();
-        let to_a = b.insert_peer(&a.addr()).unwrap();
-        let sa = a.register(64, Access::empty()).unwrap();
-        let sb = b.register(64, Access::empty()).unwrap();
-        let mut pp = PingPong { _keep: keep, a, b, to_b, to_a, sa, sb };
+    pub(super) fn new(mut p: Pair<D>) -> Self {
+        let sa = p.a.register(64, Access::empty()).unwrap();
+        let sb = p.b.register(64, Access::empty()).unwrap();
+        let mut pp = PingPong { p, sa, sb };
         pp.run(100);
         pp
     }
 
     fn round_trip(&mut self) {
-        let PingPong { a, b, to_b, to_a, sa, sb, .. } = self;
+        let PingPong { p: Pair { a, b, to_b, to_a, .. }, sa, sb } = self;
         b.recv(Span::new(sb, 0, 64), None, 0).unwrap();
         a.recv(Span::new(sa, 0, 64), None, 0).unwrap();
         a.send(*to_b, Span::new(sa, 0, 64), 1).unwrap();
@@ -188,7 +191,7 @@ impl<D: Device> Runner for PingPong<D> {
     }
 
     fn packets_sent(&self) -> Vec<u64> {
-        packets_sent([&self.a, &self.b])
+        self.p.packets_sent()
     }
 }
 
@@ -356,10 +359,7 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     }
     v.push(
         Workload::new("sim/pingpong_64B", Unit::Ops, Kind::Latency, 130_000, || {
-            let fabric = SimFabric::new(SimConfig::default());
-            let a = Endpoint::new(fabric.device(), Config::default()).unwrap();
-            let b = Endpoint::new(fabric.device(), Config::default()).unwrap();
-            Box::new(PingPong::new(a, b, Some(fabric)))
+            Box::new(PingPong::new(Pair::new(SimConfig::default(), Config::default())))
         })
         .small(),
     );
