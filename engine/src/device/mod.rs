@@ -290,7 +290,8 @@ pub trait Device {
     /// exhausted), which long-read receivers answer with READ_NACK.
     fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError>;
 
-    /// Posts empty buffers for receiving; returns how many were taken.
+    /// Posts empty buffers for receiving; returns how many were taken. A
+    /// device fills them in any order (a completion names its buffer).
     fn post_recv(&mut self, bufs: &[BufId]) -> usize;
 
     /// Posts sends; returns how many were taken (fewer: the TX queue is
