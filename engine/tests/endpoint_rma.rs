@@ -446,16 +446,13 @@ fn on_host_reads_every_message_past_one_packet_and_falls_back_without_read() {
     // Just past one packet, a medium message and a long-CTS one by the
     // defaults.
     for len in [8_200u64, 64 << 10, 200 << 10] {
+        let packets =
+            if len <= 64 << 10 { PacketType::MediumMsgRtm } else { PacketType::LongCtsMsgRtm };
         for (cfg, read, want) in [
             (Config::on_host(), true, PacketType::LongReadMsgRtm),
-            (Config::on_host(), false, PacketType::MediumMsgRtm),
-            (Config::default(), true, PacketType::MediumMsgRtm),
+            (Config::on_host(), false, packets),
+            (Config::default(), true, packets),
         ] {
-            let want = if want == PacketType::MediumMsgRtm && len > 64 << 10 {
-                PacketType::LongCtsMsgRtm
-            } else {
-                want
-            };
             let cfg = Config { handshake_on_insert: true, ..cfg };
             let mut w = ready(sim(len, read, read), cfg);
             w.fabric.set_capture(true);

@@ -17,6 +17,12 @@ fn pair() -> (ShmDevice, ShmDevice) {
     (ShmDevice::new(cfg).unwrap(), ShmDevice::new(cfg).unwrap())
 }
 
+/// Two endpoints over shm that know each other.
+fn endpoints(cfg: Config) -> Pair<ShmDevice> {
+    let (a, b) = pair();
+    Pair::connect(Endpoint::new(a, cfg).unwrap(), Endpoint::new(b, cfg).unwrap(), None)
+}
+
 /// 64-byte packets from a to b in bursts; one operation is one packet.
 struct Ring {
     a: ShmDevice,
@@ -103,10 +109,7 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     // costs the two cores of a pingpong, without the wait between them.
     v.push(
         Workload::new("shm/pingpong_64B", Unit::Ops, Kind::Latency, 100_000, || {
-            let (a, b) = pair();
-            let a = Endpoint::new(a, Config::default()).unwrap();
-            let b = Endpoint::new(b, Config::default()).unwrap();
-            Box::new(PingPong::new(Pair::connect(a, b, None)))
+            Box::new(PingPong::new(endpoints(Config::default())))
         })
         .small(),
     );
@@ -119,11 +122,8 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
             Kind::Rate,
             15_000,
             || {
-                let (a, b) = pair();
                 let cfg = Config { handshake_on_insert: true, ..Config::on_host() };
-                let a = Endpoint::new(a, cfg).unwrap();
-                let b = Endpoint::new(b, cfg).unwrap();
-                Box::new(Stream::new(Pair::connect(a, b, None), 64 * KIB, 64))
+                Box::new(Stream::new(endpoints(cfg), 64 * KIB, 64))
             },
         )
         .small(),
