@@ -146,7 +146,10 @@ struct Node {
     alive: bool,
     fail_sends: u32,
     tx_outstanding: usize,
-    posted_rx: VecDeque<BufId>,
+    /// A stack: the newest posted buffer fills first, as on shm (the
+    /// endpoint reposts each as soon as it is done with it, so it is still
+    /// in cache).
+    posted_rx: Vec<BufId>,
     cq: VecDeque<Cqe>,
     inbox: VecDeque<Flight>,
     pool: Rc<Bytes>,
@@ -216,7 +219,7 @@ impl SimFabric {
             regions: Vec::new(),
             book: Vec::new(),
             ah_of_node: Vec::new(),
-            posted_rx: VecDeque::with_capacity(cfg.rx_depth),
+            posted_rx: Vec::with_capacity(cfg.rx_depth),
             inbox: VecDeque::with_capacity(cfg.tx_depth * 2),
             cq: VecDeque::with_capacity(cfg.tx_depth + cfg.rx_depth),
             tx_outstanding: 0,
@@ -405,7 +408,7 @@ impl Fabric {
             }
             Flight::Raw { src, bytes } => {
                 let mtu = self.cfg.mtu;
-                let rx = self.nodes[at].posted_rx.pop_front().expect("checked above");
+                let rx = self.nodes[at].posted_rx.pop().expect("checked above");
                 let len = bytes.len();
                 let node = &mut self.nodes[at];
                 // SAFETY: buffer `rx` was posted to the device, so the
@@ -439,7 +442,7 @@ impl Fabric {
     ) -> Cqe {
         let mtu = self.cfg.mtu;
         let to = &mut self.nodes[at];
-        let rx = to.posted_rx.pop_front().expect("checked by the caller");
+        let rx = to.posted_rx.pop().expect("checked by the caller");
         to.stats.delivered += 1;
         let dst = frame_at(rx, mtu);
         let mut len = hdr;
@@ -519,7 +522,7 @@ impl Fabric {
             RdmaOp::Write { imm } => {
                 Bytes::copy(local, local_off, &remote, remote_off, len);
                 if let Some(imm) = imm {
-                    let rx = self.nodes[at].posted_rx.pop_front().expect("checked by deliver_one");
+                    let rx = self.nodes[at].posted_rx.pop().expect("checked by deliver_one");
                     *out = Cqe {
                         op: CqOp::RecvWriteImm,
                         status: CqStatus::Ok,
@@ -749,7 +752,7 @@ impl Device for SimDevice {
         let n = bufs.len().min(rx_depth - node.posted_rx.len());
         for &b in &bufs[..n] {
             assert!(b < self.caps.bufs, "buffer {b} out of range");
-            node.posted_rx.push_back(b);
+            node.posted_rx.push(b);
         }
         n
     }
@@ -929,10 +932,10 @@ mod tests {
         let got = poll_all(&mut b);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].op, CqOp::Recv);
-        assert_eq!(got[0].wr_id, 10);
+        assert_eq!(got[0].wr_id, 11, "the newest posted buffer fills first");
         assert_eq!(got[0].len, 5);
         assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
-        assert_eq!(&b.buf(10)[..5], b"hello");
+        assert_eq!(&b.buf(11)[..5], b"hello");
         let sent = poll_all(&mut a);
         assert_eq!(sent, [Cqe { op: CqOp::Send, wr_id: 7, ..Cqe::default() }]);
 
@@ -977,10 +980,10 @@ mod tests {
         send(&mut a, ah, 2, b"after", 2);
         let got = poll_all(&mut b);
         let bufs: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
-        assert_eq!(bufs, [10, 11, 12]);
+        assert_eq!(bufs, [10, 12, 11], "newest posted buffer first");
         assert_eq!(&b.buf(10)[..3], b"now");
-        assert_eq!(&b.buf(11)[..4], b"held");
-        assert_eq!(&b.buf(12)[..5], b"after");
+        assert_eq!(&b.buf(12)[..4], b"held");
+        assert_eq!(&b.buf(11)[..5], b"after");
         assert_eq!(poll_all(&mut a).len(), 2);
     }
 
