@@ -261,7 +261,11 @@ pub trait Device {
     /// an unknown sender again.
     fn remove_addr(&mut self, ah: Ah);
 
-    /// Packet buffer `id` (all `mtu` bytes).
+    /// Packet buffer `id` (all `mtu` bytes). Of a received packet, read
+    /// its headers here and its payload through [`Device::copy_to_region`],
+    /// [`Device::read_payload`] or [`Device::buf_and_region`]: a device may
+    /// place a payload only when it is copied out (the sim does, as a NIC's
+    /// DMA costs the host's CPU nothing).
     fn buf(&self, id: BufId) -> &[u8];
 
     /// Packet buffer `id`, to write a packet into.
@@ -283,6 +287,20 @@ pub trait Device {
     /// Packet buffer `buf` and region `mr` at once, for copying between
     /// them.
     fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]);
+
+    /// Copies `len` bytes of received packet `buf`, from its byte `from`,
+    /// into region `mr` at `offset`.
+    #[inline(always)]
+    fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
+        let (pkt, region) = self.buf_and_region(buf, mr);
+        region[offset..offset + len].copy_from_slice(&pkt[from..from + len]);
+    }
+
+    /// Copies `out.len()` bytes of received packet `buf`, from its byte
+    /// `from`, into `out`.
+    fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
+        out.copy_from_slice(&self.buf(buf)[from..from + out.len()]);
+    }
 
     /// Makes a region usable as the local side of an RDMA read the
     /// endpoint is about to post, as EFA registers a receive buffer on

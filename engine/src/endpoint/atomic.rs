@@ -413,8 +413,7 @@ impl<D: Device> Endpoint<D> {
         let off = info.payload_off as usize;
         let n = total as usize;
         let mut operands = std::mem::take(&mut self.scratch);
-        operands[..info.payload_len as usize]
-            .copy_from_slice(&self.dev.buf(buf)[off..off + info.payload_len as usize]);
+        self.dev.read_payload(buf, off, &mut operands[..info.payload_len as usize]);
         self.release_rx(buf);
         let (operand, rest) = operands.split_at(n);
         let compare = &rest[..if class == RtaClass::Compare { n } else { 0 }];

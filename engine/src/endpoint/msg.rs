@@ -49,8 +49,7 @@ fn copy_in<D: Device>(dev: &mut D, buf: BufId, from: usize, dst: &Sgl, seg_offse
     let mut from = from;
     dst.pieces(seg_offset, len, |p| {
         let n = p.len as usize;
-        let (pkt, region) = dev.buf_and_region(buf, p.mr);
-        region[p.offset as usize..p.offset as usize + n].copy_from_slice(&pkt[from..from + n]);
+        dev.copy_to_region(buf, from, p.mr, p.offset as usize, n);
         from += n;
     });
 }
@@ -67,9 +66,7 @@ fn copy_in_span<D: Device>(
 ) {
     let n = len.min(dst.len.saturating_sub(seg_offset)) as usize;
     if n > 0 {
-        let (pkt, region) = dev.buf_and_region(buf, dst.mr);
-        let at = (dst.offset + seg_offset) as usize;
-        region[at..at + n].copy_from_slice(&pkt[from..from + n]);
+        dev.copy_to_region(buf, from, dst.mr, (dst.offset + seg_offset) as usize, n);
     }
 }
 

@@ -453,8 +453,7 @@ impl<D: Device> Endpoint<D> {
         let mut from = info.payload_off as usize;
         dst.pieces(0, dst.len(), |p| {
             let n = p.len as usize;
-            let (pkt, region) = self.dev.buf_and_region(buf, p.mr);
-            region[p.offset as usize..p.offset as usize + n].copy_from_slice(&pkt[from..from + n]);
+            self.dev.copy_to_region(buf, from, p.mr, p.offset as usize, n);
             from += n;
         });
         if let Some(data) = info.cq_data {
