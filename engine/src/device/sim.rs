@@ -371,14 +371,13 @@ impl SimFabric {
     /// completions not yet polled.
     pub fn pending(&self, addr: &RawAddr) -> usize {
         let f = self.inner.borrow();
-        let n = &f.nodes[addr.qpn as usize];
-        n.inbox.len() + n.cq.len() + n.unplaced_count.get() as usize
+        f.nodes[addr.qpn as usize].pending()
     }
 
     /// Everything in flight on the fabric, plus completions not yet polled.
     pub fn pending_total(&self) -> usize {
         let f = self.inner.borrow();
-        f.nodes.iter().map(|n| n.inbox.len() + n.cq.len() + n.unplaced_count.get() as usize).sum()
+        f.nodes.iter().map(Node::pending).sum()
     }
 }
 
@@ -419,18 +418,18 @@ impl Fabric {
     /// buffer was reposted unread) and completes its send.
     fn place(&mut self, at: usize, id: BufId, copy: bool) {
         let mtu = self.cfg.mtu;
-        let node = &mut self.nodes[at];
-        let Some(u) = node.unplaced.get_mut(id as usize).and_then(Option::take) else { return };
-        node.count_placed();
+        let Some(u) = self.nodes[at].take_unplaced(id, |_| true) else { return };
         if copy {
             let to = frame_at(id, mtu) + u.at as usize;
-            Bytes::copy(&u.region, u.offset as usize, &node.pool, to, u.len as usize);
+            Bytes::copy(&u.region, u.offset as usize, &self.nodes[at].pool, to, u.len as usize);
         }
-        self.complete_at(
-            u.src,
-            u.incarnation,
-            Cqe { op: CqOp::Send, wr_id: u.wr_id, ..Cqe::default() },
-        );
+        self.complete_placed(&u);
+    }
+
+    /// Completes the send of a payload now placed.
+    fn complete_placed(&mut self, u: &Unplaced) {
+        let cqe = Cqe { op: CqOp::Send, wr_id: u.wr_id, ..Cqe::default() };
+        self.complete_at(u.src, u.incarnation, cqe);
     }
 
     /// Completes the sends of unplaced payloads in `bufs`, which `at`'s
@@ -694,14 +693,31 @@ impl Fabric {
 }
 
 impl Node {
-    /// Counts one payload placed; with none left, forgets their order.
+    /// Packets and operations in flight to this node, its completions not
+    /// yet polled, and the sends waiting for its unplaced payloads.
+    fn pending(&self) -> usize {
+        self.inbox.len() + self.cq.len() + self.unplaced_count.get() as usize
+    }
+
+    /// Takes the unplaced payload of buffer `id`, if it has one that
+    /// `want` accepts; with none left, forgets their order.
     #[inline(always)]
-    fn count_placed(&mut self) {
+    fn take_unplaced(
+        &mut self,
+        id: BufId,
+        want: impl FnOnce(&Unplaced) -> bool,
+    ) -> Option<Unplaced> {
+        let slot = self.unplaced.get_mut(id as usize)?;
+        if !slot.as_ref().is_some_and(want) {
+            return None;
+        }
+        let u = slot.take();
         let left = self.unplaced_count.get() - 1;
         self.unplaced_count.set(left);
         if left == 0 {
             self.unplaced_order.clear();
         }
+        u
     }
 
     /// Starts the clock of the unplaced payloads whose receive completions
@@ -778,19 +794,10 @@ impl SimDevice {
         len: usize,
     ) -> bool {
         let mut f = self.fabric.borrow_mut();
-        let node = &mut f.nodes[self.node];
-        let Some(slot) = node.unplaced.get_mut(buf as usize) else { return false };
-        if !slot.as_ref().is_some_and(|u| u.at as usize == from && u.len as usize == len) {
-            return false;
-        }
-        let u = slot.take().expect("checked");
-        node.count_placed();
+        let whole = |u: &Unplaced| u.at as usize == from && u.len as usize == len;
+        let Some(u) = f.nodes[self.node].take_unplaced(buf, whole) else { return false };
         Bytes::copy(&u.region, u.offset as usize, self.region_bytes(mr), offset, len);
-        f.complete_at(
-            u.src,
-            u.incarnation,
-            Cqe { op: CqOp::Send, wr_id: u.wr_id, ..Cqe::default() },
-        );
+        f.complete_placed(&u);
         true
     }
 

@@ -502,10 +502,8 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::Invalid);
             return;
         }
-        let (pkt, region) = self.dev.buf_and_region(buf, result.mr);
         let (off, n) = (payload_off as usize, result.len as usize);
-        region[result.offset as usize..result.offset as usize + n]
-            .copy_from_slice(&pkt[off..off + n]);
+        self.dev.copy_to_region(buf, off, result.mr, result.offset as usize, n);
         let op = self.tx_ops.get_mut(r.recv_id).expect("live op");
         op.awaiting_peer = false;
         if op.is_done() {

@@ -40,7 +40,14 @@ fn msg_proto(ptype: PacketType) -> Option<(Proto, bool, bool)> {
 /// Copies `len` bytes of packet `buf` from offset `from` into `dst` at
 /// message offset `seg_offset`, clipped to `dst`'s end.
 #[inline(always)]
-fn copy_in<D: Device>(dev: &mut D, buf: BufId, from: usize, dst: &Sgl, seg_offset: u64, len: u64) {
+pub(super) fn copy_in<D: Device>(
+    dev: &mut D,
+    buf: BufId,
+    from: usize,
+    dst: &Sgl,
+    seg_offset: u64,
+    len: u64,
+) {
     if let Some(s) = dst.single() {
         // One span, the common case: no walk over the list.
         copy_in_span(dev, buf, from, &s, seg_offset, len);

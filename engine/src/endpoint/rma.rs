@@ -10,7 +10,7 @@
 //! the response does not come within `Config::response_timeout`.
 
 use super::cq::{Completion, Op};
-use super::msg::iov_total;
+use super::msg::{copy_in, iov_total};
 use super::ops::{Iovs, Proto, RxKind, RxOp, RxState, Sgl, TxKind};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, device_status};
@@ -450,12 +450,7 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::SegmentOutOfRange);
             return;
         }
-        let mut from = info.payload_off as usize;
-        dst.pieces(0, dst.len(), |p| {
-            let n = p.len as usize;
-            self.dev.copy_to_region(buf, from, p.mr, p.offset as usize, n);
-            from += n;
-        });
+        copy_in(&mut self.dev, buf, info.payload_off as usize, &dst, 0, dst.len());
         if let Some(data) = info.cq_data {
             let mut c = Completion::new(Op::RemoteWrite, 0);
             c.len = dst.len();
