@@ -89,3 +89,99 @@ impl Drop for Bytes {
         }
     }
 }
+
+/// A device's packet buffers as a table: by buffer id, the frame of
+/// `mtu` bytes it is now. A frame lives in some device's pool (a
+/// [`Bytes`] the fabric keeps alive as long as itself); a delivery may
+/// swap a sender's frame with the receiver's posted one, as a NIC's DMA
+/// moves a packet without the host's CPU. Every frame is in exactly one
+/// slot of one table at a time.
+#[derive(Debug)]
+pub(crate) struct Frames {
+    at: Box<[std::cell::Cell<NonNull<u8>>]>,
+    mtu: usize,
+}
+
+impl Frames {
+    /// `n` frames of `pool`, frame `i` at `stride * i`.
+    pub(crate) fn new(pool: &Bytes, n: u32, mtu: usize, stride: usize) -> Frames {
+        assert!(mtu <= stride && stride * n as usize <= pool.len, "frames outside the pool");
+        let at = (0..n as usize)
+            // SAFETY: `stride * i + mtu <= pool.len` (checked above), so
+            // the pointer is inside the allocation.
+            .map(|i| std::cell::Cell::new(unsafe { pool.ptr.add(stride * i) }))
+            .collect();
+        Frames { at, mtu }
+    }
+
+    /// Buffer `id`, whole. Panics if `id` is out of range.
+    ///
+    /// # Safety
+    /// As [`Bytes::slice`]: no writer of the frame while the slice lives.
+    #[inline(always)]
+    pub(crate) unsafe fn slice(&self, id: u32) -> &[u8] {
+        // SAFETY: a frame is `mtu` bytes inside a live pool; no writer,
+        // by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.at[id as usize].get().as_ptr(), self.mtu) }
+    }
+
+    /// Buffer `id`, writable. Panics if `id` is out of range.
+    ///
+    /// # Safety
+    /// As [`Bytes::slice_mut`]: no other slice of the frame while it lives.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut(&self, id: u32) -> &mut [u8] {
+        // SAFETY: as `slice`, exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.at[id as usize].get().as_ptr(), self.mtu) }
+    }
+
+    /// Swaps buffer `a` of `fa` with buffer `b` of `fb` (the same table
+    /// or two): each now holds the other's frame. No bytes move.
+    #[inline(always)]
+    pub(crate) fn swap(fa: &Frames, a: u32, fb: &Frames, b: u32) {
+        assert_eq!(fa.mtu, fb.mtu, "frames of one size");
+        fa.at[a as usize].swap(&fb.at[b as usize]);
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` into buffer `id` at
+    /// `offset`: the fabric writing a posted buffer. Panics if either
+    /// range is outside.
+    #[inline(always)]
+    pub(crate) fn copy_in(
+        &self,
+        id: u32,
+        offset: usize,
+        src: &Bytes,
+        src_offset: usize,
+        len: usize,
+    ) {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.mtu), "frame range");
+        assert!(src_offset.checked_add(len).is_some_and(|end| end <= src.len), "source range");
+        // SAFETY: both ranges are inside live allocations (checked above);
+        // the fabric writes only buffers posted to it, of which no slice is
+        // alive, and a frame is never inside a region.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.ptr.as_ptr().add(src_offset),
+                self.at[id as usize].get().as_ptr().add(offset),
+                len,
+            )
+        }
+    }
+
+    /// Copies the first `len` bytes of `src`'s buffer `sid` into `dst`'s
+    /// buffer `did`. Panics if `len` exceeds a frame.
+    #[inline(always)]
+    pub(crate) fn copy(src: &Frames, sid: u32, dst: &Frames, did: u32, len: usize) {
+        assert!(len <= src.mtu && len <= dst.mtu, "frame range");
+        let (from, to) = (src.at[sid as usize].get(), dst.at[did as usize].get());
+        if from == to {
+            return;
+        }
+        // SAFETY: two distinct frames (checked above; frames never
+        // overlap), each inside a live pool; the target is posted to the
+        // fabric, so no slice of it is alive.
+        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), to.as_ptr(), len) }
+    }
+}

@@ -268,7 +268,9 @@ pub trait Device {
     /// DMA costs the host's CPU nothing).
     fn buf(&self, id: BufId) -> &[u8];
 
-    /// Packet buffer `id`, to write a packet into.
+    /// Packet buffer `id`, to write a packet into. Once a send from it
+    /// completes, its bytes are unspecified (the sim hands the receiver the
+    /// buffer itself and the sender another): write every packet whole.
     fn buf_mut(&mut self, id: BufId) -> &mut [u8];
 
     /// Allocates and registers a region of `len` bytes, zeroed.

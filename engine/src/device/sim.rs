@@ -19,7 +19,10 @@
 //! * a peer that vanished fails what is sent to it with `PeerUnreachable`.
 //!
 //! A NIC places payloads by DMA, at no cost to the host's CPU; the sim
-//! charges the CPU only for the copies the endpoint makes. A payload of
+//! charges the CPU only for the copies the endpoint makes. A packet's
+//! buffer moves, not its bytes: delivery swaps the sender's TX frame with
+//! the receiver's posted one (the sender gets the receiver's old frame
+//! back, and writes it anew for its next send, as it would). A payload of
 //! [`UNPLACED_MIN`] bytes or more that a send gathers from a region lands
 //! *unplaced*: its headers are in the receive buffer, its bytes still in the
 //! sender's region, and the send completes once they are placed: copied
@@ -37,7 +40,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use super::mem::Bytes;
+use super::mem::{Bytes, Frames};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Mr, MrId, RdmaOp, RdmaWr,
     SendWr, Source,
@@ -118,6 +121,11 @@ struct Fabric {
     cfg: SimConfig,
     rng: u64,
     nodes: Vec<Node>,
+    /// Replaced nodes (restarted devices): (node, incarnation, buffers,
+    /// pool). Their frames may have moved to other devices' tables, so the
+    /// pools live as long as the fabric; their packets still in flight
+    /// land from their buffers.
+    retired: Vec<(usize, u32, Rc<Frames>, Rc<Bytes>)>,
     /// Delivered packets, when capturing: (from qpn, to qpn, bytes).
     capture: Option<Vec<(u16, u16, Vec<u8>)>>,
 }
@@ -161,7 +169,10 @@ struct Node {
     posted_rx: Vec<BufId>,
     cq: VecDeque<Cqe>,
     inbox: VecDeque<Flight>,
+    /// The memory of the frames this device started with.
     pool: Rc<Bytes>,
+    /// By buffer id, its frame now (shared with the device).
+    frames: Rc<Frames>,
     /// Address book: by handle, the node it reaches.
     book: Vec<usize>,
     /// The reverse: by node, its handle here (`u32::MAX`: not inserted).
@@ -181,6 +192,15 @@ struct Node {
 }
 
 const NO_AH: u32 = u32::MAX;
+
+/// Who sent a packet being delivered: a node as an incarnation, and
+/// whether it is still that incarnation, alive.
+#[derive(Debug, Clone, Copy)]
+struct Sender {
+    node: usize,
+    incarnation: u32,
+    current: bool,
+}
 
 /// Gathered payloads from this size on land unplaced (see the module
 /// docs); below it a copy costs less than the bookkeeping.
@@ -219,7 +239,13 @@ impl SimFabric {
         // A zero seed would stall xorshift.
         let rng = cfg.seed ^ 0x9e37_79b9_7f4a_7c15;
         SimFabric {
-            inner: Rc::new(RefCell::new(Fabric { cfg, rng, nodes: Vec::new(), capture: None })),
+            inner: Rc::new(RefCell::new(Fabric {
+                cfg,
+                rng,
+                nodes: Vec::new(),
+                retired: Vec::new(),
+                capture: None,
+            })),
         }
     }
 
@@ -248,12 +274,14 @@ impl SimFabric {
         let cfg = f.cfg;
         let connid = (f.next_random() >> 32) as u32;
         let pool = Rc::new(Bytes::zeroed(frame_at(cfg.bufs, cfg.mtu)));
+        let frames = Rc::new(Frames::new(&pool, cfg.bufs, cfg.mtu, frame_at(1, cfg.mtu)));
         let addr = RawAddr { gid: SIM_GID, qpn: qpn as u16, connid };
         let incarnation = f.nodes.get(qpn).map_or(0, |n| n.incarnation + 1);
         let node = Node {
             incarnation,
             alive: true,
-            pool: pool.clone(),
+            pool,
+            frames: frames.clone(),
             regions: Vec::new(),
             book: Vec::new(),
             ah_of_node: Vec::new(),
@@ -273,7 +301,8 @@ impl SimFabric {
         if qpn == f.nodes.len() {
             f.nodes.push(node);
         } else {
-            f.nodes[qpn] = node;
+            let old = std::mem::replace(&mut f.nodes[qpn], node);
+            f.retired.push((qpn, old.incarnation, old.frames, old.pool));
         }
         let caps = Caps {
             mtu: cfg.mtu,
@@ -292,7 +321,7 @@ impl SimFabric {
             incarnation,
             caps,
             addr,
-            pool,
+            frames,
             regions: Vec::new(),
             unplaced,
         }
@@ -417,11 +446,10 @@ impl Fabric {
     /// copies it into the buffer (or, with `copy` false, drops it: the
     /// buffer was reposted unread) and completes its send.
     fn place(&mut self, at: usize, id: BufId, copy: bool) {
-        let mtu = self.cfg.mtu;
         let Some(u) = self.nodes[at].take_unplaced(id, |_| true) else { return };
         if copy {
-            let to = frame_at(id, mtu) + u.at as usize;
-            Bytes::copy(&u.region, u.offset as usize, &self.nodes[at].pool, to, u.len as usize);
+            let node = &self.nodes[at];
+            node.frames.copy_in(id, u.at as usize, &u.region, u.offset as usize, u.len as usize);
         }
         self.complete_placed(&u);
     }
@@ -527,17 +555,20 @@ impl Fabric {
         Some(match flight {
             Flight::Packet { src, incarnation, buf, len, data, wr_id } => {
                 let data = data.as_ref().map(|(r, offset, n)| (r, *offset, *n));
-                *out = self.land_packet(at, src, incarnation, buf, len, data, wr_id);
+                let from = &self.nodes[src];
+                let current = from.alive && from.incarnation == incarnation;
+                let src = Sender { node: src, incarnation, current };
+                *out = self.land_packet(at, src, buf, len, data, wr_id);
                 1
             }
             Flight::Raw { src, bytes } => {
-                let mtu = self.cfg.mtu;
                 let rx = self.nodes[at].posted_rx.pop().expect("checked above");
                 let len = bytes.len();
                 let node = &mut self.nodes[at];
                 // SAFETY: buffer `rx` was posted to the device, so the
-                // fabric may write it; the range is inside the pool.
-                unsafe { node.pool.slice_mut(frame_at(rx, mtu), len) }.copy_from_slice(&bytes);
+                // fabric may write it: no slice of it is alive.
+                let frame = unsafe { node.frames.slice_mut(rx) };
+                frame[..len].copy_from_slice(&bytes);
                 node.stats.injected += 1;
                 *out = self.recv_cqe(at, src, rx, len as u32);
                 1
@@ -558,29 +589,34 @@ impl Fabric {
     fn land_packet(
         &mut self,
         at: usize,
-        src: usize,
-        incarnation: u32,
+        sender: Sender,
         buf: BufId,
         hdr: u32,
         data: Option<(&Rc<Bytes>, u64, u32)>,
         wr_id: u64,
     ) -> Cqe {
-        let mtu = self.cfg.mtu;
+        let Sender { node: src, incarnation, current } = sender;
         let observed = self.capture.is_some() || self.cfg.duplicate_ppm > 0;
         let to = &mut self.nodes[at];
         let rx = to.posted_rx.pop().expect("checked by the caller");
         to.stats.delivered += 1;
-        let dst = frame_at(rx, mtu);
         let mut len = hdr;
         let mut placed = true;
         {
-            let (from, to) = (&self.nodes[src].pool, &self.nodes[at].pool);
-            Bytes::copy(from, frame_at(buf, mtu), to, dst, hdr as usize);
+            let to = &self.nodes[at];
+            if current {
+                Frames::swap(&self.nodes[src].frames, buf, &to.frames, rx);
+            } else {
+                // Its buffer is no longer one its device uses (the packet
+                // had left it, on the wire).
+                let from = self.gone_frames(src, incarnation);
+                Frames::copy(from, buf, &to.frames, rx, hdr as usize);
+            }
             if let Some((region, offset, n)) = data {
                 if n >= UNPLACED_MIN && !observed {
                     placed = false;
                 } else {
-                    Bytes::copy(region, offset as usize, to, dst + hdr as usize, n as usize);
+                    to.frames.copy_in(rx, hdr as usize, region, offset as usize, n as usize);
                 }
                 len += n;
             }
@@ -614,18 +650,29 @@ impl Fabric {
         cqe
     }
 
+    /// The buffers of `src` as incarnation `incarnation`, which died or
+    /// was replaced since.
+    #[cold]
+    #[inline(never)]
+    fn gone_frames(&self, src: usize, incarnation: u32) -> &Frames {
+        if self.nodes[src].incarnation == incarnation {
+            return &self.nodes[src].frames;
+        }
+        let old = self.retired.iter().find(|r| r.0 == src && r.1 == incarnation);
+        &old.expect("every replaced node is retired").2
+    }
+
     /// What tests ask of a delivered packet: a copy for the capture, a
     /// duplicate in flight.
     #[cold]
     fn observe(&mut self, at: usize, src: usize, rx: BufId, len: u32) {
-        let mtu = self.cfg.mtu;
         if let Some(capture) = &mut self.capture {
-            capture.push((src as u16, at as u16, self.nodes[at].pool_bytes(rx, len, mtu)));
+            capture.push((src as u16, at as u16, self.nodes[at].pool_bytes(rx, len)));
         }
         if self.cfg.duplicate_ppm > 0
             && self.next_random() % 1_000_000 < self.cfg.duplicate_ppm as u64
         {
-            let bytes = self.nodes[at].pool_bytes(rx, len, mtu);
+            let bytes = self.nodes[at].pool_bytes(rx, len);
             self.nodes[at].stats.duplicated += 1;
             self.nodes[at].inbox.push_back(Flight::Raw { src, bytes });
         }
@@ -745,10 +792,11 @@ impl Node {
         n
     }
 
-    fn pool_bytes(&self, buf: BufId, len: u32, mtu: usize) -> Vec<u8> {
+    fn pool_bytes(&self, buf: BufId, len: u32) -> Vec<u8> {
         // SAFETY: the buffer was just delivered into and is not yet handed
         // to the endpoint; reading it aliases no writer.
-        unsafe { self.pool.slice(frame_at(buf, mtu), len as usize) }.to_vec()
+        let frame = unsafe { self.frames.slice(buf) };
+        frame[..len as usize].to_vec()
     }
 }
 
@@ -761,7 +809,8 @@ pub struct SimDevice {
     incarnation: u32,
     caps: Caps,
     addr: RawAddr,
-    pool: Rc<Bytes>,
+    /// By buffer id, its frame now (shared with the fabric's node).
+    frames: Rc<Frames>,
     /// By `MrId`: the region's memory, mirrored from the fabric so that
     /// access needs no fabric borrow.
     regions: Vec<Option<Rc<Bytes>>>,
@@ -870,7 +919,7 @@ impl Device for SimDevice {
         // SAFETY: the endpoint reads buffers only while they are not posted
         // (the fabric writes only posted buffers); `&self` excludes this
         // device's own writers.
-        unsafe { self.pool.slice(frame_at(id, self.caps.mtu), self.caps.mtu) }
+        unsafe { self.frames.slice(id) }
     }
 
     #[inline(always)]
@@ -880,7 +929,7 @@ impl Device for SimDevice {
         // SAFETY: `&mut self` is the only way to this pool's slices, and
         // the fabric touches only posted buffers, which the endpoint does
         // not write.
-        unsafe { self.pool.slice_mut(frame_at(id, self.caps.mtu), self.caps.mtu) }
+        unsafe { self.frames.slice_mut(id) }
     }
 
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError> {
@@ -945,12 +994,7 @@ impl Device for SimDevice {
         let bytes = self.region_bytes(mr);
         // SAFETY: the pool and the region are separate allocations; each
         // slice is exclusive as in `buf_mut` and `region_mut`.
-        unsafe {
-            (
-                self.pool.slice_mut(frame_at(buf, self.caps.mtu), self.caps.mtu),
-                bytes.slice_mut(0, bytes.len()),
-            )
-        }
+        unsafe { (self.frames.slice_mut(buf), bytes.slice_mut(0, bytes.len())) }
     }
 
     #[inline(always)]
@@ -1051,8 +1095,9 @@ impl Device for SimDevice {
                     && f.nodes[target].inbox.is_empty()
                     && !f.nodes[target].posted_rx.is_empty() =>
                 {
-                    let (src, inc) = (self.node, self.incarnation);
-                    let cqe = f.land_packet(target, src, inc, wr.buf, wr.len, data, wr.wr_id);
+                    let src =
+                        Sender { node: self.node, incarnation: self.incarnation, current: true };
+                    let cqe = f.land_packet(target, src, wr.buf, wr.len, data, wr.wr_id);
                     f.nodes[target].cq.push_back(cqe);
                 }
                 None => f.nodes[target].inbox.push_back(Flight::Packet {
@@ -1323,6 +1368,34 @@ mod tests {
         assert_eq!(&b.buf(12)[..4], b"held");
         assert_eq!(&b.buf(11)[..5], b"after");
         assert_eq!(poll_all(&mut a).len(), 2);
+    }
+
+    #[test]
+    fn delivery_moves_the_buffer_and_a_restarted_senders_packet_is_copied() {
+        let (fabric, mut a, mut b) = pair(SimConfig::default());
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        b.post_recv(&[20, 21]);
+        send(&mut a, ah, 3, b"first", 0);
+        assert_eq!(poll_all(&mut a).len(), 1);
+        // The sender's buffer is its own again: what it writes there for
+        // its next send never reaches the packet already delivered.
+        a.buf_mut(3)[..5].copy_from_slice(b"XXXXX");
+        send(&mut a, ah, 3, b"second", 1);
+        let got = poll_all(&mut b);
+        assert_eq!(got.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [21, 20]);
+        assert_eq!(&b.buf(21)[..5], b"first");
+        assert_eq!(&b.buf(20)[..6], b"second");
+
+        // A packet still in flight (no buffer posted) when its sender
+        // restarts lands as it was sent, and the new device's buffer of
+        // the same id keeps what that device wrote in it.
+        send(&mut a, ah, 4, b"from the old a", 2);
+        let mut a2 = fabric.restart(&a.addr());
+        a2.buf_mut(4)[..3].copy_from_slice(b"new");
+        b.post_recv(&[22]);
+        assert_eq!(poll_all(&mut b).len(), 1);
+        assert_eq!(&b.buf(22)[..14], b"from the old a");
+        assert_eq!(&a2.buf(4)[..3], b"new");
     }
 
     #[test]
