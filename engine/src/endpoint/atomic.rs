@@ -350,9 +350,14 @@ impl<D: Device> Endpoint<D> {
         if watch {
             self.watch_tx(id);
         }
-        self.mark_ready(id);
-        if self.txq.pending_len() == 0 {
-            self.flush_tx();
+        if self.txq.has_free_buf() && self.txq.waiting() == 0 {
+            self.build_rta(id, class);
+            self.post_pending();
+        } else {
+            self.mark_ready(id);
+            if self.txq.pending_len() == 0 {
+                self.flush_tx();
+            }
         }
         Ok(())
     }
@@ -398,15 +403,30 @@ impl<D: Device> Endpoint<D> {
         };
         // Atomics need the write or the atomic right (libfabric checks
         // FI_REMOTE_WRITE; REMOTE_ATOMIC grants atomics alone).
-        let targets = match self.resolve_targets(iovs.as_slice()) {
-            Some(t) => t,
-            None => {
-                if let Some(b) = rsp {
-                    self.release_tx_buf(b);
+        // One target, the common case, without a list.
+        let (one, list);
+        let targets = match iovs.as_slice() {
+            [iov] => match self.resolve_target(iov) {
+                Some(s) => {
+                    one = [s];
+                    Some(&one[..])
                 }
-                self.release_rx(buf);
-                return true;
+                None => None,
+            },
+            iovs => match self.resolve_targets(iovs) {
+                Some(s) => {
+                    list = s;
+                    Some(list.segs())
+                }
+                None => None,
+            },
+        };
+        let Some(targets) = targets else {
+            if let Some(b) = rsp {
+                self.release_tx_buf(b);
             }
+            self.release_rx(buf);
+            return true;
         };
         // The operands, copied out of the packet (at most a packet) into
         // scratch memory, so that the packet's buffer can be reposted.
@@ -419,7 +439,7 @@ impl<D: Device> Endpoint<D> {
         let compare = &rest[..if class == RtaClass::Compare { n } else { 0 }];
         let rsp_hdr = AtomRspRepr::default().buffer_len();
         let mut at = 0usize;
-        for t in targets.segs() {
+        for t in targets {
             let len = t.len as usize;
             let (o, c) = (
                 &operand[at..at + len],
@@ -464,20 +484,25 @@ impl<D: Device> Endpoint<D> {
 
     /// The local spans of an RTA's iovs, or `None` (counted) when one is
     /// refused.
-    #[inline(always)]
     fn resolve_targets(&mut self, iovs: &[RmaIov]) -> Option<Sgl> {
         let mut sgl = Sgl::EMPTY;
         for iov in iovs.iter().take(MAX_IOV) {
-            match self.mem.resolve(iov, Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) {
-                Ok(s) => sgl.push(s),
-                Err(_) => {
-                    self.counters.drop(DropReason::RemoteAccess);
-                    self.counters.remote_access_refused += 1;
-                    return None;
-                }
-            }
+            sgl.push(self.resolve_target(iov)?);
         }
         Some(sgl)
+    }
+
+    /// [`Endpoint::resolve_targets`] of one iov.
+    #[inline(always)]
+    fn resolve_target(&mut self, iov: &RmaIov) -> Option<Span> {
+        match self.mem.resolve(iov, Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) {
+            Ok(s) => Some(s),
+            Err(_) => {
+                self.counters.drop(DropReason::RemoteAccess);
+                self.counters.remote_access_refused += 1;
+                None
+            }
+        }
     }
 
     /// ATOMRSP at the requester: the old values.

@@ -136,13 +136,7 @@ impl TxQueue {
 }
 
 /// The REQ type of a send-side operation's first packet.
-fn req_type(
-    kind: TxKind,
-    proto: Proto,
-    tagged: bool,
-    dc: bool,
-    rta: Option<RtaClass>,
-) -> PacketType {
+fn req_type(kind: TxKind, proto: Proto, tagged: bool, dc: bool) -> PacketType {
     use PacketType as T;
     match (kind, proto, tagged, dc) {
         (TxKind::Msg, Proto::Eager, false, false) => T::EagerMsgRtm,
@@ -166,12 +160,7 @@ fn req_type(
         (TxKind::Write, Proto::LongCts, _, false) => T::LongCtsRtw,
         (TxKind::Write, Proto::LongCts, _, true) => T::DcLongCtsRtw,
         (TxKind::Write, _, _, _) => T::LongReadRtw,
-        (TxKind::Atomic, _, _, dc) => match rta {
-            Some(RtaClass::Write) | None if dc => T::DcWriteRta,
-            Some(RtaClass::Write) | None => T::WriteRta,
-            Some(RtaClass::Fetch) => T::FetchRta,
-            Some(RtaClass::Compare) => T::CompareRta,
-        },
+        (TxKind::Atomic, _, _, _) => unreachable!("an atomic's RTA is built by build_rta"),
         (TxKind::ReadRsp | TxKind::Rdma { .. }, _, _, _) => T::ReadRsp,
     }
 }
@@ -563,6 +552,10 @@ impl<D: Device> Endpoint<D> {
     /// Builds one packet of send-side operation `id`: its REQ (with as
     /// much data as fits), then medium/runt segments, CTSDATA or READRSP.
     pub(super) fn build_op_packet(&mut self, id: u32) {
+        if let Some(a) = self.tx_ops.get(id).expect("live op").atomic {
+            self.build_rta(id, a.class);
+            return;
+        }
         let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
         let op = self.tx_ops.get(id).expect("live op");
         let first = !op.req_built;
@@ -593,23 +586,16 @@ impl<D: Device> Endpoint<D> {
                 (PacketType::CtsData, d.emit(self.dev.buf_mut(buf)), d.seg_length)
             }
             (kind, proto, _) => {
-                let rta = op.atomic.map(|a| a.class);
                 let proto = if op.after_nack { Proto::LongCts } else { proto };
-                let ptype = req_type(kind, proto, op.tagged, op.dc, rta);
+                let ptype = req_type(kind, proto, op.tagged, op.dc);
                 self.emit_req(buf, id, ptype)
             }
         };
-        // The data: atomics copied their operands already.
         let (src, sent, peer) = {
             let op = self.tx_ops.get(id).expect("live op");
             (op.src, op.sent, op.peer)
         };
-        let data = if data_len > 0 && self.tx_ops.get(id).is_some_and(|o| o.kind != TxKind::Atomic)
-        {
-            self.attach(buf, hdr, &src, sent, data_len)
-        } else {
-            None
-        };
+        let data = if data_len > 0 { self.attach(buf, hdr, &src, sent, data_len) } else { None };
         let op = self.tx_ops.get_mut(id).expect("live op");
         if first {
             op.req_built = true;
@@ -622,15 +608,58 @@ impl<D: Device> Endpoint<D> {
                 _ => {}
             }
         }
-        if op.kind == TxKind::Atomic {
-            // The operands went in the REQ.
-            op.sent = op.total;
-        } else {
-            op.sent += data_len;
-        }
+        op.sent += data_len;
         op.in_flight += 1;
         let wire = hdr + if data.is_some() { 0 } else { data_len as usize };
         self.push_packet(peer, ptype, buf, wire, data);
+        self.peers.get_mut(peer).expect("live peer").req_sent = true;
+    }
+
+    /// Builds the one packet of atomic operation `id`: its RTA, operands
+    /// and all. One call per type, each with its type a constant, so that
+    /// the header's emit folds to its stores.
+    pub(super) fn build_rta(&mut self, id: u32, class: RtaClass) {
+        let dc = self.tx_ops.get(id).expect("live op").dc;
+        match class {
+            RtaClass::Write if dc => self.build_rta_as(PacketType::DcWriteRta, id),
+            RtaClass::Write => self.build_rta_as(PacketType::WriteRta, id),
+            RtaClass::Fetch => self.build_rta_as(PacketType::FetchRta, id),
+            RtaClass::Compare => self.build_rta_as(PacketType::CompareRta, id),
+        }
+    }
+
+    #[inline(always)]
+    fn build_rta_as(&mut self, ptype: PacketType, id: u32) {
+        let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
+        let peer = self.tx_ops.get(id).expect("live op").peer;
+        let (raw, connid) = self.req_opt_headers(peer);
+        let op = self.tx_ops.get(id).expect("live op");
+        let (a, src) = (op.atomic.expect("atomic op"), op.src.single().expect("one operand span"));
+        let mut r = ReqRepr::new(ptype);
+        r.msg_id = op.msg_id;
+        r.send_id = id;
+        r.recv_id = id;
+        r.rma_iov = IovList::Host(op.remote.as_slice());
+        r.atomic_datatype = a.datatype;
+        r.atomic_op = a.op;
+        if raw {
+            r.raw_addr = Some(&self.addr_hdr);
+        }
+        r.connid = connid;
+        let hdr = r.emit(self.dev.buf_mut(buf));
+        let mut at = hdr;
+        for s in [Some(src), a.compare].into_iter().flatten() {
+            let (pkt, region) = self.dev.buf_and_region(buf, s.mr);
+            let n = s.len as usize;
+            pkt[at..at + n].copy_from_slice(&region[s.offset as usize..s.offset as usize + n]);
+            at += n;
+        }
+        let op = self.tx_ops.get_mut(id).expect("live op");
+        op.req_built = true;
+        // The operands went in the REQ.
+        op.sent = op.total;
+        op.in_flight += 1;
+        self.push_packet(peer, ptype, buf, at, None);
         self.peers.get_mut(peer).expect("live peer").req_sent = true;
     }
 
@@ -664,37 +693,16 @@ impl<D: Device> Endpoint<D> {
             r.runt_length = if op.proto == Proto::RuntRead { op.granted } else { 0 };
         }
         r.read_iov = IovList::Host(&read_iov[..read_n]);
-        if let Some(a) = op.atomic {
-            r.atomic_datatype = a.datatype;
-            r.atomic_op = a.op;
-        }
         let (raw, connid) = self.req_opt_headers(op.peer);
         if raw {
             r.raw_addr = Some(&self.addr_hdr);
         }
         r.connid = connid;
         let room = (self.caps.mtu - r.buffer_len()) as u64;
-        let data_len = match (op.kind, op.proto) {
+        let data_len = match op.proto {
             _ if op.after_nack => 0,
-            (TxKind::Atomic, _) => {
-                let a = op.atomic.expect("atomic op");
-                let (src, compare) = (op.src.single().expect("one operand span"), a.compare);
-                let hdr = r.emit(self.dev.buf_mut(buf));
-                let n = src.len as usize;
-                let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
-                pkt[hdr..hdr + n]
-                    .copy_from_slice(&region[src.offset as usize..src.offset as usize + n]);
-                let mut at = hdr + n;
-                if let Some(c) = compare {
-                    let (pkt, region) = self.dev.buf_and_region(buf, c.mr);
-                    pkt[at..at + c.len as usize]
-                        .copy_from_slice(&region[c.offset as usize..(c.offset + c.len) as usize]);
-                    at += c.len as usize;
-                }
-                return (ptype, at, 0);
-            }
-            (_, Proto::LongRead) => 0,
-            (_, Proto::RuntRead) => (op.granted - op.sent).min(room),
+            Proto::LongRead => 0,
+            Proto::RuntRead => (op.granted - op.sent).min(room),
             _ => (op.total - op.sent).min(room),
         };
         (ptype, r.emit(self.dev.buf_mut(buf)), data_len)
