@@ -141,7 +141,10 @@ impl Frames {
     #[inline(always)]
     pub(crate) fn swap(fa: &Frames, a: u32, fb: &Frames, b: u32) {
         assert_eq!(fa.mtu, fb.mtu, "frames of one size");
-        fa.at[a as usize].swap(&fb.at[b as usize]);
+        let (x, y) = (&fa.at[a as usize], &fb.at[b as usize]);
+        let t = x.get();
+        x.set(y.get());
+        y.set(t);
     }
 
     /// Copies `len` bytes from `src` at `src_offset` into buffer `id` at

@@ -161,27 +161,29 @@ impl<D: Device> PingPong<D> {
 
     fn round_trip(&mut self) {
         let PingPong { p: Pair { a, b, to_b, to_a, .. }, sa, sb } = self;
+        // As `efapoll pingpong` drives it: each message posted at once
+        // (`flush`), then only the side waiting for it progresses; each
+        // side's send completes at its next turn.
         b.recv(Span::new(sb, 0, 64), None, 0).unwrap();
         a.recv(Span::new(sa, 0, 64), None, 0).unwrap();
         a.send(*to_b, Span::new(sa, 0, 64), 1).unwrap();
+        a.flush();
         let mut got = false;
         while !got {
-            a.progress();
             b.progress();
             while let Some(c) = b.poll_cq() {
                 got |= c.op == Op::Recv;
             }
         }
         b.send(*to_a, Span::new(sb, 0, 64), 2).unwrap();
+        b.flush();
         let mut got = false;
         while !got {
-            b.progress();
             a.progress();
             while let Some(c) = a.poll_cq() {
                 got |= c.op == Op::Recv;
             }
         }
-        while b.poll_cq().is_some() {}
     }
 }
 
