@@ -579,6 +579,34 @@ impl Fabric {
         })
     }
 
+    /// The common send, in one pass: no gathered data, from `src` (the
+    /// current incarnation), to a live peer with a buffer posted and
+    /// nothing in flight ahead, on an in-order fabric that neither fails
+    /// sends nor watches packets. Delivers it and completes both sides, as
+    /// [`SimDevice::post_one`] would; false, with nothing changed, when the
+    /// model has more to say.
+    #[inline(always)]
+    fn land_now(&mut self, src: usize, wr: &SendWr) -> bool {
+        let me = &self.nodes[src];
+        let target = me.book.get(wr.ah.0 as usize).copied().unwrap_or(usize::MAX);
+        let quiet = me.fail_sends == 0
+            && self.cfg.reorder_window == 1
+            && self.capture.is_none()
+            && self.cfg.duplicate_ppm == 0;
+        let ready = |n: &Node| n.alive && n.inbox.is_empty() && !n.posted_rx.is_empty();
+        if !quiet || !self.nodes.get(target).is_some_and(ready) {
+            return false;
+        }
+        let to = &mut self.nodes[target];
+        let rx = to.posted_rx.pop().expect("checked");
+        to.stats.delivered += 1;
+        Frames::swap(&self.nodes[src].frames, wr.buf, &self.nodes[target].frames, rx);
+        let cqe = self.recv_cqe(target, src, rx, wr.len);
+        self.nodes[src].cq.push_back(Cqe { op: CqOp::Send, wr_id: wr.wr_id, ..Cqe::default() });
+        self.nodes[target].cq.push_back(cqe);
+        true
+    }
+
     /// Lands a packet in `at`'s next posted buffer (the caller checked
     /// there is one): the first `hdr` bytes of `src`'s buffer `buf`, then
     /// `data` (a region, an offset, a length), unplaced if large. Completes
@@ -850,6 +878,67 @@ impl SimDevice {
         true
     }
 
+    /// Posts one send the way the model decides: failed, delivered now,
+    /// or in flight (see [`Fabric::land_now`] for the common case).
+    #[inline(never)]
+    fn post_one(&self, f: &mut Fabric, wr: &SendWr) {
+        let data = match wr.data {
+            None => None,
+            Some(d) => {
+                let region = self.regions.get(d.mr.0 as usize).and_then(Option::as_ref);
+                match region {
+                    Some(r)
+                        if d.offset
+                            .checked_add(d.len as u64)
+                            .is_some_and(|e| e <= r.len() as u64) =>
+                    {
+                        Some((r, d.offset, d.len))
+                    }
+                    _ => panic!("send gathers outside its region: {wr:?}"),
+                }
+            }
+        };
+        let me = &mut f.nodes[self.node];
+        me.tx_outstanding += 1;
+        let target = me.book.get(wr.ah.0 as usize).copied().unwrap_or(usize::MAX);
+        let status = if me.fail_sends > 0 {
+            me.fail_sends -= 1;
+            Some(CqStatus::DeviceError)
+        } else if target == usize::MAX {
+            Some(CqStatus::LocalError)
+        } else if !f.nodes[target].alive {
+            Some(CqStatus::PeerUnreachable)
+        } else {
+            None
+        };
+        match status {
+            Some(status) => {
+                let cqe = Cqe { op: CqOp::Send, status, wr_id: wr.wr_id, ..Cqe::default() };
+                f.complete_at(self.node, self.incarnation, cqe);
+            }
+            // An in-order fabric with nothing queued ahead and a buffer
+            // posted delivers at once, as a NIC would by the time the
+            // receiver looks: the same bytes and completions, without
+            // the packet's trip through the inbox.
+            None if f.cfg.reorder_window == 1
+                && f.nodes[target].inbox.is_empty()
+                && !f.nodes[target].posted_rx.is_empty() =>
+            {
+                let src = Sender { node: self.node, incarnation: self.incarnation, current: true };
+                let cqe = f.land_packet(target, src, wr.buf, wr.len, data, wr.wr_id);
+                f.nodes[target].cq.push_back(cqe);
+            }
+            None => f.nodes[target].inbox.push_back(Flight::Packet {
+                src: self.node,
+                incarnation: self.incarnation,
+                buf: wr.buf,
+                len: wr.len,
+                data: data.map(|(r, offset, n)| (r.clone(), offset, n)),
+                wr_id: wr.wr_id,
+            }),
+        }
+    }
+
     /// Places buffer `id`'s payload before the endpoint reads or writes
     /// the buffer.
     #[inline(always)]
@@ -1050,61 +1139,8 @@ impl Device for SimDevice {
         let n = wrs.len().min(tx_depth - f.nodes[self.node].tx_outstanding);
         for wr in &wrs[..n] {
             assert!(wr.buf < self.caps.bufs && wr.wire_len() <= self.caps.mtu, "bad send {wr:?}");
-            let data = match wr.data {
-                None => None,
-                Some(d) => {
-                    let region = self.regions.get(d.mr.0 as usize).and_then(Option::as_ref);
-                    match region {
-                        Some(r)
-                            if d.offset
-                                .checked_add(d.len as u64)
-                                .is_some_and(|e| e <= r.len() as u64) =>
-                        {
-                            Some((r, d.offset, d.len))
-                        }
-                        _ => panic!("send gathers outside its region: {wr:?}"),
-                    }
-                }
-            };
-            let me = &mut f.nodes[self.node];
-            me.tx_outstanding += 1;
-            let target = me.book.get(wr.ah.0 as usize).copied().unwrap_or(usize::MAX);
-            let status = if me.fail_sends > 0 {
-                me.fail_sends -= 1;
-                Some(CqStatus::DeviceError)
-            } else if target == usize::MAX {
-                Some(CqStatus::LocalError)
-            } else if !f.nodes[target].alive {
-                Some(CqStatus::PeerUnreachable)
-            } else {
-                None
-            };
-            match status {
-                Some(status) => {
-                    let cqe = Cqe { op: CqOp::Send, status, wr_id: wr.wr_id, ..Cqe::default() };
-                    f.complete_at(self.node, self.incarnation, cqe);
-                }
-                // An in-order fabric with nothing queued ahead and a buffer
-                // posted delivers at once, as a NIC would by the time the
-                // receiver looks: the same bytes and completions, without
-                // the packet's trip through the inbox.
-                None if f.cfg.reorder_window == 1
-                    && f.nodes[target].inbox.is_empty()
-                    && !f.nodes[target].posted_rx.is_empty() =>
-                {
-                    let src =
-                        Sender { node: self.node, incarnation: self.incarnation, current: true };
-                    let cqe = f.land_packet(target, src, wr.buf, wr.len, data, wr.wr_id);
-                    f.nodes[target].cq.push_back(cqe);
-                }
-                None => f.nodes[target].inbox.push_back(Flight::Packet {
-                    src: self.node,
-                    incarnation: self.incarnation,
-                    buf: wr.buf,
-                    len: wr.len,
-                    data: data.map(|(r, offset, n)| (r.clone(), offset, n)),
-                    wr_id: wr.wr_id,
-                }),
+            if !(wr.data.is_none() && f.land_now(self.node, wr)) {
+                self.post_one(&mut f, wr);
             }
         }
         n
