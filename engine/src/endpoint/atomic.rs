@@ -432,7 +432,15 @@ impl<D: Device> Endpoint<D> {
         // scratch memory, so that the packet's buffer can be reposted.
         let off = info.payload_off as usize;
         let n = total as usize;
-        let mut operands = std::mem::take(&mut self.scratch);
+        // A few elements, the common case, on the stack.
+        let mut small = [0u8; 64];
+        let mut big = Box::default();
+        let operands: &mut [u8] = if info.payload_len as usize <= small.len() {
+            &mut small
+        } else {
+            big = std::mem::take(&mut self.scratch);
+            &mut big
+        };
         self.dev.read_payload(buf, off, &mut operands[..info.payload_len as usize]);
         self.release_rx(buf);
         let (operand, rest) = operands.split_at(n);
@@ -465,7 +473,9 @@ impl<D: Device> Endpoint<D> {
             }
             at += len;
         }
-        self.scratch = operands;
+        if !big.is_empty() {
+            self.scratch = big;
+        }
         if let Some(b) = rsp {
             let r = AtomRspRepr {
                 flags: PktFlags::empty(),

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use super::atomic::RtaClass;
 use super::cq::{Completion, Op, Status};
 use super::ops::{MAX_IOV, Proto, Sgl, TxKind};
-use super::{DropReason, Endpoint, PeerId};
+use super::{DropReason, Endpoint, PeerId, Span};
 use crate::device::{BufId, CqStatus, Cqe, DataSeg, Device, SendWr};
 use crate::wire::{
     CtsDataRepr, CtsFlags, CtsRepr, EorRepr, HandshakeFlags, HandshakeRepr, IovList, PacketType,
@@ -615,6 +615,15 @@ impl<D: Device> Endpoint<D> {
         self.peers.get_mut(peer).expect("live peer").req_sent = true;
     }
 
+    /// Copies `s` into packet `buf` at `at`; returns where it ends.
+    #[inline(always)]
+    fn copy_operand(&mut self, buf: BufId, at: usize, s: &Span) -> usize {
+        let (pkt, region) = self.dev.buf_and_region(buf, s.mr);
+        let n = s.len as usize;
+        pkt[at..at + n].copy_from_slice(&region[s.offset as usize..s.offset as usize + n]);
+        at + n
+    }
+
     /// Builds the one packet of atomic operation `id`: its RTA, operands
     /// and all. One call per type, each with its type a constant, so that
     /// the header's emit folds to its stores.
@@ -647,12 +656,9 @@ impl<D: Device> Endpoint<D> {
         }
         r.connid = connid;
         let hdr = r.emit(self.dev.buf_mut(buf));
-        let mut at = hdr;
-        for s in [Some(src), a.compare].into_iter().flatten() {
-            let (pkt, region) = self.dev.buf_and_region(buf, s.mr);
-            let n = s.len as usize;
-            pkt[at..at + n].copy_from_slice(&region[s.offset as usize..s.offset as usize + n]);
-            at += n;
+        let mut at = self.copy_operand(buf, hdr, &src);
+        if let Some(c) = a.compare {
+            at = self.copy_operand(buf, at, &c);
         }
         let op = self.tx_ops.get_mut(id).expect("live op");
         op.req_built = true;
