@@ -6,17 +6,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{World, span};
+use common::{World, iov, span};
+use efapoll::device::Access;
 use efapoll::device::sim::SimConfig;
-use efapoll::device::{Access, Mr};
 use efapoll::endpoint::{AtomicOp, Config, Datatype, DropReason, Op, PeerId, Status, atomic_apply};
 use efapoll::wire::RmaIov;
 
 const TO_B: PeerId = PeerId(0);
-
-fn iov(mr: &Mr, offset: u64, len: u64) -> RmaIov {
-    RmaIov { addr: mr.addr_at(offset), len, key: mr.key }
-}
 
 fn world(seed: u64) -> World {
     let sim = SimConfig { seed, reorder_window: 8, ..SimConfig::default() };

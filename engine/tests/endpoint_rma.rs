@@ -6,15 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{World, pattern, span};
+use common::{World, iov, pattern, span};
+use efapoll::device::Access;
 use efapoll::device::sim::SimConfig;
-use efapoll::device::{Access, Mr};
 use efapoll::endpoint::{Config, DropReason, Op, Status};
 use efapoll::wire::{Packet, PacketType, ReqFlags, RmaIov};
-
-fn iov(mr: &Mr, offset: u64, len: u64) -> RmaIov {
-    RmaIov { addr: mr.addr_at(offset), len, key: mr.key }
-}
 
 fn sim(seed: u64, rdma_read: bool, rdma_write: bool) -> SimConfig {
     SimConfig {

@@ -32,8 +32,14 @@ pub(crate) struct Timer {
     now_ns: u64,
     calls: u32,
     /// (deadline, side, id), deadlines ascending: every deadline is
-    /// `now + timeout` when pushed, and `now` only grows.
+    /// `now + timeout` when pushed, and `now` only grows. Entries of
+    /// operations that finished stay until pruned (at each tick, or when
+    /// the queue reaches `limit`).
     queue: VecDeque<(u64, Side, u32)>,
+    /// Entries at which the whole queue is pruned: twice the operations
+    /// that can wait at once, so the queue never outgrows the memory
+    /// reserved for it.
+    limit: usize,
 }
 
 impl Timer {
@@ -43,7 +49,8 @@ impl Timer {
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
             now_ns: 0,
             calls: 0,
-            queue: VecDeque::with_capacity(capacity),
+            queue: VecDeque::with_capacity(2 * capacity + 1),
+            limit: 2 * capacity.max(1),
         }
     }
 
@@ -99,6 +106,7 @@ impl<D: Device> Endpoint<D> {
         if !self.timer.tick() {
             return;
         }
+        self.prune_finished();
         while let Some((_, side, id)) = self.timer.pop_due() {
             match side {
                 Side::Tx => {
@@ -151,8 +159,42 @@ impl<D: Device> Endpoint<D> {
         }
     }
 
+    /// Whether the timer entry (`side`, `id`) still watches a live
+    /// operation.
+    fn watched(&self, side: Side, id: u32) -> bool {
+        match side {
+            Side::Tx => self.tx_ops.get(id).is_some(),
+            Side::Rx => self.rx_ops.get(id).is_some_and(|op| op.watched),
+        }
+    }
+
+    /// Drops the timer entries of operations that finished from the
+    /// front, where they gather (operations mostly finish in the order
+    /// they started): at each clock tick, so that a stream of watched
+    /// operations (atomics, reads) keeps the queue short.
+    fn prune_finished(&mut self) {
+        while let Some(&(_, side, id)) = self.timer.queue.front()
+            && !self.watched(side, id)
+        {
+            self.timer.queue.pop_front();
+        }
+    }
+
+    /// Drops every finished operation's entry once the queue reaches its
+    /// limit (one that waits long holds the ones behind it at the front):
+    /// the queue never outgrows the memory reserved for it.
+    #[inline]
+    fn bound_timer(&mut self) {
+        if self.timer.queue.len() >= self.timer.limit {
+            let mut queue = std::mem::take(&mut self.timer.queue);
+            queue.retain(|&(_, side, id)| self.watched(side, id));
+            self.timer.queue = queue;
+        }
+    }
+
     /// Starts the response clock of send-side operation `id`.
     pub(super) fn watch_tx(&mut self, id: u32) {
+        self.bound_timer();
         let d = self.timer.arm(Side::Tx, id);
         if let Some(op) = self.tx_ops.get_mut(id) {
             op.deadline = d;
@@ -164,6 +206,7 @@ impl<D: Device> Endpoint<D> {
         if self.rx_ops.get(id).is_none_or(|op| op.watched) {
             return;
         }
+        self.bound_timer();
         let d = self.timer.arm(Side::Rx, id);
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.deadline = d;

@@ -5,6 +5,7 @@
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
 use efapoll::device::{Access, Mr};
 use efapoll::endpoint::{Completion, Config, Endpoint, PeerId, Span};
+use efapoll::wire::RmaIov;
 
 pub struct World {
     pub fabric: SimFabric,
@@ -118,4 +119,9 @@ pub fn pattern(seed: u64, i: u64) -> u8 {
 
 pub fn span(mr: &Mr, offset: u64, len: u64) -> Span {
     Span::new(mr, offset, len)
+}
+
+/// The remote iov of `len` bytes of `mr` from `offset`.
+pub fn iov(mr: &Mr, offset: u64, len: u64) -> RmaIov {
+    RmaIov { addr: mr.addr_at(offset), len, key: mr.key }
 }
