@@ -584,7 +584,10 @@ impl Fabric {
     /// nothing in flight ahead, on an in-order fabric that neither fails
     /// sends nor watches packets. Delivers it and completes both sides, as
     /// [`SimDevice::post_one`] would; false, with nothing changed, when the
-    /// model has more to say.
+    /// model has more to say. It is `land_packet` for this case, written
+    /// out (calling it costs ~3% of a sim round trip): a change to how a
+    /// packet lands goes in both. The send completes as it is posted, so
+    /// `tx_outstanding` is left as it was.
     #[inline(always)]
     fn land_now(&mut self, src: usize, wr: &SendWr) -> bool {
         let me = &self.nodes[src];
