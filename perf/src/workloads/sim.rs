@@ -267,17 +267,22 @@ struct Peers {
 
 impl Peers {
     fn new(n: usize) -> Peers {
-        // Small senders, so that a thousand of them fit in memory; each
-        // can have its share of a batch in flight beside its HANDSHAKE.
+        // Every device of a fabric has its config. Small packets, so that
+        // a thousand senders fit in memory; each sender can have its share
+        // of a batch in flight beside its HANDSHAKE, and the receiver,
+        // whose TX takes half its buffers at most, a whole batch posted
+        // (a packet that finds no buffer waits in the fabric, and its
+        // delivery would land in the receiver's time).
         let share = PEER_BATCH.div_ceil(n as u64) as usize;
-        let small = SimConfig {
-            bufs: (4 * share as u32).max(64),
+        let bufs = (4 * share).max(2 * PEER_BATCH as usize + 64) as u32;
+        let sim = SimConfig {
+            bufs,
             mtu: 1024,
             tx_depth: 2 * share,
-            rx_depth: 8,
+            rx_depth: 512,
             ..SimConfig::default()
         };
-        let fabric = SimFabric::new(SimConfig { rx_depth: 512, ..small });
+        let fabric = SimFabric::new(sim);
         let cfg = Config { tx_ops: 2 * share, rx_ops: 16, ..Config::default() };
         let mut rx = Endpoint::new(fabric.device(), Config::default()).unwrap();
         let senders = (0..n)
