@@ -90,15 +90,15 @@ impl Drop for Bytes {
     }
 }
 
-/// A device's packet buffers as a table: by buffer id, the frame of
-/// `mtu` bytes it is now. A frame lives in some device's pool (a
-/// [`Bytes`] the fabric keeps alive as long as itself); a delivery may
-/// swap a sender's frame with the receiver's posted one, as a NIC's DMA
-/// moves a packet without the host's CPU. Every frame is in exactly one
-/// slot of one table at a time.
+/// A device's packet buffers: frame `id` of `mtu` bytes at `stride * id`
+/// in the device's pool (a [`Bytes`] the fabric keeps alive as long as
+/// itself, so that a packet in flight from a device that died can still
+/// land).
 #[derive(Debug)]
 pub(crate) struct Frames {
-    at: Box<[std::cell::Cell<NonNull<u8>>]>,
+    base: NonNull<u8>,
+    n: u32,
+    stride: usize,
     mtu: usize,
 }
 
@@ -106,12 +106,16 @@ impl Frames {
     /// `n` frames of `pool`, frame `i` at `stride * i`.
     pub(crate) fn new(pool: &Bytes, n: u32, mtu: usize, stride: usize) -> Frames {
         assert!(mtu <= stride && stride * n as usize <= pool.len, "frames outside the pool");
-        let at = (0..n as usize)
-            // SAFETY: `stride * i + mtu <= pool.len` (checked above), so
-            // the pointer is inside the allocation.
-            .map(|i| std::cell::Cell::new(unsafe { pool.ptr.add(stride * i) }))
-            .collect();
-        Frames { at, mtu }
+        Frames { base: pool.ptr, n, stride, mtu }
+    }
+
+    /// Where frame `id` starts. Panics if `id` is out of range.
+    #[inline(always)]
+    fn at(&self, id: u32) -> NonNull<u8> {
+        assert!(id < self.n, "buffer {id} out of range");
+        // SAFETY: `stride * id + mtu <= pool.len` (checked in `new`, with
+        // `id < n` above), so the pointer is inside the allocation.
+        unsafe { self.base.add(self.stride * id as usize) }
     }
 
     /// Buffer `id`, whole. Panics if `id` is out of range.
@@ -122,7 +126,7 @@ impl Frames {
     pub(crate) unsafe fn slice(&self, id: u32) -> &[u8] {
         // SAFETY: a frame is `mtu` bytes inside a live pool; no writer,
         // by the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.at[id as usize].get().as_ptr(), self.mtu) }
+        unsafe { std::slice::from_raw_parts(self.at(id).as_ptr(), self.mtu) }
     }
 
     /// Buffer `id`, writable. Panics if `id` is out of range.
@@ -133,18 +137,7 @@ impl Frames {
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice_mut(&self, id: u32) -> &mut [u8] {
         // SAFETY: as `slice`, exclusive by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.at[id as usize].get().as_ptr(), self.mtu) }
-    }
-
-    /// Swaps buffer `a` of `fa` with buffer `b` of `fb` (the same table
-    /// or two): each now holds the other's frame. No bytes move.
-    #[inline(always)]
-    pub(crate) fn swap(fa: &Frames, a: u32, fb: &Frames, b: u32) {
-        assert_eq!(fa.mtu, fb.mtu, "frames of one size");
-        let (x, y) = (&fa.at[a as usize], &fb.at[b as usize]);
-        let t = x.get();
-        x.set(y.get());
-        y.set(t);
+        unsafe { std::slice::from_raw_parts_mut(self.at(id).as_ptr(), self.mtu) }
     }
 
     /// Copies `len` bytes from `src` at `src_offset` into buffer `id` at
@@ -167,7 +160,7 @@ impl Frames {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 src.ptr.as_ptr().add(src_offset),
-                self.at[id as usize].get().as_ptr().add(offset),
+                self.at(id).as_ptr().add(offset),
                 len,
             )
         }
@@ -178,7 +171,7 @@ impl Frames {
     #[inline(always)]
     pub(crate) fn copy(src: &Frames, sid: u32, dst: &Frames, did: u32, len: usize) {
         assert!(len <= src.mtu && len <= dst.mtu, "frame range");
-        let (from, to) = (src.at[sid as usize].get(), dst.at[did as usize].get());
+        let (from, to) = (src.at(sid), dst.at(did));
         if from == to {
             return;
         }
