@@ -10,7 +10,7 @@ use common::{World, iov, pattern, span};
 use efapoll::device::Access;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{Config, DropReason, Op, Status};
-use efapoll::wire::{Packet, PacketType, ReqFlags, RmaIov};
+use efapoll::wire::{Packet, PacketType, PktFlags, ReceiptRepr, ReqFlags, RmaIov};
 
 fn sim(seed: u64, rdma_read: bool, rdma_write: bool) -> SimConfig {
     SimConfig {
@@ -283,6 +283,88 @@ fn read_nack_falls_back_to_long_cts_without_data() {
             "no EOR: long-CTS finished it"
         );
     }
+}
+
+#[test]
+fn a_long_read_write_the_target_cannot_read_falls_back_to_a_long_cts_write() {
+    for dc in [false, true] {
+        let cfg = Config { delivery_complete: dc, ..quick() };
+        // Device read but no device write: a large write is a LONGREAD_RTW.
+        let mut w = ready(sim(11, true, false), cfg);
+        w.fabric.set_capture(true);
+        let len = 1 << 20;
+        let src = w.register(0, len);
+        let target = w.register(1, len + 64);
+        w.fill(0, &src, 3);
+        // The target's next attempt to prepare its memory for RDMA fails.
+        let b = w.eps[1].addr();
+        w.fabric.fail_registrations(&b, 1);
+        w.eps[0]
+            .write(efapoll::endpoint::PeerId(0), span(&src, 0, len), iov(&target, 64, len), 7)
+            .unwrap();
+        w.drive_until(100_000, |w| !w.done[0].is_empty());
+        assert_eq!((w.done[0][0].op, w.done[0][0].ctx), (Op::Write, 7));
+        assert_eq!(w.done[0][0].status, Status::Ok, "dc {dc}");
+        w.settle();
+        assert!(
+            w.eps[1].mem(target.id)[64..] == w.eps[0].mem(src.id)[..],
+            "dc {dc}: byte-exact after the fallback"
+        );
+        assert!(w.eps[1].mem(target.id)[..64].iter().all(|b| *b == 0), "nothing before it");
+        assert_eq!(w.eps[1].counters().read_nacks, 1);
+        let wire = w.fabric.take_capture();
+        let count = |t: PacketType| wire.iter().filter(|(_, _, p)| p[0] == t.id()).count();
+        assert_eq!(count(PacketType::LongReadRtw), 1);
+        assert_eq!(count(PacketType::ReadNack), 1);
+        let retry_type = if dc { PacketType::DcLongCtsRtw } else { PacketType::LongCtsRtw };
+        let retry: Vec<_> = wire.iter().filter(|(_, _, p)| p[0] == retry_type.id()).collect();
+        assert_eq!(retry.len(), 1, "dc {dc}: one {retry_type:?}");
+        let Packet::Req(r, payload) = Packet::parse(&retry[0].2).unwrap() else { panic!() };
+        assert!(r.flags.contains(ReqFlags::READ_NACK), "flag 0x2000");
+        assert!(payload.is_empty(), "no data in the re-sent REQ");
+        assert!(count(PacketType::CtsData) >= (len / 8192) as usize, "the data came by CTSDATA");
+        assert_eq!(count(PacketType::Eor), 0, "no EOR: long-CTS finished it");
+        assert_eq!(count(PacketType::Receipt), dc as usize);
+        // Nothing dropped: the target took the flagged RTW as a new write.
+        assert_eq!(w.eps[0].counters().drops_total() + w.eps[1].counters().drops_total(), 0);
+    }
+}
+
+#[test]
+fn a_receipt_for_a_message_that_ends_with_eor_is_dropped() {
+    let cfg = Config { delivery_complete: true, runt_size: 0, ..quick() };
+    let mut w = ready(sim(5, true, false), cfg);
+    w.fabric.set_capture(true);
+    let len = 2 << 20;
+    let src = w.register(0, len);
+    let dst = w.register(1, len);
+    w.fill(0, &src, 4);
+    // No receive posted: the message waits, unread, at the receiver.
+    w.eps[0].send(efapoll::endpoint::PeerId(0), span(&src, 0, len), 1).unwrap();
+    w.settle();
+    let wire = w.fabric.take_capture();
+    let req = wire.iter().find(|(_, _, p)| p[0] == PacketType::LongReadMsgRtm.id());
+    let Packet::Req(r, _) = Packet::parse(&req.expect("a long-read REQ").2).unwrap() else {
+        panic!()
+    };
+    // A RECEIPT naming it, as from the receiver: not how a read ends.
+    let (a, b) = (w.eps[0].addr(), w.eps[1].addr());
+    let receipt = ReceiptRepr {
+        flags: PktFlags::empty(),
+        send_id: r.send_id,
+        msg_id: r.msg_id,
+        connid: Some(b.connid),
+    };
+    let mut pkt = [0u8; 64];
+    let n = receipt.emit(&mut pkt);
+    w.fabric.inject(&a, b.qpn, &pkt[..n]);
+    w.settle();
+    assert!(w.done[0].is_empty(), "the send waits for its EOR");
+    assert_eq!(w.eps[0].counters().drops(DropReason::StaleId), 1);
+    w.eps[1].recv(span(&dst, 0, len), None, 1).unwrap();
+    w.drive_until(100_000, |w| w.done[0].len() == 1 && w.done[1].len() == 1);
+    assert!(w.done.iter().flatten().all(|c| c.status == Status::Ok));
+    assert!(w.eps[1].mem(dst.id) == w.eps[0].mem(src.id), "byte-exact");
 }
 
 #[test]

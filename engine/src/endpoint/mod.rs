@@ -47,6 +47,11 @@
 //! | | otherwise | LONGCTS_RTR + READRSP, CTSDATA, CTS (read flag) |
 //! | atomic, fetch, compare | up to one packet | WRITE/FETCH/COMPARE_RTA (+ ATOMRSP) |
 //!
+//! A receiver that cannot prepare its memory for a long-read or runting
+//! read (a message or a write) answers READ_NACK to a peer that takes it,
+//! and the sender goes on by long-CTS, its re-sent REQ flagged and without
+//! data (spec 4.7).
+//!
 //! Before a peer's HANDSHAKE arrives, sends use the baseline protocols
 //! (eager, medium, long-CTS), as the provider does; writes, reads and
 //! delivery-complete operations ask for the HANDSHAKE and return `Again`

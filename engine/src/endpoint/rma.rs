@@ -177,7 +177,8 @@ impl<D: Device> Endpoint<D> {
         } else {
             Proto::LongCts
         };
-        let dc = dc && proto != Proto::LongRead;
+        // A long-read write ends with EOR; `dc` picks the protocol it
+        // falls back to after a READ_NACK.
         let awaiting_peer = dc || proto == Proto::LongRead;
         let watch = awaiting_peer || proto == Proto::LongCts;
         let id = self
@@ -539,16 +540,28 @@ impl<D: Device> Endpoint<D> {
         }
         let op = self.rx_ops.get_mut(id).expect("live op");
         if !prepared {
-            if op.kind == RxKind::Msg {
+            let (kind, peer, send_id) = (op.kind, op.peer, op.send_id);
+            // Never a packet type the peer did not say it takes.
+            let nack_ok = self.peers.get(peer).is_some_and(|p| p.supports(extra::READ_NACK));
+            if nack_ok {
                 // Spec 4.7: the sender re-sends the rest by long-CTS.
-                let nack = Ctrl::ReadNack { peer: op.peer, send_id: op.send_id, recv_id: id };
-                self.queue_ctrl(nack);
-            } else {
-                self.counters.drop(DropReason::DeviceError);
+                self.queue_ctrl(Ctrl::ReadNack { peer, send_id, recv_id: id });
             }
-            self.watch_rx(id);
+            match kind {
+                // A write comes again as a LONGCTS_RTW of its own, a new
+                // entry here (libfabric: handle_longcts_rtw_recv); a
+                // message's re-sent REQ continues this one by msg_id.
+                RxKind::Write if nack_ok => self.free_rx_op(id),
+                RxKind::Msg if nack_ok => self.watch_rx(id),
+                // The requester times out.
+                _ => {
+                    self.counters.drop(DropReason::DeviceError);
+                    self.watch_rx(id);
+                }
+            }
             return;
         }
+        let op = self.rx_ops.get_mut(id).expect("live op");
         op.read_next = op.runt;
         let end = op.total.min(op.dst.len());
         if op.read_next >= end {
@@ -584,7 +597,9 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::StaleId);
             return;
         };
-        if op.peer != peer || !op.dc || !op.awaiting_peer {
+        // A read protocol ends with EOR, whatever was asked.
+        let reads = matches!(op.proto, Proto::LongRead | Proto::RuntRead) && !op.after_nack;
+        if op.peer != peer || !op.dc || !op.awaiting_peer || reads {
             self.counters.drop(DropReason::StaleId);
             return;
         }
@@ -595,15 +610,18 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// READ_NACK: the receiver cannot read our buffer; re-send the message
-    /// as long-CTS, flagged, with no data in the REQ (spec 4.7).
+    /// or write as long-CTS, flagged, with no data in the REQ (spec 4.7;
+    /// for a write, LONGCTS_RTW as libfabric's handle_read_nack_recv).
     pub(super) fn handle_read_nack(&mut self, peer: u32, send_id: u32) {
         let Some(op) = self.tx_ops.get_mut(send_id) else {
             self.counters.drop(DropReason::StaleId);
             return;
         };
-        let reads = op.kind == TxKind::Msg
-            && matches!(op.proto, Proto::LongRead | Proto::RuntRead)
-            && !op.after_nack;
+        let reads = match op.kind {
+            TxKind::Msg => matches!(op.proto, Proto::LongRead | Proto::RuntRead),
+            TxKind::Write => op.proto == Proto::LongRead,
+            _ => false,
+        } && !op.after_nack;
         if op.peer != peer || !reads || !op.req_built {
             self.counters.drop(DropReason::StaleId);
             return;

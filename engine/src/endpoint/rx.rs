@@ -617,9 +617,16 @@ impl<D: Device> Endpoint<D> {
         match info.ptype {
             PacketType::ShortRtr | PacketType::LongCtsRtr => self.handle_rtr(buf, peer, info),
             PacketType::EagerRtw | PacketType::DcEagerRtw => self.handle_eager_rtw(buf, peer, info),
-            PacketType::LongCtsRtw | PacketType::DcLongCtsRtw | PacketType::LongReadRtw
-                if !info.flags.contains(ReqFlags::READ_NACK) =>
+            // Flagged READ_NACK, a long-CTS write is the retry of a
+            // long-read one we could not read, new to us and without data
+            // (interop notes); a long-read write cannot be a retry.
+            PacketType::LongCtsRtw | PacketType::DcLongCtsRtw
+                if !info.flags.contains(ReqFlags::READ_NACK) || info.payload_len == 0 =>
             {
+                self.handle_long_rtw(buf, peer, info);
+                return;
+            }
+            PacketType::LongReadRtw if !info.flags.contains(ReqFlags::READ_NACK) => {
                 self.handle_long_rtw(buf, peer, info);
                 return;
             }
