@@ -30,11 +30,13 @@ pub enum DropReason {
     /// A remote iov outside its registration: unknown key, out of bounds,
     /// or a right not granted (RDMAP 7.2). Target memory is untouched.
     RemoteAccess,
+    /// Data of a message that arrived already (a copy of a segment).
+    Duplicate,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 11] = [
         DropReason::Malformed,
         DropReason::UnknownSender,
         DropReason::ConnidMismatch,
@@ -45,6 +47,7 @@ impl DropReason {
         DropReason::Unsupported,
         DropReason::DeviceError,
         DropReason::RemoteAccess,
+        DropReason::Duplicate,
     ];
 
     /// A short name, for reports.
@@ -60,6 +63,7 @@ impl DropReason {
             DropReason::Unsupported => "unsupported",
             DropReason::DeviceError => "device_error",
             DropReason::RemoteAccess => "remote_access",
+            DropReason::Duplicate => "duplicate",
         }
     }
 }

@@ -257,6 +257,9 @@ pub struct Endpoint<D: Device> {
     next_seq: u64,
     /// Messages whose later packets are still to come, by (peer, msg_id).
     in_progress: matching::MsgIndex,
+    /// Segments that arrived ahead of their message's contiguous prefix,
+    /// by (receive entry, message offset): their lengths.
+    ooo_segs: OooSegs,
     /// Peers whose next message waits for a receive entry (ordered).
     stalled_peers: VecDeque<u32>,
     /// Packets waiting for a receive entry (unordered).
@@ -269,6 +272,17 @@ pub struct Endpoint<D: Device> {
 
 /// Completions polled per device call (DPDK's burst).
 const POLL_BURST: usize = 32;
+
+/// Out-of-order segments recorded, by (receive entry id, message offset).
+type OooSegs = std::collections::HashMap<
+    (u32, u64),
+    u64,
+    std::hash::BuildHasherDefault<crate::intmap::IntHasher>,
+>;
+
+/// Out-of-order segments the endpoint holds room for: a few CTS windows'
+/// worth (more only allocate).
+const OOO_SEGS: usize = 256;
 
 /// "No buffer" in chains of held packets.
 const NO_BUF: u32 = u32::MAX;
@@ -329,6 +343,7 @@ impl<D: Device> Endpoint<D> {
             cqes: Some(Box::new([Cqe::default(); POLL_BURST])),
             next_seq: 0,
             in_progress: matching::MsgIndex::with_capacity(rx_ops),
+            ooo_segs: OooSegs::with_capacity_and_hasher(OOO_SEGS, Default::default()),
             stalled_peers: VecDeque::with_capacity(64),
             stalled_bufs: VecDeque::with_capacity(64),
             timer: timer::Timer::new(cfg.response_timeout, tx_ops + rx_ops),

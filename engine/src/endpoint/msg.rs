@@ -585,9 +585,11 @@ impl<D: Device> Endpoint<D> {
             self.hold(id, buf);
             return;
         }
-        self.land(id, buf, info.payload_off, info.payload_len, info.seg_offset);
+        let landed = self.land(id, buf, info.payload_off, info.payload_len, info.seg_offset);
         self.release_rx(buf);
-        self.advance_rx(id);
+        if landed {
+            self.advance_rx(id);
+        }
     }
 
     /// The long-CTS REQ a sender re-sends after our READ_NACK: the rest of
@@ -638,12 +640,68 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Copies a packet's data into the operation's buffer at message
-    /// offset `seg_offset`; bytes beyond the buffer are counted but
-    /// dropped (truncation).
-    pub(super) fn land(&mut self, id: u32, buf: BufId, off: u32, len: u32, seg_offset: u64) {
+    /// offset `seg_offset` (in the message: callers check); bytes beyond
+    /// the buffer are counted but dropped (truncation). A segment that
+    /// arrived before is counted and dropped instead: counted twice, it
+    /// would complete its message with a hole. Returns whether it landed.
+    pub(super) fn land(
+        &mut self,
+        id: u32,
+        buf: BufId,
+        off: u32,
+        len: u32,
+        seg_offset: u64,
+    ) -> bool {
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        if seg_offset == op.prefix {
+            // In order, the common case.
+            op.prefix += len as u64;
+            if op.ooo > 0 {
+                self.absorb_ooo(id);
+            }
+        } else if !self.record_ooo(id, seg_offset, len as u64) {
+            self.counters.drop(DropReason::Duplicate);
+            return false;
+        }
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.received += len as u64;
         copy_in(&mut self.dev, buf, off as usize, &op.dst, seg_offset, len as u64);
+        true
+    }
+
+    /// Records a segment of entry `id` that arrived ahead of its
+    /// message's prefix; false if it arrived before (it starts inside the
+    /// prefix or where a recorded one starts). Overlaps that a copy cannot
+    /// make (a segment starting inside another out of order) are the
+    /// sender's own corruption and are not looked for.
+    #[cold]
+    #[inline(never)]
+    fn record_ooo(&mut self, id: u32, seg_offset: u64, len: u64) -> bool {
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        if seg_offset < op.prefix {
+            return false;
+        }
+        match self.ooo_segs.entry((id, seg_offset)) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(len);
+                op.ooo += 1;
+                true
+            }
+        }
+    }
+
+    /// Moves entry `id`'s prefix over the recorded segments it reached.
+    #[cold]
+    #[inline(never)]
+    fn absorb_ooo(&mut self, id: u32) {
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        while op.ooo > 0
+            && let Some(len) = self.ooo_segs.remove(&(id, op.prefix))
+        {
+            op.prefix += len;
+            op.ooo -= 1;
+        }
     }
 
     /// Reports a receive-side operation that brought `total` bytes into a
@@ -763,6 +821,11 @@ impl<D: Device> Endpoint<D> {
             if op.kind == RxKind::Msg && op.proto != Proto::Eager {
                 self.in_progress.remove(op.peer, op.msg_id);
             }
+            if op.ooo > 0 {
+                // Ended before its prefix reached them (an error, a
+                // timeout): rare, so a sweep.
+                self.ooo_segs.retain(|&(op_id, _), _| op_id != id);
+            }
             let mut b = op.held;
             while b != NO_BUF {
                 let next = self.rx_meta[b as usize].next;
@@ -837,8 +900,9 @@ impl<D: Device> Endpoint<D> {
             // The responder's operation, which our CTS packets name.
             op.send_id = send_id;
         }
-        self.land(recv_id, buf, payload_off, seg_length as u32, seg_offset);
-        self.advance_rx(recv_id);
+        if self.land(recv_id, buf, payload_off, seg_length as u32, seg_offset) {
+            self.advance_rx(recv_id);
+        }
     }
 }
 

@@ -457,7 +457,13 @@ pub(crate) struct RxOp {
     pub(crate) proto: Proto,
     pub(crate) cq_data: Option<u64>,
     pub(crate) total: u64,
+    /// Distinct bytes of the message that arrived (packets and reads).
     pub(crate) received: u64,
+    /// Every byte before this message offset arrived in a packet; what
+    /// arrived beyond it is recorded by offset in the endpoint's
+    /// out-of-order segments, `ooo` of them.
+    pub(crate) prefix: u64,
+    pub(crate) ooo: u32,
     /// Long-CTS: bytes granted so far (an offset).
     pub(crate) granted: u64,
     /// Long-read / runting read: the runt bytes, and RDMA reads posted up
@@ -500,6 +506,8 @@ impl RxOp {
         self.cq_data = None;
         self.total = 0;
         self.received = 0;
+        self.prefix = 0;
+        self.ooo = 0;
         self.granted = 0;
         self.runt = 0;
         self.read_next = 0;
@@ -523,6 +531,8 @@ impl RxOp {
             cq_data: None,
             total: 0,
             received: 0,
+            prefix: 0,
+            ooo: 0,
             send_id: 0,
             granted: 0,
             read_iov: Iovs::default(),
