@@ -143,7 +143,7 @@ mod tests {
         // Direct RDMA: no REQ packet at all.
         const ANY_REQ: &[PacketType] = &[EagerRtw, LongCtsRtw, LongReadRtw, ShortRtr, LongCtsRtr];
         match n.split('/').next().unwrap() {
-            "eager_64B_stream" | "eager_64B_reorder" | "pingpong_64B" | "peers" => {
+            "eager_64B_stream" | "eager_64B_reorder" | "pingpong_64B" | "peers" | "stream_64B" => {
                 (&[EagerMsgRtm], &[MediumMsgRtm, LongCtsMsgRtm])
             }
             "posted_tags" => (&[EagerTagRtm], &[MediumTagRtm, EagerMsgRtm]),

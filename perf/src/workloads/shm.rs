@@ -113,6 +113,15 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
         })
         .small(),
     );
+    // 64-byte messages streamed as `efapoll streaming -S 64` sends them,
+    // window 64: the per-message cost of both cores, in one thread.
+    v.push(
+        Workload::new("shm/stream_64B", Unit::Ops, Kind::Rate, 200_000, || {
+            let cfg = Config { handshake_on_insert: true, ..Config::on_host() };
+            Box::new(Stream::new(endpoints(cfg), 64, 64))
+        })
+        .small(),
+    );
     // Messages past one packet as the apps send them over shm: read, one
     // copy out of the sender's region (`Config::on_host`).
     v.push(
