@@ -63,7 +63,7 @@ pub(crate) mod hdr {
     pub const LEN_MIN: usize = 64;
 
     pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"EFAPSHM\0");
-    pub const VERSION_VALUE: u32 = 2;
+    pub const VERSION_VALUE: u32 = 3;
     pub const STATE_READY: u32 = 1;
     pub const STATE_CLOSED: u32 = 2;
     pub const KIND_ENDPOINT: u32 = 1;
