@@ -26,9 +26,10 @@
 //! Everything from the wire is checked before use: a packet the codec
 //! rejects, a send_id/recv_id that names no live operation (slab index
 //! plus generation), a msg_id outside the reorder window, a segment
-//! outside its message, a connid that is not its sender's, a remote iov
-//! outside its registration (key, bounds, rights): each is counted by
-//! reason (see [`Counters`]) and dropped, and target memory is untouched.
+//! outside its message or one that arrived before (a copy), a connid that
+//! is not its sender's, a remote iov outside its registration (key,
+//! bounds, rights): each is counted by reason (see [`Counters`]) and
+//! dropped, and target memory is untouched.
 //!
 //! # Which protocol carries what
 //!
