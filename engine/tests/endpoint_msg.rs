@@ -6,7 +6,7 @@ mod common;
 
 use common::{World, pattern, span};
 use efapoll::device::sim::SimConfig;
-use efapoll::endpoint::{Config, Error, Op, PeerId, Status, TagMatch};
+use efapoll::endpoint::{Config, DropReason, Error, Op, PeerId, Status, TagMatch};
 use efapoll::wire::{Packet, PacketType, ReqFlags};
 
 const MTU: u64 = 8192;
@@ -117,7 +117,7 @@ fn duplicated_packets_are_dropped_and_every_protocol_lands_intact() {
     // The fabric delivers one packet in twenty twice, reordered: a copy
     // must never count as data that arrived (a message would complete
     // with a hole) nor be delivered again.
-    let mut drops = 0;
+    let (mut drops, mut segments) = (0, 0);
     for seed in 1..=4 {
         for &len in &[1u64, 20_000, 65_536, 200_000, 1 << 20] {
             let sim = SimConfig { duplicate_ppm: 50_000, ..reordering(seed * 77 + len) };
@@ -125,9 +125,13 @@ fn duplicated_packets_are_dropped_and_every_protocol_lands_intact() {
             transfer(&mut w, len, 3, seed % 2 == 0, seed % 3 != 0);
             w.settle();
             drops += w.eps[0].counters().drops_total() + w.eps[1].counters().drops_total();
+            segments += w.eps[1].counters().drops(DropReason::Duplicate);
         }
     }
     assert!(drops > 10, "copies arrived and were dropped: {drops}");
+    // Copies of segments, not only of whole eager messages (which their
+    // msg_id drops), were among them.
+    assert!(segments > 0, "duplicate segments dropped: {segments}");
 }
 
 #[test]

@@ -1434,6 +1434,9 @@ mod tests {
         // own memory, as a NIC writes a host's posted buffers.
         assert_eq!(addrs(&a, &b), home);
 
+        // A packet still in flight (no buffer posted) when its sender
+        // restarts lands as it was sent, and the new device's buffer of
+        // the same id keeps what that device wrote in it.
         send(&mut a, ah, 4, b"from the old a", 2);
         let mut a2 = fabric.restart(&a.addr());
         a2.buf_mut(4)[..3].copy_from_slice(b"new");
