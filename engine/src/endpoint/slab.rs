@@ -6,7 +6,9 @@
 /// aliases a live one only after its slot was reused exactly 4096 times.
 const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
-const GENERATION_MASK: u16 = (1 << (32 - INDEX_BITS)) - 1;
+const GENERATION_MASK: u32 = (1 << (32 - INDEX_BITS)) - 1;
+/// An entry's stamp with this bit set is live.
+const LIVE: u32 = 1 << 31;
 
 /// The slab index an id names, whatever its generation.
 #[inline(always)]
@@ -17,14 +19,17 @@ pub(crate) fn index(id: u32) -> usize {
 /// Largest capacity a slab can have.
 pub(crate) const MAX_CAPACITY: usize = 1 << INDEX_BITS;
 
-/// Its generation and liveness first, then the value (`repr(C)`), from
-/// the start of a cache line: checking an id from the wire and reading the
-/// value's first fields touch the same line.
+/// Its stamp first, then the value (`repr(C)`), from the start of a cache
+/// line: checking an id from the wire and reading the value's first fields
+/// touch the same line.
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Entry<T> {
-    generation: u16,
-    live: bool,
+    /// The generation, and [`LIVE`] while in use: one word, written and
+    /// read whole, so an id is checked with one compare and a check right
+    /// after an insert or a free reads what the store wrote (a narrower
+    /// store under a wider load stalls the load until the store retires).
+    stamp: u32,
     /// A freed entry keeps its last value until the next insert
     /// overwrites it in place (no move through the stack).
     value: T,
@@ -51,9 +56,7 @@ impl<T: Clone> Slab<T> {
     /// holding `blank` until first used.
     pub(crate) fn with_capacity(capacity: usize, blank: T) -> Slab<T> {
         assert!(capacity > 0 && capacity <= MAX_CAPACITY, "slab capacity {capacity}");
-        let entries = (0..capacity)
-            .map(|_| Entry { generation: 0, live: false, value: blank.clone() })
-            .collect();
+        let entries = (0..capacity).map(|_| Entry { stamp: 0, value: blank.clone() }).collect();
         // Pop from the end: low indices first, which keeps ids small.
         let free = (0..capacity as u32).rev().collect();
         Slab { entries, free }
@@ -69,9 +72,10 @@ impl<T> Slab<T> {
     pub(crate) fn insert_with(&mut self, init: impl FnOnce(&mut T)) -> Option<u32> {
         let index = self.free.pop()?;
         let e = &mut self.entries[index as usize];
-        e.live = true;
+        let generation = e.stamp;
+        e.stamp = generation | LIVE;
         init(&mut e.value);
-        Some(((e.generation as u32) << INDEX_BITS) | index)
+        Some((generation << INDEX_BITS) | index)
     }
 
     /// Stores `value`; `None` when full.
@@ -84,14 +88,14 @@ impl<T> Slab<T> {
     #[inline]
     pub(crate) fn get(&self, id: u32) -> Option<&T> {
         let e = self.entries.get(index(id))?;
-        (e.live && e.generation as u32 == id >> INDEX_BITS).then_some(&e.value)
+        (e.stamp == (id >> INDEX_BITS) | LIVE).then_some(&e.value)
     }
 
     /// The entry `id` names, if it is live and of this generation.
     #[inline]
     pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut T> {
         let e = self.entries.get_mut(index(id))?;
-        (e.live && e.generation as u32 == id >> INDEX_BITS).then_some(&mut e.value)
+        (e.stamp == (id >> INDEX_BITS) | LIVE).then_some(&mut e.value)
     }
 
     /// Frees entry `id`, if it is live and of this generation.
@@ -116,11 +120,10 @@ impl<T> Slab<T> {
     fn retire(&mut self, id: u32) -> Option<&T> {
         let index = id & INDEX_MASK;
         let e = self.entries.get_mut(index as usize)?;
-        if !e.live || e.generation as u32 != id >> INDEX_BITS {
+        if e.stamp != (id >> INDEX_BITS) | LIVE {
             return None;
         }
-        e.live = false;
-        e.generation = e.generation.wrapping_add(1) & GENERATION_MASK;
+        e.stamp = (e.stamp + 1) & GENERATION_MASK;
         self.free.push(index);
         Some(&e.value)
     }
