@@ -516,7 +516,7 @@ fn bad_values_name_the_argument_and_what_is_accepted() {
     let err = usage_error(&["pingpong", "-l", "0"]);
     assert!(err.contains("-l 0") && err.contains("even number"), "{err}");
     let err = usage_error(&["streaming", "--idle", "sleep"]);
-    assert!(err.contains("--idle") && err.contains("spin, yield, backoff"), "{err}");
+    assert!(err.contains("--idle") && err.contains("spin, pause, yield, backoff"), "{err}");
     let err = usage_error(&["pingpong", "-p", "tcp"]);
     assert!(err.contains("--provider") && err.contains("sim, shm, udp, efa"), "{err}");
     let err = usage_error(&["streaming", "-W", "0"]);

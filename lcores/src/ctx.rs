@@ -187,7 +187,9 @@ mod tests {
 
     #[test]
     fn a_step_that_never_works_has_no_busy_cycles() {
-        for idle in [IdleStrategy::Spin, IdleStrategy::Yield, IdleStrategy::Backoff] {
+        for idle in
+            [IdleStrategy::Spin, IdleStrategy::Pause, IdleStrategy::Yield, IdleStrategy::Backoff]
+        {
             let stop = StopFlag::new();
             let mut ctx = LcoreCtx::standalone(0, stop.clone(), idle);
             let run = ctx.run_until_stopped(stop_after(1_000, stop, false));
