@@ -42,6 +42,16 @@ fn ready(sim: SimConfig, cfg: Config) -> World {
     w
 }
 
+/// The one REQ of type `ptype` in `wire`, re-sent after a READ_NACK: it
+/// carries the READ_NACK flag (0x2000) and no data.
+fn the_read_nack_retry(wire: &[(u16, u16, Vec<u8>)], ptype: PacketType) {
+    let retry: Vec<_> = wire.iter().filter(|(_, _, p)| p[0] == ptype.id()).collect();
+    assert_eq!(retry.len(), 1, "one {ptype:?}");
+    let Packet::Req(r, payload) = Packet::parse(&retry[0].2).unwrap() else { panic!() };
+    assert!(r.flags.contains(ReqFlags::READ_NACK), "flag 0x2000");
+    assert!(payload.is_empty(), "no data in the re-sent REQ");
+}
+
 fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().enumerate().fold(0xcbf2_9ce4_8422_2325u64, |h, (i, b)| {
         (h ^ (*b as u64 + i as u64)).wrapping_mul(0x100_0000_01b3)
@@ -272,12 +282,7 @@ fn read_nack_falls_back_to_long_cts_without_data() {
         assert_eq!(w.eps[1].counters().read_nacks, 1);
         let wire = w.fabric.take_capture();
         assert_eq!(wire.iter().filter(|(_, _, p)| p[0] == PacketType::ReadNack.id()).count(), 1);
-        let retry: Vec<_> =
-            wire.iter().filter(|(_, _, p)| p[0] == PacketType::LongCtsMsgRtm.id()).collect();
-        assert_eq!(retry.len(), 1);
-        let Packet::Req(r, payload) = Packet::parse(&retry[0].2).unwrap() else { panic!() };
-        assert!(r.flags.contains(ReqFlags::READ_NACK), "flag 0x2000");
-        assert!(payload.is_empty(), "no data in the re-sent REQ");
+        the_read_nack_retry(&wire, PacketType::LongCtsMsgRtm);
         assert!(
             wire.iter().all(|(_, _, p)| p[0] != PacketType::Eor.id()),
             "no EOR: long-CTS finished it"
@@ -317,11 +322,7 @@ fn a_long_read_write_the_target_cannot_read_falls_back_to_a_long_cts_write() {
         assert_eq!(count(PacketType::LongReadRtw), 1);
         assert_eq!(count(PacketType::ReadNack), 1);
         let retry_type = if dc { PacketType::DcLongCtsRtw } else { PacketType::LongCtsRtw };
-        let retry: Vec<_> = wire.iter().filter(|(_, _, p)| p[0] == retry_type.id()).collect();
-        assert_eq!(retry.len(), 1, "dc {dc}: one {retry_type:?}");
-        let Packet::Req(r, payload) = Packet::parse(&retry[0].2).unwrap() else { panic!() };
-        assert!(r.flags.contains(ReqFlags::READ_NACK), "flag 0x2000");
-        assert!(payload.is_empty(), "no data in the re-sent REQ");
+        the_read_nack_retry(&wire, retry_type);
         assert!(count(PacketType::CtsData) >= (len / 8192) as usize, "the data came by CTSDATA");
         assert_eq!(count(PacketType::Eor), 0, "no EOR: long-CTS finished it");
         assert_eq!(count(PacketType::Receipt), dc as usize);
