@@ -485,22 +485,27 @@ fn protection_violations_touch_nothing_and_fail_the_requester() {
 }
 
 #[test]
-fn a_read_of_a_vanished_peer_times_out() {
-    let mut w = ready(sim(1, false, false), quick());
+fn a_read_of_a_vanished_peer_times_out_on_virtual_time() {
+    // An hour's timeout: on the wall clock this test could not finish.
+    let cfg = Config { response_timeout: Duration::from_secs(3600), ..quick() };
+    let mut w = ready(sim(1, false, false), cfg);
     let dst = w.register(0, 64);
     let target = w.register(1, 64);
     let b = w.eps[1].addr();
     w.fabric.kill(&b);
     w.eps[0].read(efapoll::endpoint::PeerId(0), span(&dst, 0, 64), iov(&target, 0, 64), 9).unwrap();
-    let start = std::time::Instant::now();
-    while w.done[0].is_empty() {
-        w.eps[0].progress();
-        while let Some(c) = w.eps[0].poll_cq() {
-            w.done[0].push(c);
-        }
-        assert!(start.elapsed() < Duration::from_secs(5), "no hang");
+    // A minute short of the deadline, however many rounds: still waiting.
+    w.fabric.advance(Duration::from_secs(3540));
+    for _ in 0..1000 {
+        w.step();
     }
-    assert!(matches!(w.done[0][0].status, Status::Timeout | Status::PeerUnreachable));
+    assert!(w.done[0].is_empty(), "not before its deadline: {:?}", w.done[0]);
+    let start = std::time::Instant::now();
+    w.drive_for(Duration::from_secs(120), |w| !w.done[0].is_empty());
+    assert_eq!(w.done[0][0].status, Status::Timeout);
+    assert_eq!(w.eps[0].counters().timeouts, 1);
+    assert!(w.fabric.now_ns() >= 3600 * 1_000_000_000, "timed out on the virtual clock");
+    assert!(start.elapsed() < Duration::from_secs(60), "and not on the wall clock");
 }
 
 #[test]

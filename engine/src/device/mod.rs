@@ -324,4 +324,18 @@ pub trait Device {
 
     /// Writes up to `out.len()` completions; returns how many.
     fn poll(&mut self, out: &mut [Cqe]) -> usize;
+
+    /// The device's clock, in nanoseconds from an origin of its own: the
+    /// time the endpoint's timers run on. The sim's is virtual (it moves
+    /// only when a test says so, [`sim::SimFabric::advance`]), so a
+    /// timeout test takes no wall-clock time and cannot flake; the others
+    /// read the host's monotonic clock.
+    fn now_ns(&self) -> u64;
+}
+
+/// The host's monotonic clock in nanoseconds since its first reading in
+/// this process: the clock of the devices that run in real time.
+pub fn host_now_ns() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
 }

@@ -132,6 +132,9 @@ struct Fabric {
     retired: Vec<(usize, u32, Rc<Frames>, Rc<Bytes>)>,
     /// Delivered packets, when capturing: (from qpn, to qpn, bytes).
     capture: Option<Vec<(u16, u16, Vec<u8>)>>,
+    /// Virtual time, in nanoseconds: moved only by [`SimFabric::advance`]
+    /// (shared with the devices, which read it without the fabric).
+    clock: Rc<Cell<u64>>,
 }
 
 #[derive(Debug)]
@@ -249,8 +252,22 @@ impl SimFabric {
                 nodes: Vec::new(),
                 retired: Vec::new(),
                 capture: None,
+                clock: Rc::new(Cell::new(0)),
             })),
         }
+    }
+
+    /// Moves virtual time forward by `d`: the devices' clock
+    /// ([`Device::now_ns`]), on which endpoints time out operations.
+    /// Nothing else moves it, so a test decides when a timeout is due.
+    pub fn advance(&self, d: std::time::Duration) {
+        let clock = &self.inner.borrow().clock;
+        clock.set(clock.get().saturating_add(d.as_nanos().min(u64::MAX as u128) as u64));
+    }
+
+    /// Virtual time, in nanoseconds since the fabric was made.
+    pub fn now_ns(&self) -> u64 {
+        self.inner.borrow().clock.get()
     }
 
     /// The fabric's parameters.
@@ -328,6 +345,7 @@ impl SimFabric {
             frames,
             regions: Vec::new(),
             unplaced,
+            clock: f.clock.clone(),
         }
     }
 
@@ -852,6 +870,8 @@ pub struct SimDevice {
     regions: Vec<Option<Rc<Bytes>>>,
     /// How many payloads this device holds unplaced.
     unplaced: Rc<Cell<u32>>,
+    /// The fabric's virtual time.
+    clock: Rc<Cell<u64>>,
 }
 
 impl SimDevice {
@@ -1200,6 +1220,10 @@ impl Device for SimDevice {
             }
         }
         taken
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.clock.get()
     }
 
     fn poll(&mut self, out: &mut [Cqe]) -> usize {

@@ -3,12 +3,13 @@
 //! forever; efapoll fails the operation with `Status::Timeout` after
 //! `Config::response_timeout`, so a lost or hostile peer cannot hang it.
 //!
-//! The clock is read at most once every `TICK` progress calls, and only
-//! while some operation waits; activity moves an operation's deadline
-//! with the cached time, without reading the clock.
+//! Time is the device's ([`Device::now_ns`]: virtual on the sim). The
+//! clock is read at most once every `TICK` progress calls, and only while
+//! some operation waits; activity moves an operation's deadline with the
+//! cached time, without reading the clock.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::cq::{Completion, Op, Status};
 use super::ops::{RxKind, TxKind};
@@ -27,7 +28,6 @@ pub(crate) enum Side {
 
 #[derive(Debug)]
 pub(crate) struct Timer {
-    start: Instant,
     timeout_ns: u64,
     now_ns: u64,
     calls: u32,
@@ -45,7 +45,6 @@ pub(crate) struct Timer {
 impl Timer {
     pub(crate) fn new(timeout: Duration, capacity: usize) -> Timer {
         Timer {
-            start: Instant::now(),
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
             now_ns: 0,
             calls: 0,
@@ -65,25 +64,25 @@ impl Timer {
         self.now_ns.saturating_add(self.timeout_ns)
     }
 
-    /// Starts watching an operation; returns its deadline.
-    pub(crate) fn arm(&mut self, side: Side, id: u32) -> u64 {
+    /// Starts watching an operation at `now_ns` (read when the queue is
+    /// empty: the cached time may be old after a quiet spell); returns its
+    /// deadline.
+    pub(crate) fn arm(&mut self, side: Side, id: u32, now_ns: impl FnOnce() -> u64) -> u64 {
         if self.queue.is_empty() {
-            // The cached time may be old after a quiet spell.
-            self.now_ns = self.start.elapsed().as_nanos() as u64;
+            self.now_ns = now_ns();
         }
         let d = self.deadline();
         self.queue.push_back((d, side, id));
         d
     }
 
-    /// Reads the clock every `TICK` calls; returns whether it did.
+    /// Whether this call is one of every `TICK`, when the clock is read.
     fn tick(&mut self) -> bool {
         self.calls += 1;
         if self.calls < TICK {
             return false;
         }
         self.calls = 0;
-        self.now_ns = self.start.elapsed().as_nanos() as u64;
         true
     }
 
@@ -106,6 +105,7 @@ impl<D: Device> Endpoint<D> {
         if !self.timer.tick() {
             return;
         }
+        self.timer.now_ns = self.dev.now_ns();
         self.prune_finished();
         while let Some((_, side, id)) = self.timer.pop_due() {
             match side {
@@ -195,7 +195,7 @@ impl<D: Device> Endpoint<D> {
     /// Starts the response clock of send-side operation `id`.
     pub(super) fn watch_tx(&mut self, id: u32) {
         self.bound_timer();
-        let d = self.timer.arm(Side::Tx, id);
+        let d = self.timer.arm(Side::Tx, id, || self.dev.now_ns());
         if let Some(op) = self.tx_ops.get_mut(id) {
             op.deadline = d;
         }
@@ -207,7 +207,7 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         self.bound_timer();
-        let d = self.timer.arm(Side::Rx, id);
+        let d = self.timer.arm(Side::Rx, id, || self.dev.now_ns());
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.deadline = d;
         op.watched = true;

@@ -992,6 +992,10 @@ impl Device for ShmDevice {
         taken
     }
 
+    fn now_ns(&self) -> u64 {
+        super::host_now_ns()
+    }
+
     fn poll(&mut self, out: &mut [Cqe]) -> usize {
         if !self.active.is_empty() {
             self.reap();
