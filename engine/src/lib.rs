@@ -27,7 +27,7 @@
 //!
 //! let src = a.register(64, Access::empty())?;
 //! let dst = b.register(64, Access::empty())?;
-//! a.mem_mut(src.id)[..5].copy_from_slice(b"hello");
+//! a.write_mem(src.id, 0, b"hello")?;
 //! b.recv(Span::new(&dst, 0, 64), None, 7)?;
 //! a.send(to_b, Span::new(&src, 0, 5), 1)?;
 //! // Latency-sensitive code posts at once rather than at the next
@@ -42,7 +42,9 @@
 //!     }
 //! };
 //! assert_eq!((done.op, done.ctx, done.len), (Op::Recv, 7, 5));
-//! assert_eq!(&b.mem(dst.id)[..5], b"hello");
+//! let mut got = [0u8; 5];
+//! b.read_mem(dst.id, 0, &mut got)?;
+//! assert_eq!(&got, b"hello");
 //! # Ok::<(), efapoll::endpoint::Error>(())
 //! ```
 //!

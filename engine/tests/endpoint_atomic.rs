@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{World, iov, span};
+use common::{Mem, World, iov, span};
 use efapoll::device::Access;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{AtomicOp, Config, Datatype, DropReason, Op, PeerId, Status, atomic_apply};
@@ -77,7 +77,7 @@ fn every_operation_and_datatype_matches_a_sequential_model() {
             let v = rng.element(dt);
             model[e * dt.size()..(e + 1) * dt.size()].copy_from_slice(&v);
         }
-        w.eps[1].mem_mut(target.id).copy_from_slice(&model);
+        w.eps[1].write_mem(target.id, 0, &model).unwrap();
         let mut expected_results = Vec::new();
         for (k, &(op, call)) in ops.iter().cycle().take(count as usize).enumerate() {
             let at = k as u64 * n;
@@ -92,8 +92,8 @@ fn every_operation_and_datatype_matches_a_sequential_model() {
             if k % 2 == 0 {
                 compare.copy_from_slice(&model);
             }
-            w.eps[0].mem_mut(operands.id)[at as usize..(at + n) as usize].copy_from_slice(&operand);
-            w.eps[0].mem_mut(compares.id)[at as usize..(at + n) as usize].copy_from_slice(&compare);
+            w.eps[0].write_mem(operands.id, at, &operand).unwrap();
+            w.eps[0].write_mem(compares.id, at, &compare).unwrap();
             let mut old = vec![0u8; n as usize];
             atomic_apply(dt, op, &mut model, &operand, &compare, Some(&mut old));
             let remote = iov(&target, 0, n);
@@ -134,8 +134,8 @@ fn atomics_are_ordered_with_messages() {
         let target = w.eps[1].register(8, Access::REMOTE_ATOMIC).unwrap();
         let one = w.register(0, 8);
         let hundred = w.register(0, 8);
-        w.eps[0].mem_mut(one.id).copy_from_slice(&1u64.to_le_bytes());
-        w.eps[0].mem_mut(hundred.id).copy_from_slice(&100u64.to_le_bytes());
+        w.eps[0].write_mem(one.id, 0, &1u64.to_le_bytes()).unwrap();
+        w.eps[0].write_mem(hundred.id, 0, &100u64.to_le_bytes()).unwrap();
         // The receive for the message is the atomic target itself.
         w.eps[1].recv(span(&target, 0, 8), None, 7).unwrap();
         let remote = iov(&target, 0, 8);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{World, span};
+use common::{Mem, World, span};
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{Config, DropReason, Status};
 use efapoll::wire::{CtsDataRepr, CtsRepr, Packet, PacketType, PktFlags, ReqRepr, golden};

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{World, pattern, span};
+use common::{Mem, World, pattern, span};
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{Config, DropReason, Error, Op, PeerId, Status, TagMatch};
 use efapoll::wire::{Packet, PacketType, ReqFlags};
@@ -379,7 +379,7 @@ fn directed_receives_among_64_peers() {
     for i in 1..n {
         let to0 = w.connect(i, 0);
         let src = w.register(i, 8);
-        w.eps[i].mem_mut(src.id).copy_from_slice(&(i as u64).to_le_bytes());
+        w.eps[i].write_mem(src.id, 0, &(i as u64).to_le_bytes()).unwrap();
         w.eps[i].tsend(to0, span(&src, 0, 8), 1, 0).unwrap();
     }
     w.drive_until(100_000, |w| w.done[0].len() == n - 1);

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{World, iov, pattern, span};
+use common::{Mem, World, iov, pattern, span};
 use efapoll::device::Access;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{Config, DropReason, Op, Status};
@@ -436,7 +436,7 @@ fn protection_violations_touch_nothing_and_fail_the_requester() {
         w.fill(1, &read_only, 12);
         w.fill(1, &write_only, 13);
         let sums =
-            |w: &World| [target, read_only, write_only].map(|m| checksum(w.eps[1].mem(m.id)));
+            |w: &World| [target, read_only, write_only].map(|m| checksum(&w.eps[1].mem(m.id)));
         let before = sums(&w);
         let bad = [
             // Unknown key, below the region, past its end, wrapping.

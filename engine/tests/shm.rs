@@ -203,7 +203,7 @@ fn shm_child() {
     };
     let mut dev = ShmDevice::new(cfg()).unwrap();
     let mr = dev.register(REGION, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
-    dev.region_mut(mr.id).copy_from_slice(&pattern(0xb0));
+    dev.write_region(mr.id, 0, &pattern(0xb0));
     let local = dev.register(REGION, Access::LOCAL).unwrap();
     let parent = std::env::var(PEER).ok().map(|l| Card::parse(&l, dev.addr().gid));
     println!("@@ READY {}", Card::new(&dev, &mr).to_line());
@@ -216,15 +216,15 @@ fn shm_child() {
             exchange(&mut dev, ah);
             let c = rdma_one(&mut dev, parent.rdma(RdmaOp::Read, ah, &local, 0, REGION, 1));
             assert_eq!(c, Cqe { op: CqOp::Read, wr_id: 1, ..Cqe::default() });
-            assert_eq!(dev.region(local.id), &pattern(0xa0)[..]);
-            dev.region_mut(local.id)[1024..2048].fill(0x5a);
+            assert_eq!(dev.region_vec(&local), &pattern(0xa0)[..]);
+            dev.write_region(local.id, 1024, &[0x5a; 2048 - 1024]);
             let wr = parent.rdma(RdmaOp::Write { imm: None }, ah, &local, 1024, 1024, 2);
             assert_eq!(rdma_one(&mut dev, wr).status, CqStatus::Ok);
             println!("@@ DONE");
             stdin.read_line(&mut line).unwrap();
             assert_eq!(line.trim(), "CHECK");
-            assert!(dev.region(mr.id)[..512].iter().all(|&x| x == 0x77), "parent's write");
-            assert_eq!(dev.region(mr.id)[512..], pattern(0xb0)[512..]);
+            assert!(dev.region_vec(&mr)[..512].iter().all(|&x| x == 0x77), "parent's write");
+            assert_eq!(dev.region_vec(&mr)[512..], pattern(0xb0)[512..]);
             println!("@@ OK");
         }
         // Never polls: the parent's sends stay outstanding until it is
@@ -255,7 +255,7 @@ fn shm_child() {
 fn packets_and_rdma_between_two_processes() {
     let mut dev = ShmDevice::new(cfg()).unwrap();
     let mr = dev.register(REGION, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
-    dev.region_mut(mr.id).copy_from_slice(&pattern(0xa0));
+    dev.write_region(mr.id, 0, &pattern(0xa0));
     let local = dev.register(REGION, Access::LOCAL).unwrap();
     let mut child = Peer::spawn("exchange", Some(Card::new(&dev, &mr)));
     let card = Card::parse(&child.expect("READY"), dev.addr().gid);
@@ -266,8 +266,8 @@ fn packets_and_rdma_between_two_processes() {
 
     let c = rdma_one(&mut dev, card.rdma(RdmaOp::Read, ah, &local, 0, REGION, 1));
     assert_eq!(c, Cqe { op: CqOp::Read, wr_id: 1, ..Cqe::default() });
-    assert_eq!(dev.region(local.id), &pattern(0xb0)[..]);
-    dev.region_mut(local.id)[..512].fill(0x77);
+    assert_eq!(dev.region_vec(&local), &pattern(0xb0)[..]);
+    dev.write_region(local.id, 0, &[0x77; 512]);
     let wr = card.rdma(RdmaOp::Write { imm: None }, ah, &local, 0, 512, 2);
     assert_eq!(rdma_one(&mut dev, wr).status, CqStatus::Ok);
     let beyond = card.rdma(RdmaOp::Write { imm: None }, ah, &local, 0, 16, 3);
@@ -275,8 +275,8 @@ fn packets_and_rdma_between_two_processes() {
     assert_eq!(rdma_one(&mut dev, beyond).status, CqStatus::RemoteAccess);
 
     child.expect("DONE");
-    assert!(dev.region(mr.id)[1024..2048].iter().all(|&x| x == 0x5a), "child's write");
-    assert_eq!(dev.region(mr.id)[..1024], pattern(0xa0)[..1024]);
+    assert!(dev.region_vec(&mr)[1024..2048].iter().all(|&x| x == 0x5a), "child's write");
+    assert_eq!(dev.region_vec(&mr)[..1024], pattern(0xa0)[..1024]);
     child.tell("CHECK");
     child.expect("OK");
     assert!(child.child.wait().unwrap().success());

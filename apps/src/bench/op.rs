@@ -9,7 +9,7 @@
 //! which checks and readies its buffer, and the target's 8-byte ack.
 
 use clap::ValueEnum;
-use efapoll::device::{Access, Device, Mr};
+use efapoll::device::{Access, Device, Mr, MrId};
 use efapoll::endpoint::{
     AtomicOp, Completion, Config, Datatype, Endpoint, Error, Op, PeerId, Span, Status, TagMatch,
 };
@@ -145,16 +145,35 @@ pub struct Io<D: Device> {
     remote: MemDesc,
     /// The atomic operand and the control messages.
     ctl: Mr,
+    /// Bytes of registered memory copied out to be checked, or in to be
+    /// filled, with `-c` (registered memory is reached only by copies).
+    staged: Vec<u8>,
 }
 
 impl<D: Device> Io<D> {
     /// An endpoint whose peer is not known yet.
     pub fn new(mut ep: Endpoint<D>, op: OpKind) -> Result<Io<D>, RunError> {
         let ctl = register(&mut ep, CTL_REGION)?;
-        let at = OPERAND_AT as usize;
-        ep.mem_mut(ctl.id)[at..at + 8].copy_from_slice(&ATOMIC_ADD.to_le_bytes());
+        ep.write_mem(ctl.id, OPERAND_AT, &ATOMIC_ADD.to_le_bytes())
+            .map_err(|e| RunError::Setup(format!("cannot write the atomic operand: {e}")))?;
         let remote = MemDesc { addr: 0, key: 0, len: 0 };
-        Ok(Io { ep, peer: PeerId(u32::MAX), op, remote, ctl })
+        Ok(Io { ep, peer: PeerId(u32::MAX), op, remote, ctl, staged: Vec::new() })
+    }
+
+    /// A copy of `len` bytes of `mr` from `at`, to check.
+    pub fn copy_out(&mut self, mr: MrId, at: u64, len: u64) -> &[u8] {
+        self.staged.resize(self.staged.len().max(len as usize), 0);
+        let out = &mut self.staged[..len as usize];
+        self.ep.read_mem(mr, at, out).expect("a span of a buffer this run registered");
+        out
+    }
+
+    /// Writes `len` bytes of `mr` from `at` as `fill` makes them.
+    pub fn fill_in(&mut self, mr: MrId, at: u64, len: u64, fill: impl FnOnce(&mut [u8])) {
+        self.staged.resize(self.staged.len().max(len as usize), 0);
+        let buf = &mut self.staged[..len as usize];
+        fill(buf);
+        self.ep.write_mem(mr, at, buf).expect("a span of a buffer this run registered");
     }
 
     /// Registers a data buffer the peer may reach with any operation.

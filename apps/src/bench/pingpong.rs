@@ -154,8 +154,8 @@ impl<D: Device> Initiator<D> {
         self.send_done = false;
         if self.params.verify {
             let (size, local) = (self.size, self.local());
-            let buf = &mut self.io.ep.mem_mut(local.id)[..size as usize];
-            op::prepare_local(op, buf, size, self.seq);
+            let seq = self.seq;
+            self.io.fill_in(local.id, 0, size, |buf| op::prepare_local(op, buf, size, seq));
         }
     }
 
@@ -186,21 +186,21 @@ impl<D: Device> Initiator<D> {
                     check_cq_data(c, self.seq)?;
                 }
                 if verify {
-                    let got = &self.io.ep.mem(self.rx.id)[..size as usize];
+                    let got = self.io.copy_out(self.rx.id, 0, size);
                     op::verify(got, size, self.seq)?;
                 }
                 self.recv_done = true;
             }
             Op::Read => {
                 if verify {
-                    let got = &self.io.ep.mem(self.rx.id)[..size as usize];
+                    let got = self.io.copy_out(self.rx.id, 0, size);
                     op::verify_read(got, size, self.seq, 0)?;
                 }
                 self.send_done = true;
             }
             Op::Atomic => {
                 if verify {
-                    let got = op::fetched(self.io.ep.mem(self.rx.id));
+                    let got = op::fetched(self.io.copy_out(self.rx.id, 0, 8));
                     op::verify_fetched(got, self.seq, self.params.total(self.k), true)?;
                 }
                 self.send_done = true;
@@ -356,7 +356,7 @@ impl<D: Device> PassiveSide for Responder<D> {
                         check_cq_data(&c, self.i)?;
                     }
                     if self.params.verify {
-                        let got = &self.io.ep.mem(self.rx.id)[..size as usize];
+                        let got = self.io.copy_out(self.rx.id, 0, size);
                         op::verify(got, size, self.i)?;
                     }
                     self.echo = Some((size, self.i));

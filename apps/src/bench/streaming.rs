@@ -126,8 +126,9 @@ impl<D: Device> Sender<D> {
         }
         let (size, slot) = (self.size, self.slot(c.ctx));
         let at = (slot * size) as usize;
-        let got = &self.io.ep.mem(self.src.id)[at..at + size as usize];
-        match self.io.op {
+        let op = self.io.op;
+        let got = self.io.copy_out(self.src.id, at as u64, size);
+        match op {
             OpKind::Read => op::verify_read(got, size, c.ctx, slot)?,
             OpKind::Atomic => op::verify_fetched(op::fetched(got), c.ctx, self.total, false)?,
             _ => {}
@@ -199,8 +200,10 @@ impl<D: Device> ActiveSide for Sender<D> {
                 }
                 if self.filled != Some(seq) {
                     let at = (slot * size) as usize;
-                    let buf = &mut self.io.ep.mem_mut(self.src.id)[at..at + size as usize];
-                    op::prepare_local(self.io.op, buf, size, seq);
+                    let kind = self.io.op;
+                    self.io.fill_in(self.src.id, at as u64, size, |buf| {
+                        op::prepare_local(kind, buf, size, seq)
+                    });
                     self.filled = Some(seq);
                 }
             }
@@ -334,7 +337,7 @@ impl<D: Device> PassiveSide for Receiver<D> {
                     if self.params.verify {
                         let slot = self.slot(c.ctx);
                         let at = (slot * self.size) as usize;
-                        let got = &self.io.ep.mem(self.dst.id)[at..at + self.size as usize];
+                        let got = self.io.copy_out(self.dst.id, at as u64, self.size);
                         op::verify(got, self.size, c.ctx)?;
                         self.slot_busy[slot as usize] = false;
                     }

@@ -53,36 +53,34 @@ impl<D: Device> Target<D> {
     /// reads to check; the counter is zero.
     fn prepare(&mut self, k: usize) {
         let size = self.params.sizes[k];
-        let mem = self.io.ep.mem_mut(self.buf.id);
+        let buf = self.buf.id;
         match self.io.op {
             OpKind::Read if self.params.verify => {
                 for j in 0..self.params.window_for(size) {
-                    let at = (j * size) as usize;
-                    op::fill(&mut mem[at..at + size as usize], op::seed(size, j));
+                    self.io.fill_in(buf, j * size, size, |b| op::fill(b, op::seed(size, j)));
                 }
             }
-            OpKind::Atomic => mem[..8].fill(0),
+            OpKind::Atomic => self.io.fill_in(buf, 0, 8, |b| b.fill(0)),
             _ => {}
         }
     }
 
     /// Checks, with `-c`, what the operations of size `k` left: each slot
     /// written holds its last write's pattern; the counter holds every add.
-    fn check(&self, k: usize) -> Result<(), RunError> {
+    fn check(&mut self, k: usize) -> Result<(), RunError> {
         if !self.params.verify {
             return Ok(());
         }
         let (size, total) = (self.params.sizes[k], self.params.total(k));
-        let mem = self.io.ep.mem(self.buf.id);
+        let buf = self.buf.id;
         match self.io.op {
             OpKind::Write => {
                 let window = self.params.window_for(size);
                 for j in 0..window.min(total) {
                     // The last operation on slot j.
                     let last = j + (total - 1 - j) / window * window;
-                    let at = (j * size) as usize;
-                    if let Some(bad) = op::check(&mem[at..at + size as usize], op::seed(size, last))
-                    {
+                    let slot = self.io.copy_out(buf, j * size, size);
+                    if let Some(bad) = op::check(slot, op::seed(size, last)) {
                         return Err(RunError::Verify(format!(
                             "write {last} of {size} bytes did not land whole: the target's slot \
                              differs at byte {bad}"
@@ -91,7 +89,8 @@ impl<D: Device> Target<D> {
                 }
             }
             OpKind::Atomic => {
-                let (got, want) = (op::fetched(mem), total.wrapping_mul(ATOMIC_ADD));
+                let got = op::fetched(self.io.copy_out(buf, 0, 8));
+                let want = total.wrapping_mul(ATOMIC_ADD);
                 if got != want {
                     return Err(RunError::Verify(format!(
                         "the target's counter holds {got:#x} after {total} fetch-adds of \
@@ -183,9 +182,14 @@ mod tests {
         (fabric, t)
     }
 
-    fn slot(t: &mut Target<SimDevice>, j: u64, size: u64) -> &mut [u8] {
-        let at = (j * size) as usize;
-        &mut t.io.ep.mem_mut(t.buf.id)[at..at + size as usize]
+    fn slot(t: &mut Target<SimDevice>, j: u64, size: u64) -> &[u8] {
+        let buf = t.buf.id;
+        t.io.copy_out(buf, j * size, size)
+    }
+
+    fn set_slot(t: &mut Target<SimDevice>, j: u64, size: u64, fill: impl FnOnce(&mut [u8])) {
+        let buf = t.buf.id;
+        t.io.fill_in(buf, j * size, size, fill);
     }
 
     #[test]
@@ -196,11 +200,11 @@ mod tests {
         assert_eq!(p.total(0), 4106);
         let (_f, mut t) = target(OpKind::Write, &p);
         for (j, last) in [(0, 4104), (1, 4105), (2, 4102), (3, 4103)] {
-            op::fill(slot(&mut t, j, 100), op::seed(100, last));
+            set_slot(&mut t, j, 100, |b| op::fill(b, op::seed(100, last)));
         }
         t.check(0).unwrap();
         // Slot 2 still holds an earlier write.
-        op::fill(slot(&mut t, 2, 100), op::seed(100, 4098));
+        set_slot(&mut t, 2, 100, |b| op::fill(b, op::seed(100, 4098)));
         let err = t.check(0).unwrap_err().to_string();
         assert!(err.contains("write 4102 of 100 bytes"), "{err}");
     }
@@ -211,9 +215,9 @@ mod tests {
         assert_eq!(p.total(0), 4101, "4096 warmup adds");
         let (_f, mut t) = target(OpKind::Atomic, &p);
         assert_eq!(op::fetched(slot(&mut t, 0, 8)), 0, "zeroed for the first size");
-        slot(&mut t, 0, 8).copy_from_slice(&(4101 * ATOMIC_ADD).to_le_bytes());
+        set_slot(&mut t, 0, 8, |b| b.copy_from_slice(&(4101 * ATOMIC_ADD).to_le_bytes()));
         t.check(0).unwrap();
-        slot(&mut t, 0, 8).copy_from_slice(&(4100 * ATOMIC_ADD).to_le_bytes());
+        set_slot(&mut t, 0, 8, |b| b.copy_from_slice(&(4100 * ATOMIC_ADD).to_le_bytes()));
         let err = t.check(0).unwrap_err().to_string();
         assert!(err.contains("after 4101 fetch-adds"), "{err}");
     }
@@ -233,7 +237,7 @@ mod tests {
         let mut p = params(OpKind::Atomic, 8, 5, 2, 64);
         p.verify = false;
         let (_f, mut t) = target(OpKind::Atomic, &p);
-        slot(&mut t, 0, 8).copy_from_slice(&1u64.to_le_bytes());
+        set_slot(&mut t, 0, 8, |b| b.copy_from_slice(&1u64.to_le_bytes()));
         t.check(0).unwrap();
     }
 }

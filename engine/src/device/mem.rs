@@ -2,9 +2,10 @@
 //!
 //! A device must hand its packet buffers and regions to "hardware" that
 //! writes them while the endpoint runs: here, the in-process fabric of the
-//! sim device. `Bytes` owns a zeroed heap allocation; the device gives out
-//! slices of it through its own `&self`/`&mut self`, and the fabric copies
-//! into it only memory posted to the device.
+//! sim device. `Bytes` owns a zeroed heap allocation that is reached only
+//! through copies (never a Rust reference, which another writer would
+//! make unsound); a frame of the packet buffers is lent as a slice only
+//! while it is not posted, since the fabric writes only posted frames.
 
 use std::ptr::NonNull;
 
@@ -35,32 +36,32 @@ impl Bytes {
         self.ptr.as_ptr() as u64
     }
 
-    /// `len` bytes at `offset`. Panics if the range is outside.
-    ///
-    /// # Safety
-    /// No writable slice of the range (from `slice_mut`) or write (from
-    /// `copy`) may overlap the returned slice while it lives. Devices keep
-    /// this by reading only through `&self` and writing only through
-    /// `&mut self` of the one device that owns the memory, and by letting
-    /// the fabric write only memory posted to it.
-    pub(crate) unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
-        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len), "range outside");
+    /// Copies `out.len()` bytes at `offset` into `out`. Panics if the
+    /// range is outside.
+    pub(crate) fn read(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset.checked_add(out.len()).is_some_and(|end| end <= self.len), "range outside");
         // SAFETY: inside the allocation (checked above), which lives as long
-        // as `self`; no overlapping writer, by the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
+        // as `self`; `out` is a Rust borrow, so it is not this memory, which
+        // is never lent out as a reference.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
     }
 
-    /// `len` bytes at `offset`, writable. Panics if the range is outside.
-    ///
-    /// # Safety
-    /// No other slice of the range may be alive while the returned one
-    /// lives (see [`Bytes::slice`]).
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn slice_mut(&self, offset: usize, len: usize) -> &mut [u8] {
-        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len), "range outside");
-        // SAFETY: inside the allocation (checked above); exclusive by the
-        // caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) }
+    /// Copies `src` into the allocation at `offset`. Panics if the range is
+    /// outside.
+    pub(crate) fn write(&self, offset: usize, src: &[u8]) {
+        assert!(offset.checked_add(src.len()).is_some_and(|end| end <= self.len), "range outside");
+        // SAFETY: inside the allocation (checked above); no reference to
+        // this memory exists (it is reached only through copies), and `src`
+        // is a Rust borrow, so not this memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
+        }
     }
 
     /// Copies `len` bytes from `src` at `src_offset` into `dst` at
@@ -155,12 +156,39 @@ impl Frames {
         assert!(offset.checked_add(len).is_some_and(|end| end <= self.mtu), "frame range");
         assert!(src_offset.checked_add(len).is_some_and(|end| end <= src.len), "source range");
         // SAFETY: both ranges are inside live allocations (checked above);
-        // the fabric writes only buffers posted to it, of which no slice is
-        // alive, and a frame is never inside a region.
+        // the frame is either posted (the fabric writing it: no slice of it
+        // is alive) or being built by its device inside a `&mut self` call
+        // (no slice either); a frame is never inside a region.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 src.ptr.as_ptr().add(src_offset),
                 self.at(id).as_ptr().add(offset),
+                len,
+            )
+        }
+    }
+
+    /// Copies `len` bytes of buffer `id` from `offset` into `dst` at
+    /// `dst_offset`: a received payload into a region. Panics if either
+    /// range is outside.
+    #[inline(always)]
+    pub(crate) fn copy_out(
+        &self,
+        id: u32,
+        offset: usize,
+        dst: &Bytes,
+        dst_offset: usize,
+        len: usize,
+    ) {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.mtu), "frame range");
+        assert!(dst_offset.checked_add(len).is_some_and(|end| end <= dst.len), "target range");
+        // SAFETY: both ranges are inside live allocations (checked above);
+        // a frame is never inside a region, and the frame is the device's
+        // (not posted), so the fabric is not writing it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.at(id).as_ptr().add(offset),
+                dst.ptr.as_ptr().add(dst_offset),
                 len,
             )
         }

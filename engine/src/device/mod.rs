@@ -242,6 +242,13 @@ pub enum DeviceError {
     /// The address cannot be reached from this device.
     #[error("address not reachable from this device")]
     BadAddress,
+    /// The region is still used by work posted to the device.
+    #[error("region in use by posted work")]
+    Busy,
+    /// The device cannot do this (e.g. register memory it did not
+    /// allocate).
+    #[error("not supported by this device")]
+    NotSupported,
 }
 
 /// A NIC as the endpoint sees it. Implementations are `!Send` where they
@@ -262,41 +269,50 @@ pub trait Device {
     fn remove_addr(&mut self, ah: Ah);
 
     /// Packet buffer `id` (all `mtu` bytes). Of a received packet, read
-    /// its headers here and its payload through [`Device::copy_to_region`],
-    /// [`Device::read_payload`] or [`Device::buf_and_region`]: a device may
-    /// place a payload only when it is copied out (the sim does, as a NIC's
-    /// DMA costs the host's CPU nothing).
+    /// its headers here and its payload through [`Device::copy_to_region`]
+    /// or [`Device::read_payload`]: a device may place a payload only when
+    /// it is copied out (the sim does, as a NIC's DMA costs the host's CPU
+    /// nothing). A buffer is lent out only while it is not posted: the
+    /// device (or its NIC) writes only posted buffers.
     fn buf(&self, id: BufId) -> &[u8];
 
     /// Packet buffer `id`, to write a packet into. Once a send from it
-    /// completes, its bytes are unspecified (the sim hands the receiver the
-    /// buffer itself and the sender another): write every packet whole.
+    /// completes, its bytes are unspecified: write every packet whole.
     fn buf_mut(&mut self, id: BufId) -> &mut [u8];
 
     /// Allocates and registers a region of `len` bytes, zeroed.
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError>;
 
-    /// Deregisters a region. The caller guarantees no posted operation
-    /// uses it.
+    /// Deregisters a region; [`DeviceError::Busy`] while work posted to
+    /// the device still reads or writes it (the endpoint checks its own
+    /// operations first).
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError>;
 
-    /// A region's bytes.
-    fn region(&self, mr: MrId) -> &[u8];
+    /// Copies `out.len()` bytes of region `mr` from `offset` into `out`.
+    /// A region is never lent out as a reference: a peer (shm) or the NIC
+    /// (EFA) may write it at any time, which a `&[u8]` would forbid. Panics
+    /// if the range is outside the region (the endpoint checks spans).
+    fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]);
 
-    /// A region's bytes, to write.
-    fn region_mut(&mut self, mr: MrId) -> &mut [u8];
+    /// A copy of the whole of region `mr`, for checks at set-up time and in
+    /// tests (it allocates).
+    fn region_vec(&self, mr: &Mr) -> Vec<u8> {
+        let mut out = vec![0; mr.len as usize];
+        self.read_region(mr.id, 0, &mut out);
+        out
+    }
 
-    /// Packet buffer `buf` and region `mr` at once, for copying between
-    /// them.
-    fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]);
+    /// Copies `src` into region `mr` at `offset`. Panics as
+    /// [`Device::read_region`].
+    fn write_region(&mut self, mr: MrId, offset: usize, src: &[u8]);
 
     /// Copies `len` bytes of received packet `buf`, from its byte `from`,
     /// into region `mr` at `offset`.
-    #[inline(always)]
-    fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
-        let (pkt, region) = self.buf_and_region(buf, mr);
-        region[offset..offset + len].copy_from_slice(&pkt[from..from + len]);
-    }
+    fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize);
+
+    /// Copies `len` bytes of region `mr` from `offset` into packet buffer
+    /// `buf` at `to`: a packet's payload, built.
+    fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize);
 
     /// Copies `out.len()` bytes of received packet `buf`, from its byte
     /// `from`, into `out`.

@@ -433,6 +433,20 @@ impl SimFabric {
 }
 
 impl Fabric {
+    /// Whether a send or an RDMA operation in flight, or a payload not yet
+    /// placed, still reads or writes `region`.
+    fn uses(&self, region: &Rc<Bytes>) -> bool {
+        let flight_uses = |f: &Flight| match f {
+            Flight::Packet { data: Some((r, ..)), .. } => Rc::ptr_eq(r, region),
+            Flight::Rdma { local, .. } => Rc::ptr_eq(local, region),
+            _ => false,
+        };
+        self.nodes.iter().any(|n| {
+            n.inbox.iter().any(flight_uses)
+                || n.unplaced.iter().flatten().any(|u| Rc::ptr_eq(&u.region, region))
+        })
+    }
+
     /// xorshift64*.
     fn next_random(&mut self) -> u64 {
         self.rng ^= self.rng >> 12;
@@ -1080,6 +1094,11 @@ impl Device for SimDevice {
 
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
         let mut f = self.fabric.borrow_mut();
+        let bytes = self.regions.get(mr.0 as usize).and_then(Option::as_ref);
+        let bytes = bytes.ok_or(DeviceError::UnknownHandle)?;
+        if f.uses(bytes) {
+            return Err(DeviceError::Busy);
+        }
         let slot =
             f.nodes[self.node].regions.get_mut(mr.0 as usize).ok_or(DeviceError::UnknownHandle)?;
         slot.take().ok_or(DeviceError::UnknownHandle)?;
@@ -1087,28 +1106,12 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn region(&self, mr: MrId) -> &[u8] {
-        let bytes = self.region_bytes(mr);
-        // SAFETY: the fabric writes a region only inside this device's
-        // `poll` (RDMA into it) or for an operation this device posted on
-        // it; `&self` excludes the former and the endpoint does not read
-        // ranges it posted.
-        unsafe { bytes.slice(0, bytes.len()) }
+    fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
+        self.region_bytes(mr).read(offset, out);
     }
 
-    fn region_mut(&mut self, mr: MrId) -> &mut [u8] {
-        let bytes = self.region_bytes(mr);
-        // SAFETY: as `region`, with `&mut self` the only slice.
-        unsafe { bytes.slice_mut(0, bytes.len()) }
-    }
-
-    #[inline(always)]
-    fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]) {
-        self.settle(buf);
-        let bytes = self.region_bytes(mr);
-        // SAFETY: the pool and the region are separate allocations; each
-        // slice is exclusive as in `buf_mut` and `region_mut`.
-        unsafe { (self.frames.slice_mut(buf), bytes.slice_mut(0, bytes.len())) }
+    fn write_region(&mut self, mr: MrId, offset: usize, src: &[u8]) {
+        self.region_bytes(mr).write(offset, src);
     }
 
     #[inline(always)]
@@ -1116,8 +1119,14 @@ impl Device for SimDevice {
         if self.unplaced.get() != 0 && self.copy_unplaced(buf, from, mr, offset, len) {
             return;
         }
-        let (pkt, region) = self.buf_and_region(buf, mr);
-        region[offset..offset + len].copy_from_slice(&pkt[from..from + len]);
+        self.settle(buf);
+        self.frames.copy_out(buf, from, self.region_bytes(mr), offset, len);
+    }
+
+    #[inline(always)]
+    fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize) {
+        self.settle(buf);
+        self.frames.copy_in(buf, to, self.region_bytes(mr), offset, len);
     }
 
     #[inline(always)]
@@ -1306,7 +1315,7 @@ mod tests {
         let ah = a.insert_addr(&b.addr()).unwrap();
         let mr = a.register(8192, Access::LOCAL).unwrap();
         let payload: Vec<u8> = (0..len).map(|i| (i + 3) as u8).collect();
-        a.region_mut(mr.id)[100..100 + len as usize].copy_from_slice(&payload);
+        a.write_region(mr.id, 100, &payload);
         a.buf_mut(0)[..16].copy_from_slice(&[0xab; 16]);
         let data = Some(DataSeg { mr: mr.id, offset: 100, len });
         assert_eq!(a.post_send(&[SendWr { ah, buf: 0, len: 16, data, wr_id: 7 }]), 1);
@@ -1329,7 +1338,7 @@ mod tests {
         assert_eq!(fabric.pending(&b.addr()), 1);
         let dst = b.register(8192, Access::LOCAL).unwrap();
         b.copy_to_region(cqe.wr_id as BufId, 16, dst.id, 50, 4000);
-        assert_eq!(&b.region(dst.id)[50..4050], &payload[..]);
+        assert_eq!(&b.region_vec(&dst)[50..4050], &payload[..]);
         assert_ne!(&b.buf(10)[16..4016], &payload[..], "straight to the region, not the buffer");
         assert_eq!(poll_all(&mut a), [SENT]);
         assert_eq!(fabric.pending_total(), 0);
@@ -1361,7 +1370,7 @@ mod tests {
         let (_f, mut a, mut b) = pair(SimConfig::default());
         let ah = a.insert_addr(&b.addr()).unwrap();
         let mr = a.register(4096, Access::LOCAL).unwrap();
-        a.region_mut(mr.id)[..2000].fill(9);
+        a.write_region(mr.id, 0, &[9; 2000]);
         let data = Some(DataSeg { mr: mr.id, offset: 0, len: 2000 });
         assert_eq!(a.post_send(&[SendWr { ah, buf: 0, len: 16, data, wr_id: 7 }]), 1);
         b.post_recv(&[10]);
@@ -1497,8 +1506,8 @@ mod tests {
         let ah = a.insert_addr(&b.addr()).unwrap();
         let local = a.register(64, Access::LOCAL).unwrap();
         let remote = b.register(64, Access::REMOTE_READ).unwrap();
-        b.region_mut(remote.id).copy_from_slice(&[9; 64]);
-        a.region_mut(local.id)[..4].copy_from_slice(b"abcd");
+        b.write_region(remote.id, 0, &[9; 64]);
+        a.write_region(local.id, 0, b"abcd");
         let rd = RdmaWr {
             op: RdmaOp::Read,
             ah,
@@ -1526,9 +1535,9 @@ mod tests {
             assert_eq!(status(id), CqStatus::RemoteAccess, "wr {id}");
         }
         assert_eq!(status(6), CqStatus::LocalError);
-        assert_eq!(&a.region(local.id)[..8], b"abcd\0\0\0\0");
-        assert_eq!(&a.region(local.id)[8..24], &[9; 16]);
-        assert!(b.region(remote.id).iter().all(|&x| x == 9), "target untouched");
+        assert_eq!(&a.region_vec(&local)[..8], b"abcd\0\0\0\0");
+        assert_eq!(&a.region_vec(&local)[8..24], &[9; 16]);
+        assert!(b.region_vec(&remote).iter().all(|&x| x == 9), "target untouched");
         assert_eq!(fabric.stats(&b.addr()).remote_access_errors, 4);
     }
 
@@ -1538,7 +1547,7 @@ mod tests {
         let ah = a.insert_addr(&b.addr()).unwrap();
         let local = a.register(8, Access::LOCAL).unwrap();
         let remote = b.register(8, Access::REMOTE_WRITE).unwrap();
-        a.region_mut(local.id).copy_from_slice(b"12345678");
+        a.write_region(local.id, 0, b"12345678");
         let wr = RdmaWr {
             op: RdmaOp::Write { imm: Some(42) },
             ah,
@@ -1555,7 +1564,7 @@ mod tests {
         let got = poll_all(&mut b);
         let imm = (got[0].op, got[0].imm, got[0].wr_id, got[0].len);
         assert_eq!(imm, (CqOp::RecvWriteImm, 42, 3, 8));
-        assert_eq!(b.region(remote.id), b"12345678");
+        assert_eq!(b.region_vec(&remote), b"12345678");
         assert_eq!(poll_all(&mut a)[0].op, CqOp::Write);
     }
 

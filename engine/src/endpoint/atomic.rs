@@ -446,6 +446,12 @@ impl<D: Device> Endpoint<D> {
         let (operand, rest) = operands.split_at(n);
         let compare = &rest[..if class == RtaClass::Compare { n } else { 0 }];
         let rsp_hdr = AtomRspRepr::default().buffer_len();
+        // The target's values are read, combined and written back through
+        // copies: a region is never lent as a reference (a peer or the NIC
+        // may write it), and the emulated atomic is the responder's
+        // progress thread's alone, as in the provider.
+        let mut values_small = [0u8; 64];
+        let mut values_big: Box<[u8]> = Box::default();
         let mut at = 0usize;
         for t in targets {
             let len = t.len as usize;
@@ -453,25 +459,22 @@ impl<D: Device> Endpoint<D> {
                 &operand[at..at + len],
                 if compare.is_empty() { &[][..] } else { &compare[at..at + len] },
             );
-            match rsp {
-                Some(b) => {
-                    let (pkt, region) = self.dev.buf_and_region(b, t.mr);
-                    let target = &mut region[t.offset as usize..t.offset as usize + len];
-                    apply(dt, op, target, o, c, Some(&mut pkt[rsp_hdr + at..rsp_hdr + at + len]));
+            let values: &mut [u8] = if len <= values_small.len() {
+                &mut values_small[..len]
+            } else {
+                if values_big.is_empty() {
+                    values_big = std::mem::take(&mut self.atomic_values);
                 }
-                None => {
-                    let region = self.dev.region_mut(t.mr);
-                    apply(
-                        dt,
-                        op,
-                        &mut region[t.offset as usize..t.offset as usize + len],
-                        o,
-                        c,
-                        None,
-                    );
-                }
-            }
+                &mut values_big[..len]
+            };
+            self.dev.read_region(t.mr, t.offset as usize, values);
+            let fetched = rsp.map(|b| &mut self.dev.buf_mut(b)[rsp_hdr + at..rsp_hdr + at + len]);
+            apply(dt, op, values, o, c, fetched);
+            self.dev.write_region(t.mr, t.offset as usize, values);
             at += len;
+        }
+        if !values_big.is_empty() {
+            self.atomic_values = values_big;
         }
         if !big.is_empty() {
             self.scratch = big;

@@ -118,9 +118,45 @@ pub enum Error {
     /// complete with a peer that lacks it).
     #[error("the peer does not support this operation")]
     NotSupported,
+    /// The region is in use: a posted receive, an operation in progress or
+    /// a packet not yet sent reads or writes it. Deregister it once their
+    /// completions are out.
+    #[error("the region is in use by a posted or unfinished operation")]
+    Busy,
     /// The device refused.
     #[error("device: {0}")]
-    Device(#[from] DeviceError),
+    Device(DeviceError),
+}
+
+impl From<DeviceError> for Error {
+    fn from(e: DeviceError) -> Error {
+        match e {
+            DeviceError::Busy => Error::Busy,
+            e => Error::Device(e),
+        }
+    }
+}
+
+/// What an endpoint still has in flight (see [`Endpoint::in_flight`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InFlight {
+    /// Send-side operations not finished: sends, writes, reads, atomics,
+    /// and answers to the peers' reads.
+    pub sends: usize,
+    /// Messages and one-sided transfers being received (a message that
+    /// arrived whole before its receive was posted does not count: it
+    /// waits for the application, not for the network).
+    pub receives: usize,
+    /// Packets built and not yet completed by the device, control packets
+    /// included.
+    pub packets: usize,
+}
+
+impl InFlight {
+    /// Nothing in flight.
+    pub fn is_idle(&self) -> bool {
+        *self == InFlight::default()
+    }
 }
 
 /// Tunables. The defaults are the provider's where it has one.
@@ -269,6 +305,9 @@ pub struct Endpoint<D: Device> {
     /// A packet's worth of memory for copies that need it (atomic
     /// operands).
     scratch: Box<[u8]>,
+    /// A packet's worth of memory for an atomic's target values, copied
+    /// out of the region and back.
+    atomic_values: Box<[u8]>,
 }
 
 /// Completions polled per device call (DPDK's burst).
@@ -349,6 +388,7 @@ impl<D: Device> Endpoint<D> {
             stalled_bufs: VecDeque::with_capacity(64),
             timer: timer::Timer::new(cfg.response_timeout, tx_ops + rx_ops),
             scratch: vec![0u8; caps.mtu].into_boxed_slice(),
+            atomic_values: vec![0u8; caps.mtu].into_boxed_slice(),
             dev,
         };
         ep.post_rx_buffers();
@@ -422,23 +462,91 @@ impl<D: Device> Endpoint<D> {
         Ok(mr)
     }
 
-    /// Deregisters a region.
+    /// Deregisters a region; [`Error::Busy`] while a posted receive, an
+    /// unfinished operation or a packet not yet sent uses it (on a NIC,
+    /// its DMA would reach freed memory). It looks through the live
+    /// operations (deregistration is set-up work, and a count kept per
+    /// region would cost every message).
     pub fn deregister(&mut self, mr: MrId) -> Result<(), Error> {
-        self.mem.remove(mr).ok_or(Error::BadSpan)?;
+        if self.mem.get(mr).is_none() {
+            return Err(Error::BadSpan);
+        }
+        if self.region_in_use(mr) {
+            return Err(Error::Busy);
+        }
         self.dev.deregister(mr)?;
+        self.mem.remove(mr);
         Ok(())
     }
 
-    /// A registered region's bytes.
-    pub fn mem(&self, mr: MrId) -> &[u8] {
-        self.dev.region(mr)
+    /// Whether anything posted or in progress reads or writes region `mr`.
+    fn region_in_use(&self, mr: MrId) -> bool {
+        let uses = |sgl: &ops::Sgl| sgl.segs().iter().any(|s| s.mr == mr);
+        let atomic_uses = |a: &Option<ops::AtomicReq>| {
+            a.is_some_and(|a| [a.result, a.compare].iter().flatten().any(|s| s.mr == mr))
+        };
+        self.posted.live().any(|p| p.dst.mr == mr)
+            || self.rx_ops.live().any(|op| uses(&op.dst))
+            || self.tx_ops.live().any(|op| uses(&op.src) || atomic_uses(&op.atomic))
+            || self.tx_gathers_from(mr)
     }
 
-    /// A registered region's bytes, to fill. Memory granted remote write
-    /// may change under the application as a NIC writes it; read it after
-    /// the completion that says it was written.
-    pub fn mem_mut(&mut self, mr: MrId) -> &mut [u8] {
-        self.dev.region_mut(mr)
+    /// What is in flight: operations not finished and packets the device
+    /// has not completed. Posted receives waiting for a message are not
+    /// in flight.
+    pub fn in_flight(&self) -> InFlight {
+        let receives = self.rx_ops.live().filter(|op| op.state != ops::RxState::Unexpected);
+        InFlight {
+            sends: self.tx_ops.len(),
+            receives: receives.count(),
+            packets: self.tx_bufs_in_use(),
+        }
+    }
+
+    /// Progresses once and says whether nothing is in flight any more
+    /// ([`Endpoint::in_flight`]): the loop that ends an endpoint's work,
+    /// polled like any other (its peers must progress too, for their
+    /// answers to come). Then [`Endpoint::close`] it.
+    pub fn drain(&mut self) -> bool {
+        self.progress();
+        self.in_flight().is_idle() && !self.txq.has_work()
+    }
+
+    /// Closes the endpoint once nothing is in flight and gives its device
+    /// back (dropping the device frees its memory); an endpoint that is
+    /// still busy comes back as the error, to [`Endpoint::drain`] further.
+    /// Completions not polled and receives still posted are discarded.
+    #[allow(clippy::result_large_err)]
+    pub fn close(mut self) -> Result<D, Endpoint<D>> {
+        if !self.drain() {
+            return Err(self);
+        }
+        Ok(self.dev)
+    }
+
+    /// A registered region, by its local handle.
+    pub fn mr(&self, mr: MrId) -> Option<Mr> {
+        self.mem.get(mr).copied()
+    }
+
+    /// Copies `out.len()` bytes of region `mr` from `offset` into `out`.
+    ///
+    /// Registered memory is reached only through copies, never lent as a
+    /// `&[u8]`: a peer (shm) or the NIC (EFA) may write it at any time, as
+    /// its access rights allow. Read it after the completion that says it
+    /// was written.
+    pub fn read_mem(&self, mr: MrId, offset: u64, out: &mut [u8]) -> Result<(), Error> {
+        self.check_span(&Span { mr, offset, len: out.len() as u64 })?;
+        self.dev.read_region(mr, offset as usize, out);
+        Ok(())
+    }
+
+    /// Copies `data` into region `mr` at `offset` (see
+    /// [`Endpoint::read_mem`]).
+    pub fn write_mem(&mut self, mr: MrId, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.check_span(&Span { mr, offset, len: data.len() as u64 })?;
+        self.dev.write_region(mr, offset as usize, data);
+        Ok(())
     }
 
     /// Checks that `span` lies in a registered region.

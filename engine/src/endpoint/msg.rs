@@ -220,9 +220,7 @@ impl<D: Device> Endpoint<D> {
             self.push_packet(peer.0, ptype, buf, hdr, Some(data));
         } else {
             if n > 0 {
-                let (pkt, region) = self.dev.buf_and_region(buf, src.mr);
-                let from = src.offset as usize;
-                pkt[hdr..hdr + n].copy_from_slice(&region[from..from + n]);
+                self.dev.copy_from_region(src.mr, src.offset as usize, buf, hdr, n);
             }
             self.push_packet(peer.0, ptype, buf, hdr + n, None);
         }

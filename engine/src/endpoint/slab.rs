@@ -133,6 +133,17 @@ impl<T> Slab<T> {
     pub(crate) fn is_full(&self) -> bool {
         self.free.is_empty()
     }
+
+    /// Entries in use.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len() - self.free.len()
+    }
+
+    /// The values of the entries in use, in slab order (a walk over the
+    /// whole slab: for set-up and teardown, not the hot path).
+    pub(crate) fn live(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter().filter(|e| e.stamp & LIVE != 0).map(|e| &e.value)
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use super::atomic::RtaClass;
 use super::cq::{Completion, Op, Status};
 use super::ops::{MAX_IOV, Proto, Sgl, TxKind};
 use super::{DropReason, Endpoint, PeerId, Span};
-use crate::device::{BufId, CqStatus, Cqe, DataSeg, Device, SendWr};
+use crate::device::{BufId, CqStatus, Cqe, DataSeg, Device, MrId, SendWr};
 use crate::wire::{
     CtsDataRepr, CtsFlags, CtsRepr, EorRepr, HandshakeFlags, HandshakeRepr, IovList, PacketType,
     PktFlags, ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqFlags, ReqLayout, ReqRepr, RmaIov,
@@ -76,6 +76,10 @@ pub(crate) struct EagerSend {
 pub(crate) struct TxQueue {
     free: Vec<BufId>,
     owner: Vec<Owner>,
+    /// By TX buffer: the region its packet gathers data from, if any
+    /// (`u32::MAX`: none), so that a region a send still reads is not
+    /// deregistered. Meaningful while the buffer is out of `free`.
+    gather: Vec<u32>,
     /// Built packets the device has not taken yet: `pending[posted..]`.
     pending: Vec<SendWr>,
     posted: usize,
@@ -95,6 +99,7 @@ impl TxQueue {
         TxQueue {
             free: (0..bufs).rev().collect(),
             owner: vec![Owner::Ctrl; bufs as usize],
+            gather: vec![u32::MAX; bufs as usize],
             pending: Vec::with_capacity(bufs as usize),
             posted: 0,
             ctrl: VecDeque::with_capacity(ops),
@@ -248,6 +253,20 @@ impl<D: Device> Endpoint<D> {
         Some(b)
     }
 
+    /// TX buffers taken (built, posted, or waiting for their completion).
+    pub(super) fn tx_bufs_in_use(&self) -> usize {
+        self.txq.owner.len() - self.txq.free.len()
+    }
+
+    /// Whether a packet not yet completed gathers its data from `mr`.
+    pub(super) fn tx_gathers_from(&self, mr: MrId) -> bool {
+        let mut free = vec![false; self.txq.owner.len()];
+        for &b in &self.txq.free {
+            free[b as usize] = true;
+        }
+        self.txq.gather.iter().zip(&free).any(|(&g, &is_free)| g == mr.0 && !is_free)
+    }
+
     /// Returns a TX buffer taken and not used.
     pub(super) fn release_tx_buf(&mut self, buf: BufId) {
         self.txq.owner[buf as usize] = Owner::Ctrl;
@@ -267,6 +286,7 @@ impl<D: Device> Endpoint<D> {
     ) {
         let ah = self.peers.get(peer).expect("live peer").ah;
         self.counters.tx_by_type[ptype.id() as usize] += 1;
+        self.txq.gather[buf as usize] = data.map_or(u32::MAX, |d| d.mr.0);
         self.txq.pending.push(SendWr { ah, buf, len: len as u32, data, wr_id: buf as u64 });
     }
 
@@ -618,9 +638,8 @@ impl<D: Device> Endpoint<D> {
     /// Copies `s` into packet `buf` at `at`; returns where it ends.
     #[inline(always)]
     fn copy_operand(&mut self, buf: BufId, at: usize, s: &Span) -> usize {
-        let (pkt, region) = self.dev.buf_and_region(buf, s.mr);
         let n = s.len as usize;
-        pkt[at..at + n].copy_from_slice(&region[s.offset as usize..s.offset as usize + n]);
+        self.dev.copy_from_region(s.mr, s.offset as usize, buf, at, n);
         at + n
     }
 
@@ -749,9 +768,8 @@ impl<D: Device> Endpoint<D> {
         }
         let mut at = hdr;
         src.pieces(offset, len, |p| {
-            let (pkt, region) = self.dev.buf_and_region(buf, p.mr);
             let n = p.len as usize;
-            pkt[at..at + n].copy_from_slice(&region[p.offset as usize..p.offset as usize + n]);
+            self.dev.copy_from_region(p.mr, p.offset as usize, buf, at, n);
             at += n;
         });
         None

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
-use efapoll::device::{Access, Mr};
+use efapoll::device::{Access, Device, Mr, MrId};
 use efapoll::endpoint::{Completion, Config, Endpoint, PeerId, Span};
 use efapoll::wire::RmaIov;
 
@@ -111,10 +111,22 @@ impl World {
 
     /// Fills `mr` with a pattern seeded by `seed`.
     pub fn fill(&mut self, ep: usize, mr: &Mr, seed: u64) {
-        let mem = self.eps[ep].mem_mut(mr.id);
-        for (i, b) in mem.iter_mut().enumerate() {
-            *b = pattern(seed, i as u64);
-        }
+        let bytes: Vec<u8> = (0..mr.len).map(|i| pattern(seed, i)).collect();
+        self.eps[ep].write_mem(mr.id, 0, &bytes).unwrap();
+    }
+}
+
+/// A copy of a whole region (registered memory is reached only through
+/// copies).
+pub trait Mem {
+    fn mem(&self, mr: MrId) -> Vec<u8>;
+}
+
+impl<D: Device> Mem for Endpoint<D> {
+    fn mem(&self, mr: MrId) -> Vec<u8> {
+        let mut out = vec![0; self.mr(mr).expect("registered").len as usize];
+        self.read_mem(mr, 0, &mut out).unwrap();
+        out
     }
 }
 

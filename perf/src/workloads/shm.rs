@@ -74,7 +74,7 @@ impl Copy {
         let (mut a, mut b) = pair();
         let ah = a.insert_addr(&b.addr()).unwrap();
         let local = a.register(MIB, Access::LOCAL).unwrap();
-        a.region_mut(local.id).fill(0x5a);
+        a.write_region(local.id, 0, &vec![0x5a; local.len as usize]);
         let remote = b.register(MIB, Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
         let op = if write { RdmaOp::Write { imm: None } } else { RdmaOp::Read };
         let wr = RdmaWr {

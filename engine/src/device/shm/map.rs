@@ -187,34 +187,6 @@ impl Mapping {
         unsafe { &*self.ptr.as_ptr().add(offset).cast::<SlotHeader>() }
     }
 
-    /// `len` bytes at `offset`, to read.
-    ///
-    /// # Safety
-    /// While the slice lives, nothing in this process may write the range
-    /// (through this or another mapping of the segment). Other processes
-    /// may: bytes in shared memory are plain data that a peer with access
-    /// can change, which is what registered memory is.
-    pub(crate) unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
-        self.check(offset, len);
-        // SAFETY: inside the mapping (checked), which lives as long as
-        // `&self`; no writer in this process, by the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
-    }
-
-    /// `len` bytes at `offset`, to write.
-    ///
-    /// # Safety
-    /// While the slice lives, nothing else in this process may read or
-    /// write the range (see [`Mapping::slice`]).
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn slice_mut(&self, offset: usize, len: usize) -> &mut [u8] {
-        self.check(offset, len);
-        assert!(self.writable, "read-only mapping");
-        // SAFETY: inside a writable mapping (checked); exclusive in this
-        // process by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) }
-    }
-
     /// Copies `src` into the segment at `offset`.
     pub(crate) fn write_bytes(&self, offset: usize, src: &[u8]) {
         self.check(offset, src.len());

@@ -818,35 +818,36 @@ impl Device for ShmDevice {
         Ok(())
     }
 
-    fn region(&self, mr: MrId) -> &[u8] {
+    fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
         let r = self.region_ref(mr);
-        // SAFETY: this process writes the region only through `&mut self`
-        // (`region_mut`, RDMA into it by this device) or through another
-        // device's RDMA into it, which the endpoint does not aim at ranges
-        // it is reading; peers in other processes may write it as granted.
-        unsafe { r.map.slice(REGION_DATA, r.len) }
+        assert!(offset.checked_add(out.len()).is_some_and(|e| e <= r.len), "outside the region");
+        r.map.read_bytes(REGION_DATA + offset, out);
     }
 
-    fn region_mut(&mut self, mr: MrId) -> &mut [u8] {
+    fn write_region(&mut self, mr: MrId, offset: usize, src: &[u8]) {
         let r = self.region_ref(mr);
-        // SAFETY: as in `region`, with `&mut self` the only slice of it
-        // from this device.
-        unsafe { r.map.slice_mut(REGION_DATA, r.len) }
+        assert!(offset.checked_add(src.len()).is_some_and(|e| e <= r.len), "outside the region");
+        r.map.write_bytes(REGION_DATA + offset, src);
     }
 
     #[inline(always)]
-    fn buf_and_region(&mut self, buf: BufId, mr: MrId) -> (&mut [u8], &mut [u8]) {
-        assert!(buf < self.caps.bufs, "buffer {buf} out of range");
+    fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
+        let r = self.region_ref(mr);
+        assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
+        let pkt = &self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
+        r.map.write_bytes(REGION_DATA + offset, &pkt[from..from + len]);
+    }
+
+    #[inline(always)]
+    fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize) {
         let r = self
             .regions
             .get(mr.0 as usize)
             .and_then(Option::as_ref)
             .unwrap_or_else(|| panic!("{mr:?} is not registered"));
-        // SAFETY: as in `region_mut`; the pool is private memory, separate
-        // from the region.
-        let region = unsafe { r.map.slice_mut(REGION_DATA, r.len) };
-        let at = buf as usize * self.cfg.mtu;
-        (&mut self.pool[at..at + self.cfg.mtu], region)
+        assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
+        let pkt = &mut self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
+        r.map.read_bytes(REGION_DATA + offset, &mut pkt[to..to + len]);
     }
 
     fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError> {
@@ -896,8 +897,8 @@ impl Device for ShmDevice {
             let p = &mut self.peers[idx];
             let rec = Record { kind: Kind::Packet, len: wr.wire_len() as u32, imm: 0 };
             let at = wr.buf as usize * self.cfg.mtu;
-            let data: &[u8] = match wr.data {
-                None => &[],
+            let data = match wr.data {
+                None => None,
                 Some(d) => {
                     let r = self
                         .regions
@@ -909,14 +910,11 @@ impl Device for ShmDevice {
                         off.checked_add(n).is_some_and(|e| e <= r.len),
                         "gather outside its region"
                     );
-                    // SAFETY: the range is inside the region (checked
-                    // above); the endpoint does not write a range it posted
-                    // until the send completes.
-                    unsafe { r.map.slice(REGION_DATA + off, n) }
+                    Some((&r.map, REGION_DATA + off, n))
                 }
             };
             let pos = p.tail;
-            p.ring.publish(p.lane, pos, &rec, [&self.pool[at..at + len], data]);
+            p.ring.publish(p.lane, pos, &rec, &self.pool[at..at + len], data);
             p.tail = pos.wrapping_add(1);
             p.pending.push_back(Pending { pos, op: CqOp::Send, wr_id: wr.wr_id });
             self.activate(idx);
@@ -979,7 +977,7 @@ impl Device for ShmDevice {
                     let rec = Record { kind: Kind::WriteImm, len, imm };
                     let p = &mut self.peers[idx];
                     let pos = p.tail;
-                    p.ring.publish(p.lane, pos, &rec, [&[], &[]]);
+                    p.ring.publish(p.lane, pos, &rec, &[], None);
                     p.tail = pos.wrapping_add(1);
                     p.pending.push_back(Pending { pos, op, wr_id: wr.wr_id });
                     self.activate(idx);

@@ -211,8 +211,8 @@ fn rdma_read_write_and_write_with_immediate() {
     let ah = a.insert_addr(&b.addr()).unwrap();
     let local = a.register(4096, Access::LOCAL).unwrap();
     let remote = b.register(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
-    assert!(b.region(remote.id).iter().all(|&x| x == 0), "registered memory is zeroed");
-    b.region_mut(remote.id).copy_from_slice(&pattern(1, 4096));
+    assert!(b.region_vec(&remote).iter().all(|&x| x == 0), "registered memory is zeroed");
+    b.write_region(remote.id, 0, &pattern(1, 4096));
 
     let rd = RdmaWr {
         local_offset: 100,
@@ -221,20 +221,20 @@ fn rdma_read_write_and_write_with_immediate() {
     };
     assert_eq!(a.post_rdma(&[rd]), 1);
     assert_eq!(poll_all(&mut a), [Cqe { op: CqOp::Read, wr_id: 1, ..Cqe::default() }]);
-    assert_eq!(a.region(local.id)[100..1100], pattern(1, 4096)[200..1200]);
+    assert_eq!(a.region_vec(&local)[100..1100], pattern(1, 4096)[200..1200]);
 
-    a.region_mut(local.id).copy_from_slice(&pattern(2, 4096));
+    a.write_region(local.id, 0, &pattern(2, 4096));
     let wr = rdma(RdmaOp::Write { imm: None }, ah, &local, &remote, 4096, 2);
     assert_eq!(a.post_rdma(&[wr]), 1);
     assert_eq!(poll_all(&mut a)[0], Cqe { op: CqOp::Write, wr_id: 2, ..Cqe::default() });
-    assert_eq!(b.region(remote.id), &pattern(2, 4096)[..]);
+    assert_eq!(b.region_vec(&remote), &pattern(2, 4096)[..]);
     assert!(poll_all(&mut b).is_empty(), "a plain write tells the target nothing");
 
     let ah_a = b.insert_addr(&a.addr()).unwrap();
-    a.region_mut(local.id)[..8].copy_from_slice(b"12345678");
+    a.write_region(local.id, 0, b"12345678");
     let wr = rdma(RdmaOp::Write { imm: Some(42) }, ah, &local, &remote, 8, 3);
     assert_eq!(a.post_rdma(&[wr]), 1);
-    assert_eq!(b.region(remote.id)[..8], *b"12345678");
+    assert_eq!(b.region_vec(&remote)[..8], *b"12345678");
     assert!(poll_all(&mut b).is_empty(), "the notice waits for a receive buffer");
     assert!(poll_all(&mut a).is_empty(), "the write completes when its notice is consumed");
     b.post_recv(&[3]);
@@ -253,11 +253,11 @@ fn rdma_read_write_and_write_with_immediate() {
     // Loopback: a device reaches its own region.
     let me = a.insert_addr(&a.addr()).unwrap();
     let own = a.register(64, Access::REMOTE_READ).unwrap();
-    a.region_mut(own.id).copy_from_slice(&[7; 64]);
+    a.write_region(own.id, 0, &[7; 64]);
     let rd = RdmaWr { local_offset: 0, ..rdma(RdmaOp::Read, me, &local, &own, 64, 4) };
     assert_eq!(a.post_rdma(&[rd]), 1);
     assert_eq!(poll_all(&mut a)[0].status, CqStatus::Ok);
-    assert_eq!(a.region(local.id)[..64], [7; 64]);
+    assert_eq!(a.region_vec(&local)[..64], [7; 64]);
 }
 
 #[test]
@@ -265,20 +265,20 @@ fn rdma_protection_violations_leave_the_target_untouched() {
     let (mut a, mut b) = pair(small());
     let ah = a.insert_addr(&b.addr()).unwrap();
     let local = a.register(64, Access::LOCAL).unwrap();
-    a.region_mut(local.id).copy_from_slice(&[1; 64]);
+    a.write_region(local.id, 0, &[1; 64]);
     let ro = b.register(32, Access::REMOTE_READ).unwrap();
     let wo = b.register(32, Access::REMOTE_WRITE).unwrap();
     let none = b.register(32, Access::LOCAL).unwrap();
     let gone = b.register(32, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
     for mr in [ro, wo, none, gone] {
-        b.region_mut(mr.id).copy_from_slice(&[9; 32]);
+        b.write_region(mr.id, 0, &[9; 32]);
     }
     let w = |remote: &Mr, wr_id| rdma(RdmaOp::Write { imm: None }, ah, &local, remote, 16, wr_id);
     let r = |remote: &Mr, wr_id| rdma(RdmaOp::Read, ah, &local, remote, 16, wr_id);
     // Map `gone` while registered, so its cached mapping is what is refused.
     assert_eq!(a.post_rdma(&[r(&gone, 0)]), 1);
     b.deregister(gone.id).unwrap();
-    a.region_mut(local.id).copy_from_slice(&[1; 64]);
+    a.write_region(local.id, 0, &[1; 64]);
     let bad = [
         RdmaWr { remote_key: wo.key ^ 1, ..w(&wo, 1) },
         RdmaWr { remote_addr: wo.addr - 1, ..w(&wo, 2) },
@@ -301,7 +301,7 @@ fn rdma_protection_violations_leave_the_target_untouched() {
     }
     assert_eq!(a.stats().remote_access_errors, bad.len() as u64);
     for mr in [ro, wo, none] {
-        assert_eq!(b.region(mr.id), &[9; 32], "target untouched");
+        assert_eq!(b.region_vec(&mr), &[9; 32], "target untouched");
     }
     b.post_recv(&[0]);
     assert!(poll_all(&mut b).is_empty(), "a refused write with immediate tells the target nothing");
@@ -315,7 +315,7 @@ fn rdma_protection_violations_leave_the_target_untouched() {
     ];
     assert_eq!(a.post_rdma(&local_bad), local_bad.len());
     assert!(poll_all(&mut a).iter().all(|c| c.status == CqStatus::LocalError));
-    assert_eq!(a.region(local.id), &[1; 64]);
+    assert_eq!(a.region_vec(&local), &[1; 64]);
 }
 
 #[test]
@@ -372,9 +372,9 @@ fn malformed_slots_are_dropped_and_counted() {
         Record { kind: Kind::Packet, len: 1 << 20, imm: 0 },
     ];
     for (pos, rec) in bad.iter().enumerate() {
-        ring.publish(lane, pos as u32, rec, [&[], &[]]);
+        ring.publish(lane, pos as u32, rec, &[], None);
     }
-    ring.publish(lane, 2, &Record { kind: Kind::Packet, len: 3, imm: 0 }, [b"abc", &[]]);
+    ring.publish(lane, 2, &Record { kind: Kind::Packet, len: 3, imm: 0 }, b"abc", None);
     b.post_recv(&[0]);
     let got = poll_all(&mut b);
     assert_eq!(got.len(), 1);
@@ -458,7 +458,7 @@ fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
     let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
     let ring = Ring::attach_peer(map).unwrap();
     let lane = ring.claim_lane(dead, 999, 1).unwrap();
-    ring.publish(lane, 0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, [b"dead", &[]]);
+    ring.publish(lane, 0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, b"dead", None);
     let mut c = ShmDevice::new(cfg).unwrap();
     assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
 
