@@ -6,9 +6,11 @@
 //!
 //! # Embedding
 //!
-//! An [`endpoint::Endpoint`] runs over a [`device::Device`]: [`device::sim`]
-//! (in-process, deterministic) or [`device::shm`] (processes or threads of
-//! one host). Create it on the thread (lcore) that will poll it, insert
+//! An [`endpoint::Endpoint`] runs over a [`device::Device`], one lcore's
+//! half of a NIC, whose [`device::Domain`] (registrations, keys) all of a
+//! process's lcores share: [`device::sim`] (in-process, deterministic) or
+//! [`device::shm`] (processes or threads of one host). Create it on the
+//! thread (lcore) that will poll it, insert
 //! the peer's raw address (exchanged out of band, e.g. with [`relink`]),
 //! register the memory operations use, post, and call
 //! [`progress`](endpoint::Endpoint::progress) in the poll loop; completions
@@ -55,6 +57,12 @@
 //! the threads and runs their poll loops; the `efapoll` apps (crate
 //! `efapoll-apps`) are complete examples of both.
 #![deny(unsafe_code)]
+
+// The README's Rust examples are compiled and run with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeExamples;
+
 #[allow(unsafe_code)]
 pub mod device;
 pub mod endpoint;

@@ -5,6 +5,7 @@ mod common;
 
 use common::span;
 use efapoll::device::Access;
+use efapoll::device::fault::Faults;
 use efapoll::device::sim::{SimConfig, SimFabric};
 use efapoll::endpoint::{Config, Endpoint, TagMatch};
 use efapoll::mem::{CountingAlloc, allocations_on_this_thread};
@@ -14,7 +15,11 @@ static ALLOC: CountingAlloc = CountingAlloc;
 
 #[test]
 fn steady_state_allocates_nothing() {
-    let fabric = SimFabric::new(SimConfig { seed: 3, reorder_window: 8, ..SimConfig::default() });
+    let fabric = SimFabric::new(SimConfig {
+        seed: 3,
+        faults: Faults::reorder(3, 8),
+        ..SimConfig::default()
+    });
     let mut a = Endpoint::new(fabric.device(), Config::default()).unwrap();
     let mut b = Endpoint::new(fabric.device(), Config::default()).unwrap();
     let to_b = a.insert_peer(&b.addr()).unwrap();

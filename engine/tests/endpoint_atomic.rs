@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::{Mem, World, iov, span};
 use efapoll::device::Access;
+use efapoll::device::fault::Faults;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{AtomicOp, Config, Datatype, DropReason, Op, PeerId, Status, atomic_apply};
 use efapoll::wire::RmaIov;
@@ -15,7 +16,7 @@ use efapoll::wire::RmaIov;
 const TO_B: PeerId = PeerId(0);
 
 fn world(seed: u64) -> World {
-    let sim = SimConfig { seed, reorder_window: 8, ..SimConfig::default() };
+    let sim = SimConfig { seed, faults: Faults::reorder(seed, 8), ..SimConfig::default() };
     let cfg = Config { response_timeout: Duration::from_millis(200), ..Config::default() };
     World::pair(sim, cfg)
 }

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{Mem, World, span};
+use efapoll::device::fault::Faults;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{Config, DropReason, Status};
 use efapoll::wire::{CtsDataRepr, CtsRepr, Packet, PacketType, PktFlags, ReqRepr, golden};
@@ -14,7 +15,7 @@ const LONG: u64 = 4 << 20;
 /// and steps until the receiver's first CTS is on the wire.
 fn start(seed: u64) -> (World, efapoll::device::Mr, efapoll::device::Mr, CtsRepr) {
     let mut w = World::pair(
-        SimConfig { seed, reorder_window: 8, ..SimConfig::default() },
+        SimConfig { seed, faults: Faults::reorder(seed, 8), ..SimConfig::default() },
         Config::default(),
     );
     w.fabric.set_capture(true);

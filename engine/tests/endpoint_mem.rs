@@ -1,13 +1,18 @@
 //! Registered memory at the endpoint: a region in use cannot be
-//! deregistered (on any device), and an endpoint drains and closes.
+//! deregistered (on any device), an endpoint drains and closes, the
+//! caller's own memory can be registered, and a domain's registration
+//! serves every endpoint on it.
 
 mod common;
 
+use std::ptr::NonNull;
+
 use common::{Mem, World, span};
+use efapoll::device::fault::Faults;
 use efapoll::device::shm::{ShmConfig, ShmDevice};
-use efapoll::device::sim::SimConfig;
-use efapoll::device::{Access, Device};
-use efapoll::endpoint::{Config, Endpoint, Error, Op, Status};
+use efapoll::device::sim::{SimConfig, SimFabric};
+use efapoll::device::{Access, Device, DeviceError, Domain};
+use efapoll::endpoint::{AtomicOp, Config, Datatype, Endpoint, Error, Op, Status};
 
 /// Steps a pair of endpoints on any device until `cond` holds.
 fn drive<D: Device>(
@@ -110,8 +115,10 @@ fn an_eager_send_gathering_from_a_region_holds_it_until_it_completes() {
 
 #[test]
 fn drain_says_when_nothing_is_in_flight_and_close_gives_the_device_back() {
-    let mut w =
-        World::pair(SimConfig { reorder_window: 4, ..SimConfig::default() }, Config::default());
+    let mut w = World::pair(
+        SimConfig { faults: Faults::reorder(1, 4), ..SimConfig::default() },
+        Config::default(),
+    );
     let to_b = w.connect(0, 1);
     let src = w.register(0, 1 << 20);
     let dst = w.register(1, 1 << 20);
@@ -136,4 +143,165 @@ fn drain_says_when_nothing_is_in_flight_and_close_gives_the_device_back() {
     assert_eq!((c.op, c.ctx, c.status), (Op::Send, 2, Status::Ok));
     let dev = a.close().expect("idle");
     assert_eq!(dev.fabric().pending_total(), 0, "nothing left in the fabric");
+}
+
+/// Two endpoints step until `cond` holds, collecting completions.
+fn drive_pair<D: Device>(
+    a: &mut Endpoint<D>,
+    b: &mut Endpoint<D>,
+    done: &mut Vec<efapoll::endpoint::Completion>,
+    mut cond: impl FnMut(&Endpoint<D>, &Endpoint<D>, &[efapoll::endpoint::Completion]) -> bool,
+) {
+    for _ in 0..1_000_000 {
+        if cond(a, b, done) {
+            return;
+        }
+        for ep in [&mut *a, &mut *b] {
+            ep.progress();
+            while let Some(c) = ep.poll_cq() {
+                done.push(c);
+            }
+        }
+    }
+    panic!("condition not reached: {done:?}");
+}
+
+/// `a`'s completion `ctx`, once it came, checked to be a success.
+fn completed(done: &[efapoll::endpoint::Completion], ctx: u64) -> bool {
+    done.iter().find(|c| c.ctx == ctx).is_some_and(|c| {
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        true
+    })
+}
+
+/// Memory the caller owns, registered on a domain (as `fi_mr_reg`), is
+/// what every operation reads and writes: a send into a receive, a write,
+/// a read and a fetching atomic, each over the emulated protocols and the
+/// device's RDMA. Once deregistered, the caller's own arena holds the
+/// results.
+#[test]
+fn caller_owned_memory_serves_every_operation_on_sim() {
+    const LEN: usize = 1 << 19;
+    for rdma in [false, true] {
+        let sim = SimConfig { rdma_read: rdma, rdma_write: rdma, ..SimConfig::default() };
+        let fabric = SimFabric::new(sim);
+        let (dom_a, dom_b) = (fabric.domain(), fabric.domain());
+        // The caller's arenas, 8-byte aligned for the atomic.
+        let mut arena_a = vec![0u64; LEN / 8].into_boxed_slice();
+        let mut arena_b = vec![0u64; LEN / 8].into_boxed_slice();
+        let sent: Vec<u8> = (0..LEN).map(|i| common::pattern(5, i as u64)).collect();
+        for (w, chunk) in arena_a.iter_mut().zip(sent.chunks_exact(8)) {
+            *w = u64::from_ne_bytes(chunk.try_into().unwrap());
+        }
+        arena_b[LEN / 8 - 1] = 40;
+        let rights = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let ptr = |arena: &mut [u64]| NonNull::new(arena.as_mut_ptr().cast::<u8>()).unwrap();
+        // SAFETY: each arena outlives its registration (deregistered below,
+        // before the arena is read or dropped) and is reached meanwhile
+        // only through the endpoints' copies.
+        let (mra, mrb) = unsafe {
+            (
+                dom_a.register_external(ptr(&mut arena_a), LEN as u64, rights).unwrap(),
+                dom_b.register_external(ptr(&mut arena_b), LEN as u64, rights).unwrap(),
+            )
+        };
+        assert_eq!(mra.addr, arena_a.as_ptr() as u64, "the caller's memory, not a copy");
+        let cfg = Config { handshake_on_insert: true, ..Config::default() };
+        let mut a = Endpoint::new(dom_a.device().unwrap(), cfg).unwrap();
+        let mut b = Endpoint::new(dom_b.device().unwrap(), cfg).unwrap();
+        assert!(a.caps().external_memory);
+        a.attach(&mra).unwrap();
+        b.attach(&mrb).unwrap();
+        let to_b = a.insert_peer(&b.addr()).unwrap();
+        let to_a = b.insert_peer(&a.addr()).unwrap();
+        let mut done = Vec::new();
+        drive_pair(&mut a, &mut b, &mut done, |a, b, _| {
+            a.peer_handshake_received(to_b) && b.peer_handshake_received(to_a)
+        });
+
+        // A small and a large message into b's arena.
+        b.recv(span(&mrb, 0, 1000), None, 1).unwrap();
+        b.recv(span(&mrb, 1000, 200_000), None, 2).unwrap();
+        a.send(to_b, span(&mra, 0, 1000), 3).unwrap();
+        a.send(to_b, span(&mra, 1000, 200_000), 4).unwrap();
+        drive_pair(&mut a, &mut b, &mut done, |_, _, d| (1..=4).all(|c| completed(d, c)));
+        // A write of 100 KB into b's arena, a read of 150 KB of it back.
+        let (w_at, r_at) = (300_000u64, 400_000u64);
+        a.write(to_b, span(&mra, w_at, 100_000), common::iov(&mrb, w_at, 100_000), 5).unwrap();
+        drive_pair(&mut a, &mut b, &mut done, |_, _, d| completed(d, 5));
+        a.read(to_b, span(&mra, r_at, 110_000), common::iov(&mrb, 0, 110_000), 6).unwrap();
+        // A fetch-add of 2 to b's last word, the old value into a's arena.
+        let (operand, result) = (LEN as u64 - 16, LEN as u64 - 8);
+        a.write_mem(mra.id, operand, &2u64.to_ne_bytes()).unwrap();
+        let target = common::iov(&mrb, LEN as u64 - 8, 8);
+        let (op, dt) = (AtomicOp::Sum, Datatype::Uint64);
+        let (src, dst) = (span(&mra, operand, 8), span(&mra, result, 8));
+        a.fetch_atomic(to_b, op, dt, src, dst, target, 7).unwrap();
+        drive_pair(&mut a, &mut b, &mut done, |_, _, d| completed(d, 6) && completed(d, 7));
+
+        // Detached from both endpoints, ended at both domains: the
+        // arenas are the caller's again.
+        while !a.drain() || !b.drain() {}
+        assert_eq!(dom_a.deregister(&mra), Err(DeviceError::Busy), "an endpoint uses it");
+        a.deregister(mra.id).unwrap();
+        b.deregister(mrb.id).unwrap();
+        dom_a.deregister(&mra).unwrap();
+        dom_b.deregister(&mrb).unwrap();
+        let bytes = |arena: &[u64]| arena.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<_>>();
+        let (got_a, got_b) = (bytes(&arena_a), bytes(&arena_b));
+        assert!(got_b[..201_000] == sent[..201_000], "both messages (rdma {rdma})");
+        assert!(got_b[300_000..400_000] == sent[300_000..400_000], "the write");
+        assert!(got_a[400_000..510_000] == sent[..110_000], "the read");
+        assert_eq!(arena_b[LEN / 8 - 1], 42, "the atomic's sum");
+        assert_eq!(&got_a[LEN - 8..], &40u64.to_ne_bytes(), "the atomic's old value");
+    }
+}
+
+/// Registrations belong to the domain that every lcore's queue shares:
+/// two endpoints on one domain use one region, which a peer reaches with
+/// one key through either of them; the domain keeps it while either
+/// endpoint uses it.
+#[test]
+fn two_endpoints_on_one_domain_use_one_registration() {
+    let fabric = SimFabric::new(SimConfig::default());
+    let shared = fabric.domain();
+    let mr = shared.register(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let cfg = Config { handshake_on_insert: true, ..Config::default() };
+    let mut lcore1 = Endpoint::new(shared.device().unwrap(), cfg).unwrap();
+    let mut lcore2 = Endpoint::new(shared.device().unwrap(), cfg).unwrap();
+    assert_eq!(lcore1.read_mem(mr.id, 0, &mut [0]), Err(Error::BadSpan), "not attached yet");
+    lcore1.attach(&mr).unwrap();
+    lcore2.attach(&mr).unwrap();
+    let mut peer = Endpoint::new(fabric.device(), cfg).unwrap();
+    let local = peer.register(64, Access::empty()).unwrap();
+
+    // What one lcore writes, a peer reads through the other's address.
+    lcore1.write_mem(mr.id, 0, b"from lcore 1").unwrap();
+    let to_2 = peer.insert_peer(&lcore2.addr()).unwrap();
+    let mut done = Vec::new();
+    drive_pair(&mut peer, &mut lcore2, &mut done, |p, _, _| p.peer_handshake_received(to_2));
+    peer.read(to_2, span(&local, 0, 12), common::iov(&mr, 0, 12), 1).unwrap();
+    drive_pair(&mut peer, &mut lcore2, &mut done, |_, _, d| completed(d, 1));
+    assert_eq!(&peer.mem(local.id)[..12], b"from lcore 1");
+
+    // What the peer writes through the first lcore, the second sees.
+    let to_1 = peer.insert_peer(&lcore1.addr()).unwrap();
+    drive_pair(&mut peer, &mut lcore1, &mut done, |p, _, _| p.peer_handshake_received(to_1));
+    peer.write_mem(local.id, 0, b"from the peer").unwrap();
+    peer.write(to_1, span(&local, 0, 13), common::iov(&mr, 100, 13), 2).unwrap();
+    drive_pair(&mut peer, &mut lcore1, &mut done, |_, _, d| completed(d, 2));
+    let mut got = [0u8; 13];
+    lcore2.read_mem(mr.id, 100, &mut got).unwrap();
+    assert_eq!(&got, b"from the peer");
+
+    // The domain holds it until both detached and it is deregistered.
+    assert_eq!(shared.deregister(&mr), Err(DeviceError::Busy));
+    lcore1.deregister(mr.id).unwrap();
+    assert_eq!(lcore1.read_mem(mr.id, 0, &mut [0]), Err(Error::BadSpan), "detached");
+    assert_eq!(shared.deregister(&mr), Err(DeviceError::Busy), "the second still uses it");
+    lcore2.read_mem(mr.id, 0, &mut got[..12]).unwrap();
+    assert_eq!(&got[..12], b"from lcore 1");
+    lcore2.deregister(mr.id).unwrap();
+    shared.deregister(&mr).unwrap();
+    assert_eq!(lcore2.attach(&mr), Err(Error::Device(DeviceError::UnknownHandle)), "gone");
 }

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{Mem, World, pattern, span};
+use efapoll::device::fault::{FaultStats, Faults};
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{Config, DropReason, Error, Op, PeerId, Status, TagMatch};
 use efapoll::wire::{Packet, PacketType, ReqFlags};
@@ -12,7 +13,7 @@ use efapoll::wire::{Packet, PacketType, ReqFlags};
 const MTU: u64 = 8192;
 
 fn reordering(seed: u64) -> SimConfig {
-    SimConfig { seed, reorder_window: 8, ..SimConfig::default() }
+    SimConfig { seed, faults: Faults::reorder(seed, 8), ..SimConfig::default() }
 }
 
 /// Sends `count` messages of `len` bytes from 0 to 1 (receives posted
@@ -120,7 +121,8 @@ fn duplicated_packets_are_dropped_and_every_protocol_lands_intact() {
     let (mut drops, mut segments) = (0, 0);
     for seed in 1..=4 {
         for &len in &[1u64, 20_000, 65_536, 200_000, 1 << 20] {
-            let sim = SimConfig { duplicate_ppm: 50_000, ..reordering(seed * 77 + len) };
+            let mut sim = reordering(seed * 77 + len);
+            sim.faults.duplicate_ppm = 50_000;
             let mut w = World::pair(sim, Config::default());
             transfer(&mut w, len, 3, seed % 2 == 0, seed % 3 != 0);
             w.settle();
@@ -132,6 +134,41 @@ fn duplicated_packets_are_dropped_and_every_protocol_lands_intact() {
     // Copies of segments, not only of whole eager messages (which their
     // msg_id drops), were among them.
     assert!(segments > 0, "duplicate segments dropped: {segments}");
+}
+
+#[test]
+fn every_protocol_lands_intact_through_drops_delays_and_refused_posts() {
+    // The wire loses one packet in ten (delivered again after SRD's
+    // retransmission delay), holds one in ten back for up to 200 us,
+    // duplicates one in fifty, reorders among eight and refuses one post
+    // in twenty: every message lands once, byte-exact, in order.
+    let mut total = FaultStats::default();
+    for seed in 1..=3u64 {
+        for &len in &[1u64, 20_000, 65_536, 200_000, 1 << 20] {
+            let faults = Faults {
+                seed: seed * 31 + len,
+                drop_ppm: 100_000,
+                delay_ppm: 100_000,
+                delay_max_ns: 200_000,
+                duplicate_ppm: 20_000,
+                queue_full_ppm: 50_000,
+                reorder_window: 8,
+                ..Faults::NONE
+            };
+            let mut w =
+                World::pair(SimConfig { seed, faults, ..SimConfig::default() }, Config::default());
+            transfer(&mut w, len, 3, seed % 2 == 0, seed != 2);
+            let s = w.fabric.fault_stats();
+            total.dropped += s.dropped;
+            total.delayed += s.delayed;
+            total.duplicated += s.duplicated;
+            total.refused += s.refused;
+            total.reordered += s.reordered;
+        }
+    }
+    let FaultStats { dropped, delayed, duplicated, refused, reordered, .. } = total;
+    assert!(dropped > 50 && delayed > 50 && duplicated > 5, "{total:?}");
+    assert!(refused > 20 && reordered > 50, "{total:?}");
 }
 
 #[test]
@@ -167,7 +204,7 @@ fn sixteen_mib_long_cts() {
 fn many_messages_of_mixed_sizes_land_in_send_order() {
     for seed in 1..=4 {
         let mut w = World::pair(
-            SimConfig { seed, reorder_window: 16, ..SimConfig::default() },
+            SimConfig { seed, faults: Faults::reorder(seed, 16), ..SimConfig::default() },
             Config::default(),
         );
         let to_b = w.connect(0, 1);
@@ -203,7 +240,7 @@ fn reordered_eager_messages_are_held_once_and_delivered_in_send_order() {
     // every packet counted once.
     for (seed, post_first) in [(1, true), (2, false), (3, true), (4, false)] {
         let mut w = World::pair(
-            SimConfig { seed, reorder_window: 16, ..SimConfig::default() },
+            SimConfig { seed, faults: Faults::reorder(seed, 16), ..SimConfig::default() },
             Config::default(),
         );
         transfer(&mut w, 64, 1, false, true);
@@ -358,7 +395,7 @@ fn directed_receives_among_64_peers() {
     let n = 65;
     let mut w = World::new(
         n,
-        SimConfig { seed: 5, reorder_window: 4, ..SimConfig::default() },
+        SimConfig { seed: 5, faults: Faults::reorder(5, 4), ..SimConfig::default() },
         Config::default(),
     );
     let dst = w.register(0, 8 * n as u64);
@@ -451,8 +488,13 @@ fn inject_and_cq_data() {
 #[test]
 fn full_pools_push_back_and_nothing_is_lost() {
     let cfg = Config { tx_ops: 4, rx_ops: 8, ..Config::default() };
-    let sim =
-        SimConfig { tx_depth: 8, rx_depth: 8, bufs: 64, reorder_window: 4, ..SimConfig::default() };
+    let sim = SimConfig {
+        tx_depth: 8,
+        rx_depth: 8,
+        bufs: 64,
+        faults: Faults::reorder(1, 4),
+        ..SimConfig::default()
+    };
     let mut w = World::pair(sim, cfg);
     let to_b = w.connect(0, 1);
     let src = w.register(0, 20_000);

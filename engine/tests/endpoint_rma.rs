@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::{Mem, World, iov, pattern, span};
 use efapoll::device::Access;
+use efapoll::device::fault::Faults;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{Config, DropReason, Op, Status};
 use efapoll::wire::{Packet, PacketType, PktFlags, ReceiptRepr, ReqFlags, RmaIov};
@@ -15,7 +16,7 @@ use efapoll::wire::{Packet, PacketType, PktFlags, ReceiptRepr, ReqFlags, RmaIov}
 fn sim(seed: u64, rdma_read: bool, rdma_write: bool) -> SimConfig {
     SimConfig {
         seed,
-        reorder_window: 8,
+        faults: Faults::reorder(seed, 8),
         rdma_read,
         rdma_write,
         max_rdma_size: 256 << 10,

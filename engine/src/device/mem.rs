@@ -15,6 +15,8 @@ use std::ptr::NonNull;
 pub(crate) struct Bytes {
     ptr: NonNull<u8>,
     len: usize,
+    /// Allocated here (freed on drop), or the caller's (left alone).
+    owned: bool,
 }
 
 impl Bytes {
@@ -24,7 +26,17 @@ impl Bytes {
         let len = boxed.len();
         // Box::into_raw never returns null.
         let ptr = NonNull::new(Box::into_raw(boxed).cast::<u8>()).expect("non-null box");
-        Bytes { ptr, len }
+        Bytes { ptr, len, owned: true }
+    }
+
+    /// `len` bytes at `ptr` that the caller owns: never freed here.
+    ///
+    /// # Safety
+    /// The range is valid for reads and writes for as long as the `Bytes`
+    /// lives, and is reached otherwise only through raw-pointer copies
+    /// (the contract of [`super::Domain::register_external`]).
+    pub(crate) unsafe fn external(ptr: NonNull<u8>, len: usize) -> Bytes {
+        Bytes { ptr, len, owned: false }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -83,6 +95,9 @@ impl Bytes {
 
 impl Drop for Bytes {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: `ptr` and `len` came from `Box::<[u8]>::into_raw` in
         // `zeroed` and are dropped once, here.
         unsafe {

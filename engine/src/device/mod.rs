@@ -7,6 +7,25 @@
 //! reports a received packet's sender as "unknown" (with its QPN only)
 //! until the receiver has inserted the sender's address.
 //!
+//! # Two halves, as a NIC has
+//!
+//! * A [`Domain`] is shared by every lcore of a process: registrations,
+//!   their keys, and through them what peers can reach (EFA's protection
+//!   domain). It is set-up work and may lock.
+//! * A [`Device`] is one lcore's queue pair and completion queue: packet
+//!   buffers, posting, polling. It is the hot path: no lock, and `!Send`
+//!   where it holds per-core state. An endpoint owns one.
+//!
+//! A region registered on a domain serves every queue that attaches it
+//! (`Endpoint::attach`): N lcores, one registration, one key. A device can
+//! also register a region of its own ([`Device::register`]), which ends
+//! with it. The sim's domain is [`sim::SimDomain`]; a shm device is its own
+//! domain (a region is a segment that peer processes map, so the device
+//! allocates it; [`Caps::external_memory`] says which devices take memory
+//! the caller owns).
+//!
+//! # Memory
+//!
 //! A device owns two kinds of memory, so that it can give its hardware (or
 //! its model of it) stable addresses:
 //!
@@ -14,21 +33,42 @@
 //!   [`BufId`]. The endpoint writes a packet into a buffer and posts it;
 //!   it posts empty buffers for receiving and reads them on completion.
 //!   A posted buffer belongs to the device until its completion.
-//! * **registered regions** ([`Mr`]): application memory that local
-//!   operations read and write and that peers may reach by RDMA, with the
-//!   access rights given at registration. A region's `addr` and `key` are
-//!   what a peer puts in an `efa_rma_iov`.
+//! * **registered regions** ([`Mr`]): memory that local operations read
+//!   and write and that peers may reach by RDMA, with the access rights
+//!   given at registration. A region's `addr` and `key` are what a peer
+//!   puts in an `efa_rma_iov`. The domain may have allocated it, or the
+//!   caller may own it ([`Domain::register_external`], `unsafe`: the
+//!   caller promises it stays put until deregistered).
+//!
+//! A region is never lent out as a Rust reference: a peer (shm) or the NIC
+//! (EFA) may write it at any time, which a `&[u8]` or `&mut [u8]` would
+//! forbid. It is read and written only through copies
+//! ([`Device::read_region`], [`Device::write_region`], and the packet
+//! copies), over raw pointers in `mem`. A region that a posted operation
+//! still uses cannot be deregistered ([`DeviceError::Busy`]; the endpoint
+//! checks its own operations first), so no DMA reaches freed memory; an
+//! endpoint drains before it closes (`Endpoint::drain`, `close`).
 //!
 //! Every device checks remote access against the target's registration
 //! (key known, range inside the region without overflow, right granted;
 //! RDMAP 7.2) before a byte moves, and completes a violating operation
 //! with [`CqStatus::RemoteAccess`], leaving the target untouched.
 //!
+//! # Posting, polling, time, faults
+//!
 //! Posting is in bursts: `post_send`, `post_recv` and `post_rdma` accept a
 //! prefix of what they are given and return its length; accepting fewer is
 //! back-pressure (the queue is full), not an error. Polling writes up to
 //! `out.len()` completions into a caller-owned array.
+//!
+//! Time comes from the device ([`Device::now_ns`]): the host's monotonic
+//! clock, or on the sim a virtual one that moves only when a test says,
+//! so timeouts are tested without waiting. Faults (drop, duplicate,
+//! reorder, delay, corrupt, truncate, queue-full) are injected at the
+//! datagram layer by [`fault`], seeded and replayable, shared by every
+//! device that has a wire.
 
+pub mod fault;
 mod mem;
 pub mod shm;
 pub mod sim;
@@ -65,6 +105,11 @@ pub struct Caps {
     pub rdma_write: bool,
     /// The EFA device version reported in HANDSHAKE packets.
     pub device_version: u32,
+    /// Memory the caller owns can be registered on the device's domain
+    /// (`register_external`, like `fi_mr_reg`: [`sim::SimDomain`]). Not on
+    /// shm, where a peer process must map a region, so the device
+    /// allocates it in shared memory.
+    pub external_memory: bool,
 }
 
 bitflags! {
@@ -251,8 +296,55 @@ pub enum DeviceError {
     NotSupported,
 }
 
-/// A NIC as the endpoint sees it. Implementations are `!Send` where they
-/// hold per-core state, so an endpoint stays on its core.
+/// The shared half of a NIC: a protection domain, as EFA's PD. It holds
+/// registrations and their keys, which every queue made from it may use
+/// and through which peers reach the memory; it hands out the per-core
+/// queues ([`Domain::device`]). Set-up work: a domain may lock, allocate
+/// and make system calls; nothing on the hot path goes through it.
+pub trait Domain {
+    /// Its per-core half: a queue pair and completion queue.
+    type Device: Device;
+
+    /// A new queue pair and completion queue in the domain, for one lcore.
+    fn device(&self) -> Result<Self::Device, DeviceError>;
+
+    /// Registers `len` bytes of new, zeroed memory in the domain. A queue
+    /// uses it once attached ([`Device::attach`], `Endpoint::attach`);
+    /// peers reach it by its key through any queue of the domain.
+    fn register(&self, len: u64, access: Access) -> Result<Mr, DeviceError>;
+
+    /// Registers `len` bytes the caller owns, at `ptr`, as `fi_mr_reg`
+    /// does: an arena, hugepages, a pinned pool. A device that cannot
+    /// ([`Caps::external_memory`] false) answers
+    /// [`DeviceError::NotSupported`].
+    ///
+    /// # Safety
+    /// Until [`Domain::deregister`] of this registration succeeds, the
+    /// memory stays valid for reads and writes and is neither freed nor
+    /// moved. The queues, their peers (as `access` allows) and, on a NIC,
+    /// DMA may write it at any time: the caller reaches it only through
+    /// raw pointers or copies (`Endpoint::read_mem`, `write_mem`), never
+    /// through a Rust reference held while an operation on it is posted or
+    /// a peer may write it.
+    unsafe fn register_external(
+        &self,
+        ptr: std::ptr::NonNull<u8>,
+        len: u64,
+        access: Access,
+    ) -> Result<Mr, DeviceError> {
+        let _ = (ptr, len, access);
+        Err(DeviceError::NotSupported)
+    }
+
+    /// Ends a registration made on the domain; [`DeviceError::Busy`] while
+    /// a queue still uses it (deregister it there first, which detaches
+    /// it) or work in flight reads or writes it.
+    fn deregister(&self, mr: &Mr) -> Result<(), DeviceError>;
+}
+
+/// The per-core half of a NIC, as the endpoint sees it: packet buffers,
+/// posting and polling, the hot path. It reads and writes registered
+/// memory only by copy, and holds no lock.
 pub trait Device {
     /// What the device can do.
     fn caps(&self) -> Caps;
@@ -283,9 +375,20 @@ pub trait Device {
     /// Allocates and registers a region of `len` bytes, zeroed.
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError>;
 
-    /// Deregisters a region; [`DeviceError::Busy`] while work posted to
-    /// the device still reads or writes it (the endpoint checks its own
-    /// operations first).
+    /// Uses a region registered on this device's protection domain (by the
+    /// domain, or through another of its devices): registrations, keys and
+    /// address handles belong to the domain, shared by every lcore's queue,
+    /// while buffers, posting and polling are the queue's own. A device
+    /// without a shared domain answers [`DeviceError::NotSupported`].
+    fn attach(&mut self, mr: &Mr) -> Result<(), DeviceError> {
+        let _ = mr;
+        Err(DeviceError::NotSupported)
+    }
+
+    /// Stops using a region: deregisters it, or, for one its domain holds
+    /// or other devices use, detaches it from this device only;
+    /// [`DeviceError::Busy`] while work posted to the device still reads or
+    /// writes it (the endpoint checks its own operations first).
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError>;
 
     /// Copies `out.len()` bytes of region `mr` from `offset` into `out`.

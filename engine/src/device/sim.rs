@@ -1,11 +1,14 @@
 //! `sim`: a deterministic, in-process model of EFA for tests and for
 //! measuring the engine without a device in the way.
 //!
-//! A [`SimFabric`] connects any number of [`SimDevice`]s in one thread.
-//! Everything that happens is a function of the seed and of the order of
-//! calls: a packet is delivered when its receiver polls, chosen at random
-//! among the first `reorder_window` packets in flight to it (1 keeps them
-//! in order). What EFA does, the model does:
+//! A [`SimFabric`] connects any number of [`SimDevice`]s in one thread,
+//! each in a protection domain ([`SimDomain`]) of its own or in one it
+//! shares with other devices (lcores of one process). Everything that
+//! happens is a function of the seeds and of the order of calls: a packet
+//! is delivered when its receiver polls, in order unless the wire's faults
+//! ([`SimConfig::faults`]) reorder or hold it back. Time is virtual: it
+//! moves only by [`SimFabric::advance`] and [`SimFabric::skip_to_next_due`].
+//! What EFA does, the model does:
 //!
 //! * a send completes when its packet lands in a posted receive buffer of
 //!   the peer; with none posted the packet waits (the NIC's RNR retry) and
@@ -34,31 +37,42 @@
 //! the buffer when it is read otherwise, reposted (dropped), or still held
 //! when the receiver polls again after its completion.
 //!
-//! Faults for tests: failed registrations, failed sends, a vanished peer, a
-//! restarted peer reusing its QPN with a new connid, duplicated packets,
-//! and arbitrary (hostile) bytes injected as if a peer had sent them.
+//! Faults for tests: the wire's, from [`super::fault`] (reorder, delay,
+//! drop, duplicate, corrupt, truncate, queue-full; see
+//! [`SimConfig::faults`]); and the model's own: failed registrations,
+//! failed sends, a vanished peer, a restarted peer reusing its QPN with a
+//! new connid, and arbitrary (hostile) bytes injected as if a peer had
+//! sent them.
 //!
-//! Nothing allocates per packet unless duplication or injection is on.
+//! Nothing allocates per packet unless a fault that copies a packet
+//! (duplicate, damage) or injection is on.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
+use super::fault::{Fate, FaultQueue, FaultStats, Faults, Injector, Popped};
 use super::mem::{Bytes, Frames};
 use super::{
-    Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Mr, MrId, RdmaOp, RdmaWr,
-    SendWr, Source,
+    Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
+    RdmaWr, SendWr, Source,
 };
 use crate::wire::RawAddr;
 
 /// The model's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimConfig {
-    /// Seeds every random choice.
+    /// Seeds connids and keys.
     pub seed: u64,
-    /// Delivery picks among the first this many packets in flight to a
-    /// receiver; 1 delivers in order.
-    pub reorder_window: usize,
+    /// Faults on the fabric's wire ([`super::fault`]), seeded by their own
+    /// seed: reordering among the packets due at a receiver, delays, drops
+    /// (delivered again after `retransmit_ns`, as SRD's NIC retransmits),
+    /// duplicates, corrupted and truncated packets (handed to the endpoint
+    /// as a hostile peer's), refused posts.
+    pub faults: Faults,
+    /// How long a dropped packet takes to arrive after all, in virtual
+    /// nanoseconds.
+    pub retransmit_ns: u64,
     /// Largest packet.
     pub mtu: usize,
     /// Packet buffers per device.
@@ -73,16 +87,14 @@ pub struct SimConfig {
     pub rdma_write: bool,
     /// Largest RDMA operation.
     pub max_rdma_size: u64,
-    /// Each delivered packet is delivered again with this probability, in
-    /// millionths.
-    pub duplicate_ppm: u32,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             seed: 1,
-            reorder_window: 1,
+            faults: Faults::NONE,
+            retransmit_ns: 50_000,
             mtu: 8192,
             bufs: 2048,
             tx_depth: 512,
@@ -90,7 +102,6 @@ impl Default for SimConfig {
             rdma_read: true,
             rdma_write: true,
             max_rdma_size: 1 << 30,
-            duplicate_ppm: 0,
         }
     }
 }
@@ -105,6 +116,8 @@ pub struct SimStats {
     pub rnr_waits: u64,
     /// Packets delivered a second time by the duplication fault.
     pub duplicated: u64,
+    /// Packets delivered corrupted or truncated by the faults.
+    pub damaged: u64,
     /// Injected packets delivered.
     pub injected: u64,
     /// RDMA operations refused by this device's registration checks.
@@ -124,6 +137,10 @@ pub struct SimFabric {
 struct Fabric {
     cfg: SimConfig,
     rng: u64,
+    /// The wire's faults.
+    inj: Injector,
+    /// The faults of the packet being landed (for `observe`).
+    fate: Fate,
     nodes: Vec<Node>,
     /// Replaced nodes (restarted devices): (node, incarnation, buffers,
     /// pool). Their frames may have moved to other devices' tables, so the
@@ -135,12 +152,19 @@ struct Fabric {
     /// Virtual time, in nanoseconds: moved only by [`SimFabric::advance`]
     /// (shared with the devices, which read it without the fabric).
     clock: Rc<Cell<u64>>,
+    /// Protection domains, by id: their registrations.
+    domains: Vec<Vec<Option<Region>>>,
 }
 
 #[derive(Debug)]
 struct Region {
     bytes: Rc<Bytes>,
     mr: Mr,
+    /// Devices (queues) of the domain that use it.
+    queues: u32,
+    /// Registered on the domain itself, which keeps it until it
+    /// deregisters it; otherwise it ends with its last queue.
+    held: bool,
 }
 
 #[derive(Debug)]
@@ -175,7 +199,8 @@ struct Node {
     /// in cache).
     posted_rx: Vec<BufId>,
     cq: VecDeque<Cqe>,
-    inbox: VecDeque<Flight>,
+    /// What is on the wire to it, each flight with the time it is due.
+    inbox: FaultQueue<Flight>,
     /// The memory of the frames this device started with.
     pool: Rc<Bytes>,
     /// By buffer id, its frame now (shared with the device).
@@ -185,7 +210,8 @@ struct Node {
     /// The reverse: by node, its handle here (`u32::MAX`: not inserted).
     ah_of_node: Vec<u32>,
     stats: SimStats,
-    regions: Vec<Option<Region>>,
+    /// Its protection domain.
+    domain: usize,
     fail_registrations: u32,
     /// By receive buffer: its payload, if unplaced.
     unplaced: Vec<Option<Unplaced>>,
@@ -241,7 +267,7 @@ fn frame_at(id: BufId, mtu: usize) -> usize {
 impl SimFabric {
     /// A fabric with `cfg`.
     pub fn new(cfg: SimConfig) -> SimFabric {
-        assert!(cfg.reorder_window >= 1, "reorder_window is at least 1");
+        assert!(cfg.retransmit_ns > 0, "retransmit_ns is at least 1");
         assert!(cfg.mtu >= 64 && cfg.bufs > 0, "mtu and bufs");
         // A zero seed would stall xorshift.
         let rng = cfg.seed ^ 0x9e37_79b9_7f4a_7c15;
@@ -249,10 +275,13 @@ impl SimFabric {
             inner: Rc::new(RefCell::new(Fabric {
                 cfg,
                 rng,
+                inj: Injector::new(cfg.faults),
+                fate: Fate::CLEAN,
                 nodes: Vec::new(),
                 retired: Vec::new(),
                 capture: None,
                 clock: Rc::new(Cell::new(0)),
+                domains: Vec::new(),
             })),
         }
     }
@@ -275,11 +304,19 @@ impl SimFabric {
         self.inner.borrow().cfg
     }
 
-    /// A new device on the fabric; its QPN is its index.
+    /// A new device on the fabric, in a protection domain of its own; its
+    /// QPN is its index.
     pub fn device(&self) -> SimDevice {
-        let qpn = self.inner.borrow().nodes.len();
-        assert!(qpn < u16::MAX as usize, "sim QPNs are 16-bit");
-        self.attach(qpn)
+        let domain = self.domain();
+        domain.device().expect("sim QPNs are 16-bit")
+    }
+
+    /// A new protection domain: registrations that every device made from
+    /// it shares, as EFA's PD is shared by the QPs of a process's lcores.
+    pub fn domain(&self) -> SimDomain {
+        let mut f = self.inner.borrow_mut();
+        f.domains.push(Vec::new());
+        SimDomain { fabric: self.inner.clone(), id: f.domains.len() - 1 }
     }
 
     /// A peer that restarted: a new device at `addr`'s QPN with a new
@@ -287,10 +324,11 @@ impl SimFabric {
     /// one, as on EFA, where GID and QPN are all the NIC knows).
     pub fn restart(&self, addr: &RawAddr) -> SimDevice {
         self.kill(addr);
-        self.attach(addr.qpn as usize)
+        let domain = self.domain().id;
+        self.attach(addr.qpn as usize, domain)
     }
 
-    fn attach(&self, qpn: usize) -> SimDevice {
+    fn attach(&self, qpn: usize, domain: usize) -> SimDevice {
         let mut f = self.inner.borrow_mut();
         let cfg = f.cfg;
         let connid = (f.next_random() >> 32) as u32;
@@ -301,13 +339,13 @@ impl SimFabric {
         let node = Node {
             incarnation,
             alive: true,
+            domain,
             pool,
             frames: frames.clone(),
-            regions: Vec::new(),
             book: Vec::new(),
             ah_of_node: Vec::new(),
             posted_rx: Vec::with_capacity(cfg.rx_depth),
-            inbox: VecDeque::with_capacity(cfg.tx_depth * 2),
+            inbox: FaultQueue::with_capacity(cfg.tx_depth * 2),
             cq: VecDeque::with_capacity(cfg.tx_depth + cfg.rx_depth),
             tx_outstanding: 0,
             fail_registrations: 0,
@@ -335,6 +373,7 @@ impl SimFabric {
             rdma_read: cfg.rdma_read,
             rdma_write: cfg.rdma_write,
             device_version: 0x51,
+            external_memory: true,
         };
         SimDevice {
             fabric: self.inner.clone(),
@@ -362,7 +401,7 @@ impl SimFabric {
         for id in 0..f.nodes[n].unplaced.len() {
             f.place(n, id as BufId, false);
         }
-        let flights: Vec<Flight> = f.nodes[n].inbox.drain(..).collect();
+        let flights: Vec<Flight> = f.nodes[n].inbox.drain().collect();
         for flight in flights {
             f.fail_flight(flight, CqStatus::PeerUnreachable);
         }
@@ -381,14 +420,33 @@ impl SimFabric {
         self.inner.borrow_mut().nodes[addr.qpn as usize].fail_sends = n;
     }
 
-    /// Sets the duplication fault (millionths of delivered packets).
-    pub fn set_duplicate_ppm(&self, ppm: u32) {
-        self.inner.borrow_mut().cfg.duplicate_ppm = ppm;
+    /// Sets the wire's faults, replayed from their seed.
+    pub fn set_faults(&self, faults: Faults) {
+        let mut f = self.inner.borrow_mut();
+        f.cfg.faults = faults;
+        f.inj.set_faults(faults);
     }
 
-    /// Sets the reorder window (1: in order).
-    pub fn set_reorder_window(&self, window: usize) {
-        self.inner.borrow_mut().cfg.reorder_window = window.max(1);
+    /// What the wire's faults did so far (since they were last set).
+    pub fn fault_stats(&self) -> FaultStats {
+        self.inner.borrow().inj.stats()
+    }
+
+    /// Moves virtual time to when the next packet held on the wire
+    /// (delayed, or dropped and due again) is due, if nothing is due now;
+    /// returns whether it moved. A test's loop calls it when a round did
+    /// nothing, as a discrete-event simulation jumps to its next event.
+    pub fn skip_to_next_due(&self) -> bool {
+        let f = self.inner.borrow();
+        let now = f.clock.get();
+        let next = f.nodes.iter().filter_map(|n| n.inbox.next_due()).min();
+        match next {
+            Some(due) if due > now => {
+                f.clock.set(due);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Puts `bytes` in flight to `to` as if the device at QPN `from_qpn`
@@ -398,7 +456,7 @@ impl SimFabric {
         let mut f = self.inner.borrow_mut();
         let mtu = f.cfg.mtu;
         let bytes = bytes[..bytes.len().min(mtu)].to_vec();
-        f.nodes[to.qpn as usize].inbox.push_back(Flight::Raw { src: from_qpn as usize, bytes });
+        f.nodes[to.qpn as usize].inbox.push(0, Flight::Raw { src: from_qpn as usize, bytes });
     }
 
     /// Starts (or stops) keeping a copy of every packet delivered, for
@@ -433,6 +491,35 @@ impl SimFabric {
 }
 
 impl Fabric {
+    /// Registers `bytes` in `domain`, used by `queues` devices.
+    fn register(&mut self, domain: usize, bytes: Rc<Bytes>, access: Access, queues: u32) -> Mr {
+        let key_salt = self.next_random();
+        let regions = &mut self.domains[domain];
+        let index = regions.iter().position(Option::is_none).unwrap_or(regions.len());
+        // Keys are hard to guess: a forged key is refused, not lucky.
+        let key = (key_salt & !0xffff_ffff) | index as u64;
+        let mr = Mr {
+            id: MrId(index as u32),
+            key,
+            addr: bytes.addr(),
+            len: bytes.len() as u64,
+            access: access | Access::LOCAL,
+        };
+        let region = Region { bytes, mr, queues, held: queues == 0 };
+        if index == regions.len() {
+            regions.push(Some(region));
+        } else {
+            regions[index] = Some(region);
+        }
+        mr
+    }
+
+    /// Region `mr` of `domain`, if it is that registration.
+    fn region_mut(&mut self, domain: usize, mr: &Mr) -> Option<&mut Region> {
+        let r = self.domains[domain].get_mut(mr.id.0 as usize)?.as_mut()?;
+        (r.mr == *mr).then_some(r)
+    }
+
     /// Whether a send or an RDMA operation in flight, or a payload not yet
     /// placed, still reads or writes `region`.
     fn uses(&self, region: &Rc<Bytes>) -> bool {
@@ -565,29 +652,32 @@ impl Fabric {
     /// could be delivered (empty, or only packets and no posted buffer).
     #[inline]
     fn deliver_one(&mut self, at: usize, out: &mut Cqe) -> Option<usize> {
-        let window = self.cfg.reorder_window.min(self.nodes[at].inbox.len());
-        if window == 0 {
-            return None;
-        }
         let has_buf = !self.nodes[at].posted_rx.is_empty();
-        let mut pick = if window == 1 { 0 } else { (self.next_random() % window as u64) as usize };
-        if !has_buf {
-            // Only operations that need no receive buffer can land.
+        let now = self.clock.get();
+        let flight = if has_buf && self.inj.is_none() {
+            self.nodes[at].inbox.pop_front(now)?
+        } else {
+            // Only operations that need no receive buffer can land without
+            // one.
             let needs_buf = |f: &Flight| match f {
                 Flight::Rdma { wr, .. } => matches!(wr.op, RdmaOp::Write { imm: Some(_) }),
                 _ => true,
             };
-            match (0..window).find(|&i| !needs_buf(&self.nodes[at].inbox[i])) {
-                Some(i) => pick = i,
-                None => {
+            let inbox = &mut self.nodes[at].inbox;
+            match inbox.pop(now, &mut self.inj, |f| has_buf || !needs_buf(f)) {
+                Popped::Got(flight) => flight,
+                Popped::Refused => {
                     self.nodes[at].stats.rnr_waits += 1;
                     return None;
                 }
+                Popped::Empty => return None,
             }
+        };
+        if self.inj.has_fates() && self.befall(&flight) {
+            self.nodes[at].inbox.push(now + self.fate.delay_ns, flight);
+            self.fate = Fate::CLEAN;
+            return Some(0);
         }
-        let inbox = &mut self.nodes[at].inbox;
-        let flight = if pick == 0 { inbox.pop_front() } else { inbox.remove(pick) };
-        let flight = flight.expect("picked inside the window");
         Some(match flight {
             Flight::Packet { src, incarnation, buf, len, data, wr_id } => {
                 let data = data.as_ref().map(|(r, offset, n)| (r, *offset, *n));
@@ -628,10 +718,7 @@ impl Fabric {
     fn land_now(&mut self, src: usize, wr: &SendWr) -> bool {
         let me = &self.nodes[src];
         let target = me.book.get(wr.ah.0 as usize).copied().unwrap_or(usize::MAX);
-        let quiet = me.fail_sends == 0
-            && self.cfg.reorder_window == 1
-            && self.capture.is_none()
-            && self.cfg.duplicate_ppm == 0;
+        let quiet = me.fail_sends == 0 && self.inj.is_none() && self.capture.is_none();
         let ready = |n: &Node| n.alive && n.inbox.is_empty() && !n.posted_rx.is_empty();
         if !quiet || !self.nodes.get(target).is_some_and(ready) {
             return false;
@@ -664,7 +751,7 @@ impl Fabric {
         wr_id: u64,
     ) -> Cqe {
         let Sender { node: src, incarnation, current } = sender;
-        let observed = self.capture.is_some() || self.cfg.duplicate_ppm > 0;
+        let observed = self.capture.is_some() || self.inj.has_fates();
         let to = &mut self.nodes[at];
         let rx = to.posted_rx.pop().expect("checked by the caller");
         to.stats.delivered += 1;
@@ -708,10 +795,10 @@ impl Fabric {
             });
             to.unplaced_count.set(to.unplaced_count.get() + 1);
         }
-        let cqe = self.recv_cqe(at, src, rx, len);
         if observed {
-            self.observe(at, src, rx, len);
+            len = self.observe(at, src, rx, len);
         }
+        let cqe = self.recv_cqe(at, src, rx, len);
         if placed {
             self.complete_at(src, incarnation, Cqe { op: CqOp::Send, wr_id, ..Cqe::default() });
         }
@@ -730,20 +817,58 @@ impl Fabric {
         &old.expect("every replaced node is retired").2
     }
 
-    /// What tests ask of a delivered packet: a copy for the capture, a
-    /// duplicate in flight.
+    /// Decides the wire's faults for `flight`, about to land:
+    /// true when it is held back instead (dropped and due again after the
+    /// retransmission delay, or delayed), with the delay in `self.fate`;
+    /// otherwise the faults that befall it as it lands (sent packets only:
+    /// an RDMA operation is not damaged or copied) wait in `self.fate`.
     #[cold]
-    fn observe(&mut self, at: usize, src: usize, rx: BufId, len: u32) {
+    #[inline(never)]
+    fn befall(&mut self, flight: &Flight) -> bool {
+        let len = match flight {
+            Flight::Packet { len, data, .. } => {
+                *len as usize + data.as_ref().map_or(0, |d| d.2 as usize)
+            }
+            Flight::Raw { bytes, .. } => bytes.len(),
+            Flight::Rdma { .. } => 0,
+        };
+        let mut fate = self.inj.fate(len);
+        if fate.drop {
+            fate.delay_ns = self.cfg.retransmit_ns;
+        }
+        if !matches!(flight, Flight::Packet { .. }) {
+            fate.duplicate = false;
+            fate.corrupt = None;
+            fate.truncate = None;
+        }
+        self.fate = fate;
+        fate.delay_ns > 0
+    }
+
+    /// What tests ask of a packet just delivered into `at`'s buffer `rx`:
+    /// the faults that befall it (a duplicate in flight, its bytes
+    /// damaged), a copy for the capture. Returns the length that arrived.
+    #[cold]
+    fn observe(&mut self, at: usize, src: usize, rx: BufId, len: u32) -> u32 {
+        let fate = std::mem::take(&mut self.fate);
+        if fate.duplicate {
+            let bytes = self.nodes[at].pool_bytes(rx, len);
+            self.nodes[at].stats.duplicated += 1;
+            self.nodes[at].inbox.push(0, Flight::Raw { src, bytes });
+        }
+        let mut len = len;
+        if fate.damages() {
+            let node = &mut self.nodes[at];
+            // SAFETY: buffer `rx` was just delivered into and is not yet
+            // handed to the endpoint: no slice of it is alive.
+            let frame = unsafe { node.frames.slice_mut(rx) };
+            len = fate.apply(&mut frame[..len as usize]) as u32;
+            node.stats.damaged += 1;
+        }
         if let Some(capture) = &mut self.capture {
             capture.push((src as u16, at as u16, self.nodes[at].pool_bytes(rx, len)));
         }
-        if self.cfg.duplicate_ppm > 0
-            && self.next_random() % 1_000_000 < self.cfg.duplicate_ppm as u64
-        {
-            let bytes = self.nodes[at].pool_bytes(rx, len);
-            self.nodes[at].stats.duplicated += 1;
-            self.nodes[at].inbox.push_back(Flight::Raw { src, bytes });
-        }
+        len
     }
 
     fn recv_cqe(&self, at: usize, src: usize, rx: BufId, len: u32) -> Cqe {
@@ -772,7 +897,8 @@ impl Fabric {
             RdmaOp::Read => (Access::REMOTE_READ, CqOp::Read),
             RdmaOp::Write { .. } => (Access::REMOTE_WRITE, CqOp::Write),
         };
-        let target = self.nodes[at].regions.iter().flatten().find(|r| r.mr.key == wr.remote_key);
+        let regions = &self.domains[self.nodes[at].domain];
+        let target = regions.iter().flatten().find(|r| r.mr.key == wr.remote_key);
         let resolved = target
             .and_then(|r| r.mr.resolve(wr.remote_addr, wr.len, need).map(|o| (r.bytes.clone(), o)));
         let Some((remote, offset)) = resolved else {
@@ -865,6 +991,67 @@ impl Node {
         // to the endpoint; reading it aliases no writer.
         let frame = unsafe { self.frames.slice(buf) };
         frame[..len as usize].to_vec()
+    }
+}
+
+/// A protection domain on a [`SimFabric`]: the registrations its devices
+/// share. Set-up work (it borrows the fabric); the hot path is the
+/// devices'. A region registered here is used by a device once attached to
+/// it ([`Device::attach`], `Endpoint::attach`), and peers reach it by its
+/// key through any device of the domain.
+#[derive(Debug, Clone)]
+pub struct SimDomain {
+    fabric: Rc<RefCell<Fabric>>,
+    id: usize,
+}
+
+impl Domain for SimDomain {
+    type Device = SimDevice;
+
+    fn device(&self) -> Result<SimDevice, DeviceError> {
+        let qpn = self.fabric.borrow().nodes.len();
+        if qpn >= u16::MAX as usize {
+            // Sim QPNs are 16-bit, as EFA's.
+            return Err(DeviceError::Again);
+        }
+        Ok(SimFabric { inner: self.fabric.clone() }.attach(qpn, self.id))
+    }
+
+    fn register(&self, len: u64, access: Access) -> Result<Mr, DeviceError> {
+        let len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
+        let bytes = Rc::new(Bytes::zeroed(len));
+        Ok(self.fabric.borrow_mut().register(self.id, bytes, access, 0))
+    }
+
+    unsafe fn register_external(
+        &self,
+        ptr: std::ptr::NonNull<u8>,
+        len: u64,
+        access: Access,
+    ) -> Result<Mr, DeviceError> {
+        let len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
+        // SAFETY: the caller's contract is `Bytes::external`'s: valid until
+        // deregistered, reached otherwise only by raw-pointer copies. The
+        // `Bytes` outlives the registration only inside flights and
+        // unplaced payloads, which deregistration waits for
+        // (`Fabric::uses`), and in queues that attached it, which it
+        // refuses while any does.
+        let bytes = Rc::new(unsafe { Bytes::external(ptr, len) });
+        Ok(self.fabric.borrow_mut().register(self.id, bytes, access, 0))
+    }
+
+    fn deregister(&self, mr: &Mr) -> Result<(), DeviceError> {
+        let mut f = self.fabric.borrow_mut();
+        let r = f.region_mut(self.id, mr).ok_or(DeviceError::UnknownHandle)?;
+        if r.queues > 0 {
+            return Err(DeviceError::Busy);
+        }
+        let bytes = r.bytes.clone();
+        if f.uses(&bytes) {
+            return Err(DeviceError::Busy);
+        }
+        f.domains[self.id][mr.id.0 as usize] = None;
+        Ok(())
     }
 }
 
@@ -962,7 +1149,7 @@ impl SimDevice {
             // posted delivers at once, as a NIC would by the time the
             // receiver looks: the same bytes and completions, without
             // the packet's trip through the inbox.
-            None if f.cfg.reorder_window == 1
+            None if f.inj.is_none()
                 && f.nodes[target].inbox.is_empty()
                 && !f.nodes[target].posted_rx.is_empty() =>
             {
@@ -970,14 +1157,17 @@ impl SimDevice {
                 let cqe = f.land_packet(target, src, wr.buf, wr.len, data, wr.wr_id);
                 f.nodes[target].cq.push_back(cqe);
             }
-            None => f.nodes[target].inbox.push_back(Flight::Packet {
-                src: self.node,
-                incarnation: self.incarnation,
-                buf: wr.buf,
-                len: wr.len,
-                data: data.map(|(r, offset, n)| (r.clone(), offset, n)),
-                wr_id: wr.wr_id,
-            }),
+            None => f.nodes[target].inbox.push(
+                0,
+                Flight::Packet {
+                    src: self.node,
+                    incarnation: self.incarnation,
+                    buf: wr.buf,
+                    len: wr.len,
+                    data: data.map(|(r, offset, n)| (r.clone(), offset, n)),
+                    wr_id: wr.wr_id,
+                },
+            ),
         }
     }
 
@@ -988,6 +1178,30 @@ impl SimDevice {
         if self.unplaced.get() != 0 {
             self.fabric.borrow_mut().place(self.node, id, true);
         }
+    }
+
+    /// Consumes one injected registration failure, if any is due.
+    fn take_registration(&mut self) -> Result<(), DeviceError> {
+        let mut f = self.fabric.borrow_mut();
+        let node = &mut f.nodes[self.node];
+        if node.fail_registrations > 0 {
+            node.fail_registrations -= 1;
+            return Err(DeviceError::Registration);
+        }
+        Ok(())
+    }
+
+    /// Registers `bytes` in this device's domain, used by this device.
+    fn register_bytes(&mut self, bytes: Rc<Bytes>, access: Access) -> Result<Mr, DeviceError> {
+        let mut f = self.fabric.borrow_mut();
+        let domain = f.nodes[self.node].domain;
+        let mr = f.register(domain, bytes.clone(), access, 1);
+        let i = mr.id.0 as usize;
+        if self.regions.len() <= i {
+            self.regions.resize(i + 1, None);
+        }
+        self.regions[i] = Some(bytes);
+        Ok(mr)
     }
 
     #[inline(always)]
@@ -1062,34 +1276,26 @@ impl Device for SimDevice {
     }
 
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError> {
+        self.take_registration()?;
+        let len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
+        self.register_bytes(Rc::new(Bytes::zeroed(len)), access)
+    }
+
+    fn attach(&mut self, mr: &Mr) -> Result<(), DeviceError> {
         let mut f = self.fabric.borrow_mut();
-        let key_salt = f.next_random();
-        let node = &mut f.nodes[self.node];
-        if node.fail_registrations > 0 {
-            node.fail_registrations -= 1;
-            return Err(DeviceError::Registration);
+        let domain = f.nodes[self.node].domain;
+        let r = f.region_mut(domain, mr).ok_or(DeviceError::UnknownHandle)?;
+        let i = mr.id.0 as usize;
+        if self.regions.get(i).is_some_and(Option::is_some) {
+            return Ok(());
         }
-        let len_usize = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
-        let bytes = Rc::new(Bytes::zeroed(len_usize));
-        let index = node.regions.iter().position(Option::is_none).unwrap_or(node.regions.len());
-        // Keys are hard to guess: a forged key is refused, not lucky.
-        let key = (key_salt & !0xffff_ffff) | index as u64;
-        let mr = Mr {
-            id: MrId(index as u32),
-            key,
-            addr: bytes.addr(),
-            len,
-            access: access | Access::LOCAL,
-        };
-        let region = Region { bytes: bytes.clone(), mr };
-        if index == node.regions.len() {
-            node.regions.push(Some(region));
-            self.regions.push(Some(bytes));
-        } else {
-            node.regions[index] = Some(region);
-            self.regions[index] = Some(bytes);
+        r.queues += 1;
+        let bytes = r.bytes.clone();
+        if self.regions.len() <= i {
+            self.regions.resize(i + 1, None);
         }
-        Ok(mr)
+        self.regions[i] = Some(bytes);
+        Ok(())
     }
 
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
@@ -1099,9 +1305,13 @@ impl Device for SimDevice {
         if f.uses(bytes) {
             return Err(DeviceError::Busy);
         }
-        let slot =
-            f.nodes[self.node].regions.get_mut(mr.0 as usize).ok_or(DeviceError::UnknownHandle)?;
-        slot.take().ok_or(DeviceError::UnknownHandle)?;
+        let domain = f.nodes[self.node].domain;
+        let slot = &mut f.domains[domain][mr.0 as usize];
+        let r = slot.as_mut().expect("a region this device uses is registered");
+        r.queues -= 1;
+        if r.queues == 0 && !r.held {
+            *slot = None;
+        }
         self.regions[mr.0 as usize] = None;
         Ok(())
     }
@@ -1174,7 +1384,10 @@ impl Device for SimDevice {
         }
         let tx_depth = f.cfg.tx_depth;
         let n = wrs.len().min(tx_depth - f.nodes[self.node].tx_outstanding);
-        for wr in &wrs[..n] {
+        for (i, wr) in wrs[..n].iter().enumerate() {
+            if !f.inj.is_none() && f.inj.refuse() {
+                return i;
+            }
             assert!(wr.buf < self.caps.bufs && wr.wire_len() <= self.caps.mtu, "bad send {wr:?}");
             if !(wr.data.is_none() && f.land_now(self.node, wr)) {
                 self.post_one(&mut f, wr);
@@ -1198,6 +1411,9 @@ impl Device for SimDevice {
             if !supported || f.nodes[self.node].tx_outstanding >= tx_depth {
                 break;
             }
+            if !f.inj.is_none() && f.inj.refuse() {
+                break;
+            }
             taken += 1;
             f.nodes[self.node].tx_outstanding += 1;
             let local = self.regions.get(wr.local.0 as usize).and_then(Option::as_ref);
@@ -1214,12 +1430,15 @@ impl Device for SimDevice {
                 None
             };
             match (status, local) {
-                (None, Some(local)) => f.nodes[target].inbox.push_back(Flight::Rdma {
-                    src: self.node,
-                    incarnation: self.incarnation,
-                    wr: *wr,
-                    local: local.clone(),
-                }),
+                (None, Some(local)) => f.nodes[target].inbox.push(
+                    0,
+                    Flight::Rdma {
+                        src: self.node,
+                        incarnation: self.incarnation,
+                        wr: *wr,
+                        local: local.clone(),
+                    },
+                ),
                 (status, _) => {
                     let op = if wr.op == RdmaOp::Read { CqOp::Read } else { CqOp::Write };
                     let status = status.unwrap_or(CqStatus::LocalError);
@@ -1482,7 +1701,7 @@ mod tests {
     #[test]
     fn reordering_is_deterministic_per_seed() {
         let order = |seed| {
-            let cfg = SimConfig { seed, reorder_window: 8, ..SimConfig::default() };
+            let cfg = SimConfig { faults: Faults::reorder(seed, 8), ..SimConfig::default() };
             let (_f, mut a, mut b) = pair(cfg);
             let ah = a.insert_addr(&b.addr()).unwrap();
             for i in 0..32u8 {
@@ -1605,8 +1824,60 @@ mod tests {
     }
 
     #[test]
+    fn a_dropped_packet_arrives_after_the_retransmission_delay_and_damage_reaches_the_receiver() {
+        let faults = Faults { drop_ppm: 1_000_000, ..Faults::NONE };
+        let (fabric, mut a, mut b) = pair(SimConfig { faults, ..SimConfig::default() });
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        b.post_recv(&[4, 5]);
+        send(&mut a, ah, 0, b"lost once", 1);
+        assert!(poll_all(&mut b).is_empty(), "dropped: held for its retransmission");
+        fabric.set_faults(Faults::NONE);
+        assert!(poll_all(&mut b).is_empty(), "not due before the delay");
+        assert!(fabric.skip_to_next_due());
+        assert_eq!(fabric.now_ns(), SimConfig::default().retransmit_ns);
+        let got = poll_all(&mut b);
+        assert_eq!(got.len(), 1, "delivered once");
+        assert_eq!(&b.buf(got[0].wr_id as BufId)[..9], b"lost once");
+        assert_eq!(poll_all(&mut a).len(), 1, "and its send completes");
+        assert!(!fabric.skip_to_next_due(), "nothing held");
+
+        // Corrupted and truncated bytes land as sent by a hostile peer.
+        let faults = Faults { corrupt_ppm: 1_000_000, truncate_ppm: 1_000_000, ..Faults::NONE };
+        fabric.set_faults(faults);
+        b.post_recv(&[6]);
+        send(&mut a, ah, 1, &[0u8; 100], 2);
+        let got = poll_all(&mut b);
+        assert!(got[0].len < 100, "truncated: {}", got[0].len);
+        let flipped: u32 = b.buf(6)[..got[0].len as usize].iter().map(|x| x.count_ones()).sum();
+        assert!(flipped <= 1, "one bit at most (it may have been cut off)");
+        assert_eq!(fabric.stats(&b.addr()).damaged, 1);
+        let s = fabric.fault_stats();
+        assert_eq!((s.corrupted, s.truncated), (1, 1));
+    }
+
+    #[test]
+    fn a_refused_post_is_back_pressure() {
+        let faults = Faults { queue_full_ppm: 500_000, ..Faults::NONE };
+        let (fabric, mut a, mut b) = pair(SimConfig { faults, ..SimConfig::default() });
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        b.post_recv(&(100..200).collect::<Vec<_>>());
+        let wrs: Vec<SendWr> =
+            (0..100).map(|i| SendWr { ah, buf: i, len: 1, data: None, wr_id: i as u64 }).collect();
+        let mut posted = 0;
+        let mut calls = 0;
+        while posted < wrs.len() {
+            posted += a.post_send(&wrs[posted..]);
+            calls += 1;
+        }
+        assert!(calls > 10, "posts were refused: {calls} calls");
+        assert_eq!(fabric.fault_stats().refused, calls - 1);
+        assert_eq!(poll_all(&mut b).len(), 100, "every one went, once");
+    }
+
+    #[test]
     fn duplicates_are_delivered_twice() {
-        let cfg = SimConfig { duplicate_ppm: 1_000_000, ..SimConfig::default() };
+        let faults = Faults { duplicate_ppm: 1_000_000, ..Faults::NONE };
+        let cfg = SimConfig { faults, ..SimConfig::default() };
         let (fabric, mut a, mut b) = pair(cfg);
         let ah = a.insert_addr(&b.addr()).unwrap();
         b.post_recv(&[0, 1, 2]);
@@ -1614,7 +1885,7 @@ mod tests {
         let mut out = [Cqe::default(); 1];
         assert_eq!(b.poll(&mut out), 1);
         // Stop before the duplicate is itself duplicated.
-        fabric.set_duplicate_ppm(0);
+        fabric.set_faults(Faults::NONE);
         let mut got = vec![out[0]];
         got.extend(poll_all(&mut b));
         assert_eq!(got.len(), 2);

@@ -259,9 +259,35 @@ struct BufLayout {
 }
 
 /// An RDM endpoint over device `D`.
+///
+/// `!Send` and `!Sync` by its own marker, whatever its device: it holds no
+/// lock, so it stays on the thread (the lcore) that made it, and sharding
+/// per core is the compiler's to enforce. Even over a device that could
+/// move between threads, it cannot:
+///
+/// ```compile_fail
+/// use efapoll::device::Device;
+/// use efapoll::endpoint::Endpoint;
+///
+/// fn to_another_thread<D: Device + Send + 'static>(ep: Endpoint<D>) {
+///     std::thread::spawn(move || drop(ep));
+/// }
+/// ```
+///
+/// (while the same function compiles for the device alone:)
+///
+/// ```
+/// use efapoll::device::Device;
+///
+/// fn to_another_thread<D: Device + Send + 'static>(dev: D) {
+///     std::thread::spawn(move || drop(dev));
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Endpoint<D: Device> {
     dev: D,
+    /// Makes the endpoint `!Send` and `!Sync` (see above).
+    _one_core: std::marker::PhantomData<*const ()>,
     caps: Caps,
     cfg: Config,
     addr: RawAddr,
@@ -390,6 +416,7 @@ impl<D: Device> Endpoint<D> {
             scratch: vec![0u8; caps.mtu].into_boxed_slice(),
             atomic_values: vec![0u8; caps.mtu].into_boxed_slice(),
             dev,
+            _one_core: std::marker::PhantomData,
         };
         ep.post_rx_buffers();
         Ok(ep)
@@ -462,7 +489,17 @@ impl<D: Device> Endpoint<D> {
         Ok(mr)
     }
 
-    /// Deregisters a region; [`Error::Busy`] while a posted receive, an
+    /// Uses a region registered on the device's protection domain (by the
+    /// domain itself, or by another endpoint on it): N lcores, one
+    /// registration. [`Endpoint::deregister`] detaches it again.
+    pub fn attach(&mut self, mr: &Mr) -> Result<(), Error> {
+        self.dev.attach(mr)?;
+        self.mem.insert(*mr);
+        Ok(())
+    }
+
+    /// Deregisters a region (detaches it, if its domain holds it or other
+    /// endpoints use it); [`Error::Busy`] while a posted receive, an
     /// unfinished operation or a packet not yet sent uses it (on a NIC,
     /// its DMA would reach freed memory). It looks through the live
     /// operations (deregistration is set-up work, and a count kept per

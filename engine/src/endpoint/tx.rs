@@ -615,7 +615,8 @@ impl<D: Device> Endpoint<D> {
             let op = self.tx_ops.get(id).expect("live op");
             (op.src, op.sent, op.peer)
         };
-        let data = if data_len > 0 { self.attach(buf, hdr, &src, sent, data_len) } else { None };
+        let data =
+            if data_len > 0 { self.attach_data(buf, hdr, &src, sent, data_len) } else { None };
         let op = self.tx_ops.get_mut(id).expect("live op");
         if first {
             op.req_built = true;
@@ -747,7 +748,7 @@ impl<D: Device> Endpoint<D> {
     /// Puts message bytes `[offset, offset + len)` of `src` behind the
     /// header in `buf`: as a gather element when they are one long range,
     /// else copied.
-    fn attach(
+    fn attach_data(
         &mut self,
         buf: BufId,
         hdr: usize,

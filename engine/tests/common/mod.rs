@@ -32,7 +32,8 @@ impl World {
     }
 
     /// One round: every endpoint progresses once and its completions are
-    /// collected.
+    /// collected. A round that did nothing moves virtual time to the next
+    /// packet the wire's faults held back, if one is.
     pub fn step(&mut self) -> bool {
         let mut did = false;
         for (i, ep) in self.eps.iter_mut().enumerate() {
@@ -42,7 +43,7 @@ impl World {
                 did = true;
             }
         }
-        did
+        did || self.fabric.skip_to_next_due()
     }
 
     /// Steps until `cond` holds; panics after `max` rounds.

@@ -4,6 +4,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use efapoll::device::fault::Faults;
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
 use efapoll::device::{Access, Device, Mr};
 use efapoll::endpoint::{Config, Endpoint, Op, PeerId, Span, TagMatch};
@@ -371,8 +372,8 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     let no_rdma = SimConfig { rdma_read: false, rdma_write: false, ..sim };
     v.push(stream("eager_64B_stream", 64, 200_000, sim, cfg).small());
     // The same stream delivered out of order: the reorder buffer's cost.
-    for w in [8usize, 64] {
-        let reordered = SimConfig { reorder_window: w, ..sim };
+    for w in [8u32, 64] {
+        let reordered = SimConfig { faults: Faults::reorder(1, w), ..sim };
         let s = stream(&format!("eager_64B_reorder/{w}"), 64, 150_000, reordered, cfg);
         v.push(if w == 64 { s.small() } else { s });
     }

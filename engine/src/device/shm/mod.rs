@@ -325,6 +325,7 @@ impl ShmDevice {
             rdma_read: true,
             rdma_write: true,
             device_version: 0x53,
+            external_memory: false,
         };
         Ok(ShmDevice {
             caps,
