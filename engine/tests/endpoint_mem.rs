@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 
 use common::{Mem, World, span};
 use efapoll::device::fault::Faults;
-use efapoll::device::shm::{ShmConfig, ShmDevice};
+use efapoll::device::shm::{ShmConfig, ShmDevice, ShmDomain};
 use efapoll::device::sim::{SimConfig, SimFabric};
 use efapoll::device::{Access, Device, DeviceError, Domain};
 use efapoll::endpoint::{AtomicOp, Config, Datatype, Endpoint, Error, Op, Status};
@@ -261,18 +261,15 @@ fn caller_owned_memory_serves_every_operation_on_sim() {
 /// two endpoints on one domain use one region, which a peer reaches with
 /// one key through either of them; the domain keeps it while either
 /// endpoint uses it.
-#[test]
-fn two_endpoints_on_one_domain_use_one_registration() {
-    let fabric = SimFabric::new(SimConfig::default());
-    let shared = fabric.domain();
+fn one_registration_serves_two_endpoints<Dm: Domain>(shared: Dm, other: Dm::Device, cfg: Config) {
     let mr = shared.register(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
-    let cfg = Config { handshake_on_insert: true, ..Config::default() };
+    let cfg = Config { handshake_on_insert: true, ..cfg };
     let mut lcore1 = Endpoint::new(shared.device().unwrap(), cfg).unwrap();
     let mut lcore2 = Endpoint::new(shared.device().unwrap(), cfg).unwrap();
     assert_eq!(lcore1.read_mem(mr.id, 0, &mut [0]), Err(Error::BadSpan), "not attached yet");
     lcore1.attach(&mr).unwrap();
     lcore2.attach(&mr).unwrap();
-    let mut peer = Endpoint::new(fabric.device(), cfg).unwrap();
+    let mut peer = Endpoint::new(other, cfg).unwrap();
     let local = peer.register(64, Access::empty()).unwrap();
 
     // What one lcore writes, a peer reads through the other's address.
@@ -304,4 +301,51 @@ fn two_endpoints_on_one_domain_use_one_registration() {
     lcore2.deregister(mr.id).unwrap();
     shared.deregister(&mr).unwrap();
     assert_eq!(lcore2.attach(&mr), Err(Error::Device(DeviceError::UnknownHandle)), "gone");
+    // A peer's access now fails: the region is gone for it too.
+    peer.read(to_2, span(&local, 0, 12), common::iov(&mr, 0, 12), 3).unwrap();
+    drive_pair(&mut peer, &mut lcore2, &mut done, |_, _, d| d.iter().any(|c| c.ctx == 3));
+    let c = done.iter().find(|c| c.ctx == 3).unwrap();
+    assert_ne!(c.status, Status::Ok, "{c:?}");
+}
+
+#[test]
+fn two_endpoints_on_one_domain_use_one_registration_on_sim() {
+    let fabric = SimFabric::new(SimConfig::default());
+    one_registration_serves_two_endpoints(fabric.domain(), fabric.device(), Config::default());
+}
+
+#[test]
+fn two_endpoints_on_one_domain_use_one_registration_on_shm() {
+    let cfg = ShmConfig { bufs: 512, ..ShmConfig::default() };
+    let other = ShmDevice::new(cfg).unwrap();
+    one_registration_serves_two_endpoints(ShmDomain::new(cfg), other, Config::on_host());
+}
+
+/// A shm domain is shared by lcore threads: each makes its device from a
+/// clone and uses the one registration.
+#[test]
+fn lcore_threads_make_their_devices_from_one_shm_domain() {
+    let domain = ShmDomain::new(ShmConfig { bufs: 256, ..ShmConfig::default() });
+    let mr = domain.register(64, Access::REMOTE_READ).unwrap();
+    let lcores: Vec<_> = (0..2u8)
+        .map(|i| {
+            let domain = domain.clone();
+            std::thread::spawn(move || {
+                let mut ep = Endpoint::new(domain.device().unwrap(), Config::on_host()).unwrap();
+                ep.attach(&mr).unwrap();
+                ep.write_mem(mr.id, i as u64, &[i + 1]).unwrap();
+                ep.deregister(mr.id).unwrap();
+                ep.addr()
+            })
+        })
+        .collect();
+    let addrs: Vec<_> = lcores.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_ne!(addrs[0], addrs[1], "a queue pair each");
+    let mut check = Endpoint::new(domain.device().unwrap(), Config::on_host()).unwrap();
+    check.attach(&mr).unwrap();
+    let mut got = [0u8; 2];
+    check.read_mem(mr.id, 0, &mut got).unwrap();
+    assert_eq!(got, [1, 2], "both wrote the one region");
+    check.deregister(mr.id).unwrap();
+    domain.deregister(&mr).unwrap();
 }

@@ -19,10 +19,11 @@
 //! A region registered on a domain serves every queue that attaches it
 //! (`Endpoint::attach`): N lcores, one registration, one key. A device can
 //! also register a region of its own ([`Device::register`]), which ends
-//! with it. The sim's domain is [`sim::SimDomain`]; a shm device is its own
-//! domain (a region is a segment that peer processes map, so the device
-//! allocates it; [`Caps::external_memory`] says which devices take memory
-//! the caller owns).
+//! with it. The sim's domain is [`sim::SimDomain`], shm's
+//! [`shm::ShmDomain`] (`Send` and `Sync`: lcore threads make their devices
+//! from clones of it). [`Caps::external_memory`] says which devices take
+//! memory the caller owns: not shm, whose regions are segments that peer
+//! processes map, so the domain allocates them.
 //!
 //! # Memory
 //!

@@ -249,6 +249,15 @@ impl Mapping {
     }
 }
 
+// SAFETY: a `Mapping` owns its mapping (unmapped once, on drop) and lends
+// no reference into it: the memory is reached only through atomics and
+// byte copies, which other processes race with anyway, so other threads
+// of this one may as well (a domain's regions serve every lcore).
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: every access through `&Mapping` is an atomic or a
+// raw copy.
+unsafe impl Sync for Mapping {}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` are a mapping made in `map`, unmapped once,

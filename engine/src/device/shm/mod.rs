@@ -9,10 +9,14 @@
 //! receiver's segment and claims a lane of it once, at `insert_addr`, and
 //! `post_send` copies the packet into the next slot of its lane with plain
 //! stores (no locked instruction: the lane has one producer); the
-//! receiver's `poll` copies slots into its posted receive buffers. Registered regions are segments of their own
-//! (`/efapoll-<qpn>-<connid>-<key>`), which peers map on first use to do
-//! RDMA read and write by copy, after checking the key, the bounds and the
-//! rights in the region's header.
+//! receiver's `poll` copies slots into its posted receive buffers.
+//! Registered regions are segments of their own, named by their random key
+//! (`/efapoll-r-<key>`), which peers map on first use to do RDMA read and
+//! write by copy, after checking the key, the bounds and the rights in the
+//! region's header. They belong to a [`ShmDomain`]: the devices that
+//! lcores of one process make from one domain share its registrations
+//! (a peer reaches one through any of them); [`ShmDevice::new`] makes a
+//! device in a domain of its own.
 //!
 //! Semantics follow the sim device:
 //!
@@ -46,12 +50,13 @@
 mod map;
 mod ring;
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
-use std::sync::OnceLock;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use map::remove_stale_segments;
@@ -59,8 +64,8 @@ use map::{Mapping, hdr, pid_alive};
 use ring::{Kind, LaneState, Record, Ring};
 
 use super::{
-    Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Mr, MrId, RdmaOp, RdmaWr,
-    SendWr, Source,
+    Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
+    RdmaWr, SendWr, Source,
 };
 use crate::wire::RawAddr;
 
@@ -191,8 +196,10 @@ fn endpoint_name(qpn: u16) -> CString {
     map::name(format_args!("{qpn}"))
 }
 
-fn region_name(qpn: u16, connid: u32, key: u64) -> CString {
-    map::name(format_args!("{qpn}-{connid:08x}-{key:016x}"))
+/// A region's segment, named by its key alone, so that a peer reaches it
+/// through any device of the domain that registered it.
+fn region_name(key: u64) -> CString {
+    map::name(format_args!("r-{key:016x}"))
 }
 
 /// An operation waiting for its packet to be consumed.
@@ -233,11 +240,157 @@ impl Peer {
     }
 }
 
-#[derive(Debug)]
+/// A region a device uses: the domain's mapping of it.
+#[derive(Debug, Clone)]
 struct Region {
-    map: Mapping,
-    name: CString,
+    map: Arc<Mapping>,
     len: usize,
+}
+
+/// A registration of a [`ShmDomain`].
+#[derive(Debug)]
+struct DomainRegion {
+    region: Region,
+    name: CString,
+    mr: Mr,
+    /// Devices that use it.
+    queues: u32,
+    /// Registered on the domain itself, which keeps it until it
+    /// deregisters it; otherwise it ends with its last device.
+    held: bool,
+}
+
+impl DomainRegion {
+    /// Peers that map it see it closed and refuse access; the name goes.
+    fn close(&self) {
+        self.region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
+        map::unlink(&self.name);
+    }
+}
+
+/// The registrations of a domain, by `MrId`.
+#[derive(Debug, Default)]
+struct Registrations(Vec<Option<DomainRegion>>);
+
+impl Drop for Registrations {
+    fn drop(&mut self) {
+        for r in self.0.iter().flatten() {
+            r.close();
+        }
+    }
+}
+
+/// A protection domain on shm: the registrations that the devices of this
+/// process made from it share (one region segment, one key, reachable by
+/// peers through any of them), as EFA's PD is shared by the QPs of a
+/// process's lcores. `Send` and `Sync`: lcores make their devices from
+/// clones of it; set-up work takes its lock, the hot path never does.
+#[derive(Debug, Clone)]
+pub struct ShmDomain {
+    cfg: ShmConfig,
+    regs: Arc<Mutex<Registrations>>,
+}
+
+impl ShmDomain {
+    /// A domain whose devices take `cfg`.
+    pub fn new(cfg: ShmConfig) -> ShmDomain {
+        ShmDomain { cfg, regs: Arc::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registrations> {
+        // A panic elsewhere leaves the table consistent: every change is
+        // one slot store.
+        self.regs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Creates a region segment of `len` bytes and registers it, used by
+    /// `queues` devices.
+    fn create(&self, len: u64, access: Access, queues: u32) -> Result<(Mr, Region), DeviceError> {
+        let data_len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
+        let seg_len = data_len.checked_add(REGION_DATA).ok_or(DeviceError::Registration)?;
+        let access = access | Access::LOCAL;
+        let (key, name, map) = loop {
+            let key = random_u64();
+            let name = region_name(key);
+            match Mapping::create(&name, seg_len) {
+                Ok(map) => break (key, name, map),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(_) => return Err(DeviceError::Registration),
+            }
+        };
+        let base = map.addr_at(REGION_DATA);
+        map.u32_at(hdr::PID).store(std::process::id(), Release);
+        map.u64_at(hdr::INCARNATION).store(random_u64(), Relaxed);
+        map.u64_at(hdr::KEY).store(key, Relaxed);
+        map.u64_at(hdr::LEN).store(len, Relaxed);
+        map.u64_at(hdr::BASE).store(base, Relaxed);
+        map.u32_at(hdr::ACCESS).store(access.bits(), Relaxed);
+        map.u32_at(hdr::VERSION).store(hdr::VERSION_VALUE, Relaxed);
+        map.u32_at(hdr::KIND).store(hdr::KIND_REGION, Relaxed);
+        map.u32_at(hdr::STATE).store(hdr::STATE_READY, Relaxed);
+        map.u64_at(hdr::MAGIC).store(hdr::MAGIC_VALUE, Release);
+        let region = Region { map: Arc::new(map), len: data_len };
+        let mut regs = self.lock();
+        let index = regs.0.iter().position(Option::is_none).unwrap_or(regs.0.len());
+        let mr = Mr { id: MrId(index as u32), key, addr: base, len, access };
+        let entry = DomainRegion { region: region.clone(), name, mr, queues, held: queues == 0 };
+        if index == regs.0.len() {
+            regs.0.push(Some(entry));
+        } else {
+            regs.0[index] = Some(entry);
+        }
+        Ok((mr, region))
+    }
+
+    /// A device starts using registration `mr`.
+    fn attach(&self, mr: &Mr) -> Result<Region, DeviceError> {
+        let mut regs = self.lock();
+        let r = regs.0.get_mut(mr.id.0 as usize).and_then(Option::as_mut);
+        let r = r.filter(|r| r.mr == *mr).ok_or(DeviceError::UnknownHandle)?;
+        r.queues += 1;
+        Ok(r.region.clone())
+    }
+
+    /// A device stops using registration `id`; the registration ends with
+    /// its last device unless the domain holds it.
+    fn detach(&self, id: MrId) {
+        let mut regs = self.lock();
+        let Some(slot) = regs.0.get_mut(id.0 as usize) else { return };
+        if let Some(r) = slot.as_mut() {
+            r.queues -= 1;
+            if r.queues == 0 && !r.held {
+                r.close();
+                *slot = None;
+            }
+        }
+    }
+}
+
+impl Domain for ShmDomain {
+    type Device = ShmDevice;
+
+    fn device(&self) -> Result<ShmDevice, DeviceError> {
+        ShmDevice::in_domain(self.clone()).map_err(|e| match e {
+            ShmError::Config(_) => DeviceError::NotSupported,
+            _ => DeviceError::Again,
+        })
+    }
+
+    fn register(&self, len: u64, access: Access) -> Result<Mr, DeviceError> {
+        self.create(len, access, 0).map(|(mr, _)| mr)
+    }
+
+    fn deregister(&self, mr: &Mr) -> Result<(), DeviceError> {
+        let mut regs = self.lock();
+        let slot = regs.0.get_mut(mr.id.0 as usize).ok_or(DeviceError::UnknownHandle)?;
+        let r = slot.as_ref().filter(|r| r.mr == *mr).ok_or(DeviceError::UnknownHandle)?;
+        if r.queues > 0 {
+            return Err(DeviceError::Busy);
+        }
+        r.close();
+        *slot = None;
+        Ok(())
+    }
 }
 
 /// A lane of our segment that a sender holds: where we read it next, and
@@ -254,6 +407,8 @@ struct RxLane {
 /// An endpoint on shared memory. See the module documentation.
 #[derive(Debug)]
 pub struct ShmDevice {
+    /// Its registrations' domain, shared with the other devices made from it.
+    domain: ShmDomain,
     caps: Caps,
     cfg: ShmConfig,
     addr: RawAddr,
@@ -291,6 +446,12 @@ impl ShmDevice {
     /// Creates a device: removes stale segments, then takes the lowest free
     /// endpoint number.
     pub fn new(cfg: ShmConfig) -> Result<ShmDevice, ShmError> {
+        ShmDevice::in_domain(ShmDomain::new(cfg))
+    }
+
+    /// A device in `domain` (see [`ShmDomain`]), with its configuration.
+    fn in_domain(domain: ShmDomain) -> Result<ShmDevice, ShmError> {
+        let cfg = domain.cfg;
         if cfg.mtu < 64 || cfg.mtu > u32::MAX as usize / 2 {
             return Err(ShmError::Config("mtu must be at least 64"));
         }
@@ -328,6 +489,7 @@ impl ShmDevice {
             external_memory: false,
         };
         Ok(ShmDevice {
+            domain,
             caps,
             cfg,
             addr: RawAddr { gid: host_gid(), qpn, connid },
@@ -645,19 +807,16 @@ impl ShmDevice {
 
     /// The peer's region `key`, mapped on first use.
     fn remote_region(&mut self, idx: usize, key: u64) -> Option<&Mapping> {
-        let p = &mut self.peers[idx];
-        if !p.regions.contains_key(&key) {
-            let name = region_name(p.addr.qpn, p.addr.connid, key);
-            let map = Mapping::open(&name, true).ok()?;
-            let ok = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
-                && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_REGION
-                && map.u64_at(hdr::KEY).load(Relaxed) == key;
-            if !ok {
-                return None;
+        match self.peers[idx].regions.entry(key) {
+            Entry::Occupied(e) => Some(e.into_mut()),
+            Entry::Vacant(e) => {
+                let map = Mapping::open(&region_name(key), true).ok()?;
+                let ok = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
+                    && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_REGION
+                    && map.u64_at(hdr::KEY).load(Relaxed) == key;
+                ok.then(|| &*e.insert(map))
             }
-            p.regions.insert(key, map);
         }
-        p.regions.get(&key)
     }
 
     /// Checks an RDMA operation against the target's registration; returns
@@ -684,6 +843,15 @@ impl ShmDevice {
         };
         let offset = mr.resolve(wr.remote_addr, wr.len, need)?;
         Some(REGION_DATA + offset as usize)
+    }
+
+    /// Uses the domain's region `id` from now on.
+    fn use_region(&mut self, id: MrId, region: Region) {
+        let i = id.0 as usize;
+        if self.regions.len() <= i {
+            self.regions.resize(i + 1, None);
+        }
+        self.regions[i] = Some(region);
     }
 
     fn region_ref(&self, mr: MrId) -> &Region {
@@ -778,44 +946,24 @@ impl Device for ShmDevice {
     }
 
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError> {
-        let data_len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
-        let seg_len = data_len.checked_add(REGION_DATA).ok_or(DeviceError::Registration)?;
-        let access = access | Access::LOCAL;
-        let (key, name, map) = loop {
-            let key = random_u64();
-            let name = region_name(self.addr.qpn, self.addr.connid, key);
-            match Mapping::create(&name, seg_len) {
-                Ok(map) => break (key, name, map),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(_) => return Err(DeviceError::Registration),
-            }
-        };
-        let base = map.addr_at(REGION_DATA);
-        map.u32_at(hdr::PID).store(self.pid, Release);
-        map.u64_at(hdr::INCARNATION).store(random_u64(), Relaxed);
-        map.u64_at(hdr::KEY).store(key, Relaxed);
-        map.u64_at(hdr::LEN).store(len, Relaxed);
-        map.u64_at(hdr::BASE).store(base, Relaxed);
-        map.u32_at(hdr::ACCESS).store(access.bits(), Relaxed);
-        map.u32_at(hdr::VERSION).store(hdr::VERSION_VALUE, Relaxed);
-        map.u32_at(hdr::KIND).store(hdr::KIND_REGION, Relaxed);
-        map.u32_at(hdr::STATE).store(hdr::STATE_READY, Relaxed);
-        map.u64_at(hdr::MAGIC).store(hdr::MAGIC_VALUE, Release);
-        let index = self.regions.iter().position(Option::is_none).unwrap_or(self.regions.len());
-        let region = Region { map, name, len: data_len };
-        if index == self.regions.len() {
-            self.regions.push(Some(region));
-        } else {
-            self.regions[index] = Some(region);
+        let (mr, region) = self.domain.create(len, access, 1)?;
+        self.use_region(mr.id, region);
+        Ok(mr)
+    }
+
+    fn attach(&mut self, mr: &Mr) -> Result<(), DeviceError> {
+        if self.regions.get(mr.id.0 as usize).is_some_and(Option::is_some) {
+            return Ok(());
         }
-        Ok(Mr { id: MrId(index as u32), key, addr: base, len, access })
+        let region = self.domain.attach(mr)?;
+        self.use_region(mr.id, region);
+        Ok(())
     }
 
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
         let slot = self.regions.get_mut(mr.0 as usize).ok_or(DeviceError::UnknownHandle)?;
-        let region = slot.take().ok_or(DeviceError::UnknownHandle)?;
-        region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
-        map::unlink(&region.name);
+        slot.take().ok_or(DeviceError::UnknownHandle)?;
+        self.domain.detach(mr);
         Ok(())
     }
 
@@ -911,7 +1059,7 @@ impl Device for ShmDevice {
                         off.checked_add(n).is_some_and(|e| e <= r.len),
                         "gather outside its region"
                     );
-                    Some((&r.map, REGION_DATA + off, n))
+                    Some((&*r.map, REGION_DATA + off, n))
                 }
             };
             let pos = p.tail;
@@ -1027,9 +1175,10 @@ impl Drop for ShmDevice {
             p.ring.close_lane(p.lane);
         }
         map::unlink(&self.name);
-        for region in self.regions.iter().flatten() {
-            region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
-            map::unlink(&region.name);
+        for id in 0..self.regions.len() {
+            if self.regions[id].take().is_some() {
+                self.domain.detach(MrId(id as u32));
+            }
         }
     }
 }
