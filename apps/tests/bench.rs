@@ -223,6 +223,10 @@ fn shm_pingpong_verifies_every_byte_and_writes_json() {
     for r in v["results"].as_array().unwrap() {
         check_pingpong_row(r, 40, 1.0);
     }
+    // The device's counters too: what it delivered (and would have
+    // dropped: malformed slots, `device.malformed`).
+    let delivered = v["counters"]["device.delivered"].as_u64().unwrap_or(0);
+    assert!(delivered >= 40 * sizes.len() as u64, "{}", v["counters"]);
     let svg = std::fs::read_to_string(&plot).unwrap();
     let _ = std::fs::remove_file(&plot);
     assert!(svg.starts_with("<svg") && svg.contains("p50"), "{}", &svg[..svg.len().min(200)]);

@@ -253,9 +253,13 @@ impl<D: Device> Io<D> {
         }
     }
 
-    /// Counters worth reporting.
+    /// Counters worth reporting: the endpoint's, and its device's (named
+    /// `device.*`: packets it dropped, waits), those that are not zero.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        self.ep.counters().nonzero()
+        let mut all = self.ep.counters().nonzero();
+        let device = self.ep.device().counters().into_iter().filter(|&(_, n)| n > 0);
+        all.extend(device.map(|(name, n)| (format!("device.{name}"), n)));
+        all
     }
 }
 

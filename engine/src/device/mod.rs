@@ -295,6 +295,20 @@ pub enum DeviceError {
     /// allocate).
     #[error("not supported by this device")]
     NotSupported,
+    /// The system refused what the device asked of it: `what` it was
+    /// doing, and the error number (`ENOSPC` when `/dev/shm` is full).
+    #[error("{what}: {}", std::io::Error::from_raw_os_error(*errno))]
+    Os { what: &'static str, errno: i32 },
+}
+
+impl DeviceError {
+    /// The error of a failed system call made while doing `what`.
+    pub(crate) fn os(what: &'static str, e: &std::io::Error) -> DeviceError {
+        match e.raw_os_error() {
+            Some(errno) => DeviceError::Os { what, errno },
+            None => DeviceError::Registration,
+        }
+    }
 }
 
 /// The shared half of a NIC: a protection domain, as EFA's PD. It holds
@@ -444,6 +458,13 @@ pub trait Device {
 
     /// Writes up to `out.len()` completions; returns how many.
     fn poll(&mut self, out: &mut [Cqe]) -> usize;
+
+    /// What the device counted, by name: packets it dropped (by reason),
+    /// waits, losses. For reports (it allocates); a device without
+    /// counters of its own has none.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 
     /// The device's clock, in nanoseconds from an origin of its own: the
     /// time the endpoint's timers run on. The sim's is virtual (it moves

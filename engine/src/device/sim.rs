@@ -1454,6 +1454,18 @@ impl Device for SimDevice {
         self.clock.get()
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.fabric.borrow().nodes[self.node].stats;
+        vec![
+            ("delivered", s.delivered),
+            ("rnr_waits", s.rnr_waits),
+            ("duplicated", s.duplicated),
+            ("damaged", s.damaged),
+            ("injected", s.injected),
+            ("remote_access_errors", s.remote_access_errors),
+        ]
+    }
+
     fn poll(&mut self, out: &mut [Cqe]) -> usize {
         let mut f = self.fabric.borrow_mut();
         if !self.is_current(&f) {

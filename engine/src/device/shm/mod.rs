@@ -145,7 +145,7 @@ pub enum ShmError {
     #[error("no free shm endpoint number")]
     NoFreeQpn,
     /// Creating or mapping the segment failed.
-    #[error("shm segment: {0}")]
+    #[error("shm segment in /dev/shm: {0}")]
     Segment(#[from] io::Error),
 }
 
@@ -315,7 +315,7 @@ impl ShmDomain {
             match Mapping::create(&name, seg_len) {
                 Ok(map) => break (key, name, map),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(_) => return Err(DeviceError::Registration),
+                Err(e) => return Err(DeviceError::os("creating a region segment in /dev/shm", &e)),
             }
         };
         let base = map.addr_at(REGION_DATA);
@@ -1141,6 +1141,22 @@ impl Device for ShmDevice {
 
     fn now_ns(&self) -> u64 {
         super::host_now_ns()
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = &self.stats;
+        vec![
+            ("sent", s.sent),
+            ("delivered", s.delivered),
+            ("rnr_waits", s.rnr_waits),
+            ("ring_full", s.ring_full),
+            ("remote_access_errors", s.remote_access_errors),
+            ("malformed", s.malformed),
+            ("lanes_reclaimed", s.lanes_reclaimed),
+            ("liveness_checks", s.liveness_checks),
+            ("peers_lost", s.peers_lost),
+            ("stale_removed", s.stale_removed),
+        ]
     }
 
     fn poll(&mut self, out: &mut [Cqe]) -> usize {

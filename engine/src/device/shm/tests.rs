@@ -381,6 +381,7 @@ fn malformed_slots_are_dropped_and_counted() {
     assert_eq!((got[0].len, &b.buf(0)[..3]), (3, &b"abc"[..]));
     assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
     assert_eq!(b.stats().malformed, 2);
+    assert!(b.counters().contains(&("malformed", 2)), "reported with the device's counters");
 }
 
 #[test]
@@ -551,4 +552,16 @@ fn sixteen_senders_reach_one_receiver_by_default_and_the_next_is_told_again() {
     let mut want: Vec<Vec<u8>> = (0..16).map(|i| pattern(i, 100)).collect();
     want.sort();
     assert_eq!(seen, want, "one packet from each sender, intact");
+}
+
+#[test]
+fn a_region_dev_shm_cannot_hold_says_enospc_and_where() {
+    let mut dev = ShmDevice::new(small()).unwrap();
+    // Larger than any tmpfs: refused at once, before a page is reserved.
+    let err = dev.register(1 << 50, Access::LOCAL).unwrap_err();
+    let errno = libc::ENOSPC;
+    assert_eq!(err, DeviceError::Os { what: "creating a region segment in /dev/shm", errno });
+    let text = err.to_string();
+    assert!(text.contains("/dev/shm") && text.contains("No space left on device"), "{text}");
+    assert!(dev.register(4096, Access::LOCAL).is_ok(), "a region that fits still registers");
 }
