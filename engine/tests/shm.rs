@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use efapoll::device::shm::{ShmConfig, ShmDevice, remove_stale_segments};
+use efapoll::device::shm::{ShmConfig, ShmDevice};
 use efapoll::device::{
     Access, Ah, BufId, CqOp, CqStatus, Cqe, Device, DeviceError, Mr, RdmaOp, RdmaWr, SendWr, Source,
 };
@@ -62,14 +62,6 @@ impl Card {
             wr_id,
         }
     }
-}
-
-fn seg_exists(name: &str) -> bool {
-    std::path::Path::new("/dev/shm").join(name).exists()
-}
-
-fn region_seg(card: &Card) -> String {
-    format!("efapoll-{}-{:08x}-{:016x}", card.addr.qpn, card.addr.connid, card.key)
 }
 
 struct Peer {
@@ -315,9 +307,6 @@ fn a_killed_receiver_fails_outstanding_operations() {
     assert!(got.iter().all(|c| c.status == CqStatus::PeerUnreachable));
     assert_eq!(dev.insert_addr(&card.addr), Err(DeviceError::BadAddress));
     assert_eq!(dev.tx_outstanding(), 0);
-
-    remove_stale_segments();
-    assert!(!seg_exists(&region_seg(&card)));
 }
 
 #[test]
@@ -368,21 +357,22 @@ fn a_killed_sender_does_not_stall_the_receiver() {
         let bufs: Vec<BufId> = out[..n].iter().map(|c| c.wr_id as BufId).collect();
         dev.post_recv(&bufs);
     }
-    remove_stale_segments();
 }
 
 #[test]
-fn segments_of_a_dead_process_are_removed_by_the_next_device() {
+fn a_process_that_vanished_leaves_nothing_to_reach_or_sweep() {
     let mut child = Peer::spawn("vanish", None);
     let line = child.expect("READY");
     assert!(child.child.wait().unwrap().success());
-    let me = ShmDevice::new(cfg()).unwrap();
-    let card = Card::parse(&line, me.addr().gid);
-    drop(me);
-    // Its region's name is unique to it: gone.
-    assert!(!seg_exists(&region_seg(&card)));
     let mut dev = ShmDevice::new(cfg()).unwrap();
+    let card = Card::parse(&line, dev.addr().gid);
+    // Its segments had no names, and its socket went with it.
     assert_eq!(dev.insert_addr(&card.addr), Err(DeviceError::BadAddress));
+    let named = std::fs::read_dir("/dev/shm").unwrap().flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.contains(&format!("{:08x}", card.addr.connid))
+    });
+    assert!(!named, "nothing of it in /dev/shm");
 }
 
 #[test]
@@ -413,4 +403,58 @@ fn the_steady_state_allocates_nothing() {
         round(&mut a, &mut b);
     }
     assert_eq!(allocations_on_this_thread() - before, 0);
+}
+
+/// Files planted where segments once had names: removed when dropped.
+struct Planted(Vec<std::path::PathBuf>);
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[test]
+fn files_planted_in_dev_shm_neither_block_nor_exhaust_nor_reach_a_device() {
+    // What another local user (or a clumsy one) can leave in /dev/shm: a
+    // FIFO that blocks whoever opens it, a file with a valid-looking
+    // segment header, and every name of the old endpoint numbers.
+    let dir = std::path::Path::new("/dev/shm");
+    let mut planted = Planted(Vec::new());
+    let fifo = dir.join("efapoll-fifo");
+    if !fifo.exists() {
+        assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        planted.0.push(fifo);
+    }
+    let mut header = vec![0u8; 4096];
+    header[..8].copy_from_slice(b"EFAPSHM\0");
+    for n in 0..=u16::MAX {
+        let p = dir.join(format!("efapoll-{n}"));
+        if std::fs::OpenOptions::new().write(true).create_new(true).open(&p).is_ok() {
+            if n == 7 {
+                std::fs::write(&p, &header).unwrap();
+            }
+            planted.0.push(p);
+        }
+    }
+    // Devices are made, and talk, as if nothing were there (bounded: the
+    // old sweep blocked in open() on the FIFO for good).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let made = (ShmDevice::new(cfg()), ShmDevice::new(cfg()));
+        let _ = tx.send(made);
+    });
+    let (a, b) = rx.recv_timeout(Duration::from_secs(30)).expect("devices made");
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    b.post_recv(&[0]);
+    a.buf_mut(0)[..2].copy_from_slice(b"ok");
+    assert_eq!(a.post_send(&[SendWr { ah, buf: 0, len: 2, data: None, wr_id: 1 }]), 1);
+    assert_eq!(poll_until(&mut b, 1, Duration::from_secs(10)).len(), 1);
+    assert_eq!(&b.buf(0)[..2], b"ok");
+    // The planted "segment" is no address: nothing maps it.
+    let planted_addr = RawAddr { qpn: 7, connid: 0, ..a.addr() };
+    assert_eq!(a.insert_addr(&planted_addr), Err(DeviceError::BadAddress));
 }

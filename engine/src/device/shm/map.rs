@@ -1,27 +1,21 @@
 //! Shared-memory segments: the one type here that maps them, the header
-//! every segment starts with, and the sweep that removes segments whose
-//! owner died.
+//! every segment starts with, and the liveness check of their owners.
 //!
-//! A segment is a POSIX shared-memory object named `/efapoll-...`. It is
-//! sized once at creation and its pages are reserved then
-//! (`posix_fallocate`), so a full `/dev/shm` fails the creation instead of
-//! raising SIGBUS in whoever touches a page later; no one ever truncates a
-//! segment, so a mapping stays valid until its holder unmaps it, even after
-//! the owner died and the name was unlinked.
+//! A segment is an anonymous memory file (`memfd_create`) with no name in
+//! any file system: a peer gets its descriptor only from its owner, over
+//! the rendezvous socket (see `rendezvous`). Its size is sealed
+//! (`F_SEAL_SHRINK | F_SEAL_GROW`, then `F_SEAL_SEAL`) before anyone sees
+//! it, so no process, the owner included, can shrink it under a mapping
+//! (the SIGBUS a truncated file raises); a segment handed to us is mapped
+//! only if it carries those seals. Its pages are reserved at creation
+//! (`posix_fallocate`), so a full memory fails the creation instead of
+//! raising SIGBUS in whoever touches a page later.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-
-/// Every segment's name starts with this (after the `/`).
-pub(crate) const PREFIX: &str = "efapoll-";
-
-/// Where Linux shows POSIX shared-memory objects as files.
-const SHM_DIR: &str = "/dev/shm";
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// The header at offset 0 of every segment. All fields are read and
 /// written as atomics: the memory is shared with other processes.
@@ -48,8 +42,6 @@ pub(crate) mod hdr {
     pub const SLOT_STRIDE: usize = 48;
     /// Lanes of the segment: one ring per sending peer.
     pub const LANES: usize = 52;
-    /// Moves whenever a sender claims a lane.
-    pub const LANE_GEN: usize = 56;
 
     // Region segments.
     pub const KEY: usize = 32;
@@ -63,7 +55,7 @@ pub(crate) mod hdr {
     pub const LEN_MIN: usize = 64;
 
     pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"EFAPSHM\0");
-    pub const VERSION_VALUE: u32 = 3;
+    pub const VERSION_VALUE: u32 = 4;
     pub const STATE_READY: u32 = 1;
     pub const STATE_CLOSED: u32 = 2;
     pub const KIND_ENDPOINT: u32 = 1;
@@ -78,45 +70,59 @@ pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     writable: bool,
-    ino: u64,
 }
+
+/// The seals every segment carries: its size is fixed for good.
+const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
 fn os_err(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
 }
 
 impl Mapping {
-    /// Creates segment `name` of `len` bytes, zeroed, failing with
-    /// `AlreadyExists` if the name is taken: the way endpoint numbers are
-    /// allocated across processes.
-    pub(crate) fn create(name: &CString, len: usize) -> io::Result<Mapping> {
-        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
-        // SAFETY: `name` is NUL-terminated and outlives the call.
-        let fd = os_err(unsafe { libc::shm_open(name.as_ptr(), flags, 0o600) })?;
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let made = file.set_len(len as u64).and_then(|()| {
-            // SAFETY: a plain syscall on a descriptor we hold.
-            let err = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
-            if err != 0 { Err(io::Error::from_raw_os_error(err)) } else { Ok(()) }
-        });
-        let mapped = made.and_then(|()| Mapping::map(&file, len, true));
-        if mapped.is_err() {
-            unlink(name);
+    /// A new segment of `len` bytes, zeroed, its size sealed; returns its
+    /// mapping and the descriptor a peer is handed.
+    pub(crate) fn create(len: usize) -> io::Result<(Mapping, OwnedFd)> {
+        // A memory file has no file system's size limit: reserving more
+        // than the host can give would summon the OOM killer instead of
+        // failing. Refuse what cannot fit now (ENOMEM).
+        if mem_available().is_some_and(|avail| len as u64 > avail) {
+            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
         }
-        mapped
+        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+        // SAFETY: the name is a NUL-terminated literal.
+        let fd = os_err(unsafe { libc::memfd_create(c"efapoll".as_ptr(), flags) })?;
+        // SAFETY: `fd` was just made and is owned by nothing else.
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        file.set_len(len as u64)?;
+        // SAFETY: a plain syscall on a descriptor we hold.
+        let err = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+        if err != 0 {
+            return Err(io::Error::from_raw_os_error(err));
+        }
+        let seals = SIZE_SEALS | libc::F_SEAL_SEAL;
+        // SAFETY: a plain syscall on a descriptor we hold.
+        os_err(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+        let map = Mapping::map(&file, len, true)?;
+        Ok((map, file.into()))
     }
 
-    /// Maps existing segment `name` whole; fails if it is shorter than a
-    /// header.
-    pub(crate) fn open(name: &CString, writable: bool) -> io::Result<Mapping> {
-        let access = if writable { libc::O_RDWR } else { libc::O_RDONLY };
-        // SAFETY: `name` is NUL-terminated and outlives the call.
-        let fd = os_err(unsafe { libc::shm_open(name.as_ptr(), access | libc::O_CLOEXEC, 0) })?;
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    /// Maps a segment whose descriptor a peer handed over, whole: only a
+    /// memory file whose size is sealed (its owner could shrink any other
+    /// under us) and that holds at least `min_len` bytes.
+    pub(crate) fn from_fd(
+        fd: BorrowedFd<'_>,
+        min_len: usize,
+        writable: bool,
+    ) -> io::Result<Mapping> {
+        // SAFETY: a plain syscall on a descriptor we hold.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & SIZE_SEALS != SIZE_SEALS {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "segment size not sealed"));
+        }
+        let file = File::from(fd.try_clone_to_owned()?);
         let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
-        if len < hdr::LEN_MIN {
+        if len < min_len.max(hdr::LEN_MIN) {
             return Err(io::ErrorKind::InvalidData.into());
         }
         Mapping::map(&file, len, writable)
@@ -124,7 +130,6 @@ impl Mapping {
 
     /// The descriptor closes when `file` drops; the mapping outlives it.
     fn map(file: &File, len: usize, writable: bool) -> io::Result<Mapping> {
-        let ino = file.metadata()?.ino();
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // SAFETY: a new mapping at an address the kernel picks, so it
         // overlaps no Rust object; `len` is the file's size, so no page of
@@ -136,17 +141,11 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let ptr = NonNull::new(p.cast::<u8>()).ok_or(io::ErrorKind::InvalidData)?;
-        Ok(Mapping { ptr, len, writable, ino })
+        Ok(Mapping { ptr, len, writable })
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// The segment's inode, to tell it from a later segment of the same
-    /// name.
-    pub(crate) fn ino(&self) -> u64 {
-        self.ino
     }
 
     /// This process's address of byte `offset`.
@@ -266,10 +265,12 @@ impl Drop for Mapping {
     }
 }
 
-/// Removes segment `name`; mappings of it stay valid.
-pub(crate) fn unlink(name: &CString) {
-    // SAFETY: `name` is NUL-terminated and outlives the call.
-    unsafe { libc::shm_unlink(name.as_ptr()) };
+/// Bytes of memory the host can still give (`MemAvailable`), if it says.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Whether process `pid` may still run: "no such process" says it does not
@@ -309,41 +310,4 @@ fn is_zombie(pid: libc::pid_t) -> bool {
     let stat = &buf[..n];
     let state = stat.iter().rposition(|&b| b == b')').and_then(|at| stat.get(at + 2));
     state == Some(&b'Z')
-}
-
-/// The segment name `/<PREFIX><rest>`.
-pub(crate) fn name(rest: std::fmt::Arguments<'_>) -> CString {
-    CString::new(format!("/{PREFIX}{rest}")).expect("segment names hold no NUL")
-}
-
-/// Removes every segment with the project's prefix whose owner process is
-/// dead; returns how many it removed. Segments still being created (no
-/// owner written yet) and those of live owners are left alone.
-pub fn remove_stale_segments() -> usize {
-    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
-        return 0;
-    };
-    let mut removed = 0;
-    for entry in dir.flatten() {
-        let file_name = entry.file_name();
-        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
-            continue;
-        };
-        let seg = name(format_args!("{rest}"));
-        let Ok(map) = Mapping::open(&seg, false) else {
-            continue;
-        };
-        let pid = map.u32_at(hdr::PID).load(Ordering::Acquire);
-        if pid == 0 || pid_alive(pid) {
-            continue;
-        }
-        // Unlink only the segment we looked at: a live device may have
-        // just replaced it under the same name.
-        let path = entry.path();
-        if std::fs::metadata(&path).is_ok_and(|m| m.ino() == map.ino()) {
-            unlink(&seg);
-            removed += 1;
-        }
-    }
-    removed
 }

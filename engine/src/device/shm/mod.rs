@@ -1,22 +1,48 @@
 //! `shm`: endpoints in processes or threads of one host, talking through
-//! POSIX shared memory.
+//! shared memory.
 //!
-//! Each [`ShmDevice`] creates a segment `/efapoll-<qpn>` whose name is its
-//! endpoint number (the lowest free one, taken atomically across processes
-//! by an exclusive create) and which holds a header and the device's
-//! receive rings, one lane per sending peer (see `ring`). Its raw address
-//! is this host's GID, that number and a random connid. A sender maps the
-//! receiver's segment and claims a lane of it once, at `insert_addr`, and
-//! `post_send` copies the packet into the next slot of its lane with plain
-//! stores (no locked instruction: the lane has one producer); the
-//! receiver's `poll` copies slots into its posted receive buffers.
-//! Registered regions are segments of their own, named by their random key
-//! (`/efapoll-r-<key>`), which peers map on first use to do RDMA read and
-//! write by copy, after checking the key, the bounds and the rights in the
+//! Each [`ShmDevice`] creates a segment that holds a header and its receive
+//! rings, one lane per sending peer (see `ring`): an anonymous memory file
+//! whose size is sealed, with no name anywhere. Its raw address is this
+//! host's GID, a random QPN and a random connid, and it listens on an
+//! abstract Unix socket named by that address (see `rendezvous`), where a
+//! thread of the device grants lanes and hands over segments. A sender
+//! asks for a lane once, at `insert_addr`, gets the segment's descriptor
+//! with it and maps it; `post_send` copies the packet into the next slot
+//! of its lane with plain stores (no locked instruction: the lane has one
+//! producer); the receiver's `poll` copies slots into its posted receive
+//! buffers. Registered regions are sealed segments of their own, which a
+//! peer asks the owner for by key on first use, to do RDMA read and write
+//! by copy after checking the key, the bounds and the rights in the
 //! region's header. They belong to a [`ShmDomain`]: the devices that
-//! lcores of one process make from one domain share its registrations
-//! (a peer reaches one through any of them); [`ShmDevice::new`] makes a
+//! lcores of one process make from one domain share its registrations (a
+//! peer reaches one through any of them); [`ShmDevice::new`] makes a
 //! device in a domain of its own.
+//!
+//! # Threat model
+//!
+//! Another local user can neither crash, hang nor impersonate:
+//!
+//! * nothing is opened by name (no `/dev/shm` files, no sweep of them), so
+//!   files planted there (a FIFO, a fake segment, every name) are never
+//!   looked at; socket names carry a random 32-bit connid, drawn before
+//!   binding, so they cannot be taken ahead of a device or run out;
+//! * a segment's size is sealed before anyone sees it, and one handed to
+//!   us is mapped only with those seals, so no process can shrink it under
+//!   a mapping (a SIGBUS);
+//! * a lane is granted only to a process of our user that owns the address
+//!   it claims (the kernel's `SO_PEERCRED` of its request, and of the
+//!   socket of that address), and the receiver takes a lane's packets as
+//!   from the address it granted it to, whatever the lane table in the
+//!   segment says; regions are handed to our user's processes only. A
+//!   request that fails a check is counted (`refused`) and dropped.
+//!
+//! A process of the same user can still write any memory it can map: a
+//! sender, the slots and lane table of the whole segment it was granted a
+//! lane in (it can forge packets in other senders' lanes, and garble or
+//! close them); a process allowed to trace ours (`/proc/<pid>/fd`, ptrace),
+//! anything. Malformed slots are counted and dropped; nothing it writes
+//! can make the device read or write outside a mapping, or block.
 //!
 //! Semantics follow the sim device:
 //!
@@ -41,26 +67,29 @@
 //! completion queue never holds more than `tx_depth` entries and nothing
 //! on the send, receive or poll paths allocates or makes a system call.
 //!
-//! Limits: Linux only (`/dev/shm` is scanned for stale segments and
-//! `/proc` tells zombies); segments are private to the user (mode 0600);
-//! processes must share a pid namespace, since liveness is a pid check; a
-//! lost peer's mappings stay until the device drops, so that nothing it
-//! left behind can fault.
+//! Limits: Linux only (memory files, abstract sockets, `/proc` tells
+//! zombies); one user's processes talk (another user's are refused);
+//! processes must share a network namespace (abstract socket names live
+//! there) and a pid namespace (liveness is a pid check); a region's memory
+//! is reserved at registration and refused (ENOMEM) beyond what the host
+//! has available; a lost peer's mappings stay until the device drops, so
+//! that nothing it left behind can fault.
 
 mod map;
+mod rendezvous;
 mod ring;
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
-use std::ffi::CString;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use map::remove_stale_segments;
 use map::{Mapping, hdr, pid_alive};
+use rendezvous::{Rendezvous, Serve};
 use ring::{Kind, LaneState, Record, Ring};
 
 use super::{
@@ -131,8 +160,9 @@ pub struct ShmStats {
     pub liveness_checks: u64,
     /// Peers found closed or dead.
     pub peers_lost: u64,
-    /// Stale segments this device removed when it was created.
-    pub stale_removed: u64,
+    /// Requests refused at our rendezvous socket: another user, a process
+    /// claiming an address not its own, garbage.
+    pub refused: u64,
 }
 
 /// Why a device could not be created.
@@ -141,11 +171,12 @@ pub enum ShmError {
     /// The configuration is not usable.
     #[error("invalid shm config: {0}")]
     Config(&'static str),
-    /// Every endpoint number is taken.
-    #[error("no free shm endpoint number")]
+    /// No free address after many random draws (only a host with
+    /// billions of devices would see it).
+    #[error("no free shm address")]
     NoFreeQpn,
-    /// Creating or mapping the segment failed.
-    #[error("shm segment in /dev/shm: {0}")]
+    /// Creating or mapping the segment, or its socket, failed.
+    #[error("shm segment: {0}")]
     Segment(#[from] io::Error),
 }
 
@@ -190,16 +221,6 @@ fn random_u64() -> u64 {
     h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos());
     h.write_u32(std::process::id());
     h.finish()
-}
-
-fn endpoint_name(qpn: u16) -> CString {
-    map::name(format_args!("{qpn}"))
-}
-
-/// A region's segment, named by its key alone, so that a peer reaches it
-/// through any device of the domain that registered it.
-fn region_name(key: u64) -> CString {
-    map::name(format_args!("r-{key:016x}"))
 }
 
 /// An operation waiting for its packet to be consumed.
@@ -251,7 +272,8 @@ struct Region {
 #[derive(Debug)]
 struct DomainRegion {
     region: Region,
-    name: CString,
+    /// The segment's descriptor, handed to peers that ask for it.
+    fd: OwnedFd,
     mr: Mr,
     /// Devices that use it.
     queues: u32,
@@ -261,10 +283,10 @@ struct DomainRegion {
 }
 
 impl DomainRegion {
-    /// Peers that map it see it closed and refuse access; the name goes.
+    /// Peers that mapped it see it closed and refuse access; no peer gets
+    /// it any more.
     fn close(&self) {
         self.region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
-        map::unlink(&self.name);
     }
 }
 
@@ -309,13 +331,14 @@ impl ShmDomain {
         let data_len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
         let seg_len = data_len.checked_add(REGION_DATA).ok_or(DeviceError::Registration)?;
         let access = access | Access::LOCAL;
-        let (key, name, map) = loop {
+        let (map, fd) = Mapping::create(seg_len)
+            .map_err(|e| DeviceError::os("creating a region's shared memory", &e))?;
+        let key = loop {
+            // Keys are hard to guess (a peer asks for a region by key) and
+            // unique in the domain.
             let key = random_u64();
-            let name = region_name(key);
-            match Mapping::create(&name, seg_len) {
-                Ok(map) => break (key, name, map),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(DeviceError::os("creating a region segment in /dev/shm", &e)),
+            if self.lock().0.iter().flatten().all(|r| r.mr.key != key) {
+                break key;
             }
         };
         let base = map.addr_at(REGION_DATA);
@@ -333,7 +356,7 @@ impl ShmDomain {
         let mut regs = self.lock();
         let index = regs.0.iter().position(Option::is_none).unwrap_or(regs.0.len());
         let mr = Mr { id: MrId(index as u32), key, addr: base, len, access };
-        let entry = DomainRegion { region: region.clone(), name, mr, queues, held: queues == 0 };
+        let entry = DomainRegion { region: region.clone(), fd, mr, queues, held: queues == 0 };
         if index == regs.0.len() {
             regs.0.push(Some(entry));
         } else {
@@ -349,6 +372,13 @@ impl ShmDomain {
         let r = r.filter(|r| r.mr == *mr).ok_or(DeviceError::UnknownHandle)?;
         r.queues += 1;
         Ok(r.region.clone())
+    }
+
+    /// A copy of registration `key`'s descriptor, for a peer that asks.
+    fn region_fd(&self, key: u64) -> Option<OwnedFd> {
+        let regs = self.lock();
+        let r = regs.0.iter().flatten().find(|r| r.mr.key == key)?;
+        r.fd.try_clone().ok()
     }
 
     /// A device stops using registration `id`; the registration ends with
@@ -404,6 +434,30 @@ struct RxLane {
     pid: u32,
 }
 
+/// What a device's rendezvous thread answers with: its own mapping of the
+/// ring segment (to grant lanes), the segment's descriptor (to hand to
+/// the senders it grants one) and the domain (its registrations).
+#[derive(Debug)]
+struct Served {
+    ring: Ring,
+    ring_fd: OwnedFd,
+    domain: ShmDomain,
+}
+
+impl Serve for Served {
+    fn ring_fd(&self) -> RawFd {
+        self.ring_fd.as_raw_fd()
+    }
+
+    fn claim(&self, pid: u32, qpn: u16, connid: u32) -> Option<u32> {
+        self.ring.claim_lane(pid, qpn, connid)
+    }
+
+    fn region(&self, key: u64) -> Option<OwnedFd> {
+        self.domain.region_fd(key)
+    }
+}
+
 /// An endpoint on shared memory. See the module documentation.
 #[derive(Debug)]
 pub struct ShmDevice {
@@ -412,14 +466,15 @@ pub struct ShmDevice {
     caps: Caps,
     cfg: ShmConfig,
     addr: RawAddr,
-    pid: u32,
-    name: CString,
     /// Our receive rings, in our segment.
     ring: Ring,
     /// The lanes senders hold, in the order we take packets from them.
     rx_lanes: Vec<RxLane>,
-    /// The segment's lane generation when we last looked at its lanes.
-    lane_gen: u32,
+    /// Our socket and the thread that answers on it, with the lanes it
+    /// granted (`grants`).
+    rendezvous: Rendezvous,
+    /// `rendezvous.grants.generation` when we last took grants up.
+    seen_grants: u32,
     /// The lane the next poll reads first (round robin).
     next_lane: usize,
     /// Packet buffers: private memory, `bufs * mtu` bytes.
@@ -443,8 +498,8 @@ pub struct ShmDevice {
 }
 
 impl ShmDevice {
-    /// Creates a device: removes stale segments, then takes the lowest free
-    /// endpoint number.
+    /// Creates a device in a domain of its own: its segment, a random
+    /// address and the socket and thread that answer on it.
     pub fn new(cfg: ShmConfig) -> Result<ShmDevice, ShmError> {
         ShmDevice::in_domain(ShmDomain::new(cfg))
     }
@@ -466,14 +521,13 @@ impl ShmDevice {
         }
         let pool_len =
             cfg.mtu.checked_mul(cfg.bufs as usize).ok_or(ShmError::Config("bufs * mtu"))?;
-        let stale_removed = remove_stale_segments() as u64;
-        let (qpn, ring) = ShmDevice::create_ring(&cfg)?;
-        let connid = random_u64() as u32;
+        let (ring, ring_fd) = Ring::create(cfg.lanes, cfg.ring_slots, cfg.mtu)?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        ring.map().u64_at(hdr::INCARNATION).store(now.as_nanos() as u64, Relaxed);
+        let (qpn, connid, rendezvous) = ShmDevice::listen(&ring, ring_fd, &domain)?;
         let map = ring.map();
         map.u32_at(hdr::CONNID).store(connid, Relaxed);
         map.u32_at(hdr::QPN).store(qpn as u32, Relaxed);
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        map.u64_at(hdr::INCARNATION).store(now.as_nanos() as u64, Relaxed);
         ring.open_for_business();
         let caps = Caps {
             mtu: cfg.mtu,
@@ -493,9 +547,8 @@ impl ShmDevice {
             caps,
             cfg,
             addr: RawAddr { gid: host_gid(), qpn, connid },
-            pid: std::process::id(),
-            name: endpoint_name(qpn),
-            lane_gen: ring.lane_gen(),
+            seen_grants: 0,
+            rendezvous,
             ring,
             rx_lanes: Vec::with_capacity(cfg.lanes as usize),
             next_lane: 0,
@@ -510,15 +563,32 @@ impl ShmDevice {
             polls_since_clock: 0,
             last_check: Instant::now(),
             last_lane_check: Instant::now(),
-            stats: ShmStats { stale_removed, ..ShmStats::default() },
+            stats: ShmStats::default(),
         })
     }
 
-    fn create_ring(cfg: &ShmConfig) -> Result<(u16, Ring), ShmError> {
-        for qpn in 0..=u16::MAX {
-            match Ring::create(&endpoint_name(qpn), cfg.lanes, cfg.ring_slots, cfg.mtu) {
-                Ok(ring) => return Ok((qpn, ring)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+    /// Takes an address, random QPN and connid, whose rendezvous socket
+    /// no one holds, and starts answering on it. A stranger cannot take
+    /// our name ahead of us: the connid is drawn after the QPN, 2^48
+    /// names in all (QPNs may repeat on a host: every use checks the
+    /// connid too).
+    fn listen(
+        ring: &Ring,
+        ring_fd: OwnedFd,
+        domain: &ShmDomain,
+    ) -> Result<(u16, u32, Rendezvous), ShmError> {
+        let mine = Mapping::from_fd(ring_fd.as_fd(), ring.map().len(), true)?;
+        let served = Served {
+            ring: Ring::attach(mine).ok_or(ShmError::Config("ring geometry"))?,
+            ring_fd,
+            domain: domain.clone(),
+        };
+        for _ in 0..64 {
+            let r = random_u64();
+            let (qpn, connid) = (r as u16, (r >> 32) as u32);
+            match Rendezvous::bind(qpn, connid) {
+                Ok(l) => return Ok((qpn, connid, Rendezvous::start(l, served)?)),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -527,7 +597,7 @@ impl ShmDevice {
 
     /// What happened at this device so far.
     pub fn stats(&self) -> ShmStats {
-        self.stats
+        ShmStats { refused: self.rendezvous.grants.refused.load(Relaxed), ..self.stats }
     }
 
     /// The device's parameters.
@@ -698,16 +768,19 @@ impl ShmDevice {
         }
     }
 
-    /// Takes up lanes senders claimed since we last looked.
+    /// Takes up the lanes the rendezvous thread granted since we last
+    /// looked. Only those: the lane table in the segment is writable by
+    /// every sender, so who holds a lane is what the thread verified.
     #[cold]
     fn scan_lanes(&mut self) {
-        self.lane_gen = self.ring.lane_gen();
-        for lane in 0..self.ring.lanes() {
-            let o = self.ring.owner(lane);
-            if o.state != LaneState::Free && !self.rx_lanes.iter().any(|l| l.lane == lane) {
-                let (qpn, connid, pid) = (o.qpn, o.connid, o.pid);
-                self.rx_lanes.push(RxLane { lane, head: 0, qpn, connid, pid });
-            }
+        self.seen_grants = self.rendezvous.grants.generation.load(Acquire);
+        let claims = std::mem::take(
+            &mut *self.rendezvous.grants.claims.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        for c in claims {
+            self.rx_lanes.retain(|l| l.lane != c.lane);
+            let rx = RxLane { lane: c.lane, head: 0, qpn: c.qpn, connid: c.connid, pid: c.pid };
+            self.rx_lanes.push(rx);
         }
     }
 
@@ -723,7 +796,7 @@ impl ShmDevice {
     /// the one after last time's first; returns how many completions it
     /// wrote.
     fn receive(&mut self, out: &mut [Cqe]) -> usize {
-        if self.ring.lane_gen() != self.lane_gen {
+        if self.rendezvous.grants.generation.load(Relaxed) != self.seen_grants {
             self.scan_lanes();
         }
         let lanes = self.rx_lanes.len();
@@ -807,10 +880,13 @@ impl ShmDevice {
 
     /// The peer's region `key`, mapped on first use.
     fn remote_region(&mut self, idx: usize, key: u64) -> Option<&Mapping> {
+        let addr = self.peers[idx].addr;
         match self.peers[idx].regions.entry(key) {
             Entry::Occupied(e) => Some(e.into_mut()),
             Entry::Vacant(e) => {
-                let map = Mapping::open(&region_name(key), true).ok()?;
+                let answer = rendezvous::region(addr.qpn, addr.connid, key).ok()?;
+                let fd = answer.fd.filter(|_| answer.status == rendezvous::OK)?;
+                let map = Mapping::from_fd(fd.as_fd(), REGION_DATA, true).ok()?;
                 let ok = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
                     && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_REGION
                     && map.u64_at(hdr::KEY).load(Relaxed) == key;
@@ -879,22 +955,32 @@ impl Device for ShmDevice {
         let idx = match known {
             Some(idx) => idx,
             None => {
-                let map = Mapping::open(&endpoint_name(addr.qpn), true)
+                // The receiver grants the lane; its segment comes with the
+                // grant, and the kernel says which process it is.
+                let answer =
+                    rendezvous::hello(addr.qpn, addr.connid, self.addr.qpn, self.addr.connid)
+                        .map_err(|_| DeviceError::BadAddress)?;
+                match answer.status {
+                    rendezvous::OK => {}
+                    // Every lane taken: the receiver has as many senders as
+                    // it can take; one may leave.
+                    rendezvous::FULL => return Err(DeviceError::Again),
+                    _ => return Err(DeviceError::BadAddress),
+                }
+                let fd = answer.fd.ok_or(DeviceError::BadAddress)?;
+                let map = Mapping::from_fd(fd.as_fd(), hdr::LEN_MIN, true)
                     .map_err(|_| DeviceError::BadAddress)?;
                 let ring = Ring::attach_peer(map).ok_or(DeviceError::BadAddress)?;
                 let h = ring.map();
-                let pid = h.u32_at(hdr::PID).load(Relaxed);
+                let pid = answer.peer.pid;
                 let matches = h.u32_at(hdr::STATE).load(Relaxed) == hdr::STATE_READY
                     && h.u32_at(hdr::CONNID).load(Relaxed) == addr.connid
-                    && h.u32_at(hdr::QPN).load(Relaxed) == addr.qpn as u32;
-                if !matches || !pid_alive(pid) {
+                    && h.u32_at(hdr::QPN).load(Relaxed) == addr.qpn as u32
+                    && answer.value < ring.lanes();
+                if !matches {
                     return Err(DeviceError::BadAddress);
                 }
-                // Every lane taken: the receiver has as many senders as it
-                // can take; one may leave.
-                let lane = ring
-                    .claim_lane(self.pid, self.addr.qpn, self.addr.connid)
-                    .ok_or(DeviceError::Again)?;
+                let lane = answer.value;
                 self.peers.push(Peer {
                     addr: *addr,
                     ring,
@@ -1155,7 +1241,7 @@ impl Device for ShmDevice {
             ("lanes_reclaimed", s.lanes_reclaimed),
             ("liveness_checks", s.liveness_checks),
             ("peers_lost", s.peers_lost),
-            ("stale_removed", s.stale_removed),
+            ("refused", self.rendezvous.grants.refused.load(Relaxed)),
         ]
     }
 
@@ -1190,7 +1276,6 @@ impl Drop for ShmDevice {
         for p in &self.peers {
             p.ring.close_lane(p.lane);
         }
-        map::unlink(&self.name);
         for id in 0..self.regions.len() {
             if self.regions[id].take().is_some() {
                 self.domain.detach(MrId(id as u32));

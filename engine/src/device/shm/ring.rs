@@ -23,10 +23,10 @@
 //! the lane (slots unpublished, head 0) and frees it for the next sender:
 //! a dead producer stalls its own lane only, never another's.
 
-use std::ffi::CString;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::AtomicU32;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use super::map::{Mapping, hdr};
 
@@ -176,26 +176,22 @@ impl Ring {
         lane.checked_mul(lanes as usize)?.checked_add(slots_at(lanes)?)
     }
 
-    /// Creates segment `name` holding empty lanes; the caller writes the
-    /// rest of the header and then [`Ring::open_for_business`].
-    pub(crate) fn create(
-        name: &CString,
-        lanes: u32,
-        slots: u32,
-        payload: usize,
-    ) -> io::Result<Ring> {
+    /// Creates a segment holding empty lanes, and returns its descriptor
+    /// too; the caller writes the rest of the header and then
+    /// [`Ring::open_for_business`].
+    pub(crate) fn create(lanes: u32, slots: u32, payload: usize) -> io::Result<(Ring, OwnedFd)> {
         assert!(lanes >= 1, "at least one lane");
         assert!(slots >= 2 && slots.is_power_of_two(), "ring slots: a power of two, at least 2");
         let invalid = || io::Error::from(io::ErrorKind::InvalidInput);
         let len = Ring::segment_len(lanes, slots, payload).ok_or_else(invalid)?;
-        let map = Mapping::create(name, len)?;
+        let (map, fd) = Mapping::create(len)?;
         map.u32_at(hdr::PID).store(std::process::id(), Release);
         map.u32_at(hdr::LANES).store(lanes, Relaxed);
         map.u32_at(hdr::RING_SLOTS).store(slots, Relaxed);
         map.u32_at(hdr::SLOT_PAYLOAD).store(payload as u32, Relaxed);
         map.u32_at(hdr::SLOT_STRIDE).store(stride(payload).ok_or_else(invalid)? as u32, Relaxed);
         // A new segment is zeroed: every lane free, every slot unpublished.
-        Ring::attach(map).ok_or_else(invalid)
+        Ok((Ring::attach(map).ok_or_else(invalid)?, fd))
     }
 
     /// Publishes the header: magic last, so a reader that sees it sees
@@ -291,8 +287,6 @@ impl Ring {
             self.map.u32_at(ctl + lane::QPN).store(qpn as u32, Relaxed);
             self.map.u32_at(ctl + lane::CONNID).store(connid, Relaxed);
             self.map.u32_at(ctl + lane::STATE).store(LaneState::Open.to_u32(), Release);
-            // Receivers rescan their lanes when this moves.
-            self.map.u32_at(hdr::LANE_GEN).fetch_add(1, AcqRel);
             true
         })
     }
@@ -386,11 +380,6 @@ impl Ring {
         }
     }
 
-    /// Moves whenever a producer claims a lane.
-    pub(crate) fn lane_gen(&self) -> u32 {
-        self.map.u32_at(hdr::LANE_GEN).load(Acquire)
-    }
-
     /// The packet at position `pos` of `lane` (the consumer's head), if
     /// published.
     #[inline]
@@ -433,13 +422,7 @@ mod tests {
     use super::*;
 
     fn test_ring(lanes: u32, slots: u32) -> Ring {
-        let seg = super::super::map::name(format_args!(
-            "test-ring-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-        ));
-        let ring = Ring::create(&seg, lanes, slots, 64).unwrap();
-        super::super::map::unlink(&seg);
+        let (ring, _fd) = Ring::create(lanes, slots, 64).unwrap();
         ring.open_for_business();
         ring
     }
@@ -479,12 +462,10 @@ mod tests {
     #[test]
     fn each_producer_has_a_lane_until_there_are_none() {
         let ring = test_ring(2, 4);
-        let generation = ring.lane_gen();
         let a = ring.claim_lane(100, 1, 1).unwrap();
         let b = ring.claim_lane(200, 2, 2).unwrap();
         assert_ne!(a, b);
         assert_eq!(ring.claim_lane(300, 3, 3), None, "every lane taken");
-        assert_eq!(ring.lane_gen(), generation.wrapping_add(2));
         ring.publish(a, 0, &rec(1), b"a", None);
         ring.publish(b, 0, &rec(1), b"b", None);
         let mut x = [0u8; 1];

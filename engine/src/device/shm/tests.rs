@@ -38,6 +38,17 @@ fn poll_n(dev: &mut ShmDevice, n: usize) -> Vec<Cqe> {
     all
 }
 
+/// A lane of `to`'s segment granted to `from`'s address, as `to`'s
+/// rendezvous grants one, and the segment mapped: for tests that write
+/// slots by hand, as a hostile sender of our user could.
+fn hand_lane(to: &ShmDevice, from: &ShmDevice) -> (Ring, u32) {
+    let (t, f) = (to.addr(), from.addr());
+    let answer = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap();
+    assert_eq!(answer.status, rendezvous::OK);
+    let map = Mapping::from_fd(answer.fd.unwrap().as_fd(), 0, true).unwrap();
+    (Ring::attach_peer(map).unwrap(), answer.value)
+}
+
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(7)) as u8).collect()
 }
@@ -363,10 +374,9 @@ fn what_a_peer_consumed_before_closing_completes_as_delivered() {
 #[test]
 fn malformed_slots_are_dropped_and_counted() {
     let (a, mut b) = pair(small());
-    // A hostile peer claims a lane of b's segment and writes slots by hand.
-    let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
-    let ring = Ring::attach_peer(map).unwrap();
-    let lane = ring.claim_lane(std::process::id(), a.addr().qpn, 0).unwrap();
+    // A hostile peer of our user takes a lane of b's segment and writes
+    // slots by hand.
+    let (ring, lane) = hand_lane(&b, &a);
     let bad = [
         Record { kind: Kind::Unknown(9), len: 0, imm: 0 },
         Record { kind: Kind::Packet, len: 1 << 20, imm: 0 },
@@ -451,15 +461,19 @@ fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
     let cfg = ShmConfig { lanes: 2, ..small() };
     let (mut a, mut b) = pair(cfg);
     let ah = a.insert_addr(&b.addr()).unwrap();
-    // A sender that claims the other lane, publishes one packet and a half
-    // (no control word), and dies.
+    // A sender that takes the other lane, publishes one packet and a half
+    // (no control word), and dies: its lane is granted, then the pid it
+    // was granted to is a dead one (a process of its own in the suites
+    // across processes).
+    let d = ShmDevice::new(cfg).unwrap();
+    let (ring, lane) = hand_lane(&b, &d);
+    ring.publish(lane, 0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, b"dead", None);
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
-    let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
-    let ring = Ring::attach_peer(map).unwrap();
-    let lane = ring.claim_lane(dead, 999, 1).unwrap();
-    ring.publish(lane, 0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, b"dead", None);
+    poll_all(&mut b);
+    let held = b.rx_lanes.iter_mut().find(|l| l.lane == lane).expect("granted lane taken up");
+    held.pid = dead;
     let mut c = ShmDevice::new(cfg).unwrap();
     assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
 
@@ -508,14 +522,17 @@ fn a_closed_senders_lane_is_freed_for_the_next() {
 
 #[test]
 fn a_sender_that_died_taking_a_lane_does_not_keep_it() {
-    let cfg = ShmConfig { lanes: 2, ..small() };
+    let cfg = ShmConfig { lanes: 3, ..small() };
     let (mut a, mut b) = pair(cfg);
     let ah = a.insert_addr(&b.addr()).unwrap();
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
-    let map = Mapping::open(&endpoint_name(b.addr().qpn), true).unwrap();
-    Ring::attach_peer(map).unwrap().take_lane_unopened(dead).unwrap();
+    // A sender of our user, granted a lane, that marks the last lane taken
+    // in the shared table (by hand) and dies: the table is not the grant.
+    let d = ShmDevice::new(cfg).unwrap();
+    let (ring, _) = hand_lane(&b, &d);
+    ring.take_lane_unopened(dead).unwrap();
     let mut c = ShmDevice::new(cfg).unwrap();
     assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
     // b keeps polling (a holds a lane, so its liveness check runs).
@@ -555,13 +572,109 @@ fn sixteen_senders_reach_one_receiver_by_default_and_the_next_is_told_again() {
 }
 
 #[test]
-fn a_region_dev_shm_cannot_hold_says_enospc_and_where() {
+fn a_region_larger_than_the_memory_left_says_so() {
     let mut dev = ShmDevice::new(small()).unwrap();
-    // Larger than any tmpfs: refused at once, before a page is reserved.
+    // More than any host has: refused before a page is reserved.
     let err = dev.register(1 << 50, Access::LOCAL).unwrap_err();
-    let errno = libc::ENOSPC;
-    assert_eq!(err, DeviceError::Os { what: "creating a region segment in /dev/shm", errno });
+    let errno = libc::ENOMEM;
+    assert_eq!(err, DeviceError::Os { what: "creating a region's shared memory", errno });
     let text = err.to_string();
-    assert!(text.contains("/dev/shm") && text.contains("No space left on device"), "{text}");
+    assert!(text.contains("shared memory") && text.contains("Cannot allocate memory"), "{text}");
     assert!(dev.register(4096, Access::LOCAL).is_ok(), "a region that fits still registers");
+}
+
+#[test]
+fn no_one_can_resize_a_segment_and_an_unsealed_one_is_never_mapped() {
+    use std::fs::File;
+    use std::os::fd::FromRawFd;
+    let (a, mut b) = pair(small());
+    let mr = b.register(4096, Access::REMOTE_READ).unwrap();
+    // What peers are handed: b's ring segment and its region's.
+    let (t, f) = (b.addr(), a.addr());
+    let ring = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap().fd.unwrap();
+    let region = rendezvous::region(t.qpn, t.connid, mr.key).unwrap().fd.unwrap();
+    for fd in [&ring, &region] {
+        // Truncating a segment under its mappings would be a SIGBUS in
+        // every process that maps it: the kernel refuses, to anyone.
+        let file = File::from(fd.try_clone().unwrap());
+        let len = file.metadata().unwrap().len();
+        assert_eq!(file.set_len(len / 2).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(file.set_len(len * 2).unwrap_err().raw_os_error(), Some(libc::EPERM));
+    }
+    // A segment whose size is not sealed, as a hostile owner could hand
+    // over, is never mapped.
+    // SAFETY: the name is a NUL-terminated literal.
+    let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(raw >= 0);
+    // SAFETY: just made, owned by nothing else.
+    let unsealed = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    unsealed.set_len(1 << 16).unwrap();
+    let err = Mapping::from_fd(unsealed.as_fd(), 0, true).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+}
+
+/// The impostor's side of the next test: run as a process of its own.
+#[test]
+fn impostor() {
+    let Ok(plan) = std::env::var("EFAPOLL_IMPOSTOR") else { return };
+    let n: Vec<u64> = plan.split(',').map(|x| x.parse().unwrap()).collect();
+    let (b_qpn, b_connid, a_qpn, a_connid, key) =
+        (n[0] as u16, n[1] as u32, n[2] as u16, n[3] as u32, n[4]);
+    // Claims a lane as the peer `a`, whose address it learned.
+    let as_a = rendezvous::hello(b_qpn, b_connid, a_qpn, a_connid).unwrap();
+    // Claims one as itself, a device of its own, and asks for a region.
+    let me = ShmDevice::new(small()).unwrap();
+    let own = rendezvous::hello(b_qpn, b_connid, me.addr().qpn, me.addr().connid).unwrap();
+    let region = rendezvous::region(b_qpn, b_connid, key).unwrap();
+    println!("@@ {} {} {} {}", as_a.status, own.status, region.status, region.fd.is_some());
+}
+
+/// Runs the impostor against `b` (as `a`'s address), as `uid` if given;
+/// returns its statuses: as `a`, as itself, for the region, and whether a
+/// descriptor came. `None` when the process could not run as `uid`.
+fn run_impostor(a: &ShmDevice, b: &ShmDevice, key: u64, uid: Option<u32>) -> Option<String> {
+    use std::os::unix::process::CommandExt;
+    let (t, f) = (b.addr(), a.addr());
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["device::shm::tests::impostor", "--exact", "--nocapture", "--test-threads=1"])
+        .env("EFAPOLL_IMPOSTOR", format!("{},{},{},{},{key}", t.qpn, t.connid, f.qpn, f.connid));
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let out = cmd.output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let at = text.find("@@ ")?;
+    Some(text[at + 3..].lines().next().unwrap_or("").trim().to_owned())
+}
+
+#[test]
+fn a_process_cannot_take_a_lane_as_another_and_another_user_gets_nothing() {
+    let (mut a, mut b) = pair(small());
+    let mr = b.register(4096, Access::REMOTE_READ).unwrap();
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let (ok, refused) = (rendezvous::OK, rendezvous::REFUSED);
+    // Of our user: as `a` it is refused; as itself it gets a lane and the
+    // region (a same-user process can map what it asks for: see the
+    // module's threat model).
+    let got = run_impostor(&a, &b, mr.key, None).expect("the impostor ran");
+    assert_eq!(got, format!("{refused} {ok} {ok} true"));
+    assert!(b.stats().refused >= 1, "{:?}", b.stats());
+    // Nothing it did speaks for `a`: b's lanes from a's address are a's.
+    send(&mut a, ah, 0, b"mine", 1);
+    b.post_recv(&[0]);
+    assert_eq!(poll_n(&mut b, 1).len(), 1);
+    let me = std::process::id();
+    let from_a: Vec<_> = b.rx_lanes.iter().filter(|l| l.qpn == a.addr().qpn).collect();
+    assert!(from_a.len() == 1 && from_a[0].pid == me, "{from_a:?}");
+
+    // Of another user: refused whatever it asks.
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the other user's part: not root");
+        return;
+    }
+    match run_impostor(&a, &b, mr.key, Some(65534)) {
+        Some(got) => assert_eq!(got, format!("{refused} {refused} {refused} false")),
+        None => eprintln!("skipped the other user's part: uid 65534 cannot run the test binary"),
+    }
 }

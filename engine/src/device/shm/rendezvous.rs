@@ -1,0 +1,370 @@
+//! How shm devices find each other without a name in a file system, and
+//! know whom they talk to.
+//!
+//! Each device listens on an abstract Unix socket named by its address
+//! (`efapoll-shm/<qpn>-<connid>`; the connid is random, so a stranger
+//! cannot take a device's name ahead of it, and abstract names vanish with
+//! their process: nothing is left behind to sweep). A thread of the device
+//! answers on it, one short request at a time, each bounded by
+//! [`IO_TIMEOUT`]:
+//!
+//! * `Hello { qpn, connid }`: a sender asks for a lane. The kernel tells
+//!   the caller's pid and uid (`SO_PEERCRED`); the thread grants a lane
+//!   only to a process of our user that *is* the address it names (the
+//!   socket of that address belongs to the caller's pid), records the
+//!   grant for the device ([`Claim`]) and hands over the ring segment's
+//!   descriptor. A process claiming another's address is refused.
+//! * `Region { key }`: a peer of our user asks for registration `key`'s
+//!   segment, to do RDMA by copy; the thread hands its descriptor over if
+//!   the domain has it.
+//! * `Ping`: answered, nothing else (the check that a socket is there).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long one request may take, either side: a peer that stalls is
+/// dropped, not waited for.
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(1);
+
+const HELLO: u32 = 1;
+const REGION: u32 = 2;
+const PING: u32 = 3;
+
+/// Answers.
+pub(crate) const OK: u32 = 0;
+/// Every lane is taken: one may free.
+pub(crate) const FULL: u32 = 1;
+/// Not granted: another user, or not the process the address names.
+pub(crate) const REFUSED: u32 = 2;
+/// No such registration.
+pub(crate) const UNKNOWN: u32 = 3;
+
+/// The abstract socket name of the device at (`qpn`, `connid`).
+fn name(qpn: u16, connid: u32) -> String {
+    format!("efapoll-shm/{qpn:04x}-{connid:08x}")
+}
+
+/// Who is at the other end of a Unix socket, as the kernel says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cred {
+    pub pid: u32,
+    pub uid: u32,
+}
+
+fn peer_cred(s: &impl AsRawFd) -> io::Result<Cred> {
+    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `len` are valid for the kernel to write, sized as it
+    // expects for SO_PEERCRED.
+    let ret = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Cred { pid: c.pid as u32, uid: c.uid })
+}
+
+/// This process's effective uid.
+pub(crate) fn my_uid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+/// Sends `msg` with `fd` attached (SCM_RIGHTS), or alone.
+fn send_with_fd(s: &UnixStream, msg: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut libc::c_void, iov_len: msg.len() };
+    // Room for one descriptor's control message, aligned as cmsghdr.
+    let mut cbuf = [0u64; 4];
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+    mh.msg_iov = &mut iov;
+    mh.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE is arithmetic.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        assert!(space <= std::mem::size_of_val(&cbuf));
+        mh.msg_control = cbuf.as_mut_ptr().cast();
+        mh.msg_controllen = space;
+        // SAFETY: the control buffer holds one header and an fd (checked
+        // above); CMSG_FIRSTHDR of a buffer that large is not null.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&mh);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        }
+    }
+    // SAFETY: `mh` points at `iov` and `cbuf`, alive for the call.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &mh, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != msg.len() {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    Ok(())
+}
+
+/// Receives exactly `msg.len()` bytes and the descriptor sent with them,
+/// if any (any other control message is closed and ignored).
+fn recv_with_fd(s: &UnixStream, msg: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+    let mut iov = libc::iovec { iov_base: msg.as_mut_ptr().cast(), iov_len: msg.len() };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+    mh.msg_iov = &mut iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf.as_mut_ptr().cast();
+    mh.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: `mh` points at `iov` (over `msg`) and `cbuf`, alive for the
+    // call; descriptors come with close-on-exec set.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut mh, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: the kernel filled `mh`'s control part; the CMSG macros walk
+    // it within `msg_controllen`, and each SCM_RIGHTS descriptor is ours
+    // to own (or to close).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&mh);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let n = ((*c).cmsg_len as usize - (data as usize - c as usize))
+                    / std::mem::size_of::<RawFd>();
+                for i in 0..n {
+                    let raw = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                    let owned = OwnedFd::from_raw_fd(raw);
+                    if fd.is_none() {
+                        fd = Some(owned);
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(&mh, c);
+        }
+    }
+    if mh.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::ErrorKind::InvalidData.into());
+    }
+    if (n as usize) < msg.len() {
+        let got = n as usize;
+        (&*s).read_exact(&mut msg[got..])?;
+    }
+    Ok(fd)
+}
+
+fn connect(qpn: u16, connid: u32) -> io::Result<UnixStream> {
+    let addr = SocketAddr::from_abstract_name(name(qpn, connid))?;
+    let s = UnixStream::connect_addr(&addr)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    Ok(s)
+}
+
+/// A request: kind, qpn, connid, key.
+fn request(kind: u32, qpn: u16, connid: u32, key: u64) -> [u8; 20] {
+    let mut m = [0u8; 20];
+    m[0..4].copy_from_slice(&kind.to_le_bytes());
+    m[4..8].copy_from_slice(&(qpn as u32).to_le_bytes());
+    m[8..12].copy_from_slice(&connid.to_le_bytes());
+    m[12..20].copy_from_slice(&key.to_le_bytes());
+    m
+}
+
+/// What a device at (`qpn`, `connid`) answered: a status, a number (the
+/// lane), the descriptor it handed over, and who it is.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub status: u32,
+    pub value: u32,
+    pub fd: Option<OwnedFd>,
+    pub peer: Cred,
+}
+
+/// Asks the device at (`qpn`, `connid`): a lane for us, who are at
+/// (`my_qpn`, `my_connid`).
+pub(crate) fn hello(qpn: u16, connid: u32, my_qpn: u16, my_connid: u32) -> io::Result<Answer> {
+    ask(qpn, connid, request(HELLO, my_qpn, my_connid, 0))
+}
+
+/// Asks the device at (`qpn`, `connid`) for its registration `key`.
+pub(crate) fn region(qpn: u16, connid: u32, key: u64) -> io::Result<Answer> {
+    ask(qpn, connid, request(REGION, 0, 0, key))
+}
+
+fn ask(qpn: u16, connid: u32, req: [u8; 20]) -> io::Result<Answer> {
+    let s = connect(qpn, connid)?;
+    let peer = peer_cred(&s)?;
+    (&s).write_all(&req)?;
+    let mut reply = [0u8; 8];
+    let fd = recv_with_fd(&s, &mut reply)?;
+    let status = u32::from_le_bytes(reply[0..4].try_into().expect("4 bytes"));
+    let value = u32::from_le_bytes(reply[4..8].try_into().expect("4 bytes"));
+    Ok(Answer { status, value, fd, peer })
+}
+
+/// A lane the thread granted: who holds it, as verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub lane: u32,
+    pub qpn: u16,
+    pub connid: u32,
+    pub pid: u32,
+}
+
+/// What the answering thread shares with its device.
+#[derive(Debug, Default)]
+pub(crate) struct Grants {
+    /// Lanes granted and not yet taken up by the device.
+    pub claims: Mutex<Vec<Claim>>,
+    /// Moves with every grant: the device looks at `claims` when it does.
+    pub generation: AtomicU32,
+    /// Requests refused (another user, a borrowed address, garbage).
+    pub refused: AtomicU64,
+}
+
+/// What the thread needs to answer: it grants lanes by `claim` (which
+/// returns the lane, or `None` when every lane is taken) and finds a
+/// registration's segment by `region` (a descriptor to hand over).
+pub(crate) trait Serve: Send + 'static {
+    fn ring_fd(&self) -> RawFd;
+    fn claim(&self, pid: u32, qpn: u16, connid: u32) -> Option<u32>;
+    fn region(&self, key: u64) -> Option<OwnedFd>;
+}
+
+/// A device's socket and the thread that answers on it; dropping it stops
+/// the thread.
+#[derive(Debug)]
+pub(crate) struct Rendezvous {
+    listener: Arc<UnixListener>,
+    thread: Option<JoinHandle<()>>,
+    pub grants: Arc<Grants>,
+}
+
+impl Rendezvous {
+    /// Takes the name of address (`qpn`, `connid`); `AddrInUse` if a
+    /// socket has it.
+    pub(crate) fn bind(qpn: u16, connid: u32) -> io::Result<UnixListener> {
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(name(qpn, connid))?)
+    }
+
+    /// Answers on `listener` with `serve`, in a thread of its own.
+    pub(crate) fn start(listener: UnixListener, serve: impl Serve) -> io::Result<Rendezvous> {
+        let listener = Arc::new(listener);
+        let grants = Arc::new(Grants::default());
+        let (l, g) = (listener.clone(), grants.clone());
+        let thread = std::thread::Builder::new()
+            .name("efapoll-shm".into())
+            .spawn(move || answer_loop(&l, &g, &serve))?;
+        Ok(Rendezvous { listener, thread: Some(thread), grants })
+    }
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        // Wakes the thread's accept with an error; it ends there.
+        // SAFETY: a plain syscall on a descriptor the listener holds.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn answer_loop(l: &UnixListener, grants: &Grants, serve: &impl Serve) {
+    let uid = my_uid();
+    loop {
+        let s = match l.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            // Shut down (EINVAL), or the socket is gone.
+            Err(_) => return,
+        };
+        if answer(&s, grants, serve, uid).is_err() {
+            grants.refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Answers one request; an error is a request refused or broken off.
+fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::Result<()> {
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    let cred = peer_cred(s)?;
+    let mut req = [0u8; 20];
+    let mut r = s;
+    r.read_exact(&mut req)?;
+    let kind = u32::from_le_bytes(req[0..4].try_into().expect("4 bytes"));
+    let qpn = u32::from_le_bytes(req[4..8].try_into().expect("4 bytes"));
+    let connid = u32::from_le_bytes(req[8..12].try_into().expect("4 bytes"));
+    let key = u64::from_le_bytes(req[12..20].try_into().expect("8 bytes"));
+    let reply = |status: u32, value: u32, fd: Option<RawFd>| {
+        let mut m = [0u8; 8];
+        m[0..4].copy_from_slice(&status.to_le_bytes());
+        m[4..8].copy_from_slice(&value.to_le_bytes());
+        send_with_fd(s, &m, fd)
+    };
+    let refuse = || {
+        let _ = reply(REFUSED, 0, None);
+        Err(io::Error::from(io::ErrorKind::PermissionDenied))
+    };
+    match kind {
+        PING => reply(OK, 0, None),
+        HELLO => {
+            let Ok(qpn) = u16::try_from(qpn) else { return refuse() };
+            // Our user only (a sender can write every lane of the
+            // segment), and only the process the address names.
+            if cred.uid != uid || !owns(cred.pid, qpn, connid) {
+                return refuse();
+            }
+            match serve.claim(cred.pid, qpn, connid) {
+                Some(lane) => {
+                    let claim = Claim { lane, qpn, connid, pid: cred.pid };
+                    grants.claims.lock().unwrap_or_else(|e| e.into_inner()).push(claim);
+                    grants.generation.fetch_add(1, Ordering::Release);
+                    reply(OK, lane, Some(serve.ring_fd()))
+                }
+                None => reply(FULL, 0, None),
+            }
+        }
+        REGION => {
+            if cred.uid != uid {
+                return refuse();
+            }
+            match serve.region(key) {
+                Some(fd) => reply(OK, 0, Some(fd.as_raw_fd())),
+                None => reply(UNKNOWN, 0, None),
+            }
+        }
+        _ => refuse(),
+    }
+}
+
+/// Whether the socket of address (`qpn`, `connid`) belongs to process
+/// `pid`: the kernel's word, not the caller's.
+fn owns(pid: u32, qpn: u16, connid: u32) -> bool {
+    let Ok(s) = connect(qpn, connid) else { return false };
+    let owner = peer_cred(&s).is_ok_and(|c| c.pid == pid);
+    // A polite end to the other side's read.
+    let _ = (&s).write_all(&request(PING, 0, 0, 0));
+    owner
+}
