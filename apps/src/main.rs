@@ -156,7 +156,8 @@ struct BenchArgs {
             .map(|s| s.parse::<IdleStrategy>().expect("a listed name"))
     )]
     idle: IdleStrategy,
-    /// TCP port of the control link (server and client).
+    /// TCP port of the control link (server and client). A server given 0
+    /// listens on a port the OS chooses and prints it.
     #[arg(short = 'B', long = "port", default_value_t = 9228)]
     port: u16,
     /// Fail when nothing moves for this long (and the connect deadline).

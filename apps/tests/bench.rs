@@ -5,7 +5,7 @@
 //! The machine may have two cores: tests whose runs busy-poll take
 //! [`busy`] first, so that at most two polling threads run at once.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -44,7 +44,10 @@ fn wait(mut child: Child, args: &[&str]) -> Output {
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
     child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    // A test that reads stderr as the run goes has taken it.
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_end(&mut stderr).unwrap();
+    }
     Output { status, stdout, stderr }
 }
 
@@ -372,6 +375,56 @@ fn server_and_client_write_with_the_descriptor_sent_over_relink() {
     for app in ["pingpong", "streaming"] {
         server_and_client(app, "write");
     }
+}
+
+/// A child killed when dropped, so that a failing test leaves no server
+/// behind.
+struct KillOnDrop(Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn a_server_on_port_0_prints_the_port_the_os_chose_and_serves_on_it() {
+    let _busy = busy();
+    let args = ["-S", "64", "-I", "100"];
+    let mut srv = KillOnDrop(Some(server("pingpong", 0, &args)));
+    // Forward the server's stderr line by line; the rest is kept for the end.
+    let stderr = srv.0.as_mut().unwrap().stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let waiting = loop {
+        let line = lines.recv_timeout(Duration::from_secs(60)).expect("the server's first line");
+        if line.contains("waiting for a client") {
+            break line;
+        }
+    };
+    // The last word is the port (or ADDR:PORT).
+    let port: u16 = waiting
+        .rsplit([' ', ':'])
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {waiting:?}"));
+    assert_ne!(port, 0, "{waiting}");
+    let out = client("pingpong", port, &args);
+    let srv_out = wait(srv.0.take().unwrap(), &["--server", "-B", "0"]);
+    reader.join().unwrap();
+    let rest: Vec<String> = lines.try_iter().collect();
+    assert_ok(&out, "client of the -B 0 server");
+    assert_ok(&srv_out, "pingpong --server -B 0");
+    assert_eq!(rows(&out).len(), 1, "{}", text(&out.stdout));
+    assert_eq!(rows(&srv_out), rows(&out), "{}", text(&srv_out.stdout));
+    assert!(rest.iter().any(|l| l.contains("served 1 flow(s)")), "{rest:?}");
 }
 
 #[test]
