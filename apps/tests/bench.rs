@@ -523,9 +523,10 @@ fn one_sided(app: &str, device: &str, op: &str, sizes: &[u64]) {
 #[test]
 fn sim_runs_every_one_sided_op_verified() {
     let _busy = busy();
+    // A 0-byte write still carries pingpong's CQ data to the responder.
+    one_sided("pingpong", "sim", "write", &[0, 1, 64, 9000, 100_000]);
+    one_sided("streaming", "sim", "write", &[1, 64, 9000, 100_000]);
     for app in ["pingpong", "streaming"] {
-        // A 0-byte write still carries its CQ data to the responder.
-        one_sided(app, "sim", "write", &[0, 1, 64, 9000, 100_000]);
         one_sided(app, "sim", "read", &[1, 64, 9000, 100_000]);
         one_sided(app, "sim", "atomic", &[8]);
     }
@@ -534,11 +535,57 @@ fn sim_runs_every_one_sided_op_verified() {
 #[test]
 fn shm_runs_every_one_sided_op_verified() {
     let _busy = busy();
+    one_sided("pingpong", "shm", "write", &[0, 1, 64, 9000, 1 << 20]);
+    one_sided("streaming", "shm", "write", &[1, 64, 9000, 1 << 20]);
     for app in ["pingpong", "streaming"] {
-        one_sided(app, "shm", "write", &[0, 1, 64, 9000, 1 << 20]);
         one_sided(app, "shm", "read", &[64, 9000, 1 << 20]);
         one_sided(app, "shm", "atomic", &[8]);
     }
+}
+
+#[test]
+fn zero_byte_sizes_that_would_not_reach_the_peer_are_refused() {
+    for (app, op) in [("pingpong", "read"), ("streaming", "read"), ("streaming", "write")] {
+        let err = usage_error(&[app, "-o", op, "-S", "0,64"]);
+        assert!(err.contains("-S 0,64") && err.contains(&format!("-o {op}")), "{err}");
+        assert!(err.contains("from 1 byte"), "{err}");
+    }
+    for app in ["pingpong", "streaming"] {
+        let err = usage_error(&[app, "-o", "atomic", "-S", "0"]);
+        assert!(err.contains("-S 0") && err.contains("-o atomic"), "{err}");
+        assert!(err.contains("-S 8 only"), "{err}");
+    }
+}
+
+#[test]
+fn zero_byte_messages_are_headers_that_reach_the_peer() {
+    let _busy = busy();
+    for (app, op, counter) in [
+        ("pingpong", "send", "tx.EAGER_MSGRTM"),
+        ("streaming", "send", "tx.EAGER_MSGRTM"),
+        ("streaming", "tagged", "tx.EAGER_TAGRTM"),
+        ("pingpong", "write", "rdma_writes"),
+    ] {
+        let json = tmp(&format!("{app}-{op}-zero.json"));
+        let args = [app, "-p", "sim", "-o", op, "-S", "0", "-I", "50", "-c", "--json"];
+        let out = run(&[&args[..], &[json.to_str().unwrap()]].concat());
+        assert_ok(&out, &format!("{app} -o {op} -S 0"));
+        let v = read_report(&json, app, "sim", op, &[0]);
+        let r = &v["results"][0];
+        if app == "pingpong" {
+            check_pingpong_row(r, 50, 1.0)
+        } else {
+            check_streaming_row(r, 50)
+        }
+        assert_eq!(r["mb_per_s"].as_f64().or(r["bw_avg_mb_s"].as_f64()), Some(0.0), "{r}");
+        // Each measured message went to the peer (after the warmup's).
+        let sent = v["counters"][counter].as_u64().unwrap_or(0);
+        assert!(sent >= PRIME + 50, "{app} -o {op}: {}", v["counters"]);
+    }
+    // And -S's help says what a size of 0 times, and where it is refused.
+    let help = text(&run(&["pingpong", "--help"]).stdout);
+    assert!(help.contains("0 times messages with no payload"), "{help}");
+    assert!(help.contains("-o read and streaming -o write take sizes from 1 B"), "{help}");
 }
 
 #[test]
