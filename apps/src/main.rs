@@ -24,7 +24,8 @@ const EXIT_STATUS: &str = "\
 Exit status:
   0  success
   1  a run failed: peer gone, verification error, timeout, parameter mismatch
-     with the peer, a packet that does not decode
+     with the peer; decode: a packet or line that does not decode (bad hex,
+     not UTF-8, a line over the length limit, not a valid packet)
   2  bad arguments";
 
 #[derive(Debug, Parser)]
@@ -64,11 +65,24 @@ enum Command {
     Info,
     /// Dissect EFA RDM v4 packets given as hex, one per argument or per
     /// line of standard input; prints one JSON object per packet.
+    ///
+    /// Standard input is decoded line by line (empty lines skipped). A line
+    /// that fails prints `{"error": ..., "line": N}` (N counts from 1) and
+    /// decoding goes on with the next: a packet that does not parse, bad
+    /// hex, a line that is not UTF-8, or a line longer than 65536 bytes
+    /// (the limit: a 9 KiB packet with a separator after each byte fits).
+    ///
+    /// Exit status: 0 when every packet decoded, 1 when any failed (each
+    /// has its error object), 2 for bad arguments.
+    #[command(after_help = EXIT_STATUS)]
     Decode {
         /// Packets as hex; read from standard input when none is given.
         packets: Vec<String>,
     },
 }
+
+// decode's help states the line limit as a number.
+const _: () = assert!(decode::MAX_LINE == 65536);
 
 /// `-p`: the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
