@@ -2,7 +2,8 @@
 //!
 //! One JSON object per packet, one per line:
 //! `{"name", "header_len", "payload_offset", "fields": {...}}`, or
-//! `{"error": "..."}`. Field names are the spec's; integers are exact.
+//! `{"error": "..."}` (with `"line"`, its line number, when the packet came
+//! from standard input). Field names are the spec's; integers are exact.
 
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
@@ -12,30 +13,151 @@ use efapoll::wire::{
 };
 use serde_json::{Map, Value, json};
 
+/// The longest line of standard input decoded, in bytes: a packet of the
+/// largest MTU (9 KiB), written with a separator after every byte, takes
+/// under 28 KiB. Past it the line is an error, so memory stays bounded
+/// whatever the input.
+pub const MAX_LINE: usize = 64 << 10;
+
 /// Decodes the packets in `args`, or each non-empty line of stdin when
 /// there are none. Exit status 0 when every packet decoded, 1 otherwise.
 pub fn run(args: &[String]) -> ExitCode {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let mut all_ok = true;
-    let mut emit = |line: &str| -> io::Result<()> {
-        let (value, ok) = decode_line(line);
-        all_ok &= ok;
-        writeln!(out, "{value}")
-    };
     let result = if args.is_empty() {
-        io::stdin().lock().lines().try_for_each(|line| {
-            let line = line?;
-            if line.trim().is_empty() { Ok(()) } else { emit(&line) }
-        })
+        decode_lines(&mut io::stdin().lock(), &mut out, &mut all_ok)
     } else {
-        args.iter().filter(|a| !a.trim().is_empty()).try_for_each(|a| emit(a))
+        args.iter().filter(|a| !a.trim().is_empty()).try_for_each(|a| {
+            let (value, ok) = decode_line(a);
+            all_ok &= ok;
+            writeln!(out, "{value}")
+        })
     };
     if let Err(e) = crate::reader_gone_is_ok(result.and_then(|()| out.flush())) {
         eprintln!("efapoll decode: {e}");
         return ExitCode::FAILURE;
     }
     if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// Decodes `input` line by line into `out`; a line that fails (too long,
+/// not UTF-8, not a packet) is an error object naming it, and the next
+/// line goes on.
+fn decode_lines(
+    input: &mut impl BufRead,
+    out: &mut impl Write,
+    all_ok: &mut bool,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    let mut number = 0u64;
+    loop {
+        let read = read_line(input, &mut buf, MAX_LINE)?;
+        number += 1;
+        let value = match read {
+            LineRead::Eof => return Ok(()),
+            LineRead::TooLong { ended } => {
+                let e = format!("line longer than {MAX_LINE} bytes, the longest decoded");
+                writeln!(out, "{}", json!({ "error": e, "line": number }))?;
+                *all_ok = false;
+                // Said at once, since an endless line is skipped to its end.
+                out.flush()?;
+                if !ended {
+                    skip_line(input)?;
+                }
+                continue;
+            }
+            LineRead::Line if buf.trim_ascii().is_empty() => continue,
+            LineRead::Line => match std::str::from_utf8(&buf) {
+                Ok(line) => decode_line(line),
+                Err(e) => {
+                    let e = format!("not UTF-8 text: invalid byte at offset {}", e.valid_up_to());
+                    (json!({ "error": e }), false)
+                }
+            },
+        };
+        let (mut value, ok) = value;
+        if !ok {
+            value["line"] = json!(number);
+        }
+        *all_ok &= ok;
+        writeln!(out, "{value}")?;
+    }
+}
+
+/// What [`read_line`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    /// A line, in the buffer without its end of line.
+    Line,
+    /// A line longer than the bound; `ended` if its end was consumed too.
+    TooLong {
+        ended: bool,
+    },
+    Eof,
+}
+
+/// Reads one line of at most `max` bytes into `buf`, without its `\n` (or
+/// `\r\n`). A longer line is consumed only up to where it passed `max`.
+fn read_line(input: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<LineRead> {
+    buf.clear();
+    let mut started = false;
+    loop {
+        let chunk = match input.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok(if started { LineRead::Line } else { LineRead::Eof });
+        }
+        started = true;
+        let newline = chunk.iter().position(|&b| b == b'\n');
+        let text = newline.unwrap_or(chunk.len());
+        if buf.len() + text > max {
+            let used = newline.map_or(chunk.len(), |n| n + 1);
+            input.consume(used);
+            return Ok(LineRead::TooLong { ended: newline.is_some() });
+        }
+        buf.extend_from_slice(&chunk[..text]);
+        match newline {
+            Some(n) => {
+                input.consume(n + 1);
+                if buf.last() == Some(&b'\r') {
+                    buf.pop();
+                }
+                return Ok(LineRead::Line);
+            }
+            None => {
+                let n = chunk.len();
+                input.consume(n);
+            }
+        }
+    }
+}
+
+/// Consumes the rest of a line (through its `\n`, or to the end of input).
+fn skip_line(input: &mut impl BufRead) -> io::Result<()> {
+    loop {
+        let chunk = match input.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        match chunk.iter().position(|&b| b == b'\n') {
+            Some(n) => {
+                input.consume(n + 1);
+                return Ok(());
+            }
+            None => {
+                let n = chunk.len();
+                input.consume(n);
+            }
+        }
+    }
 }
 
 /// One line of hex to its JSON object, and whether it decoded.
@@ -221,5 +343,38 @@ mod tests {
         assert_eq!(parse_hex(" 4004 ").unwrap(), [0x40, 4]);
         assert!(parse_hex("400").unwrap_err().contains("odd number"));
         assert!(parse_hex("40zz").unwrap_err().contains("\"zz\""));
+    }
+
+    fn lines(input: &[u8], max: usize) -> Vec<(LineRead, Vec<u8>)> {
+        // A small buffer, so lines span several reads.
+        let mut r = io::BufReader::with_capacity(3, input);
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        loop {
+            let read = read_line(&mut r, &mut buf, max).unwrap();
+            if read == LineRead::Eof {
+                return got;
+            }
+            if read == (LineRead::TooLong { ended: false }) {
+                skip_line(&mut r).unwrap();
+            }
+            got.push((read, buf.clone()));
+        }
+    }
+
+    #[test]
+    fn lines_are_bounded_and_a_long_one_is_skipped_to_its_end() {
+        let got = lines(b"ab\r\n123456789\n\ncd\nefghij", 5);
+        let line = |s: &[u8]| (LineRead::Line, s.to_vec());
+        assert_eq!(got[0], line(b"ab"));
+        assert_eq!(got[1].0, LineRead::TooLong { ended: false });
+        assert_eq!(got[2], line(b""));
+        assert_eq!(got[3], line(b"cd"));
+        assert_eq!(got[4].0, LineRead::TooLong { ended: false });
+        assert_eq!(got.len(), 5);
+        // A line of exactly the bound is a line; one byte more is not.
+        assert_eq!(lines(b"12345\n", 5), [line(b"12345")]);
+        assert_eq!(lines(b"123456\nx", 5)[1], line(b"x"));
+        assert_eq!(lines(b"", 5), []);
     }
 }

@@ -24,7 +24,8 @@ const EXIT_STATUS: &str = "\
 Exit status:
   0  success
   1  a run failed: peer gone, verification error, timeout, parameter mismatch
-     with the peer, a packet that does not decode
+     with the peer; decode: a packet or line that does not decode (bad hex,
+     not UTF-8, a line over the length limit, not a valid packet)
   2  bad arguments";
 
 #[derive(Debug, Parser)]
@@ -64,11 +65,24 @@ enum Command {
     Info,
     /// Dissect EFA RDM v4 packets given as hex, one per argument or per
     /// line of standard input; prints one JSON object per packet.
+    ///
+    /// Standard input is decoded line by line (empty lines skipped). A line
+    /// that fails prints `{"error": ..., "line": N}` (N counts from 1) and
+    /// decoding goes on with the next: a packet that does not parse, bad
+    /// hex, a line that is not UTF-8, or a line longer than 65536 bytes
+    /// (the limit: a 9 KiB packet with a separator after each byte fits).
+    ///
+    /// Exit status: 0 when every packet decoded, 1 when any failed (each
+    /// has its error object), 2 for bad arguments.
+    #[command(after_help = EXIT_STATUS)]
     Decode {
         /// Packets as hex; read from standard input when none is given.
         packets: Vec<String>,
     },
 }
+
+// decode's help states the line limit as a number.
+const _: () = assert!(decode::MAX_LINE == 65536);
 
 /// `-p`: the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -118,7 +132,10 @@ struct BenchArgs {
     op: OpKind,
     /// Message sizes: bytes with an optional k/m/g suffix, a list (64,4k,1m),
     /// or `all` (1 B to 8 MiB, powers of two). Default: 64 B to 1 MiB;
-    /// -o atomic: 8, the only size it takes (one u64).
+    /// -o atomic: 8, the only size it takes (one u64). 0 times messages with
+    /// no payload (headers only, as fi_pingpong -S 0) and, with pingpong -o
+    /// write, writes that carry only their CQ data; -o read and streaming -o
+    /// write take sizes from 1 B, since a zero-byte one never reaches the peer.
     #[arg(short = 'S', long = "size", value_name = "SIZE|all|a,b,c", value_parser = parse_sizes)]
     sizes: Option<Sizes>,
     /// Measured iterations per size. Default: fewer for larger sizes
@@ -156,7 +173,8 @@ struct BenchArgs {
             .map(|s| s.parse::<IdleStrategy>().expect("a listed name"))
     )]
     idle: IdleStrategy,
-    /// TCP port of the control link (server and client).
+    /// TCP port of the control link (server and client). A server given 0
+    /// listens on a port the OS chooses and prints it.
     #[arg(short = 'B', long = "port", default_value_t = 9228)]
     port: u16,
     /// Fail when nothing moves for this long (and the connect deadline).
@@ -228,7 +246,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         (App::Pingpong, _) => sizes::default_pingpong(),
         (App::Streaming, _) => sizes::default_streaming(),
     });
-    check_sizes(b.op, &sizes).unwrap_or_else(|e| usage_error(e));
+    check_sizes(app, b.op, &sizes).unwrap_or_else(|e| usage_error(e));
     let iterations = sizes.iter().map(|&s| sizes::iterations(s, b.iterations, streaming)).collect();
     let n = lcores.lcores().len();
     let flows = if device == DeviceKind::Sim { n } else { n / 2 };
@@ -262,13 +280,30 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
 const ATOMIC_SIZE: u64 = 8;
 
 /// Refuses sizes the operation cannot run.
-fn check_sizes(op: OpKind, sizes: &[u64]) -> Result<(), String> {
+fn check_sizes(app: App, op: OpKind, sizes: &[u64]) -> Result<(), String> {
     let list = || sizes.iter().map(|s| sizes::human(*s)).collect::<Vec<_>>().join(",");
     if op == OpKind::Atomic && sizes.iter().any(|&s| s != ATOMIC_SIZE) {
         return Err(format!(
             "-S {}: -o atomic is a fetch-add on one u64, so it takes -S {ATOMIC_SIZE} only \
              (the default with -o atomic)",
             list()
+        ));
+    }
+    // A zero-byte read, or a write without CQ data (streaming's), completes
+    // here without reaching the peer: there would be nothing to time.
+    let zero_stays_here = match op {
+        OpKind::Read => true,
+        OpKind::Write => app == App::Streaming,
+        OpKind::Send | OpKind::Tagged | OpKind::Atomic => false,
+    };
+    if zero_stays_here && sizes.contains(&0) {
+        return Err(format!(
+            "-S {}: a zero-byte {} -o {} completes without reaching the peer, so it takes \
+             sizes from 1 byte (0 is for send, tagged and pingpong -o write, whose CQ data \
+             still goes)",
+            list(),
+            app.name(),
+            op.name()
         ));
     }
     Ok(())

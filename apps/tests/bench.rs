@@ -5,7 +5,7 @@
 //! The machine may have two cores: tests whose runs busy-poll take
 //! [`busy`] first, so that at most two polling threads run at once.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -44,7 +44,10 @@ fn wait(mut child: Child, args: &[&str]) -> Output {
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
     child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    // A test that reads stderr as the run goes has taken it.
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_end(&mut stderr).unwrap();
+    }
     Output { status, stdout, stderr }
 }
 
@@ -378,6 +381,56 @@ fn server_and_client_write_with_the_descriptor_sent_over_relink() {
     }
 }
 
+/// A child killed when dropped, so that a failing test leaves no server
+/// behind.
+struct KillOnDrop(Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn a_server_on_port_0_prints_the_port_the_os_chose_and_serves_on_it() {
+    let _busy = busy();
+    let args = ["-S", "64", "-I", "100"];
+    let mut srv = KillOnDrop(Some(server("pingpong", 0, &args)));
+    // Forward the server's stderr line by line; the rest is kept for the end.
+    let stderr = srv.0.as_mut().unwrap().stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let waiting = loop {
+        let line = lines.recv_timeout(Duration::from_secs(60)).expect("the server's first line");
+        if line.contains("waiting for a client") {
+            break line;
+        }
+    };
+    // The last word is the port (or ADDR:PORT).
+    let port: u16 = waiting
+        .rsplit([' ', ':'])
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {waiting:?}"));
+    assert_ne!(port, 0, "{waiting}");
+    let out = client("pingpong", port, &args);
+    let srv_out = wait(srv.0.take().unwrap(), &["--server", "-B", "0"]);
+    reader.join().unwrap();
+    let rest: Vec<String> = lines.try_iter().collect();
+    assert_ok(&out, "client of the -B 0 server");
+    assert_ok(&srv_out, "pingpong --server -B 0");
+    assert_eq!(rows(&out).len(), 1, "{}", text(&out.stdout));
+    assert_eq!(rows(&srv_out), rows(&out), "{}", text(&srv_out.stdout));
+    assert!(rest.iter().any(|l| l.contains("served 1 flow(s)")), "{rest:?}");
+}
+
 #[test]
 fn a_parameter_mismatch_fails_both_sides_before_any_traffic() {
     let _busy = busy();
@@ -474,9 +527,10 @@ fn one_sided(app: &str, device: &str, op: &str, sizes: &[u64]) {
 #[test]
 fn sim_runs_every_one_sided_op_verified() {
     let _busy = busy();
+    // A 0-byte write still carries pingpong's CQ data to the responder.
+    one_sided("pingpong", "sim", "write", &[0, 1, 64, 9000, 100_000]);
+    one_sided("streaming", "sim", "write", &[1, 64, 9000, 100_000]);
     for app in ["pingpong", "streaming"] {
-        // A 0-byte write still carries its CQ data to the responder.
-        one_sided(app, "sim", "write", &[0, 1, 64, 9000, 100_000]);
         one_sided(app, "sim", "read", &[1, 64, 9000, 100_000]);
         one_sided(app, "sim", "atomic", &[8]);
     }
@@ -485,11 +539,57 @@ fn sim_runs_every_one_sided_op_verified() {
 #[test]
 fn shm_runs_every_one_sided_op_verified() {
     let _busy = busy();
+    one_sided("pingpong", "shm", "write", &[0, 1, 64, 9000, 1 << 20]);
+    one_sided("streaming", "shm", "write", &[1, 64, 9000, 1 << 20]);
     for app in ["pingpong", "streaming"] {
-        one_sided(app, "shm", "write", &[0, 1, 64, 9000, 1 << 20]);
         one_sided(app, "shm", "read", &[64, 9000, 1 << 20]);
         one_sided(app, "shm", "atomic", &[8]);
     }
+}
+
+#[test]
+fn zero_byte_sizes_that_would_not_reach_the_peer_are_refused() {
+    for (app, op) in [("pingpong", "read"), ("streaming", "read"), ("streaming", "write")] {
+        let err = usage_error(&[app, "-o", op, "-S", "0,64"]);
+        assert!(err.contains("-S 0,64") && err.contains(&format!("-o {op}")), "{err}");
+        assert!(err.contains("from 1 byte"), "{err}");
+    }
+    for app in ["pingpong", "streaming"] {
+        let err = usage_error(&[app, "-o", "atomic", "-S", "0"]);
+        assert!(err.contains("-S 0") && err.contains("-o atomic"), "{err}");
+        assert!(err.contains("-S 8 only"), "{err}");
+    }
+}
+
+#[test]
+fn zero_byte_messages_are_headers_that_reach_the_peer() {
+    let _busy = busy();
+    for (app, op, counter) in [
+        ("pingpong", "send", "tx.EAGER_MSGRTM"),
+        ("streaming", "send", "tx.EAGER_MSGRTM"),
+        ("streaming", "tagged", "tx.EAGER_TAGRTM"),
+        ("pingpong", "write", "rdma_writes"),
+    ] {
+        let json = tmp(&format!("{app}-{op}-zero.json"));
+        let args = [app, "-p", "sim", "-o", op, "-S", "0", "-I", "50", "-c", "--json"];
+        let out = run(&[&args[..], &[json.to_str().unwrap()]].concat());
+        assert_ok(&out, &format!("{app} -o {op} -S 0"));
+        let v = read_report(&json, app, "sim", op, &[0]);
+        let r = &v["results"][0];
+        if app == "pingpong" {
+            check_pingpong_row(r, 50, 1.0)
+        } else {
+            check_streaming_row(r, 50)
+        }
+        assert_eq!(r["mb_per_s"].as_f64().or(r["bw_avg_mb_s"].as_f64()), Some(0.0), "{r}");
+        // Each measured message went to the peer (after the warmup's).
+        let sent = v["counters"][counter].as_u64().unwrap_or(0);
+        assert!(sent >= PRIME + 50, "{app} -o {op}: {}", v["counters"]);
+    }
+    // And -S's help says what a size of 0 times, and where it is refused.
+    let help = text(&run(&["pingpong", "--help"]).stdout);
+    assert!(help.contains("0 times messages with no payload"), "{help}");
+    assert!(help.contains("-o read and streaming -o write take sizes from 1 B"), "{help}");
 }
 
 #[test]

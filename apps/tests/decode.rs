@@ -14,6 +14,12 @@ fn hex(b: &[u8]) -> String {
 /// Runs `efapoll decode` with `args` and `stdin`; returns the JSON lines and
 /// whether it exited 0.
 fn decode(args: &[&str], stdin: &str) -> (Vec<Value>, bool) {
+    let (lines, status) = decode_bytes(args, stdin.as_bytes());
+    (lines, status == Some(0))
+}
+
+/// [`decode`] of any bytes; returns the JSON lines and the exit code.
+fn decode_bytes(args: &[&str], stdin: &[u8]) -> (Vec<Value>, Option<i32>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_efapoll"))
         .arg("decode")
         .args(args)
@@ -21,11 +27,14 @@ fn decode(args: &[&str], stdin: &str) -> (Vec<Value>, bool) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
     let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    let lines = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    (lines, out.status.success())
+    (json_lines(&out.stdout), out.status.code())
+}
+
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    let text = String::from_utf8(stdout.to_vec()).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 #[test]
@@ -126,11 +135,85 @@ fn bad_packets_give_an_error_object_and_exit_1() {
         decode(&[], &format!("{}\n4004\nxyz\n{}\n", hex(&bad_version), hex(golden::EOR)));
     assert!(!ok);
     assert_eq!(lines.len(), 4);
-    assert_eq!(lines[0], json!({"error": "protocol version 3, expected 4"}));
-    assert_eq!(lines[1], json!({"error": "base header cut short: need 4 bytes, have 2"}));
+    // From standard input, an error names its line.
+    assert_eq!(lines[0], json!({"error": "protocol version 3, expected 4", "line": 1}));
+    assert_eq!(
+        lines[1],
+        json!({"error": "base header cut short: need 4 bytes, have 2", "line": 2})
+    );
     assert!(lines[2]["error"].as_str().unwrap().starts_with("invalid hex"));
+    assert_eq!(lines[2]["line"], 3);
     assert_eq!(lines[3]["name"], "EOR");
     let (lines, ok) = decode(&["01040000"], "");
     assert!(!ok);
     assert!(lines[0]["error"].as_str().unwrap().contains("retired"));
+}
+
+/// The longest line decoded (`decode --help` says so).
+const MAX_LINE: usize = 65536;
+
+#[test]
+fn a_line_over_the_limit_is_an_error_for_that_line_and_the_next_decodes() {
+    let mut input = vec![b'0'; 3 * MAX_LINE];
+    input.extend_from_slice(format!("\n\n{}\n", hex(golden::EOR)).as_bytes());
+    let (lines, code) = decode_bytes(&[], &input);
+    assert_eq!(code, Some(1), "a failed line exits 1");
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["line"], 1);
+    let e = lines[0]["error"].as_str().unwrap();
+    assert!(e.contains("longer than 65536 bytes"), "{e}");
+    assert_eq!(lines[1]["name"], "EOR");
+    // At the limit, a line is decoded (this one is bad hex, not too long).
+    let (lines, _) = decode_bytes(&[], &[b'z'; MAX_LINE]);
+    assert!(lines[0]["error"].as_str().unwrap().starts_with("invalid hex"), "{lines:?}");
+    let help = Command::new(env!("CARGO_BIN_EXE_efapoll")).args(["decode", "--help"]).output();
+    let help = String::from_utf8(help.unwrap().stdout).unwrap();
+    assert!(help.contains("longer than 65536 bytes") && help.contains("Exit status"), "{help}");
+}
+
+#[test]
+fn a_line_that_is_not_utf8_is_an_error_for_that_line_only() {
+    let mut input = format!("{}\n", hex(golden::EAGER_TAGRTM)).into_bytes();
+    input.extend_from_slice(b"41\xff\xfe04\n");
+    input.extend_from_slice(format!("{}\n", hex(golden::EOR)).as_bytes());
+    let (lines, code) = decode_bytes(&[], &input);
+    assert_eq!(code, Some(1));
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0]["name"], "EAGER_TAGRTM");
+    assert_eq!(lines[1]["line"], 2);
+    assert!(lines[1]["error"].as_str().unwrap().contains("not UTF-8"), "{lines:?}");
+    assert_eq!(lines[2]["name"], "EOR");
+}
+
+#[test]
+fn an_endless_line_of_zero_bytes_ends_in_an_error_with_bounded_memory() {
+    // 300 MB of NUL bytes and no newline, as from /dev/zero, into a decode
+    // whose address space is capped at 64 MiB (the process needs some 12):
+    // buffering the line would abort on allocation failure.
+    const TOTAL: usize = 300 << 20;
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -v 65536 && exec \"$0\" decode", env!("CARGO_BIN_EXE_efapoll")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let chunk = vec![0u8; 1 << 20];
+        // A decode that dies early closes the pipe: the test fails below.
+        for _ in 0..TOTAL / chunk.len() {
+            if stdin.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
+    let lines = json_lines(&out.stdout);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["line"], 1);
+    assert!(lines[0]["error"].as_str().unwrap().contains("longer than"), "{lines:?}");
 }

@@ -341,7 +341,9 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
 fn run_server(a: &RunArgs) -> Result<(), RunError> {
     let listener = TcpListener::bind(("0.0.0.0", a.port))
         .map_err(|e| RunError::Setup(format!("cannot listen on port {}: {e}", a.port)))?;
-    eprintln!("efapoll {}: waiting for a client on port {}", a.app.name(), a.port);
+    // -B 0 lets the OS choose: report the port a client must use.
+    let port = listener.local_addr().map_or(a.port, |at| at.port());
+    eprintln!("efapoll {}: waiting for a client on port {port}", a.app.name());
     // A client may take its time: only its handshake has a deadline.
     let conn = oob::accept(&listener, a.app.endpoint_name(), a.timeout)?;
     let cores = pairs(a.lcores.lcores()).iter().map(|p| p.1).collect();
