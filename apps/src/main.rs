@@ -83,6 +83,9 @@ enum Provider {
     Efa,
 }
 
+/// `--timeout`'s largest value: a year.
+const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
+
 /// `-S`'s value.
 #[derive(Debug, Clone)]
 struct Sizes(Vec<u64>);
@@ -162,8 +165,9 @@ struct BenchArgs {
     /// Fail when nothing moves for this long (and the connect deadline).
     /// The target of one-sided operations sees none of them: it waits for
     /// its peer's fence or end instead.
+    /// At most a year (31536000).
     #[arg(long, value_name = "SECS", default_value_t = 10,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
     timeout: u64,
 }
 

@@ -526,6 +526,19 @@ fn bad_values_name_the_argument_and_what_is_accepted() {
 }
 
 #[test]
+fn a_timeout_past_a_year_is_refused_not_a_panic() {
+    for app in ["pingpong", "streaming"] {
+        for mode in [&["127.0.0.1"][..], &["--server"], &[]] {
+            let mut args = vec![app, "--timeout", "9223372036854775807", "-B", "1"];
+            args.extend_from_slice(mode);
+            let err = usage_error(&args);
+            assert!(err.contains("--timeout") && err.contains("1..=31536000"), "{err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+}
+
+#[test]
 fn info_lists_sim_and_shm_and_what_is_not_built() {
     let out = run(&["info"]);
     assert_ok(&out, "info");

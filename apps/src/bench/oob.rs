@@ -81,7 +81,7 @@ fn options(timeout: Duration) -> Options {
 /// Connects to a server, retrying while nothing listens yet, up to
 /// `timeout`.
 pub fn connect(host: &str, port: u16, name: &str, timeout: Duration) -> Result<Conn, RunError> {
-    let deadline = Instant::now() + timeout;
+    let deadline = relink::deadline_after(timeout);
     let target = format!("{host}:{port}");
     let addrs: Vec<_> = (host, port)
         .to_socket_addrs()
