@@ -162,9 +162,10 @@ struct BenchArgs {
     /// TCP port of the control link (server and client).
     #[arg(short = 'B', long = "port", default_value_t = 9228)]
     port: u16,
-    /// Fail when nothing moves for this long (and the connect deadline).
-    /// The target of one-sided operations sees none of them: it waits for
-    /// its peer's fence or end instead.
+    /// Fail when nothing moves for this long (and the connect deadline),
+    /// or when the peer answers no ping on the control link for this long:
+    /// how the target of one-sided operations, which sees none of them,
+    /// tells a stopped initiator.
     /// At most a year (31536000).
     #[arg(long, value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]

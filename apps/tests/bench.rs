@@ -607,3 +607,78 @@ fn a_peer_that_dies_or_stops_answering_fails_the_run() {
         assert!(text(&out.stderr).contains(expect), "{how}: {}", text(&out.stderr));
     }
 }
+
+/// Waits for `child` at most `limit`; kills it and fails the test past it.
+fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} still ran after {limit:?}; stderr: {}", text(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Starts the client of `app` on `port` with `args`.
+fn spawn_client(app: &str, port: u16, args: &[&str]) -> Child {
+    efapoll()
+        .args([app, "127.0.0.1", "-B", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Kills a child that a test stopped or left running, and reaps it.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_one_sided_target_times_out_when_its_client_stops() {
+    let _busy = busy();
+    // The target sees none of the operations: only the control link can
+    // tell it that the initiator stopped.
+    for (app, op) in [("pingpong", "read"), ("streaming", "write"), ("streaming", "atomic")] {
+        let port = free_port();
+        let args = ["-o", op, "-I", "1000000000", "--timeout", "2"];
+        let srv = server(app, port, &args);
+        let cl = Reap(spawn_client(app, port, &args));
+        std::thread::sleep(Duration::from_millis(1000));
+        signal(cl.0.id(), "-STOP");
+        let out = wait_within(srv, Duration::from_secs(20), &format!("{app} -o {op} --server"));
+        drop(cl);
+        assert_eq!(out.status.code(), Some(1), "{app} -o {op}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains("timeout: nothing moved for 2 s"), "{app} -o {op}: {err}");
+    }
+}
+
+#[test]
+fn a_stopped_streaming_server_ends_its_client_after_one_timeout() {
+    let _busy = busy();
+    let port = free_port();
+    let args = ["-S", "64", "-I", "1000000000", "--timeout", "3"];
+    let srv = Reap(server("streaming", port, &args));
+    let cl = spawn_client("streaming", port, &args);
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(srv.0.id(), "-STOP");
+    let stopped = Instant::now();
+    let out = wait_within(cl, Duration::from_secs(30), "streaming client");
+    let took = stopped.elapsed();
+    drop(srv);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("timeout: nothing moved for 3 s"), "{}", text(&out.stderr));
+    // One --timeout of silence, then the exit: no second wait for the
+    // peer's end, nor a third for its shutdown.
+    assert!(took < Duration::from_millis(5500), "the client took {took:?} after the stop");
+}

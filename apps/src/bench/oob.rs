@@ -181,10 +181,13 @@ pub struct Control {
 }
 
 impl Control {
-    /// Watches `conn`: the peer's failure, or its loss before its `end`,
+    /// Watches `conn`: the peer's failure, its loss before its `end`, or
+    /// its silence for `timeout` (it answers pings while it lives, even
+    /// when it has no traffic to show, as a one-sided target has not)
     /// raises `stop`. Sends what arrives on `from_main` (`outbox` is its
     /// sender); prints the rows the peer measured, under our header. Once
-    /// our side ended, the peer has `timeout` to end too.
+    /// our side ended, the peer has `timeout` to end too; a peer that ended
+    /// gets a graceful shutdown, a silent one only the closed stream.
     pub fn spawn(
         mut conn: Conn,
         stop: StopFlag,
@@ -193,9 +196,12 @@ impl Control {
         (outbox, from_main): (mpsc::Sender<ToPeer>, mpsc::Receiver<ToPeer>),
     ) -> Control {
         let thread = thread::spawn(move || {
+            let ping_every = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
             let mut sent: Option<Instant> = None;
             let mut peer: Option<Result<(), RunError>> = None;
+            let mut peer_ended = false;
             let mut rows = Vec::new();
+            let (mut heard, mut pinged, mut pongs) = (Instant::now(), Instant::now(), conn.pongs());
             loop {
                 while sent.is_none() {
                     let (parts, is_end) = match from_main.try_recv() {
@@ -221,8 +227,26 @@ impl Control {
                     peer = Some(Err(e));
                     break;
                 }
+                if conn.pongs() != pongs {
+                    pongs = conn.pongs();
+                    heard = Instant::now();
+                }
+                if peer.is_none() && heard.elapsed() > timeout {
+                    // Stopped (SIGSTOP, a hung host): no pong, no byte.
+                    let secs = timeout.as_secs_f64();
+                    peer = Some(Err(RunError::Timeout(format!(
+                        "nothing moved for {secs} s on the control link: the peer stopped \
+                         answering"
+                    ))));
+                    stop.stop();
+                }
+                if pinged.elapsed() >= ping_every {
+                    let _ = conn.send_ping();
+                    pinged = Instant::now();
+                }
                 match conn.recv(Duration::from_millis(50)) {
                     Ok((_, parts)) if parts.first().is_some_and(|p| p == b"row") => {
+                        heard = Instant::now();
                         match parts.get(1).map(|json| Row::from_json(app, json)) {
                             Some(Ok(row)) => {
                                 let _ =
@@ -238,16 +262,19 @@ impl Control {
                         }
                     }
                     Ok((_, parts)) if parts.first().is_some_and(|p| p == b"end") => {
+                        heard = Instant::now();
+                        peer_ended = true;
                         let ok = parts.get(1).is_some_and(|p| p == b"ok");
                         let message = parts.get(2).map(|m| String::from_utf8_lossy(m).into_owned());
                         if ok {
                             peer.get_or_insert(Ok(()));
-                        } else {
+                        } else if peer.as_ref().is_none_or(Result::is_ok) {
                             peer = Some(Err(RunError::Peer(message.unwrap_or_default())));
                             stop.stop();
                         }
                     }
-                    Ok(_) | Err(TcpError::Timeout) => {}
+                    Ok(_) => heard = Instant::now(),
+                    Err(TcpError::Timeout) => {}
                     Err(e) => {
                         if peer.is_none() {
                             peer = Some(Err(RunError::PeerGone(format!("control link: {e}"))));
@@ -261,7 +288,11 @@ impl Control {
                     }
                 }
             }
-            let _ = conn.shutdown();
+            if peer_ended {
+                // A silent peer would hold a graceful shutdown for its
+                // whole timeout: only one that ended gets it.
+                let _ = conn.shutdown();
+            }
             (peer.expect("loop ends with the peer's outcome"), rows)
         });
         Control { outbox, thread }
