@@ -25,7 +25,8 @@ Exit status:
   0  success
   1  a run failed: peer gone, verification error, timeout, parameter mismatch
      with the peer, a packet that does not decode
-  2  bad arguments";
+  2  bad arguments
+  130  interrupted by SIGINT, SIGTERM or SIGHUP (the rows completed are printed)";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -82,6 +83,10 @@ enum Provider {
     /// AWS EFA (not built yet).
     Efa,
 }
+
+/// Exit status of a run a signal ended: 128 + SIGINT, as shells report an
+/// interrupt (a second signal exits with it at once).
+const INTERRUPTED_STATUS: u8 = 130;
 
 /// `--timeout`'s largest value: a year.
 const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
@@ -162,6 +167,12 @@ struct BenchArgs {
     /// TCP port of the control link (server and client).
     #[arg(short = 'B', long = "port", default_value_t = 9228)]
     port: u16,
+    /// The address a server listens on. Default: all of this host's
+    /// (0.0.0.0). A connection that is not a client of this app is
+    /// rejected with a line on stderr and the server waits on, up to 16
+    /// of them; each has 3 s for its handshake.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    bind: std::net::IpAddr,
     /// Fail when nothing moves for this long (and the connect deadline),
     /// or when the peer answers no ping on the control link for this long:
     /// how the target of one-sided operations, which sees none of them,
@@ -257,6 +268,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         lcores,
         idle: b.idle,
         port: b.port,
+        bind: b.bind,
         timeout: Duration::from_secs(b.timeout),
         json: b.json,
         plot: b.plot,
@@ -282,6 +294,10 @@ fn check_sizes(op: OpKind, sizes: &[u64]) -> Result<(), String> {
 fn bench(args: RunArgs) -> ExitCode {
     match bench::run::run(&args) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ bench::RunError::Interrupted) => {
+            eprintln!("efapoll {}: {e}", args.app.name());
+            ExitCode::from(INTERRUPTED_STATUS)
+        }
         Err(e) => {
             eprintln!("efapoll {}: {e}", args.app.name());
             ExitCode::FAILURE
