@@ -26,7 +26,8 @@ Exit status:
   1  a run failed: peer gone, verification error, timeout, parameter mismatch
      with the peer; decode: a packet or line that does not decode (bad hex,
      not UTF-8, a line over the length limit, not a valid packet)
-  2  bad arguments";
+  2  bad arguments
+  130  interrupted by SIGINT, SIGTERM or SIGHUP (the rows completed are printed)";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -96,6 +97,13 @@ enum Provider {
     /// AWS EFA (not built yet).
     Efa,
 }
+
+/// Exit status of a run a signal ended: 128 + SIGINT, as shells report an
+/// interrupt (a second signal exits with it at once).
+const INTERRUPTED_STATUS: u8 = 130;
+
+/// `--timeout`'s largest value: a year.
+const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
 
 /// `-S`'s value.
 #[derive(Debug, Clone)]
@@ -177,11 +185,19 @@ struct BenchArgs {
     /// listens on a port the OS chooses and prints it.
     #[arg(short = 'B', long = "port", default_value_t = 9228)]
     port: u16,
-    /// Fail when nothing moves for this long (and the connect deadline).
-    /// The target of one-sided operations sees none of them: it waits for
-    /// its peer's fence or end instead.
+    /// The address a server listens on. Default: all of this host's
+    /// (0.0.0.0). A connection that is not a client of this app is
+    /// rejected with a line on stderr and the server waits on, up to 16
+    /// of them; each has 3 s for its handshake.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    bind: std::net::IpAddr,
+    /// Fail when nothing moves for this long (and the connect deadline),
+    /// or when the peer answers no ping on the control link for this long:
+    /// how the target of one-sided operations, which sees none of them,
+    /// tells a stopped initiator.
+    /// At most a year (31536000).
     #[arg(long, value_name = "SECS", default_value_t = 10,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
     timeout: u64,
 }
 
@@ -270,6 +286,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         lcores,
         idle: b.idle,
         port: b.port,
+        bind: b.bind,
         timeout: Duration::from_secs(b.timeout),
         json: b.json,
         plot: b.plot,
@@ -312,6 +329,10 @@ fn check_sizes(app: App, op: OpKind, sizes: &[u64]) -> Result<(), String> {
 fn bench(args: RunArgs) -> ExitCode {
     match bench::run::run(&args) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ bench::RunError::Interrupted) => {
+            eprintln!("efapoll {}: {e}", args.app.name());
+            ExitCode::from(INTERRUPTED_STATUS)
+        }
         Err(e) => {
             eprintln!("efapoll {}: {e}", args.app.name());
             ExitCode::FAILURE

@@ -5,7 +5,7 @@
 //! The machine may have two cores: tests whose runs busy-poll take
 //! [`busy`] first, so that at most two polling threads run at once.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -447,17 +447,58 @@ fn a_parameter_mismatch_fails_both_sides_before_any_traffic() {
     }
 }
 
+/// The bytes a pingpong client opens its handshake with, caught by a
+/// listener that answers nothing.
+fn client_hello() -> Vec<u8> {
+    let fake = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = fake.local_addr().unwrap().port();
+    let cl = Reap::new(spawn_client("pingpong", port, &["-S", "64", "--timeout", "2"]));
+    let (mut stream, _) = fake.accept().unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut hello = vec![0; 4096];
+    let n = stream.read(&mut hello).unwrap();
+    hello.truncate(n);
+    drop(cl);
+    hello
+}
+
 #[test]
-fn a_client_of_the_other_app_is_refused() {
+fn a_server_rejects_bad_connections_and_waits_for_a_good_client() {
     let _busy = busy();
+    let hello = client_hello();
+    assert!(hello.len() > 2, "{hello:?}");
     let port = free_port();
-    let srv = server("pingpong", port, &["-S", "64"]);
-    let out = client("streaming", port, &["-S", "64"]);
-    let srv = wait(srv, &["--server"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("efapoll-streaming"), "{}", text(&out.stderr));
-    assert_eq!(srv.status.code(), Some(1));
-    assert!(text(&srv.stderr).contains("efapoll-pingpong"), "{}", text(&srv.stderr));
+    let args = ["-S", "64", "-I", "100", "--timeout", "30", "--bind", "127.0.0.1"];
+    let srv = Reap::new(server("pingpong", port, &args));
+    let addr = ("127.0.0.1", port);
+    let listening = Instant::now() + Duration::from_secs(10);
+    let connect = || loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => return s,
+            Err(e) if Instant::now() > listening => panic!("the server does not listen: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    // Garbage, then a handshake cut short.
+    connect().write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    connect().write_all(&hello[..hello.len() / 2]).unwrap();
+    // Another app's client: refused at the handshake.
+    let other = client("streaming", port, &["-S", "64", "--timeout", "30"]);
+    assert_eq!(other.status.code(), Some(1));
+    assert!(text(&other.stderr).contains("efapoll-streaming"), "{}", text(&other.stderr));
+    // A slow loris: connected, silent, held open while the client comes.
+    let _loris = connect();
+    let out = client("pingpong", port, &args[..6]);
+    assert_ok(&out, "the good client");
+    let srv = wait_within(srv.take(), Duration::from_secs(25), "the server");
+    assert_ok(&srv, "the server, after four bad connections");
+    assert_eq!(rows(&srv), rows(&out));
+    let err = text(&srv.stderr);
+    let rejected: Vec<&str> = err.lines().filter(|l| l.contains("rejected a connection")).collect();
+    assert_eq!(rejected.len(), 4, "{err}");
+    assert!(rejected.iter().all(|l| l.contains("efapoll-pingpong")), "{err}");
+    assert!(rejected.iter().any(|l| l.contains("efapoll-streaming")), "{err}");
+    assert!(rejected.iter().any(|l| l.contains("no handshake within 3 s")), "{err}");
 }
 
 /// Runs `args`, expects exit 2, returns stderr.
@@ -630,6 +671,19 @@ fn bad_values_name_the_argument_and_what_is_accepted() {
 }
 
 #[test]
+fn a_timeout_past_a_year_is_refused_not_a_panic() {
+    for app in ["pingpong", "streaming"] {
+        for mode in [&["127.0.0.1"][..], &["--server"], &[]] {
+            let mut args = vec![app, "--timeout", "9223372036854775807", "-B", "1"];
+            args.extend_from_slice(mode);
+            let err = usage_error(&args);
+            assert!(err.contains("--timeout") && err.contains("1..=31536000"), "{err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+}
+
+#[test]
 fn info_lists_sim_and_shm_and_what_is_not_built() {
     let out = run(&["info"]);
     assert_ok(&out, "info");
@@ -697,4 +751,142 @@ fn a_peer_that_dies_or_stops_answering_fails_the_run() {
         assert_eq!(out.status.code(), Some(1), "{how}: {}", text(&out.stderr));
         assert!(text(&out.stderr).contains(expect), "{how}: {}", text(&out.stderr));
     }
+}
+
+/// Waits for `child` at most `limit`; kills it and fails the test past it.
+fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} still ran after {limit:?}; stderr: {}", text(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Starts the client of `app` on `port` with `args`.
+fn spawn_client(app: &str, port: u16, args: &[&str]) -> Child {
+    efapoll()
+        .args([app, "127.0.0.1", "-B", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Kills a child that a test stopped or left running, and reaps it.
+struct Reap(Option<Child>);
+
+impl Reap {
+    fn new(child: Child) -> Reap {
+        Reap(Some(child))
+    }
+
+    fn id(&self) -> u32 {
+        self.0.as_ref().expect("not taken").id()
+    }
+
+    /// The child, to wait for: no longer killed on drop.
+    fn take(mut self) -> Child {
+        self.0.take().expect("not taken")
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn a_one_sided_target_times_out_when_its_client_stops() {
+    let _busy = busy();
+    // The target sees none of the operations: only the control link can
+    // tell it that the initiator stopped.
+    for (app, op) in [("pingpong", "read"), ("streaming", "write"), ("streaming", "atomic")] {
+        let port = free_port();
+        let args = ["-o", op, "-I", "1000000000", "--timeout", "2"];
+        let srv = server(app, port, &args);
+        let cl = Reap::new(spawn_client(app, port, &args));
+        std::thread::sleep(Duration::from_millis(1000));
+        signal(cl.id(), "-STOP");
+        let out = wait_within(srv, Duration::from_secs(20), &format!("{app} -o {op} --server"));
+        drop(cl);
+        assert_eq!(out.status.code(), Some(1), "{app} -o {op}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains("timeout: nothing moved for 2 s"), "{app} -o {op}: {err}");
+    }
+}
+
+#[test]
+fn a_stopped_streaming_server_ends_its_client_after_one_timeout() {
+    let _busy = busy();
+    let port = free_port();
+    let args = ["-S", "64", "-I", "1000000000", "--timeout", "3"];
+    let srv = Reap::new(server("streaming", port, &args));
+    let cl = spawn_client("streaming", port, &args);
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(srv.id(), "-STOP");
+    let stopped = Instant::now();
+    let out = wait_within(cl, Duration::from_secs(30), "streaming client");
+    let took = stopped.elapsed();
+    drop(srv);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("timeout: nothing moved for 3 s"), "{}", text(&out.stderr));
+    // One --timeout of silence, then the exit: no second wait for the
+    // peer's end, nor a third for its shutdown.
+    assert!(took < Duration::from_millis(5500), "the client took {took:?} after the stop");
+}
+
+#[test]
+fn a_signal_ends_a_waiting_server_at_once_and_says_so() {
+    for sig in ["-TERM", "-INT"] {
+        let port = free_port();
+        let srv = Reap::new(server("pingpong", port, &["-S", "64"]));
+        std::thread::sleep(Duration::from_millis(500));
+        signal(srv.id(), sig);
+        let out = wait_within(srv.take(), Duration::from_secs(2), "the waiting server");
+        assert_eq!(out.status.code(), Some(130), "{sig}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("interrupted by a signal"), "{}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn a_signal_mid_run_prints_the_rows_done_and_says_it_was_interrupted() {
+    let _busy = busy();
+    // The first size is done in well under a second, the second takes
+    // many.
+    let args = ["pingpong", "-p", "sim", "-S", "64,8m", "-I", "5000"];
+    let child = Reap::new(
+        efapoll().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(child.id(), "-TERM");
+    let out = wait_within(child.take(), Duration::from_secs(2), "pingpong -p sim");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert_eq!(rows(&out).len(), 1, "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("interrupted by a signal"), "{}", text(&out.stderr));
+
+    // A server and its client: the server says it was interrupted, not
+    // that its peer failed; the client, that its peer was interrupted.
+    let port = free_port();
+    let args = ["-S", "64", "-I", "1000000000"];
+    let srv = Reap::new(server("pingpong", port, &args));
+    let cl = spawn_client("pingpong", port, &args);
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(srv.id(), "-TERM");
+    let srv = wait_within(srv.take(), Duration::from_secs(2), "the server");
+    let out = wait_within(cl, Duration::from_secs(15), "the client");
+    assert_eq!(srv.status.code(), Some(130), "{}", text(&srv.stderr));
+    let err = text(&srv.stderr);
+    assert!(err.contains("interrupted by a signal") && !err.contains("peer"), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("the peer failed: interrupted"), "{}", text(&out.stderr));
 }

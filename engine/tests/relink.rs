@@ -948,3 +948,38 @@ fn tcp_reconnect_resumes_the_link() {
         [(0, b"one".to_vec()), (0, b"two".to_vec()), (0, b"three".to_vec()), (1, b"four".to_vec()),]
     );
 }
+
+#[test]
+fn tcp_takes_a_huge_timeout_as_a_far_deadline() {
+    // `Instant::now() + Duration::MAX` overflows; every wait saturates.
+    let huge = Options { timeout: Duration::MAX, ..Options::default() };
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server_options = huge.clone();
+    let server = thread::spawn(move || {
+        let mut conn = relink::accept(&tcp, &[ENDPOINT], &server_options).unwrap();
+        let got = conn.recv(Duration::MAX).unwrap();
+        conn.send(0, &[b"back"]).unwrap();
+        conn.ping(Duration::MAX).unwrap();
+        conn.shutdown().unwrap();
+        got
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &huge).unwrap();
+    conn.send(0, &[b"there"]).unwrap();
+    assert_eq!(conn.recv(Duration::MAX).unwrap(), (0, vec![b"back".to_vec()]));
+    conn.shutdown().unwrap();
+    assert_eq!(server.join().unwrap(), (0, vec![b"there".to_vec()]));
+    assert!(relink::deadline_after(Duration::MAX) > Instant::now() + DEADLINE);
+}
+
+#[test]
+fn tcp_a_stalled_handshake_ends_at_its_own_bound() {
+    // A caller that accepts the stream itself bounds its handshake alone.
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let _silent = TcpStream::connect(addr).unwrap();
+    let (stream, _) = tcp.accept().unwrap();
+    let short = Options { timeout: Duration::from_millis(100), ..Options::default() };
+    let result = relink::accept_stream(stream, &[ENDPOINT], &short);
+    assert!(matches!(result, Err(TcpError::Timeout)), "{result:?}");
+}

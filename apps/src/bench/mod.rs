@@ -204,6 +204,8 @@ pub enum RunError {
     Peer(String),
     /// Stopped by Ctrl-C, or because another lcore failed.
     Stopped,
+    /// A signal (SIGINT, SIGTERM, SIGHUP) ended the run.
+    Interrupted,
 }
 
 impl RunError {
@@ -232,6 +234,9 @@ impl fmt::Display for RunError {
             RunError::Mismatch(m) => write!(f, "parameter mismatch with the peer: {m}"),
             RunError::Peer(m) => write!(f, "the peer failed: {m}"),
             RunError::Stopped => write!(f, "interrupted"),
+            RunError::Interrupted => {
+                write!(f, "interrupted by a signal (SIGINT, SIGTERM or SIGHUP)")
+            }
         }
     }
 }

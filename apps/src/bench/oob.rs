@@ -81,7 +81,7 @@ fn options(timeout: Duration) -> Options {
 /// Connects to a server, retrying while nothing listens yet, up to
 /// `timeout`.
 pub fn connect(host: &str, port: u16, name: &str, timeout: Duration) -> Result<Conn, RunError> {
-    let deadline = Instant::now() + timeout;
+    let deadline = relink::deadline_after(timeout);
     let target = format!("{host}:{port}");
     let addrs: Vec<_> = (host, port)
         .to_socket_addrs()
@@ -93,6 +93,9 @@ pub fn connect(host: &str, port: u16, name: &str, timeout: Duration) -> Result<C
             Err(TcpError::Io(e))
                 if e.kind() == io::ErrorKind::ConnectionRefused && Instant::now() < deadline =>
             {
+                if super::run::interrupted() {
+                    return Err(RunError::Interrupted);
+                }
                 thread::sleep(Duration::from_millis(50));
             }
             Err(TcpError::Handshake(e)) => {
@@ -113,14 +116,82 @@ pub fn connect(host: &str, port: u16, name: &str, timeout: Duration) -> Result<C
     }
 }
 
-/// Waits for one client on `listener`.
-pub fn accept(listener: &TcpListener, name: &str, timeout: Duration) -> Result<Conn, RunError> {
-    relink::accept(listener, &[name], &options(timeout)).map_err(|e| match e {
-        TcpError::Handshake(e) => {
-            RunError::Setup(format!("a client's handshake failed: {e}; this server runs {name}"))
+/// Connections that are not a client of ours a server turns away before
+/// it gives up.
+pub const MAX_REJECTED: u32 = 16;
+
+/// The most a connection has to complete its handshake (one round trip).
+pub const HANDSHAKE_LIMIT: Duration = Duration::from_secs(3);
+
+/// Waits for one client of `app` on `listener`. A connection that is not
+/// one (garbage, another app's name, a handshake cut short or slower than
+/// [`HANDSHAKE_LIMIT`]) is rejected with a line on stderr, and the wait
+/// goes on, for up to [`MAX_REJECTED`] of them. `interrupt` ends the wait.
+pub fn accept(
+    listener: &TcpListener,
+    app: App,
+    timeout: Duration,
+    interrupt: &StopFlag,
+) -> Result<Conn, RunError> {
+    let name = app.endpoint_name();
+    let setup = |e: io::Error| RunError::Setup(format!("accepting a client: {e}"));
+    listener.set_nonblocking(true).map_err(setup)?;
+    let handshake = Options { timeout: timeout.min(HANDSHAKE_LIMIT), ..Options::default() };
+    let mut rejected = 0;
+    loop {
+        if interrupt.is_stopped() {
+            return Err(RunError::Interrupted);
         }
-        e => RunError::Setup(format!("accepting a client: {e}")),
-    })
+        let (stream, from) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(setup(e)),
+        };
+        match relink::accept_stream(stream, &[name], &handshake) {
+            Ok(mut conn) => {
+                conn.set_timeout(timeout);
+                return Ok(conn);
+            }
+            Err(e) => {
+                rejected += 1;
+                let why = match e {
+                    TcpError::Timeout => {
+                        format!("no handshake within {} s", handshake.timeout.as_secs_f64())
+                    }
+                    e => e.to_string(),
+                };
+                eprintln!(
+                    "efapoll {}: rejected a connection from {from} ({rejected} of at most \
+                     {MAX_REJECTED}): {why}; this server runs {name}",
+                    app.name()
+                );
+                if rejected == MAX_REJECTED {
+                    return Err(RunError::Setup(format!(
+                        "gave up after {MAX_REJECTED} connections that were not {name} clients"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// `conn.recv(timeout)` in slices, ended early by a signal.
+fn recv_or_interrupt(
+    conn: &mut Conn,
+    timeout: Duration,
+) -> Result<relink::tcp::Received, TcpError> {
+    let start = Instant::now();
+    loop {
+        let left = timeout.saturating_sub(start.elapsed());
+        match conn.recv(left.min(super::run::WAIT_SLICE)) {
+            Err(TcpError::Timeout) if !left.is_zero() && !super::run::interrupted() => {}
+            r => return r,
+        }
+    }
 }
 
 /// Sends our cards (one per flow, on channel = flow) and returns the
@@ -135,7 +206,7 @@ pub fn exchange(conn: &mut Conn, mine: &[Card], timeout: Duration) -> Result<Vec
     let mut theirs: Vec<Option<Card>> = vec![None; mine.len()];
     let mut got = 0;
     while got < mine.len() {
-        let (channel, parts) = conn.recv(timeout).map_err(lost)?;
+        let (channel, parts) = recv_or_interrupt(conn, timeout).map_err(lost)?;
         let card = Card::from_parts(&parts)
             .map_err(|e| RunError::Setup(format!("the peer's card is malformed: {e}")))?;
         let diff = mine[0].params.diff(&card.params);
@@ -159,6 +230,9 @@ pub fn abort(mut conn: Conn, error: &RunError) {
     let _ = conn.shutdown();
 }
 
+/// How long an interrupted side waits for the peer's `end` after its own.
+const INTERRUPT_GRACE: Duration = Duration::from_millis(300);
+
 /// What our side tells the peer during a run, in order.
 #[derive(Debug)]
 pub enum ToPeer {
@@ -181,10 +255,13 @@ pub struct Control {
 }
 
 impl Control {
-    /// Watches `conn`: the peer's failure, or its loss before its `end`,
+    /// Watches `conn`: the peer's failure, its loss before its `end`, or
+    /// its silence for `timeout` (it answers pings while it lives, even
+    /// when it has no traffic to show, as a one-sided target has not)
     /// raises `stop`. Sends what arrives on `from_main` (`outbox` is its
     /// sender); prints the rows the peer measured, under our header. Once
-    /// our side ended, the peer has `timeout` to end too.
+    /// our side ended, the peer has `timeout` to end too; a peer that ended
+    /// gets a graceful shutdown, a silent one only the closed stream.
     pub fn spawn(
         mut conn: Conn,
         stop: StopFlag,
@@ -193,9 +270,12 @@ impl Control {
         (outbox, from_main): (mpsc::Sender<ToPeer>, mpsc::Receiver<ToPeer>),
     ) -> Control {
         let thread = thread::spawn(move || {
+            let ping_every = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
             let mut sent: Option<Instant> = None;
             let mut peer: Option<Result<(), RunError>> = None;
+            let mut peer_ended = false;
             let mut rows = Vec::new();
+            let (mut heard, mut pinged, mut pongs) = (Instant::now(), Instant::now(), conn.pongs());
             loop {
                 while sent.is_none() {
                     let (parts, is_end) = match from_main.try_recv() {
@@ -215,14 +295,33 @@ impl Control {
                 if sent.is_some() && peer.is_some() {
                     break;
                 }
-                if sent.is_some_and(|t| t.elapsed() > timeout) {
+                let grace = if super::run::interrupted() { INTERRUPT_GRACE } else { timeout };
+                if sent.is_some_and(|t| t.elapsed() > grace) {
                     // A peer that stopped answering (our side timed out).
                     let e = RunError::Timeout("the peer did not end its run".into());
                     peer = Some(Err(e));
                     break;
                 }
+                if conn.pongs() != pongs {
+                    pongs = conn.pongs();
+                    heard = Instant::now();
+                }
+                if peer.is_none() && heard.elapsed() > timeout {
+                    // Stopped (SIGSTOP, a hung host): no pong, no byte.
+                    let secs = timeout.as_secs_f64();
+                    peer = Some(Err(RunError::Timeout(format!(
+                        "nothing moved for {secs} s on the control link: the peer stopped \
+                         answering"
+                    ))));
+                    stop.stop();
+                }
+                if pinged.elapsed() >= ping_every {
+                    let _ = conn.send_ping();
+                    pinged = Instant::now();
+                }
                 match conn.recv(Duration::from_millis(50)) {
                     Ok((_, parts)) if parts.first().is_some_and(|p| p == b"row") => {
+                        heard = Instant::now();
                         match parts.get(1).map(|json| Row::from_json(app, json)) {
                             Some(Ok(row)) => {
                                 let _ =
@@ -238,16 +337,19 @@ impl Control {
                         }
                     }
                     Ok((_, parts)) if parts.first().is_some_and(|p| p == b"end") => {
+                        heard = Instant::now();
+                        peer_ended = true;
                         let ok = parts.get(1).is_some_and(|p| p == b"ok");
                         let message = parts.get(2).map(|m| String::from_utf8_lossy(m).into_owned());
                         if ok {
                             peer.get_or_insert(Ok(()));
-                        } else {
+                        } else if peer.as_ref().is_none_or(Result::is_ok) {
                             peer = Some(Err(RunError::Peer(message.unwrap_or_default())));
                             stop.stop();
                         }
                     }
-                    Ok(_) | Err(TcpError::Timeout) => {}
+                    Ok(_) => heard = Instant::now(),
+                    Err(TcpError::Timeout) => {}
                     Err(e) => {
                         if peer.is_none() {
                             peer = Some(Err(RunError::PeerGone(format!("control link: {e}"))));
@@ -261,7 +363,11 @@ impl Control {
                     }
                 }
             }
-            let _ = conn.shutdown();
+            if peer_ended {
+                // A silent peer would hold a graceful shutdown for its
+                // whole timeout: only one that ended gets it.
+                let _ = conn.shutdown();
+            }
             (peer.expect("loop ends with the peer's outcome"), rows)
         });
         Control { outbox, thread }

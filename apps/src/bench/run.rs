@@ -15,9 +15,9 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::TcpListener;
+use std::net::{IpAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use efapoll::device::shm::{ShmConfig, ShmDevice};
@@ -65,6 +65,8 @@ pub struct RunArgs {
     pub lcores: LcoreMap,
     pub idle: IdleStrategy,
     pub port: u16,
+    /// Where a server listens.
+    pub bind: IpAddr,
     /// No progress for this long fails the run.
     pub timeout: Duration,
     pub json: Option<PathBuf>,
@@ -91,14 +93,52 @@ pub fn pairs(lcores: &CoreList) -> Vec<(LcoreId, LcoreId)> {
     lcores.as_slice().chunks_exact(2).map(|p| (p[0], p[1])).collect()
 }
 
-/// Runs the benchmark; rows go to stdout as sizes complete.
+/// Runs the benchmark; rows go to stdout as sizes complete. A signal ends
+/// it wherever it is, with [`RunError::Interrupted`].
 pub fn run(a: &RunArgs) -> Result<(), RunError> {
-    match (&a.mode, a.device) {
+    ctrlc(interrupt());
+    let result = match (&a.mode, a.device) {
         (Mode::SelfContained, DeviceKind::Sim) => run_sim(a),
         (Mode::SelfContained, DeviceKind::Shm) => run_local(a),
         (Mode::Server, DeviceKind::Shm) => run_server(a),
         (Mode::Client(host), DeviceKind::Shm) => run_client(a, host),
         (_, DeviceKind::Sim) => Err(RunError::Setup("sim runs in one process".into())),
+    };
+    // Whatever the lcores or the peer made of it, the signal is the cause.
+    if interrupted() { Err(RunError::Interrupted) } else { result }
+}
+
+/// Raised by a signal only (the lcores' flags also by failures).
+fn interrupt() -> &'static StopFlag {
+    static INTERRUPT: OnceLock<StopFlag> = OnceLock::new();
+    INTERRUPT.get_or_init(StopFlag::new)
+}
+
+/// Whether a signal asked the run to end.
+pub fn interrupted() -> bool {
+    interrupt().is_stopped()
+}
+
+/// How often set-up waits look at the stop flags.
+pub const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// `rx.recv_timeout(timeout)` in slices, ended early by `stop` or a signal.
+fn recv_or_stop<T>(
+    rx: &mpsc::Receiver<T>,
+    timeout: Duration,
+    stop: Option<&StopFlag>,
+) -> Result<T, mpsc::RecvTimeoutError> {
+    let start = Instant::now();
+    loop {
+        let left = timeout.saturating_sub(start.elapsed());
+        match rx.recv_timeout(left.min(WAIT_SLICE)) {
+            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => {
+                if interrupted() || stop.is_some_and(StopFlag::is_stopped) {
+                    return Err(mpsc::RecvTimeoutError::Disconnected);
+                }
+            }
+            r => return r,
+        }
     }
 }
 
@@ -288,7 +328,7 @@ impl CardLink {
     fn exchange(self, mine: Card) -> Result<Card, RunError> {
         // A peer gone before its card failed its setup, and says so itself.
         self.to_peer.send(mine).map_err(|_| RunError::Stopped)?;
-        self.from_peer.recv_timeout(self.timeout).map_err(|e| match e {
+        recv_or_stop(&self.from_peer, self.timeout, None).map_err(|e| match e {
             mpsc::RecvTimeoutError::Timeout => RunError::Timeout("no card from the peer".into()),
             mpsc::RecvTimeoutError::Disconnected => RunError::Stopped,
         })
@@ -339,13 +379,13 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
 }
 
 fn run_server(a: &RunArgs) -> Result<(), RunError> {
-    let listener = TcpListener::bind(("0.0.0.0", a.port))
-        .map_err(|e| RunError::Setup(format!("cannot listen on port {}: {e}", a.port)))?;
+    let listener = TcpListener::bind((a.bind, a.port))
+        .map_err(|e| RunError::Setup(format!("cannot listen on {}:{}: {e}", a.bind, a.port)))?;
     // -B 0 lets the OS choose: report the port a client must use.
     let port = listener.local_addr().map_or(a.port, |at| at.port());
     eprintln!("efapoll {}: waiting for a client on port {port}", a.app.name());
     // A client may take its time: only its handshake has a deadline.
-    let conn = oob::accept(&listener, a.app.endpoint_name(), a.timeout)?;
+    let conn = oob::accept(&listener, a.app, a.timeout, interrupt())?;
     let cores = pairs(a.lcores.lcores()).iter().map(|p| p.1).collect();
     run_remote(a, conn, Role::Passive, cores)
 }
@@ -366,6 +406,7 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         .ok_or_else(|| RunError::Setup(format!("lcores: {cores:?} not in {}", a.lcores)))?;
     let mut lcores = new_lcores(list, a.idle)?;
     let stop = lcores.stop_flag().clone();
+    ctrlc(&stop);
     let (card_tx, card_rx) = mpsc::channel::<(usize, Card)>();
     let (sample_tx, sample_rx) = mpsc::channel();
     let mut replies = Vec::new();
@@ -394,9 +435,17 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         let mut cards = vec![mine];
         let mut others: Vec<Option<Card>> = vec![None; flows];
         for _ in 1..flows {
-            let (flow, card) = card_rx
-                .recv_timeout(a.timeout)
-                .map_err(|_| RunError::Setup("a flow's lcore failed its setup".into()))?;
+            let (flow, card) =
+                recv_or_stop(&card_rx, a.timeout, Some(&stop)).map_err(|e| match e {
+                    mpsc::RecvTimeoutError::Timeout => RunError::Timeout(format!(
+                        "{} of {flows} flows' lcores set up within {} s",
+                        1 + others.iter().flatten().count(),
+                        a.timeout.as_secs_f64()
+                    )),
+                    mpsc::RecvTimeoutError::Disconnected => {
+                        RunError::Setup("a flow's lcore failed its setup".into())
+                    }
+                })?;
             others[flow] = Some(card);
         }
         cards.extend(others.into_iter().skip(1).map(|c| c.expect("every flow's card")));
@@ -408,7 +457,6 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         for (reply, card) in replies.into_iter().zip(theirs) {
             let _ = reply.send(card);
         }
-        ctrlc(&stop);
         let link = conn.take().expect("unused until now");
         control = Some(Control::spawn(link, stop.clone(), a.timeout, a.app, (to_peer, from_main)));
         Ok(first)
@@ -431,11 +479,20 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         }
         return ours?.write();
     };
-    let (theirs, peer_rows) = control.finish(&ours.as_ref().map(|_| ()).map_err(Clone::clone));
-    // Our lcores stop when the peer fails: its failure is the cause.
-    if let Some(e) =
-        RunError::first_cause(ours.as_ref().err().cloned().into_iter().chain(theirs.err()))
-    {
+    let told = match &ours {
+        Err(_) if interrupted() => Err(RunError::Interrupted),
+        r => r.as_ref().map(|_| ()).map_err(Clone::clone),
+    };
+    let (theirs, peer_rows) = control.finish(&told);
+    // Our lcores stop when the peer fails, and find it gone when it
+    // exits: its failure, when it told it, is the cause.
+    let cause = match (ours.as_ref().err(), theirs) {
+        (None | Some(RunError::Stopped | RunError::PeerGone(_)), Err(e @ RunError::Peer(_))) => {
+            Some(e)
+        }
+        (o, t) => RunError::first_cause(o.cloned().into_iter().chain(t.err())),
+    };
+    if let Some(e) = cause {
         return Err(e);
     }
     let mut ours = ours?;

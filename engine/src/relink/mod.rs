@@ -36,7 +36,10 @@ pub use link::{
     Accepted, Acceptor, CommandError, ConnectorConfig, Event, HandshakeError, Limits, Link,
     LinkError, Listener, MAX_PENDING_COMMITS, Params, Role,
 };
-pub use tcp::{Conn, Incoming, Options, Resumption, Server, TcpError, accept, connect};
+pub use tcp::{
+    Conn, Incoming, Options, Resumption, Server, TcpError, accept, accept_stream, connect,
+    deadline_after,
+};
 pub use wire::{
     ChannelAck, ChannelFormat, ChannelIds, ChannelOp, EmitError, GeneralType, IdSizes, MessageRepr,
     PacketRepr, Parsed, Parts, SequenceAck, SequenceOp, Target, WireError, WireLimits,

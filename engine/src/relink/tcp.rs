@@ -95,6 +95,17 @@ pub struct Conn {
 
 const READ_CHUNK: usize = 64 << 10;
 
+/// How far off a deadline past the clock's range lies: far enough to be
+/// "never" for a setup-time wait.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `now + timeout`, saturating: a huge timeout (`Duration::MAX`) is a
+/// deadline a century away rather than an overflow.
+pub fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout).or_else(|| now.checked_add(FAR_FUTURE)).unwrap_or(now)
+}
+
 fn dial(addr: impl ToSocketAddrs, timeout: Duration) -> Result<TcpStream, TcpError> {
     let mut last = None;
     for addr in addr.to_socket_addrs()? {
@@ -139,38 +150,52 @@ pub fn accept(
     known_names: &[&str],
     options: &Options,
 ) -> Result<Conn, TcpError> {
+    let (stream, _) = listener.accept()?;
+    accept_stream(stream, known_names, options)
+}
+
+/// Runs the listener's handshake on a stream the caller accepted (to poll
+/// the listener, or to bound each handshake by `options.timeout` on its
+/// own) as a fresh listener instance serving `known_names`.
+pub fn accept_stream(
+    stream: TcpStream,
+    known_names: &[&str],
+    options: &Options,
+) -> Result<Conn, TcpError> {
     let mut instance = Listener::new(known_names.iter().copied(), options.params);
-    let (stream, accepted) = handshake(listener, &mut instance, options.timeout)?;
+    let accepted = handshake(&stream, &mut instance, options.timeout)?;
     Conn::accepted(stream, accepted, options)
 }
 
-/// Accepts a stream and runs the listener's handshake on it.
+/// Runs the listener's handshake on `stream`.
 fn handshake(
-    listener: &TcpListener,
+    mut stream: &TcpStream,
     instance: &mut Listener,
     timeout: Duration,
-) -> Result<(TcpStream, Accepted), TcpError> {
-    let (mut stream, _) = listener.accept()?;
-    prepare(&stream, timeout)?;
-    let deadline = Instant::now() + timeout;
+) -> Result<Accepted, TcpError> {
+    // A listener's stream may be non-blocking; the handshake reads with
+    // timeouts.
+    stream.set_nonblocking(false)?;
+    prepare(stream, timeout)?;
+    let deadline = deadline_after(timeout);
     let mut acceptor = Acceptor::new();
     let mut buf = vec![0; READ_CHUNK];
     let mut tx = Vec::new();
     loop {
-        let n = read_until(&mut stream, &mut buf, deadline)?;
+        let n = read_until(stream, &mut buf, deadline)?;
         let result = acceptor.handle_input(&buf[..n], instance);
         tx.clear();
         acceptor.poll_transmit(&mut tx);
         stream.write_all(&tx)?;
         if let Some(accepted) = result? {
-            return Ok((stream, accepted));
+            return Ok(accepted);
         }
     }
 }
 
 /// One read before `deadline`; zero bytes read is a closed stream.
 fn read_until(
-    stream: &mut TcpStream,
+    mut stream: &TcpStream,
     buf: &mut [u8],
     deadline: Instant,
 ) -> Result<usize, TcpError> {
@@ -237,7 +262,8 @@ impl Server {
 
     /// Blocks for the next connection and completes its handshake.
     pub fn accept(&mut self) -> Result<Incoming, TcpError> {
-        let (stream, accepted) = handshake(&self.tcp, &mut self.instance, self.options.timeout)?;
+        let (stream, _) = self.tcp.accept()?;
+        let accepted = handshake(&stream, &mut self.instance, self.options.timeout)?;
         if accepted.resumed {
             return Ok(Incoming::Resume(Resumption { stream, accepted }));
         }
@@ -292,7 +318,7 @@ impl Conn {
     /// while the channel's window is full, up to the timeout. While the
     /// stream is broken the message is queued for the resumption.
     pub fn send(&mut self, channel: u64, parts: &[&[u8]]) -> Result<u32, TcpError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         loop {
             match self.link.send(channel, parts) {
                 Ok(seq) => {
@@ -310,7 +336,7 @@ impl Conn {
     /// The next message from the peer's channels, waiting up to `timeout`.
     /// Its consumption is acknowledged.
     pub fn recv(&mut self, timeout: Duration) -> Result<Received, TcpError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         if self.inbox.is_empty() {
             if self.link.is_done() {
                 return Err(TcpError::ShutDown);
@@ -335,8 +361,25 @@ impl Conn {
         let start = Instant::now();
         let seen = self.pongs;
         self.link.ping()?;
-        self.drive_until(start + timeout, |conn| conn.pongs > seen)?;
+        self.drive_until(deadline_after(timeout), |conn| conn.pongs > seen)?;
         Ok(start.elapsed())
+    }
+
+    /// Sends a ping without waiting for its pong: [`pongs`](Self::pongs)
+    /// counts it when a later call reads it.
+    pub fn send_ping(&mut self) -> Result<(), TcpError> {
+        self.link.ping()?;
+        self.flush()
+    }
+
+    /// Pongs received so far.
+    pub fn pongs(&self) -> u64 {
+        self.pongs
+    }
+
+    /// The limit of blocked sends and of shutdown from now on.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     /// Events other than messages and pongs (commits, closures, ...).
@@ -348,14 +391,14 @@ impl Conn {
     /// stream gracefully. Messages that arrived meanwhile stay readable
     /// with [`recv`](Self::recv).
     pub fn shutdown(&mut self) -> Result<(), TcpError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         self.link.shutdown();
         self.drive_until(deadline, |conn| conn.link.is_done())?;
         // Half-close, then read to the peer's end, so neither side resets
         // the connection while the other still reads.
         let _ = self.stream.shutdown(Shutdown::Write);
         let mut buf = [0; 1024];
-        while read_until(&mut self.stream, &mut buf, deadline).is_ok() {}
+        while read_until(&self.stream, &mut buf, deadline).is_ok() {}
         Ok(())
     }
 
@@ -387,7 +430,7 @@ impl Conn {
     }
 
     fn await_open(&mut self) -> Result<(), TcpError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         self.resumed = false;
         self.drive_until(deadline, |conn| conn.link.is_open())
     }
@@ -434,7 +477,7 @@ impl Conn {
             if ready(self) {
                 return Ok(());
             }
-            let n = match read_until(&mut self.stream, &mut buf, deadline) {
+            let n = match read_until(&self.stream, &mut buf, deadline) {
                 Ok(n) => n,
                 Err(error) => {
                     if !matches!(error, TcpError::Timeout) {
