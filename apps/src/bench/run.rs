@@ -251,7 +251,9 @@ fn shm_side(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
-    let dev = ShmDevice::new(ShmConfig::default())
+    // One peer sends to each device: two lanes (one spare for a peer that
+    // restarts) instead of the default sixteen, 2 MiB of rings a device.
+    let dev = ShmDevice::new(ShmConfig { lanes: 2, ..ShmConfig::default() })
         .map_err(|e| RunError::Setup(format!("shm device: {e}")))?;
     // Large messages by one copy out of the peer's mapping: shm's read.
     let ep = Endpoint::new(dev, a.op.config(Config::on_host()))
@@ -313,15 +315,18 @@ struct CardLink {
     to_peer: mpsc::Sender<Card>,
     from_peer: mpsc::Receiver<Card>,
     timeout: Duration,
+    /// This end's lcore and the peer's, for the error.
+    lcores: (LcoreId, LcoreId),
 }
 
 impl CardLink {
-    fn pair(timeout: Duration) -> (CardLink, CardLink) {
+    /// The two ends of the exchange between lcores `a` and `b`.
+    fn pair(timeout: Duration, a: LcoreId, b: LcoreId) -> (CardLink, CardLink) {
         let (a_tx, a_rx) = mpsc::channel();
         let (b_tx, b_rx) = mpsc::channel();
         (
-            CardLink { to_peer: a_tx, from_peer: b_rx, timeout },
-            CardLink { to_peer: b_tx, from_peer: a_rx, timeout },
+            CardLink { to_peer: a_tx, from_peer: b_rx, timeout, lcores: (a, b) },
+            CardLink { to_peer: b_tx, from_peer: a_rx, timeout, lcores: (b, a) },
         )
     }
 
@@ -329,7 +334,11 @@ impl CardLink {
         // A peer gone before its card failed its setup, and says so itself.
         self.to_peer.send(mine).map_err(|_| RunError::Stopped)?;
         recv_or_stop(&self.from_peer, self.timeout, None).map_err(|e| match e {
-            mpsc::RecvTimeoutError::Timeout => RunError::Timeout("no card from the peer".into()),
+            mpsc::RecvTimeoutError::Timeout => RunError::Timeout(format!(
+                "lcore {}: no card from lcore {} within {:?}: its device and endpoint were not \
+                 set up in time (lcores sharing a CPU set up in turn; raise --timeout)",
+                self.lcores.0, self.lcores.1, self.timeout
+            )),
             mpsc::RecvTimeoutError::Disconnected => RunError::Stopped,
         })
     }
@@ -351,7 +360,7 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
     let (sample_tx, sample_rx) = mpsc::channel();
     let mut main_link = None;
     for (flow, &(active, passive)) in pairs.iter().enumerate() {
-        let (mine, theirs) = CardLink::pair(a.timeout);
+        let (mine, theirs) = CardLink::pair(a.timeout, active, passive);
         let args = a.clone();
         launch(&mut lcores, passive, move |ctx| {
             shm_side(ctx, &args, Role::Passive, |c| theirs.exchange(c), &mut |_, _| Ok(()), false)

@@ -5,8 +5,8 @@
 //! (`efapoll-shm/<qpn>-<connid>`; the connid is random, so a stranger
 //! cannot take a device's name ahead of it, and abstract names vanish with
 //! their process: nothing is left behind to sweep). A thread of the device
-//! answers on it, one short request at a time, each bounded by
-//! [`IO_TIMEOUT`]:
+//! answers on it, one short request at a time: another user's is refused
+//! unread, our user's bounded by [`IO_TIMEOUT`]:
 //!
 //! * `Hello { qpn, connid }`: a sender asks for a lane. The kernel tells
 //!   the caller's pid and uid (`SO_PEERCRED`); the thread grants a lane
@@ -28,9 +28,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// How long one request may take, either side: a peer that stalls is
-/// dropped, not waited for.
-pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the thread waits for a request of our user's to arrive, and
+/// to go: one that stalls is dropped (another user's is refused before a
+/// byte is read, so only our own processes can hold the thread).
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long an asker waits for the answer: the answering thread may wait
+/// for a CPU behind many busy lcores of its process.
+const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 const HELLO: u32 = 1;
 const REGION: u32 = 2;
@@ -171,8 +176,8 @@ fn recv_with_fd(s: &UnixStream, msg: &mut [u8]) -> io::Result<Option<OwnedFd>> {
 fn connect(qpn: u16, connid: u32) -> io::Result<UnixStream> {
     let addr = SocketAddr::from_abstract_name(name(qpn, connid))?;
     let s = UnixStream::connect_addr(&addr)?;
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    s.set_read_timeout(Some(ASK_TIMEOUT))?;
+    s.set_write_timeout(Some(ASK_TIMEOUT))?;
     Ok(s)
 }
 
@@ -310,13 +315,6 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     let cred = peer_cred(s)?;
-    let mut req = [0u8; 20];
-    let mut r = s;
-    r.read_exact(&mut req)?;
-    let kind = u32::from_le_bytes(req[0..4].try_into().expect("4 bytes"));
-    let qpn = u32::from_le_bytes(req[4..8].try_into().expect("4 bytes"));
-    let connid = u32::from_le_bytes(req[8..12].try_into().expect("4 bytes"));
-    let key = u64::from_le_bytes(req[12..20].try_into().expect("8 bytes"));
     let reply = |status: u32, value: u32, fd: Option<RawFd>| {
         let mut m = [0u8; 8];
         m[0..4].copy_from_slice(&status.to_le_bytes());
@@ -327,13 +325,25 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
         let _ = reply(REFUSED, 0, None);
         Err(io::Error::from(io::ErrorKind::PermissionDenied))
     };
+    if cred.uid != uid {
+        // Refused before a byte is read (the answer fits the socket's
+        // buffer): another user cannot hold the thread.
+        return refuse();
+    }
+    let mut req = [0u8; 20];
+    let mut r = s;
+    r.read_exact(&mut req)?;
+    let kind = u32::from_le_bytes(req[0..4].try_into().expect("4 bytes"));
+    let qpn = u32::from_le_bytes(req[4..8].try_into().expect("4 bytes"));
+    let connid = u32::from_le_bytes(req[8..12].try_into().expect("4 bytes"));
+    let key = u64::from_le_bytes(req[12..20].try_into().expect("8 bytes"));
     match kind {
         PING => reply(OK, 0, None),
         HELLO => {
             let Ok(qpn) = u16::try_from(qpn) else { return refuse() };
-            // Our user only (a sender can write every lane of the
-            // segment), and only the process the address names.
-            if cred.uid != uid || !owns(cred.pid, qpn, connid) {
+            // Only the process the address names (and of our user: a
+            // sender can write every lane of the segment).
+            if !owns(cred.pid, qpn, connid) {
                 return refuse();
             }
             match serve.claim(cred.pid, qpn, connid) {
@@ -346,15 +356,10 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
                 None => reply(FULL, 0, None),
             }
         }
-        REGION => {
-            if cred.uid != uid {
-                return refuse();
-            }
-            match serve.region(key) {
-                Some(fd) => reply(OK, 0, Some(fd.as_raw_fd())),
-                None => reply(UNKNOWN, 0, None),
-            }
-        }
+        REGION => match serve.region(key) {
+            Some(fd) => reply(OK, 0, Some(fd.as_raw_fd())),
+            None => reply(UNKNOWN, 0, None),
+        },
         _ => refuse(),
     }
 }
