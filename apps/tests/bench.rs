@@ -879,6 +879,25 @@ fn a_signal_ends_a_waiting_server_at_once_and_says_so() {
 }
 
 #[test]
+fn a_signal_ends_a_client_whose_server_accepts_and_never_answers() {
+    // A listener that takes the connection and says nothing: the client's
+    // handshake would wait for its whole --timeout.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let silent = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+    let args = ["pingpong", "127.0.0.1", "-B", &port.to_string(), "--timeout", "60"];
+    let child = Reap::new(
+        efapoll().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(),
+    );
+    let _held = silent.join().unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    signal(child.id(), "-TERM");
+    let out = wait_within(child.take(), Duration::from_secs(2), "the client in its handshake");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("interrupted by a signal"), "{}", text(&out.stderr));
+}
+
+#[test]
 fn a_signal_mid_run_prints_the_rows_done_and_says_it_was_interrupted() {
     let _busy = busy();
     // The first size is done in well under a second, the second takes

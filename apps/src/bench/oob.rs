@@ -88,7 +88,7 @@ pub fn connect(host: &str, port: u16, name: &str, timeout: Duration) -> Result<C
         .map_err(|e| RunError::Setup(format!("cannot resolve {host}: {e}")))?
         .collect();
     loop {
-        match relink::connect(&addrs[..], name, &options(timeout)) {
+        match connect_or_signal(&addrs, name, timeout)? {
             Ok(conn) => return Ok(conn),
             Err(TcpError::Io(e))
                 if e.kind() == io::ErrorKind::ConnectionRefused && Instant::now() < deadline =>
@@ -112,6 +112,35 @@ pub fn connect(host: &str, port: u16, name: &str, timeout: Duration) -> Result<C
                 )));
             }
             Err(e) => return Err(RunError::Setup(format!("cannot connect to {target}: {e}"))),
+        }
+    }
+}
+
+/// `relink::connect` in a thread of its own, so that a signal ends the
+/// wait at once even against a server that accepts and never answers (its
+/// handshake waits up to `timeout`); the abandoned attempt ends with the
+/// process.
+fn connect_or_signal(
+    addrs: &[std::net::SocketAddr],
+    name: &str,
+    timeout: Duration,
+) -> Result<Result<Conn, TcpError>, RunError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (addrs, name) = (addrs.to_vec(), name.to_owned());
+    thread::spawn(move || {
+        let _ = tx.send(relink::connect(&addrs[..], &name, &options(timeout)));
+    });
+    loop {
+        match rx.recv_timeout(super::run::WAIT_SLICE) {
+            Ok(r) => return Ok(r),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if super::run::interrupted() {
+                    return Err(RunError::Interrupted);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(RunError::Setup("the connecting thread died".into()));
+            }
         }
     }
 }

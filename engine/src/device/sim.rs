@@ -46,6 +46,11 @@
 //!
 //! Nothing allocates per packet unless a fault that copies a packet
 //! (duplicate, damage) or injection is on.
+//!
+//! Threat model: the fabric lives in one thread of one process, so there
+//! is no other user or process to guard against; what a hostile peer can
+//! do is send any bytes, which [`SimFabric::inject`] and the corrupting
+//! faults model, and which the endpoint must count and drop.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
