@@ -41,6 +41,7 @@ fn describe(
             put!(out, "    rdma_read: {}", yes_no(caps.rdma_read));
             put!(out, "    rdma_write: {}", yes_no(caps.rdma_write));
             put!(out, "    device_version: {:#x}", caps.device_version);
+            put!(out, "    external_memory: {}", yes_no(caps.external_memory));
         }
         Err(status) => put!(out, "    status: {status}"),
     }
@@ -82,8 +83,9 @@ pub fn run() -> ExitCode {
         .map(|d| (d.caps(), d.addr().to_string()))
         .map_err(|e| format!("unavailable: {e}"));
     let about = format!(
-        "processes and threads of this host over POSIX shared memory; an endpoint takes \
-         packets from up to {} senders at once, each through a ring of {} slots of its own",
+        "processes and threads of one user on this host, over shared memory (sealed memory \
+         files handed over a per-device socket); an endpoint takes packets from up to {} \
+         senders at once, each through a ring of {} slots of its own",
         shm_cfg.lanes, shm_cfg.ring_slots
     );
     describe(&mut out, "shm", &about, shm);

@@ -714,6 +714,9 @@ fn info_lists_sim_and_shm_and_what_is_not_built() {
     assert_eq!(info.matches("status: available").count(), 2, "{info}");
     assert_eq!(info.matches("status: not built").count(), 2, "{info}");
     assert!(info.contains("mtu: 8192"), "{info}");
+    // Caller-owned memory registers on sim, not on shm (a peer maps it).
+    let external: Vec<_> = info.lines().filter(|l| l.contains("external_memory:")).collect();
+    assert_eq!(external, ["    external_memory: yes", "    external_memory: no"], "{info}");
     let memcpy = info
         .lines()
         .find_map(|l| l.trim().strip_prefix("memcpy_1MiB_MB/s: "))
