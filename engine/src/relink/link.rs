@@ -261,7 +261,10 @@ pub enum CommandError {
     Blocked { channel: u64 },
     #[error("channel id {channel:#x} does not fit in {len} bytes")]
     ChannelIdTooWide { channel: u64, len: u8 },
-    #[error("after shutdown no channel may be opened")]
+    /// After [`Link::shutdown`] nothing more is sent: relink 3.6 forbids
+    /// opening a channel, and the reference implementation drops the
+    /// connection on any message that follows a shutdown.
+    #[error("after shutdown nothing more is sent")]
     ShutDown,
     #[error("channel {channel} is being closed")]
     ChannelClosing { channel: u64 },
@@ -738,6 +741,9 @@ impl Link {
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
         }
+        if self.shutdown_requested {
+            return Err(CommandError::ShutDown);
+        }
         let wire = &self.limits.wire;
         if parts.len() > wire.max_parts as usize {
             return Err(CommandError::TooManyParts { count: parts.len(), max: wire.max_parts });
@@ -758,11 +764,6 @@ impl Link {
         }
         for (&channel, &count) in &counts {
             let state = self.out.get(&channel);
-            let opens = state.is_none_or(|s| s.closed);
-            // relink 3.6: after shutdown no channel is opened.
-            if opens && self.shutdown_requested {
-                return Err(CommandError::ShutDown);
-            }
             if state.is_some_and(|s| s.closing) {
                 return Err(CommandError::ChannelClosing { channel });
             }
