@@ -19,6 +19,14 @@ pub(crate) struct Bytes {
     owned: bool,
 }
 
+// SAFETY: `Bytes` is reached only through raw-pointer copies, as a NIC's
+// memory is: lcores of one domain (the udp device's) may copy into the
+// same region from their threads, racing as DMA races with the CPU; what
+// a region holds while two writers overlap is the caller's to avoid.
+unsafe impl Send for Bytes {}
+// SAFETY: as for `Send`: no reference into the memory is ever handed out.
+unsafe impl Sync for Bytes {}
+
 impl Bytes {
     /// Allocates `len` zeroed bytes.
     pub(crate) fn zeroed(len: usize) -> Bytes {
@@ -44,6 +52,11 @@ impl Bytes {
     }
 
     /// The address of byte 0, as a peer names it.
+    /// The first byte, for a system call to gather from or scatter into.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     pub(crate) fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }
@@ -126,6 +139,13 @@ impl Frames {
     }
 
     /// Where frame `id` starts. Panics if `id` is out of range.
+    /// Frame `id`'s first byte, for a system call to gather from or
+    /// scatter into.
+    #[inline(always)]
+    pub(crate) fn ptr(&self, id: u32) -> *mut u8 {
+        self.at(id).as_ptr()
+    }
+
     #[inline(always)]
     fn at(&self, id: u32) -> NonNull<u8> {
         assert!(id < self.n, "buffer {id} out of range");

@@ -20,10 +20,10 @@
 //! (`Endpoint::attach`): N lcores, one registration, one key. A device can
 //! also register a region of its own ([`Device::register`]), which ends
 //! with it. The sim's domain is [`sim::SimDomain`], shm's
-//! [`shm::ShmDomain`] (`Send` and `Sync`: lcore threads make their devices
-//! from clones of it). [`Caps::external_memory`] says which devices take
-//! memory the caller owns: not shm, whose regions are segments that peer
-//! processes map, so the domain allocates them.
+//! [`shm::ShmDomain`] and udp's [`udp::UdpDomain`] (`Send` and `Sync`:
+//! lcore threads make their devices from clones of them). [`Caps::external_memory`] says which devices take
+//! memory the caller owns: sim and udp, not shm, whose regions are segments
+//! that peer processes map, so the domain allocates them.
 //!
 //! # Memory
 //!
@@ -73,6 +73,7 @@ pub mod fault;
 mod mem;
 pub mod shm;
 pub mod sim;
+pub mod udp;
 
 use bitflags::bitflags;
 
@@ -479,4 +480,15 @@ pub trait Device {
 pub fn host_now_ns() -> u64 {
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+/// A random u64 from the standard library's OS-seeded hasher keys: keys
+/// and connids that a peer should not guess.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    h.write_u128(t.unwrap_or_default().as_nanos());
+    h.write_u32(std::process::id());
+    h.finish()
 }

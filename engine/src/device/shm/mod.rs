@@ -81,7 +81,6 @@ mod ring;
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -94,7 +93,7 @@ use ring::{Kind, LaneState, Record, Ring};
 
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
-    RdmaWr, SendWr, Source,
+    RdmaWr, SendWr, Source, random_u64,
 };
 use crate::wire::RawAddr;
 
@@ -213,14 +212,6 @@ fn host_gid() -> [u8; 16] {
         }
         gid
     })
-}
-
-/// A random u64 from the standard library's OS-seeded hasher keys.
-fn random_u64() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos());
-    h.write_u32(std::process::id());
-    h.finish()
 }
 
 /// An operation waiting for its packet to be consumed.

@@ -1,0 +1,487 @@
+//! The udp device's datagram format: a fixed transport header (sessions,
+//! sequence numbers and piggybacked acknowledgements, after the RAMCloud
+//! RPC transport), then, for one-sided operations, the RDMAP header of the
+//! message (RFC 5040: Write, Read Request, Read Response, Terminate), then
+//! the payload. Little-endian throughout, as RAMCloud's header is.
+//!
+//! ```text
+//!  0      1      2      3      4              8              12
+//! +------+------+------+------+--------------+--------------+
+//! | ver  | type | flags| rsvd | src_connid   | dst_connid   |
+//! +------+------+------+------+--------------+--------------+
+//! 12             16             20             24
+//! +--------------+--------------+--------------+-----------------------------+
+//! | seq          | base         | ack          | staging vector (64 bits)    |
+//! +--------------+--------------+--------------+-----------------------------+
+//! 32             36
+//! +--------------+--------------+
+//! | credits      | reserved (0) |
+//! +--------------+--------------+
+//! ```
+//!
+//! * `seq`: the packet's number in the sender's session to this peer, for
+//!   the sequenced types (Send, Write, Read Request, Read Response).
+//! * `base`: the sender's oldest unacknowledged number: the receiver need
+//!   not wait for anything below it (what was refused by a Terminate is
+//!   never resent), SCTP's forward point.
+//! * `ack`, `staging`: what the sender received from the peer, RAMCloud's
+//!   `firstMissingFrag` and `stagingVector` (bit i: `ack + 1 + i`
+//!   arrived), on every packet (flag `ACK`), so that traffic in both
+//!   directions needs no acknowledgement of its own.
+//! * `credits`: receive buffers the sender has posted and free.
+
+/// Bytes of the transport header.
+pub(crate) const HDR_LEN: usize = 40;
+/// The version this device speaks.
+pub(crate) const VERSION: u8 = 1;
+
+/// What a datagram is. The RDMA messages take their RDMAP opcodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Type {
+    /// RDMAP RDMA Write: a fragment of one, [`WriteHdr`] then data.
+    Write = 0,
+    /// RDMAP RDMA Read Request: [`ReadReqHdr`].
+    ReadReq = 1,
+    /// RDMAP RDMA Read Response: [`ReadRespHdr`] then data.
+    ReadResp = 2,
+    /// RDMAP Send: a packet for a posted receive buffer.
+    Send = 3,
+    /// RDMAP Terminate: a sequenced packet refused ([`TermHdr`]).
+    Terminate = 7,
+    /// An acknowledgement alone (RAMCloud's PT_ACK).
+    Ack = 8,
+    /// Receiver not ready: no buffer for a sequenced packet; resend later
+    /// ([`RnrHdr`]).
+    Rnr = 9,
+    /// The packet named a session (our connid) that is not ours: we
+    /// restarted (RAMCloud's PT_BAD_SESSION).
+    BadSession = 10,
+}
+
+impl Type {
+    fn from_u8(v: u8) -> Option<Type> {
+        Some(match v {
+            0 => Type::Write,
+            1 => Type::ReadReq,
+            2 => Type::ReadResp,
+            3 => Type::Send,
+            7 => Type::Terminate,
+            8 => Type::Ack,
+            9 => Type::Rnr,
+            10 => Type::BadSession,
+            _ => return None,
+        })
+    }
+
+    /// Whether the type is numbered, acknowledged and resent until it is.
+    pub(crate) fn sequenced(self) -> bool {
+        matches!(self, Type::Write | Type::ReadReq | Type::ReadResp | Type::Send)
+    }
+
+    /// Bytes of its RDMAP header, after the transport header.
+    pub(crate) fn ext_len(self) -> usize {
+        match self {
+            Type::Write => WriteHdr::LEN,
+            Type::ReadReq => ReadReqHdr::LEN,
+            Type::ReadResp => ReadRespHdr::LEN,
+            Type::Terminate => TermHdr::LEN,
+            Type::Rnr => RnrHdr::LEN,
+            Type::Send | Type::Ack | Type::BadSession => 0,
+        }
+    }
+}
+
+/// Header flags.
+pub(crate) mod flags {
+    /// `ack` and `staging` are meaningful.
+    pub const ACK: u8 = 1 << 0;
+    /// The sender wants an acknowledgement now (RAMCloud's requestAck).
+    pub const REQUEST_ACK: u8 = 1 << 1;
+    /// Drop on arrival: scripted loss for tests (RAMCloud's pleaseDrop).
+    pub const PLEASE_DROP: u8 = 1 << 2;
+    /// A Write that carries immediate data (its last fragment).
+    pub const IMM: u8 = 1 << 3;
+    pub const KNOWN: u8 = ACK | REQUEST_ACK | PLEASE_DROP | IMM;
+}
+
+/// Why a datagram was dropped unread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HdrError {
+    #[error("shorter than its headers")]
+    Truncated,
+    #[error("unknown version")]
+    Version,
+    #[error("unknown type")]
+    Type,
+    #[error("unknown flags or nonzero reserved bits")]
+    Reserved,
+    #[error("a field out of range")]
+    Field,
+}
+
+/// The transport header, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hdr {
+    pub ty: Type,
+    pub flags: u8,
+    pub src_connid: u32,
+    pub dst_connid: u32,
+    pub seq: u32,
+    pub base: u32,
+    pub ack: u32,
+    pub staging: u64,
+    pub credits: u32,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+impl Hdr {
+    /// Parses the transport header at the front of `b`, and checks that
+    /// `b` holds the type's RDMAP header too.
+    pub(crate) fn parse(b: &[u8]) -> Result<Hdr, HdrError> {
+        if b.len() < HDR_LEN {
+            return Err(HdrError::Truncated);
+        }
+        if b[0] != VERSION {
+            return Err(HdrError::Version);
+        }
+        let ty = Type::from_u8(b[1]).ok_or(HdrError::Type)?;
+        let flags = b[2];
+        if flags & !flags::KNOWN != 0 || b[3] != 0 || u32_at(b, 36) != 0 {
+            return Err(HdrError::Reserved);
+        }
+        if b.len() < HDR_LEN + ty.ext_len() {
+            return Err(HdrError::Truncated);
+        }
+        Ok(Hdr {
+            ty,
+            flags,
+            src_connid: u32_at(b, 4),
+            dst_connid: u32_at(b, 8),
+            seq: u32_at(b, 12),
+            base: u32_at(b, 16),
+            ack: u32_at(b, 20),
+            staging: u64_at(b, 24),
+            credits: u32_at(b, 32),
+        })
+    }
+
+    /// Writes the header into the first [`HDR_LEN`] bytes of `b`.
+    pub(crate) fn emit(&self, b: &mut [u8]) {
+        b[0] = VERSION;
+        b[1] = self.ty as u8;
+        b[2] = self.flags;
+        b[3] = 0;
+        put_u32(b, 4, self.src_connid);
+        put_u32(b, 8, self.dst_connid);
+        put_u32(b, 12, self.seq);
+        put_u32(b, 16, self.base);
+        put_u32(b, 20, self.ack);
+        put_u64(b, 24, self.staging);
+        put_u32(b, 32, self.credits);
+        put_u32(b, 36, 0);
+    }
+}
+
+/// RDMA Write fragment: the whole message's target (every fragment is
+/// checked against all of it, so a write lands whole or not at all), and
+/// where in it this fragment goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WriteHdr {
+    /// The target region's key (RDMAP's STag).
+    pub stag: u64,
+    /// The target address of the message's byte 0 (its tagged offset).
+    pub msg_to: u64,
+    pub msg_len: u64,
+    /// This fragment's offset in the message.
+    pub frag_off: u64,
+    /// Immediate data ([`flags::IMM`]).
+    pub imm: u32,
+}
+
+impl WriteHdr {
+    pub(crate) const LEN: usize = 40;
+
+    pub(crate) fn parse(b: &[u8]) -> Result<WriteHdr, HdrError> {
+        let e = b.get(HDR_LEN..HDR_LEN + Self::LEN).ok_or(HdrError::Truncated)?;
+        if u32_at(e, 36) != 0 {
+            return Err(HdrError::Reserved);
+        }
+        let h = WriteHdr {
+            stag: u64_at(e, 0),
+            msg_to: u64_at(e, 8),
+            msg_len: u64_at(e, 16),
+            frag_off: u64_at(e, 24),
+            imm: u32_at(e, 32),
+        };
+        let data = (b.len() - HDR_LEN - Self::LEN) as u64;
+        let fits = h.frag_off.checked_add(data).is_some_and(|end| end <= h.msg_len);
+        if !fits {
+            return Err(HdrError::Field);
+        }
+        Ok(h)
+    }
+
+    pub(crate) fn emit(&self, b: &mut [u8]) {
+        let e = &mut b[HDR_LEN..HDR_LEN + Self::LEN];
+        put_u64(e, 0, self.stag);
+        put_u64(e, 8, self.msg_to);
+        put_u64(e, 16, self.msg_len);
+        put_u64(e, 24, self.frag_off);
+        put_u32(e, 32, self.imm);
+        put_u32(e, 36, 0);
+    }
+}
+
+/// RDMA Read Request (RFC 5040 4.4, with 64-bit STags): the data sink is
+/// the requester's operation, the source the target's region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReadReqHdr {
+    /// The requester's name for the read, copied into every response.
+    pub sink_stag: u64,
+    /// RDMARDSZ.
+    pub size: u64,
+    pub src_stag: u64,
+    pub src_to: u64,
+}
+
+impl ReadReqHdr {
+    pub(crate) const LEN: usize = 32;
+
+    pub(crate) fn parse(b: &[u8]) -> Result<ReadReqHdr, HdrError> {
+        let e = b.get(HDR_LEN..HDR_LEN + Self::LEN).ok_or(HdrError::Truncated)?;
+        Ok(ReadReqHdr {
+            sink_stag: u64_at(e, 0),
+            size: u64_at(e, 8),
+            src_stag: u64_at(e, 16),
+            src_to: u64_at(e, 24),
+        })
+    }
+
+    pub(crate) fn emit(&self, b: &mut [u8]) {
+        let e = &mut b[HDR_LEN..HDR_LEN + Self::LEN];
+        put_u64(e, 0, self.sink_stag);
+        put_u64(e, 8, self.size);
+        put_u64(e, 16, self.src_stag);
+        put_u64(e, 24, self.src_to);
+    }
+}
+
+/// RDMA Read Response fragment: which read, and where in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReadRespHdr {
+    pub sink_stag: u64,
+    /// Offset of this fragment in the read (the sink's tagged offset).
+    pub sink_to: u64,
+}
+
+impl ReadRespHdr {
+    pub(crate) const LEN: usize = 16;
+
+    pub(crate) fn parse(b: &[u8]) -> Result<ReadRespHdr, HdrError> {
+        let e = b.get(HDR_LEN..HDR_LEN + Self::LEN).ok_or(HdrError::Truncated)?;
+        Ok(ReadRespHdr { sink_stag: u64_at(e, 0), sink_to: u64_at(e, 8) })
+    }
+
+    pub(crate) fn emit(&self, b: &mut [u8]) {
+        let e = &mut b[HDR_LEN..HDR_LEN + Self::LEN];
+        put_u64(e, 0, self.sink_stag);
+        put_u64(e, 8, self.sink_to);
+    }
+}
+
+/// RFC 5040's Terminate Control values this device sends: layer RDMA
+/// (0), error type Remote Protection Error (1), and the error code.
+pub(crate) mod term {
+    pub const INVALID_STAG: u8 = 0x00;
+    pub const BASE_OR_BOUNDS: u8 = 0x01;
+    pub const ACCESS_RIGHTS: u8 = 0x02;
+    /// Layer 0 (RDMA), error type 1 (Remote Protection Error).
+    pub const LAYER_ETYPE: u8 = 0x01;
+}
+
+/// Terminate: the sequenced packet `seq` was refused for `code`. It was
+/// not taken, and its sender resends it no more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TermHdr {
+    pub seq: u32,
+    /// Terminate Control's layer and error type (4 bits each).
+    pub layer_etype: u8,
+    pub code: u8,
+}
+
+impl TermHdr {
+    pub(crate) const LEN: usize = 8;
+
+    pub(crate) fn parse(b: &[u8]) -> Result<TermHdr, HdrError> {
+        let e = b.get(HDR_LEN..HDR_LEN + Self::LEN).ok_or(HdrError::Truncated)?;
+        if e[6] != 0 || e[7] != 0 {
+            return Err(HdrError::Reserved);
+        }
+        Ok(TermHdr { seq: u32_at(e, 0), layer_etype: e[4], code: e[5] })
+    }
+
+    pub(crate) fn emit(&self, b: &mut [u8]) {
+        let e = &mut b[HDR_LEN..HDR_LEN + Self::LEN];
+        put_u32(e, 0, self.seq);
+        e[4] = self.layer_etype;
+        e[5] = self.code;
+        e[6] = 0;
+        e[7] = 0;
+    }
+}
+
+/// Receiver not ready for sequenced packet `seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RnrHdr {
+    pub seq: u32,
+}
+
+impl RnrHdr {
+    pub(crate) const LEN: usize = 8;
+
+    pub(crate) fn parse(b: &[u8]) -> Result<RnrHdr, HdrError> {
+        let e = b.get(HDR_LEN..HDR_LEN + Self::LEN).ok_or(HdrError::Truncated)?;
+        if u32_at(e, 4) != 0 {
+            return Err(HdrError::Reserved);
+        }
+        Ok(RnrHdr { seq: u32_at(e, 0) })
+    }
+
+    pub(crate) fn emit(&self, b: &mut [u8]) {
+        let e = &mut b[HDR_LEN..HDR_LEN + Self::LEN];
+        put_u32(e, 0, self.seq);
+        put_u32(e, 4, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hdr(ty: Type) -> Hdr {
+        Hdr {
+            ty,
+            flags: flags::ACK | flags::IMM,
+            src_connid: 0x0403_0201,
+            dst_connid: 0x0807_0605,
+            seq: 0x0c0b_0a09,
+            base: 0x100f_0e0d,
+            ack: 0x1413_1211,
+            staging: 0x1c1b_1a19_1817_1615,
+            credits: 0x201f_1e1d,
+        }
+    }
+
+    #[test]
+    fn golden_header_and_write_fragment() {
+        let mut b = [0u8; HDR_LEN + WriteHdr::LEN + 3];
+        hdr(Type::Write).emit(&mut b);
+        let w = WriteHdr { stag: 0xaa, msg_to: 0x1000, msg_len: 10, frag_off: 7, imm: 0xdead_beef };
+        w.emit(&mut b);
+        let golden: [u8; HDR_LEN + WriteHdr::LEN] = [
+            1, 0, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+            0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0, 0, 0, 0,
+            0xaa, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0,
+            0, 0, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde, 0, 0, 0, 0,
+        ];
+        assert_eq!(b[..HDR_LEN + WriteHdr::LEN], golden);
+        assert_eq!(Hdr::parse(&b), Ok(hdr(Type::Write)));
+        assert_eq!(WriteHdr::parse(&b), Ok(w));
+    }
+
+    #[test]
+    fn golden_read_request_terminate_and_rnr() {
+        let mut b = [0u8; HDR_LEN + ReadReqHdr::LEN];
+        hdr(Type::ReadReq).emit(&mut b);
+        let r = ReadReqHdr { sink_stag: 5, size: 0x0102, src_stag: 7, src_to: 0x0300 };
+        r.emit(&mut b);
+        let ext = [5, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 3];
+        assert_eq!(b[HDR_LEN..HDR_LEN + 26], ext);
+        assert_eq!(b[1], 1, "RDMAP's Read Request opcode");
+        assert_eq!(ReadReqHdr::parse(&b), Ok(r));
+
+        let mut b = [0u8; HDR_LEN + TermHdr::LEN];
+        hdr(Type::Terminate).emit(&mut b);
+        let t = TermHdr { seq: 9, layer_etype: term::LAYER_ETYPE, code: term::BASE_OR_BOUNDS };
+        t.emit(&mut b);
+        assert_eq!(b[1], 7, "RDMAP's Terminate opcode");
+        assert_eq!(b[HDR_LEN..], [9, 0, 0, 0, 1, 1, 0, 0]);
+        assert_eq!(TermHdr::parse(&b), Ok(t));
+
+        let mut b = [0u8; HDR_LEN + RnrHdr::LEN];
+        hdr(Type::Rnr).emit(&mut b);
+        RnrHdr { seq: 0x0102_0304 }.emit(&mut b);
+        assert_eq!(b[HDR_LEN..], [4, 3, 2, 1, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn malformed_headers_are_typed_errors() {
+        let mut b = [0u8; HDR_LEN + WriteHdr::LEN + 8];
+        hdr(Type::Send).emit(&mut b);
+        assert!(Hdr::parse(&b).is_ok());
+        for len in 0..HDR_LEN {
+            assert_eq!(Hdr::parse(&b[..len]), Err(HdrError::Truncated), "{len} bytes");
+        }
+        let bad = |at: usize, v: u8, want: HdrError| {
+            let mut c = b;
+            c[at] = v;
+            assert_eq!(Hdr::parse(&c), Err(want), "byte {at} = {v}");
+        };
+        bad(0, 2, HdrError::Version);
+        for ty in [4, 5, 6, 11, 255] {
+            bad(1, ty, HdrError::Type);
+        }
+        bad(2, 1 << 7, HdrError::Reserved);
+        bad(3, 1, HdrError::Reserved);
+        bad(39, 1, HdrError::Reserved);
+
+        // A type whose RDMAP header does not fit.
+        hdr(Type::Write).emit(&mut b);
+        assert_eq!(Hdr::parse(&b[..HDR_LEN + WriteHdr::LEN - 1]), Err(HdrError::Truncated));
+        // A fragment that runs past its message, or wraps.
+        let w = WriteHdr { stag: 1, msg_to: 0, msg_len: 8, frag_off: 1, imm: 0 };
+        w.emit(&mut b);
+        assert_eq!(WriteHdr::parse(&b), Err(HdrError::Field), "8 data bytes at offset 1 of 8");
+        WriteHdr { frag_off: u64::MAX, ..w }.emit(&mut b);
+        assert_eq!(WriteHdr::parse(&b), Err(HdrError::Field));
+        WriteHdr { frag_off: 0, ..w }.emit(&mut b);
+        assert!(WriteHdr::parse(&b).is_ok());
+        b[HDR_LEN + 36] = 1;
+        assert_eq!(WriteHdr::parse(&b), Err(HdrError::Reserved));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_parse_or_fail_without_panicking(bytes in proptest::collection::vec(0u8..=255, 0..120)) {
+            if let Ok(h) = Hdr::parse(&bytes) {
+                let _ = match h.ty {
+                    Type::Write => WriteHdr::parse(&bytes).map(|_| ()),
+                    Type::ReadReq => ReadReqHdr::parse(&bytes).map(|_| ()),
+                    Type::ReadResp => ReadRespHdr::parse(&bytes).map(|_| ()),
+                    Type::Terminate => TermHdr::parse(&bytes).map(|_| ()),
+                    Type::Rnr => RnrHdr::parse(&bytes).map(|_| ()),
+                    _ => Ok(()),
+                };
+                let mut again = bytes.clone();
+                h.emit(&mut again);
+                proptest::prop_assert_eq!(&again[..HDR_LEN], &bytes[..HDR_LEN]);
+            }
+        }
+    }
+}

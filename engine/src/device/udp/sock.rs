@@ -1,0 +1,291 @@
+//! The udp device's socket: non-blocking, busy-polled, datagrams moved in
+//! bursts by `sendmmsg` and `recvmmsg` (one system call a burst), gathered
+//! from and scattered into memory the device owns, so nothing is allocated
+//! or copied on the way.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::AsRawFd;
+
+use crate::device::fault::Wire;
+
+/// Datagrams a burst moves at most.
+pub(crate) const BURST: usize = 32;
+/// Pieces a datagram is gathered from: headers, packet, region bytes.
+const PARTS: usize = 3;
+
+/// One datagram to send: up to three pieces of memory, gathered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Out {
+    pub to: SocketAddr,
+    pub parts: [(*const u8, usize); PARTS],
+}
+
+/// The socket and the system call arrays of its bursts.
+#[derive(Debug)]
+pub(crate) struct Sock {
+    sock: UdpSocket,
+    local: SocketAddr,
+    sndbuf: usize,
+    rcvbuf: usize,
+    tx_hdrs: Box<[libc::mmsghdr; BURST]>,
+    tx_iov: Box<[[libc::iovec; PARTS]; BURST]>,
+    tx_addr: Box<[libc::sockaddr_storage; BURST]>,
+    rx_hdrs: Box<[libc::mmsghdr; BURST]>,
+    rx_iov: Box<[libc::iovec; BURST]>,
+    rx_addr: Box<[libc::sockaddr_storage; BURST]>,
+}
+
+// SAFETY: the raw pointers in the system call arrays are written before
+// each call and read only during it, on the thread that owns the socket.
+unsafe impl Send for Sock {}
+
+fn zeroed_box<T>() -> Box<T> {
+    // SAFETY: used only for arrays of C structs (mmsghdr, iovec,
+    // sockaddr_storage) for which all-zero bytes are a valid value.
+    Box::new(unsafe { zeroed::<T>() })
+}
+
+fn setsockopt(fd: i32, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: a plain syscall with a pointer to a live c_int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+fn getsockopt(fd: i32, opt: libc::c_int) -> usize {
+    let mut v: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a plain syscall writing one c_int into `v`.
+    let r = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut libc::c_int).cast(), &mut len)
+    };
+    if r < 0 { 0 } else { v.max(0) as usize }
+}
+
+/// Writes `a` as a C socket address; returns its length.
+fn to_c(a: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    match a {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in.
+            let s =
+                unsafe { &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = a.port().to_be();
+            s.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) };
+            size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in6.
+            let s =
+                unsafe { &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = a.port().to_be();
+            s.sin6_flowinfo = 0;
+            s.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
+            s.sin6_scope_id = a.scope_id();
+            size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+/// Reads a C socket address the kernel wrote.
+fn from_c(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match s.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let s = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(s.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(s.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let s = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
+            let port = u16::from_be(s.sin6_port);
+            Some(SocketAddr::V6(SocketAddrV6::new(ip, port, 0, s.sin6_scope_id)))
+        }
+        _ => None,
+    }
+}
+
+impl Sock {
+    /// A socket bound to `bind`, non-blocking, its buffers asked to hold
+    /// `buffer` bytes (above the system's limit where we may: root).
+    pub(crate) fn bind(bind: SocketAddr, buffer: usize) -> io::Result<Sock> {
+        let sock = UdpSocket::bind(bind)?;
+        sock.set_nonblocking(true)?;
+        let fd = sock.as_raw_fd();
+        let want = libc::c_int::try_from(buffer).unwrap_or(libc::c_int::MAX);
+        for (force, plain) in
+            [(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF), (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)]
+        {
+            if setsockopt(fd, force, want).is_err() {
+                setsockopt(fd, plain, want)?;
+            }
+        }
+        let local = sock.local_addr()?;
+        Ok(Sock {
+            sndbuf: getsockopt(fd, libc::SO_SNDBUF),
+            rcvbuf: getsockopt(fd, libc::SO_RCVBUF),
+            sock,
+            local,
+            tx_hdrs: zeroed_box(),
+            tx_iov: zeroed_box(),
+            tx_addr: zeroed_box(),
+            rx_hdrs: zeroed_box(),
+            rx_iov: zeroed_box(),
+            rx_addr: zeroed_box(),
+        })
+    }
+
+    pub(crate) fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The socket buffers the kernel granted: (send, receive) bytes.
+    pub(crate) fn buffers(&self) -> (usize, usize) {
+        (self.sndbuf, self.rcvbuf)
+    }
+
+    /// Sends up to [`BURST`] datagrams in one call; returns how many the
+    /// kernel took (fewer: its buffer is full, try the rest later).
+    ///
+    /// # Safety
+    /// Every part of every datagram is readable for its length.
+    pub(crate) unsafe fn send(&mut self, out: &[Out]) -> usize {
+        let n = out.len().min(BURST);
+        for (i, o) in out[..n].iter().enumerate() {
+            let mut parts = 0;
+            for &(ptr, len) in &o.parts {
+                if len > 0 {
+                    self.tx_iov[i][parts] = libc::iovec { iov_base: ptr as *mut _, iov_len: len };
+                    parts += 1;
+                }
+            }
+            let alen = to_c(&o.to, &mut self.tx_addr[i]);
+            let h = &mut self.tx_hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.tx_addr[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = alen;
+            h.msg_iov = self.tx_iov[i].as_mut_ptr();
+            h.msg_iovlen = parts;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+        }
+        let mut sent = 0;
+        while sent < n {
+            // SAFETY: the headers point at addresses and iovecs set above,
+            // whose memory the caller promises readable.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.sock.as_raw_fd(),
+                    self.tx_hdrs.as_mut_ptr().add(sent),
+                    (n - sent) as libc::c_uint,
+                    0,
+                )
+            };
+            if r <= 0 {
+                let e = io::Error::last_os_error();
+                if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if r < 0 && e.kind() != io::ErrorKind::WouldBlock {
+                    // Unreachable peer (ICMP), too large: the datagram is
+                    // lost as on a wire; reliability resends or gives up.
+                    sent += 1;
+                    continue;
+                }
+                break;
+            }
+            sent += r as usize;
+        }
+        sent
+    }
+
+    /// Receives up to `frames.len()` datagrams in one call, each into the
+    /// `cap` bytes at its frame; writes each one's sender and length into
+    /// `got` and returns how many.
+    ///
+    /// # Safety
+    /// Every frame is writable for `cap` bytes and not otherwise used
+    /// during the call.
+    pub(crate) unsafe fn recv(
+        &mut self,
+        frames: &[*mut u8],
+        cap: usize,
+        got: &mut [(SocketAddr, usize)],
+    ) -> usize {
+        let n = frames.len().min(BURST).min(got.len());
+        for (i, &f) in frames[..n].iter().enumerate() {
+            self.rx_iov[i] = libc::iovec { iov_base: f.cast(), iov_len: cap };
+            let h = &mut self.rx_hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.rx_addr[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut self.rx_iov[i];
+            h.msg_iovlen = 1;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+        }
+        // SAFETY: the headers point at the caller's frames and our address
+        // storage, all writable for the lengths given.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.sock.as_raw_fd(),
+                self.rx_hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r <= 0 {
+            return 0;
+        }
+        let mut k = 0;
+        for i in 0..r as usize {
+            let h = &self.rx_hdrs[i];
+            // A datagram cut to the frame is longer than any we send.
+            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                continue;
+            }
+            if let Some(from) = from_c(&self.rx_addr[i]) {
+                got[k] = (from, h.msg_len as usize);
+                // Keep frames and results aligned: move the frame's bytes
+                // only when one was skipped, which is rare.
+                if k != i {
+                    // SAFETY: both frames are the caller's, `cap` long.
+                    unsafe { std::ptr::copy(frames[i], frames[k], h.msg_len as usize) };
+                }
+                k += 1;
+            }
+        }
+        k
+    }
+}
+
+/// One datagram at a time, for the fault layer ([`crate::device::fault::Faulty`]).
+impl Wire for Sock {
+    type Addr = SocketAddr;
+
+    fn send(&mut self, _now_ns: u64, to: SocketAddr, bytes: &[u8]) -> bool {
+        match self.sock.send_to(bytes, to) {
+            Ok(_) => true,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        }
+    }
+
+    fn recv(&mut self, _now_ns: u64, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
+        self.sock.recv_from(buf).ok().map(|(n, from)| (from, n))
+    }
+}

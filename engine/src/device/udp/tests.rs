@@ -1,0 +1,418 @@
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn cfg() -> UdpConfig {
+    UdpConfig { bufs: 256, tx_depth: 128, rx_depth: 128, ..UdpConfig::default() }
+}
+
+fn pair(cfg: UdpConfig) -> (UdpDevice, UdpDevice) {
+    (UdpDevice::new(cfg).unwrap(), UdpDevice::new(cfg).unwrap())
+}
+
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 + seed * 7 + 1) as u8).collect()
+}
+
+/// Polls both, collecting each one's completions, until `done` holds.
+fn drive(
+    a: &mut UdpDevice,
+    b: &mut UdpDevice,
+    within: Duration,
+    mut done: impl FnMut(&[Cqe], &[Cqe]) -> bool,
+) -> (Vec<Cqe>, Vec<Cqe>) {
+    let (mut ca, mut cb) = (Vec::new(), Vec::new());
+    let mut out = [Cqe::default(); 32];
+    let end = Instant::now() + within;
+    while !done(&ca, &cb) {
+        assert!(Instant::now() < end, "not done: a {ca:?} b {cb:?}");
+        let k = a.poll(&mut out);
+        ca.extend_from_slice(&out[..k]);
+        let k = b.poll(&mut out);
+        cb.extend_from_slice(&out[..k]);
+    }
+    (ca, cb)
+}
+
+fn send(dev: &mut UdpDevice, ah: Ah, buf: BufId, bytes: &[u8], wr_id: u64) {
+    dev.buf_mut(buf)[..bytes.len()].copy_from_slice(bytes);
+    let wr = SendWr { ah, buf, len: bytes.len() as u32, data: None, wr_id };
+    assert_eq!(dev.post_send(&[wr]), 1);
+}
+
+const SEC: Duration = Duration::from_secs(10);
+
+#[test]
+fn every_packet_size_arrives_with_its_content_and_its_sender() {
+    let (mut a, mut b) = pair(cfg());
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    let bufs: Vec<BufId> = (0..64).collect();
+    assert_eq!(b.post_recv(&bufs), 64);
+    let sizes = [0usize, 1, 63, 64, 1000, 4096, 8191, 8192];
+    for (i, &len) in sizes.iter().enumerate() {
+        send(&mut a, to_b, 100 + i as u32, &pattern(i, len), i as u64);
+    }
+    let (ca, cb) =
+        drive(&mut a, &mut b, SEC, |ca, cb| ca.len() == sizes.len() && cb.len() == sizes.len());
+    assert!(ca.iter().all(|c| c.op == CqOp::Send && c.status == CqStatus::Ok), "{ca:?}");
+    let mut seen = vec![false; sizes.len()];
+    for c in &cb {
+        assert_eq!(c.op, CqOp::Recv);
+        // Unordered: find the size by length and content.
+        let i = sizes.iter().position(|&l| l == c.len as usize).unwrap();
+        assert_eq!(&b.buf(c.wr_id as u32)[..c.len as usize], &pattern(i, sizes[i])[..]);
+        assert_eq!(c.src, Source::Unknown { qpn: a.addr().qpn }, "not in b's book yet");
+        assert!(!seen[i], "delivered twice");
+        seen[i] = true;
+    }
+    // Once in the book, the sender is known.
+    let to_a = b.insert_addr(&a.addr()).unwrap();
+    send(&mut a, to_b, 1, b"known", 99);
+    let (_, cb) = drive(&mut a, &mut b, SEC, |_, cb| !cb.is_empty());
+    assert_eq!(cb[0].src, Source::Known(to_a));
+    // A packet larger than the mtu is refused locally.
+    let wr = SendWr { ah: to_b, buf: 0, len: 8193, data: None, wr_id: 7 };
+    assert_eq!(a.post_send(&[wr]), 1);
+    let (ca, _) = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
+    assert_eq!((ca[0].wr_id, ca[0].status), (7, CqStatus::LocalError));
+}
+
+#[test]
+fn the_address_is_the_socket_and_a_v4_gid_is_mapped() {
+    let a = UdpDevice::new(cfg()).unwrap();
+    let addr = a.addr();
+    assert_eq!(addr.gid, Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets());
+    assert_eq!(addr.qpn, a.local_addr().port());
+    let b = UdpDevice::new(cfg()).unwrap();
+    assert_ne!(addr.connid, b.addr().connid, "connids are drawn at random");
+    let unspecified = UdpConfig { bind: "0.0.0.0:0".parse().unwrap(), ..cfg() };
+    assert!(matches!(UdpDevice::new(unspecified), Err(UdpError::Config(_))));
+    let (snd, rcv) = a.socket_buffers();
+    assert!(snd > 0 && rcv > 0, "buffer sizes reported: {snd} {rcv}");
+    // An IPv6 peer is unreachable from an IPv4 socket.
+    let mut a = a;
+    let v6 = RawAddr { gid: Ipv6Addr::LOCALHOST.octets(), qpn: 9, connid: 1 };
+    assert_eq!(a.insert_addr(&v6), Err(DeviceError::BadAddress));
+}
+
+fn rdma(op: RdmaOp, ah: Ah, local: &Mr, remote: &Mr, off: u64, len: u64, wr_id: u64) -> RdmaWr {
+    RdmaWr {
+        op,
+        ah,
+        local: local.id,
+        local_offset: 0,
+        len,
+        remote_addr: remote.addr_at(off),
+        remote_key: remote.key,
+        wr_id,
+    }
+}
+
+#[test]
+fn rdma_read_write_and_write_with_immediate_of_every_size() {
+    let (mut a, mut b) = pair(cfg());
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    let len = 300_000u64;
+    let local = a.register(len, Access::empty()).unwrap();
+    let remote = b.register(len, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let bufs: Vec<BufId> = (0..8).collect();
+    b.post_recv(&bufs);
+    for (k, n) in [0u64, 1, 8151, 8152, 8153, 100_000, len].into_iter().enumerate() {
+        let data = pattern(k, n as usize);
+        a.write_region(local.id, 0, &data);
+        let imm = (k % 2 == 1).then_some(0xabc0 + k as u32);
+        let wr = rdma(RdmaOp::Write { imm }, to_b, &local, &remote, 0, n, 10 + k as u64);
+        assert_eq!(a.post_rdma(&[wr]), 1);
+        let want_b = usize::from(imm.is_some());
+        let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| !ca.is_empty() && cb.len() == want_b);
+        assert_eq!(
+            (ca[0].op, ca[0].status, ca[0].wr_id),
+            (CqOp::Write, CqStatus::Ok, 10 + k as u64)
+        );
+        let mut got = vec![0; n as usize];
+        b.read_region(remote.id, 0, &mut got);
+        assert!(got == data, "write of {n} bytes landed whole");
+        if let Some(imm) = imm {
+            assert_eq!((cb[0].op, cb[0].imm, cb[0].len), (CqOp::RecvWriteImm, imm, n as u32));
+            b.post_recv(&[cb[0].wr_id as u32]);
+        }
+        // And back: read what b holds, shifted.
+        let back = pattern(k + 50, n as usize);
+        b.write_region(remote.id, 0, &back);
+        let wr = rdma(RdmaOp::Read, to_b, &local, &remote, 0, n, 20 + k as u64);
+        assert_eq!(a.post_rdma(&[wr]), 1);
+        let (ca, _) = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
+        assert_eq!((ca[0].op, ca[0].status), (CqOp::Read, CqStatus::Ok));
+        let mut got = vec![0; n as usize];
+        a.read_region(local.id, 0, &mut got);
+        assert!(got == back, "read of {n} bytes");
+    }
+}
+
+#[test]
+fn protection_violations_are_terminated_and_leave_the_target_untouched() {
+    let (mut a, mut b) = pair(cfg());
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    let local = a.register(100_000, Access::empty()).unwrap();
+    a.write_region(local.id, 0, &pattern(1, 100_000));
+    let ro = b.register(50_000, Access::REMOTE_READ).unwrap();
+    let wo = b.register(50_000, Access::REMOTE_WRITE).unwrap();
+    let cases = [
+        // Unknown key; past the end (a multi-fragment write whose first
+        // fragments would fit); a right not granted; an address that
+        // wraps.
+        (
+            RdmaOp::Write { imm: None },
+            RdmaWr { remote_key: 12345, ..rdma(RdmaOp::Read, to_b, &local, &wo, 0, 10, 0) },
+        ),
+        (RdmaOp::Write { imm: None }, rdma(RdmaOp::Read, to_b, &local, &wo, 40_000, 20_000, 0)),
+        (RdmaOp::Write { imm: None }, rdma(RdmaOp::Read, to_b, &local, &ro, 0, 10, 0)),
+        (RdmaOp::Read, rdma(RdmaOp::Read, to_b, &local, &wo, 0, 10, 0)),
+        (RdmaOp::Read, rdma(RdmaOp::Read, to_b, &local, &ro, 49_999, 2, 0)),
+        (
+            RdmaOp::Read,
+            RdmaWr { remote_addr: u64::MAX - 3, ..rdma(RdmaOp::Read, to_b, &local, &ro, 0, 10, 0) },
+        ),
+    ];
+    for (k, (op, wr)) in cases.into_iter().enumerate() {
+        let wr = RdmaWr { op, wr_id: k as u64, ..wr };
+        assert_eq!(a.post_rdma(&[wr]), 1);
+        let (ca, _) = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
+        assert_eq!((ca[0].wr_id, ca[0].status), (k as u64, CqStatus::RemoteAccess), "case {k}");
+    }
+    assert!(b.region_vec(&wo).iter().all(|&x| x == 0), "nothing written");
+    assert!(b.stats().terminates_sent >= 6 && a.stats().terminates_received >= 6);
+    // The session goes on: a good write after the refusals.
+    let wr = rdma(RdmaOp::Write { imm: None }, to_b, &local, &wo, 0, 50_000, 9);
+    a.post_rdma(&[wr]);
+    let (ca, _) = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
+    assert_eq!(ca[0].status, CqStatus::Ok);
+    assert_eq!(b.region_vec(&wo), pattern(1, 50_000));
+}
+
+#[test]
+fn scripted_drops_are_resent_and_delivered_once() {
+    let (mut a, mut b) = pair(cfg());
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    let bufs: Vec<BufId> = (0..64).collect();
+    b.post_recv(&bufs);
+    a.please_drop(5);
+    for i in 0..20u32 {
+        send(&mut a, to_b, 100 + i, &i.to_le_bytes(), u64::from(i));
+    }
+    let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| ca.len() == 20 && cb.len() == 20);
+    assert!(ca.iter().all(|c| c.status == CqStatus::Ok));
+    let mut got: Vec<u32> = cb
+        .iter()
+        .map(|c| u32::from_le_bytes(b.buf(c.wr_id as u32)[..4].try_into().unwrap()))
+        .collect();
+    got.sort();
+    assert_eq!(got, (0..20).collect::<Vec<_>>(), "each exactly once");
+    assert_eq!(b.stats().please_dropped, 5);
+    assert!(a.stats().retransmits >= 5, "{:?}", a.stats());
+}
+
+#[test]
+fn a_receiver_without_buffers_is_back_pressure_not_loss() {
+    let (mut a, mut b) = pair(cfg());
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    for i in 0..10u32 {
+        send(&mut a, to_b, i, &[i as u8; 100], u64::from(i));
+    }
+    // Nothing posted: the sends wait, refused "not ready".
+    let end = Instant::now() + Duration::from_millis(50);
+    let mut out = [Cqe::default(); 16];
+    while Instant::now() < end {
+        assert_eq!(a.poll(&mut out), 0, "a send completed with no buffer at the receiver");
+        assert_eq!(b.poll(&mut out), 0);
+    }
+    assert!(b.stats().rnr_sent > 0 && a.stats().rnr_received > 0, "{:?}", b.stats());
+    let bufs: Vec<BufId> = (0..10).collect();
+    b.post_recv(&bufs);
+    let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| ca.len() == 10 && cb.len() == 10);
+    assert!(ca.iter().all(|c| c.status == CqStatus::Ok));
+    assert!(cb.iter().all(|c| c.len == 100));
+}
+
+#[test]
+fn a_silent_peer_fails_outstanding_work_after_the_peer_timeout() {
+    let c = UdpConfig { peer_timeout: Duration::from_millis(100), ..cfg() };
+    let (mut a, b) = pair(c);
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    drop(b);
+    let start = Instant::now();
+    send(&mut a, to_b, 0, b"anyone?", 1);
+    let mut out = [Cqe::default(); 4];
+    let mut got = Vec::new();
+    while got.is_empty() {
+        assert!(start.elapsed() < SEC);
+        let k = a.poll(&mut out);
+        got.extend_from_slice(&out[..k]);
+    }
+    assert_eq!((got[0].wr_id, got[0].status), (1, CqStatus::PeerUnreachable));
+    assert!(start.elapsed() >= Duration::from_millis(100), "{:?} {:?}", start.elapsed(), a.stats());
+    assert!(a.stats().retransmits > 0 && a.stats().peers_lost == 1);
+    // Work posted to a lost peer fails at once.
+    send(&mut a, to_b, 0, b"again", 2);
+    let mut out = [Cqe::default(); 4];
+    assert_eq!(a.poll(&mut out), 1);
+    assert_eq!(out[0].status, CqStatus::PeerUnreachable);
+}
+
+#[test]
+fn a_restarted_peer_is_told_apart_and_the_old_work_fails() {
+    let (mut a, b) = pair(cfg());
+    let port = b.local_addr();
+    let old = b.addr();
+    let to_old = a.insert_addr(&old).unwrap();
+    drop(b);
+    // The peer comes back on the same port with a new connid.
+    let mut b2 = UdpDevice::new(UdpConfig { bind: port, ..cfg() }).unwrap();
+    assert_ne!(b2.addr().connid, old.connid);
+    b2.post_recv(&[0, 1]);
+    // What a sends to the old incarnation is answered "bad session".
+    send(&mut a, to_old, 0, b"old", 1);
+    let (ca, cb) = drive(&mut a, &mut b2, SEC, |ca, _| !ca.is_empty());
+    assert_eq!(ca[0].status, CqStatus::PeerUnreachable);
+    assert!(cb.is_empty(), "nothing for the old incarnation is delivered");
+    assert_eq!(b2.stats().stale, 1);
+    // The new one is reachable, and when it speaks, a knows it as new.
+    let to_new = a.insert_addr(&b2.addr()).unwrap();
+    assert_ne!(to_new, to_old);
+    send(&mut a, to_new, 0, b"new", 2);
+    let (ca, cb) = drive(&mut a, &mut b2, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
+    assert_eq!(ca[0].status, CqStatus::Ok);
+    assert_eq!(&b2.buf(cb[0].wr_id as u32)[..3], b"new");
+}
+
+#[test]
+fn malformed_datagrams_are_counted_and_dropped() {
+    let (mut a, mut b) = pair(cfg());
+    b.post_recv(&[0, 1, 2]);
+    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = b.local_addr();
+    let mut good = [0u8; hdr::HDR_LEN + 4];
+    Hdr {
+        ty: Type::Send,
+        flags: 0,
+        src_connid: 5,
+        dst_connid: b.addr().connid,
+        seq: 0,
+        base: 0,
+        ack: 0,
+        staging: 0,
+        credits: 0,
+    }
+    .emit(&mut good);
+    let mut bad_version = good;
+    bad_version[0] = 9;
+    let mut bad_write = good;
+    bad_write[1] = Type::Write as u8;
+    for d in [&[][..], &[1, 2, 3][..], &bad_version[..], &bad_write[..], &good[..hdr::HDR_LEN - 1]]
+    {
+        raw.send_to(d, to).unwrap();
+    }
+    raw.send_to(&good, to).unwrap();
+    let end = Instant::now() + SEC;
+    let mut out = [Cqe::default(); 8];
+    let mut got = Vec::new();
+    while got.is_empty() || b.stats().malformed < 5 {
+        assert!(Instant::now() < end, "{:?}", b.stats());
+        let k = b.poll(&mut out);
+        got.extend_from_slice(&out[..k]);
+        a.poll(&mut out[..0]);
+    }
+    assert_eq!(got.len(), 1, "the good one, from an unknown sender");
+    assert_eq!(got[0].len, 4);
+    assert!(matches!(got[0].src, Source::Unknown { .. }));
+    assert_eq!(b.stats().malformed, 5, "{:?}", b.stats());
+}
+
+#[test]
+fn faults_on_the_wire_lose_nothing_and_duplicate_nothing() {
+    for (seed, drop_ppm) in [(1u64, 10_000u32), (2, 100_000), (3, 500_000)] {
+        let faults = Faults {
+            seed,
+            drop_ppm,
+            duplicate_ppm: 50_000,
+            reorder_window: 4,
+            delay_ppm: 50_000,
+            delay_max_ns: 200_000,
+            ..Faults::default()
+        };
+        let c = UdpConfig { faults, min_rto: Duration::from_micros(100), ..cfg() };
+        let (mut a, mut b) = pair(c);
+        let to_b = a.insert_addr(&b.addr()).unwrap();
+        let bufs: Vec<BufId> = (0..128).collect();
+        b.post_recv(&bufs);
+        let n = 300u32;
+        let mut sent = 0;
+        let mut got = Vec::new();
+        let mut acked = 0;
+        let mut free: Vec<BufId> = (128..228).collect();
+        let mut out = [Cqe::default(); 32];
+        let end = Instant::now() + Duration::from_secs(60);
+        while acked < n || got.len() < n as usize {
+            assert!(Instant::now() < end, "drop {drop_ppm}: {acked} acked, {} got", got.len());
+            if sent < n
+                && let Some(buf) = free.pop()
+            {
+                send(&mut a, to_b, buf, &sent.to_le_bytes(), u64::from(buf));
+                sent += 1;
+            }
+            let k = a.poll(&mut out);
+            for c in &out[..k] {
+                assert_eq!(c.status, CqStatus::Ok);
+                free.push(c.wr_id as BufId);
+            }
+            acked += k as u32;
+            let k = b.poll(&mut out);
+            for c in &out[..k] {
+                let buf = c.wr_id as u32;
+                got.push(u32::from_le_bytes(b.buf(buf)[..4].try_into().unwrap()));
+                b.post_recv(&[buf]);
+            }
+        }
+        got.sort();
+        assert_eq!(got, (0..n).collect::<Vec<_>>(), "drop {drop_ppm}: each exactly once");
+        assert!(a.stats().retransmits > 0, "drop {drop_ppm}: {:?}", a.stats());
+        assert!(a.fault_stats().dropped > 0 && a.fault_stats().duplicated > 0);
+    }
+}
+
+#[test]
+fn a_domain_registration_serves_every_queue_that_attached_it() {
+    let dom = UdpDomain::new(cfg());
+    let mut a = dom.device().unwrap();
+    let mut b = dom.device().unwrap();
+    let mut c = UdpDevice::new(cfg()).unwrap();
+    let mr = dom.register(4096, Access::REMOTE_WRITE).unwrap();
+    a.attach(&mr).unwrap();
+    b.attach(&mr).unwrap();
+    assert_eq!(dom.deregister(&mr), Err(DeviceError::Busy), "queues use it");
+    let src = c.register(16, Access::empty()).unwrap();
+    c.write_region(src.id, 0, b"through either q");
+    for (k, dev) in [&mut a, &mut b].into_iter().enumerate() {
+        let ah = c.insert_addr(&dev.addr()).unwrap();
+        let wr = RdmaWr {
+            op: RdmaOp::Write { imm: None },
+            ah,
+            local: src.id,
+            local_offset: 0,
+            len: 16,
+            remote_addr: mr.addr_at(100 * k as u64),
+            remote_key: mr.key,
+            wr_id: k as u64,
+        };
+        c.post_rdma(&[wr]);
+        let (cc, _) = drive(&mut c, dev, SEC, |cc, _| !cc.is_empty());
+        assert_eq!(cc[0].status, CqStatus::Ok);
+    }
+    let mut got = [0u8; 16];
+    a.read_region(mr.id, 100, &mut got);
+    assert_eq!(&got, b"through either q", "b's write, seen through a");
+    a.deregister(mr.id).unwrap();
+    b.deregister(mr.id).unwrap();
+    assert_eq!(dom.deregister(&mr), Ok(()));
+}
