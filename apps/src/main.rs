@@ -92,7 +92,7 @@ enum Provider {
     Sim,
     /// Shared memory between threads or processes of this host.
     Shm,
-    /// Software SRD over UDP (not built yet).
+    /// Software SRD over UDP sockets: across hosts (loopback without HOST).
     Udp,
     /// AWS EFA (not built yet).
     Efa,
@@ -221,10 +221,11 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
     let device = match b.provider {
         Provider::Sim => DeviceKind::Sim,
         Provider::Shm => DeviceKind::Shm,
-        Provider::Udp | Provider::Efa => {
+        Provider::Udp => DeviceKind::Udp,
+        Provider::Efa => {
             let name = b.provider.to_possible_value().expect("not skipped").get_name().to_owned();
             usage_error(format!(
-                "-p {name}: the {name} device is not built yet; built devices: sim, shm"
+                "-p {name}: the {name} device is not built yet; built devices: sim, shm, udp"
             ))
         }
     };
@@ -248,11 +249,11 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
     let lcores = match (b.lcores, device) {
         (Some(list), _) => list,
         (None, DeviceKind::Sim) => first(1),
-        (None, DeviceKind::Shm) => first(2),
+        (None, DeviceKind::Shm | DeviceKind::Udp) => first(2),
     };
-    if device == DeviceKind::Shm && !lcores.lcores().len().is_multiple_of(2) {
+    if device != DeviceKind::Sim && !lcores.lcores().len().is_multiple_of(2) {
         usage_error(format!(
-            "-l {lcores}: shm runs one flow per lcore pair, so it takes an even number of \
+            "-l {lcores}: shm and udp run one flow per lcore pair, so it takes an even number of \
              lcores (like 0-1 or 0-3); the cores here are {available}"
         ));
     }
@@ -287,6 +288,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         idle: b.idle,
         port: b.port,
         bind: b.bind,
+        udp_ip: std::net::Ipv4Addr::LOCALHOST.into(),
         timeout: Duration::from_secs(b.timeout),
         json: b.json,
         plot: b.plot,

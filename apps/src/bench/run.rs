@@ -15,13 +15,15 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{IpAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
+use efapoll::device::Device;
 use efapoll::device::shm::{ShmConfig, ShmDevice};
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
+use efapoll::device::udp::{UdpConfig, UdpDevice};
 use efapoll::endpoint::{Config, Endpoint};
 use efapoll::relink::Conn;
 use efapoll_lcores::{
@@ -43,6 +45,7 @@ use super::{
 pub enum DeviceKind {
     Sim,
     Shm,
+    Udp,
 }
 
 /// Where this process's sides talk to.
@@ -67,6 +70,9 @@ pub struct RunArgs {
     pub port: u16,
     /// Where a server listens.
     pub bind: IpAddr,
+    /// Where udp devices bind: loopback in one process, else the address
+    /// of this host that the control connection uses.
+    pub udp_ip: IpAddr,
     /// No progress for this long fails the run.
     pub timeout: Duration,
     pub json: Option<PathBuf>,
@@ -99,9 +105,9 @@ pub fn run(a: &RunArgs) -> Result<(), RunError> {
     ctrlc(interrupt());
     let result = match (&a.mode, a.device) {
         (Mode::SelfContained, DeviceKind::Sim) => run_sim(a),
-        (Mode::SelfContained, DeviceKind::Shm) => run_local(a),
-        (Mode::Server, DeviceKind::Shm) => run_server(a),
-        (Mode::Client(host), DeviceKind::Shm) => run_client(a, host),
+        (Mode::SelfContained, DeviceKind::Shm | DeviceKind::Udp) => run_local(a),
+        (Mode::Server, DeviceKind::Shm | DeviceKind::Udp) => run_server(a),
+        (Mode::Client(host), DeviceKind::Shm | DeviceKind::Udp) => run_client(a, host),
         (_, DeviceKind::Sim) => Err(RunError::Setup("sim runs in one process".into())),
     };
     // Whatever the lcores or the peer made of it, the signal is the cause.
@@ -241,9 +247,9 @@ fn sim_pair<A: ActiveSide + Side, P: PassiveSide + Side>(
     Ok(vec![(Role::Active, active.counters()), (Role::Passive, passive.counters())])
 }
 
-/// Runs one side of a flow on a shm device made on this thread; `exchange`
-/// trades our card for the peer's.
-fn shm_side(
+/// Runs one side of a flow on a device made on this thread (shm, or udp
+/// at `a.udp_ip`); `exchange` trades our card for the peer's.
+fn device_side(
     ctx: &mut LcoreCtx,
     a: &RunArgs,
     role: Role,
@@ -251,6 +257,14 @@ fn shm_side(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
+    if a.device == DeviceKind::Udp {
+        let cfg = UdpConfig { bind: SocketAddr::new(a.udp_ip, 0), ..UdpConfig::default() };
+        let dev = UdpDevice::new(cfg).map_err(|e| RunError::Setup(format!("udp device: {e}")))?;
+        // Across hosts, as EFA: the provider's thresholds.
+        let ep = Endpoint::new(dev, a.op.config(Config::default()))
+            .map_err(|e| RunError::Setup(format!("udp endpoint: {e}")))?;
+        return side_on(ctx, a, ep, role, exchange, sink, live);
+    }
     // One peer sends to each device: two lanes (one spare for a peer that
     // restarts) instead of the default sixteen, 2 MiB of rings a device.
     let dev = ShmDevice::new(ShmConfig { lanes: 2, ..ShmConfig::default() })
@@ -258,6 +272,19 @@ fn shm_side(
     // Large messages by one copy out of the peer's mapping: shm's read.
     let ep = Endpoint::new(dev, a.op.config(Config::on_host()))
         .map_err(|e| RunError::Setup(format!("shm endpoint: {e}")))?;
+    side_on(ctx, a, ep, role, exchange, sink, live)
+}
+
+/// Runs one side of a flow on endpoint `ep`.
+fn side_on<D: Device>(
+    ctx: &mut LcoreCtx,
+    a: &RunArgs,
+    ep: Endpoint<D>,
+    role: Role,
+    exchange: impl FnOnce(Card) -> Result<Card, RunError>,
+    sink: Sink<'_>,
+    live: bool,
+) -> FlowResult {
     let io = Io::new(ep, a.op)?;
     let p = &a.params;
     match (a.app, role) {
@@ -363,7 +390,14 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
         let (mine, theirs) = CardLink::pair(a.timeout, active, passive);
         let args = a.clone();
         launch(&mut lcores, passive, move |ctx| {
-            shm_side(ctx, &args, Role::Passive, |c| theirs.exchange(c), &mut |_, _| Ok(()), false)
+            device_side(
+                ctx,
+                &args,
+                Role::Passive,
+                |c| theirs.exchange(c),
+                &mut |_, _| Ok(()),
+                false,
+            )
         })?;
         if flow == 0 {
             main_link = Some(mine);
@@ -372,7 +406,7 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
         let (args, tx) = (a.clone(), sample_tx.clone());
         launch(&mut lcores, active, move |ctx| {
             let mut sink = |k, s| send_sample(&tx, flow, k, s);
-            shm_side(ctx, &args, Role::Active, |c| mine.exchange(c), &mut sink, false)
+            device_side(ctx, &args, Role::Active, |c| mine.exchange(c), &mut sink, false)
         })?;
     }
     drop(sample_tx);
@@ -380,7 +414,7 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
     let mut out = Collector::new(a, pairs.len(), sample_rx, lcores.stop_flag().clone());
     let main = lcores
         .run_on_main(|ctx| {
-            shm_side(ctx, a, Role::Active, |c| link.exchange(c), &mut |k, s| out.add(k, s), true)
+            device_side(ctx, a, Role::Active, |c| link.exchange(c), &mut |k, s| out.add(k, s), true)
         })
         .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
     let rest = lcores.wait_all();
@@ -408,6 +442,9 @@ fn run_client(a: &RunArgs, host: &str) -> Result<(), RunError> {
 /// One side of every flow here, the other in the peer process; cards go
 /// over `conn`, which then watches the peer until the end.
 fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Result<(), RunError> {
+    // The udp devices listen where the peer reached us (or we it).
+    let udp_ip = conn.local_addr().map(|at| at.ip().to_canonical()).unwrap_or(a.udp_ip);
+    let a = &RunArgs { udp_ip, ..a.clone() };
     let flows = cores.len();
     let list = CoreList::from_cores(cores.iter().copied())
         .ok()
@@ -429,7 +466,7 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
                 reply_rx.recv().map_err(|_| RunError::Stopped)
             };
             let mut sink = |k, s| send_sample(&samples, flow, k, s);
-            shm_side(ctx, &args, role, exchange, &mut sink, false)
+            device_side(ctx, &args, role, exchange, &mut sink, false)
         })?;
     }
     drop((card_tx, sample_tx));
@@ -473,7 +510,7 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
     let main = lcores
         .run_on_main(|ctx| {
             let mut sink = |k, s| out.add(k, s);
-            shm_side(ctx, a, role, relay, &mut sink, role == Role::Active)
+            device_side(ctx, a, role, relay, &mut sink, role == Role::Active)
         })
         .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
     if main.is_err() {
