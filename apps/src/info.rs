@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use efapoll::device::Device;
 use efapoll::device::shm::{ShmConfig, ShmDevice};
 use efapoll::device::sim::{SimConfig, SimFabric};
+use efapoll::device::udp::{UdpConfig, UdpDevice, Window};
 
 /// `writeln!` into a `String`, which cannot fail.
 macro_rules! put {
@@ -18,17 +19,16 @@ macro_rules! put {
     }};
 }
 
+/// What probing a device found: its caps, its address, and lines of its
+/// own (`key: value`).
+type Probe = Result<(efapoll::device::Caps, String, Vec<String>), String>;
+
 /// Appends one device's entry to `out`.
-fn describe(
-    out: &mut String,
-    name: &str,
-    about: &str,
-    probe: Result<(efapoll::device::Caps, String), String>,
-) {
+fn describe(out: &mut String, name: &str, about: &str, probe: Probe) {
     put!(out, "device: {name}");
     put!(out, "    about: {about}");
     match probe {
-        Ok((caps, addr)) => {
+        Ok((caps, addr, own)) => {
             let yes_no = |b: bool| if b { "yes" } else { "no" };
             put!(out, "    status: available");
             put!(out, "    address: {addr}");
@@ -42,6 +42,9 @@ fn describe(
             put!(out, "    rdma_write: {}", yes_no(caps.rdma_write));
             put!(out, "    device_version: {:#x}", caps.device_version);
             put!(out, "    external_memory: {}", yes_no(caps.external_memory));
+            for line in own {
+                put!(out, "    {line}");
+            }
         }
         Err(status) => put!(out, "    status: {status}"),
     }
@@ -76,11 +79,11 @@ pub fn run() -> ExitCode {
         &mut out,
         "sim",
         "in-process model of EFA, one thread (tests; the engine's own cost)",
-        Ok((sim.caps(), sim.addr().to_string())),
+        Ok((sim.caps(), sim.addr().to_string(), Vec::new())),
     );
     let shm_cfg = ShmConfig::default();
     let shm = ShmDevice::new(shm_cfg)
-        .map(|d| (d.caps(), d.addr().to_string()))
+        .map(|d| (d.caps(), d.addr().to_string(), Vec::new()))
         .map_err(|e| format!("unavailable: {e}"));
     let about = format!(
         "processes and threads of one user on this host, over shared memory (sealed memory \
@@ -89,11 +92,33 @@ pub fn run() -> ExitCode {
         shm_cfg.lanes, shm_cfg.ring_slots
     );
     describe(&mut out, "shm", &about, shm);
+    // On loopback: what a device here gets; across hosts the apps bind
+    // the address their control connection uses.
+    let udp_cfg = UdpConfig::default();
+    let udp = UdpDevice::new(udp_cfg).map_err(|e| format!("unavailable: {e}")).map(|d| {
+        let (snd, rcv) = d.socket_buffers();
+        let window = match udp_cfg.window {
+            Window::Adaptive => "adaptive (RTT-driven, at most 64 packets)".to_string(),
+            Window::Fixed(n) => format!("fixed, {n} packets"),
+        };
+        let own = vec![
+            format!("socket_buffers: send {snd}, receive {rcv} (asked {})", udp_cfg.socket_buffer),
+            format!("window: {window}"),
+            format!(
+                "retransmission_timeout: {} us to {} us, from the measured round trip",
+                udp_cfg.min_rto.as_micros(),
+                udp_cfg.max_rto.as_micros()
+            ),
+            format!("peer_timeout: {} s", udp_cfg.peer_timeout.as_secs()),
+        ];
+        (d.caps(), d.addr().to_string(), own)
+    });
     describe(
         &mut out,
         "udp",
-        "software SRD and RDMA over UDP, across hosts",
-        Err("not built yet".into()),
+        "software SRD and RDMA over UDP, across hosts: reliable unordered datagrams, \
+         selective retransmission, RDMA read and write checked at the target",
+        udp,
     );
     describe(&mut out, "efa", "AWS Elastic Fabric Adapter", Err("not built yet".into()));
     put!(out, "host:");

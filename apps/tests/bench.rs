@@ -345,16 +345,16 @@ fn client(app: &str, port: u16, args: &[&str]) -> Output {
     run(&all)
 }
 
-/// Runs `app -o op` as a server and its client on localhost, with `-c`;
-/// checks both ends, their tables and their reports.
-fn server_and_client(app: &str, op: &str) {
+/// Runs `app -p device -o op` as a server and its client on localhost,
+/// with `-c`; checks both ends, their tables and their reports.
+fn server_and_client(app: &str, device: &str, op: &str) {
     let port = free_port();
-    let args = ["-o", op, "-S", "64,9000,100k", "-I", "100", "-c"];
-    let srv_json = tmp(&format!("{app}-{op}-server.json"));
+    let args = ["-p", device, "-o", op, "-S", "64,9000,100k", "-I", "100", "-c"];
+    let srv_json = tmp(&format!("{app}-{device}-{op}-server.json"));
     let mut srv_args = args.to_vec();
     srv_args.extend(["--json", srv_json.to_str().unwrap()]);
     let srv = server(app, port, &srv_args);
-    let json = tmp(&format!("{app}-{op}-client.json"));
+    let json = tmp(&format!("{app}-{device}-{op}-client.json"));
     let mut client_args = args.to_vec();
     client_args.extend(["--json", json.to_str().unwrap()]);
     let out = client(app, port, &client_args);
@@ -371,7 +371,7 @@ fn server_and_client(app: &str, op: &str) {
     };
     assert_eq!(note(&srv), note(&out), "{app} server: {}", text(&srv.stderr));
     let sizes = [64, 9000, 102_400];
-    let v = read_report(&json, app, "shm", op, &sizes);
+    let v = read_report(&json, app, device, op, &sizes);
     for r in v["results"].as_array().unwrap() {
         if app == "pingpong" {
             check_pingpong_row(r, 100, 1.0)
@@ -380,7 +380,7 @@ fn server_and_client(app: &str, op: &str) {
         }
     }
     // The server's report: the client's rows, the server's own counters.
-    let s = read_report(&srv_json, app, "shm", op, &sizes);
+    let s = read_report(&srv_json, app, device, op, &sizes);
     assert_eq!(s["results"], v["results"], "{app}");
     let rx = |v: &Value| {
         v["counters"].as_object().unwrap().keys().filter(|k| k.starts_with("rx.")).count()
@@ -392,7 +392,7 @@ fn server_and_client(app: &str, op: &str) {
 fn server_and_client_run_as_two_processes() {
     let _busy = busy();
     for app in ["pingpong", "streaming"] {
-        server_and_client(app, "send");
+        server_and_client(app, "shm", "send");
     }
 }
 
@@ -400,7 +400,19 @@ fn server_and_client_run_as_two_processes() {
 fn server_and_client_write_with_the_descriptor_sent_over_relink() {
     let _busy = busy();
     for app in ["pingpong", "streaming"] {
-        server_and_client(app, "write");
+        server_and_client(app, "shm", "write");
+    }
+}
+
+/// Across the udp device, as across hosts: the control link carries the
+/// device addresses, every operation runs verified.
+#[test]
+fn udp_server_and_client_run_every_operation_as_two_processes() {
+    let _busy = busy();
+    for app in ["pingpong", "streaming"] {
+        for op in ["send", "tagged", "write", "read"] {
+            server_and_client(app, "udp", op);
+        }
     }
 }
 
@@ -533,11 +545,9 @@ fn usage_error(args: &[&str]) -> String {
 
 #[test]
 fn devices_not_built_are_clear_errors() {
-    for device in ["udp", "efa"] {
-        let err = usage_error(&["pingpong", "-p", device]);
-        assert!(err.contains(&format!("-p {device}")) && err.contains("not built"), "{err}");
-        assert!(err.contains("sim, shm"), "{err}");
-    }
+    let err = usage_error(&["pingpong", "-p", "efa"]);
+    assert!(err.contains("-p efa") && err.contains("not built"), "{err}");
+    assert!(err.contains("sim, shm, udp"), "{err}");
     let err = usage_error(&["pingpong", "-p", "sim", "--server"]);
     assert!(err.contains("-p sim"), "{err}");
 }
@@ -608,6 +618,56 @@ fn shm_runs_every_one_sided_op_verified() {
     for app in ["pingpong", "streaming"] {
         one_sided(app, "shm", "read", &[64, 9000, 1 << 20]);
         one_sided(app, "shm", "atomic", &[8]);
+    }
+}
+
+#[test]
+fn udp_runs_every_one_sided_op_verified() {
+    let _busy = busy();
+    one_sided("pingpong", "udp", "write", &[0, 1, 64, 9000, 1 << 20]);
+    one_sided("streaming", "udp", "write", &[1, 64, 9000, 1 << 20]);
+    for app in ["pingpong", "streaming"] {
+        one_sided(app, "udp", "read", &[64, 9000, 1 << 20]);
+        one_sided(app, "udp", "atomic", &[8]);
+    }
+}
+
+/// Self-contained over udp: two lcores, a loopback socket each, every
+/// byte checked from 1 B to 1 MiB; the device's own counters reported.
+#[test]
+fn udp_pingpong_and_streaming_verify_every_byte_on_loopback() {
+    let _busy = busy();
+    let sizes = [1u64, 64, 9000, 70000, 1 << 20];
+    for app in ["pingpong", "streaming"] {
+        let json = tmp(&format!("{app}-udp.json"));
+        let out = run(&[
+            app,
+            "-p",
+            "udp",
+            "-S",
+            "1,64,9000,70000,1m",
+            "-I",
+            "50",
+            "-c",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert_ok(&out, &format!("{app} -p udp -c --json"));
+        assert_eq!(rows(&out).len(), sizes.len());
+        let v = read_report(&json, app, "udp", "send", &sizes);
+        for r in v["results"].as_array().unwrap() {
+            if app == "pingpong" {
+                check_pingpong_row(r, 50, 1.0)
+            } else {
+                check_streaming_row(r, 50)
+            }
+        }
+        // 1 MiB is 128 datagrams of 8 KiB at least, each way acknowledged.
+        let c = &v["counters"];
+        let tx = c["device.tx_datagrams"].as_u64().unwrap_or(0);
+        assert!(tx >= 50 * 128, "{app}: {c}");
+        assert!(c["device.rx_datagrams"].as_u64().unwrap_or(0) > 0, "{app}: {c}");
+        assert!(c.get("device.malformed").is_none_or(|m| m == 0), "{app}: {c}");
     }
 }
 
@@ -707,19 +767,26 @@ fn a_timeout_past_a_year_is_refused_not_a_panic() {
 }
 
 #[test]
-fn info_lists_sim_and_shm_and_what_is_not_built() {
+fn info_lists_the_devices_and_what_is_not_built() {
     let out = run(&["info"]);
     assert_ok(&out, "info");
     let info = text(&out.stdout);
     for device in ["sim", "shm", "udp", "efa"] {
         assert!(info.contains(&format!("device: {device}\n")), "{info}");
     }
-    assert_eq!(info.matches("status: available").count(), 2, "{info}");
-    assert_eq!(info.matches("status: not built").count(), 2, "{info}");
+    assert_eq!(info.matches("status: available").count(), 3, "{info}");
+    assert_eq!(info.matches("status: not built").count(), 1, "{info}");
     assert!(info.contains("mtu: 8192"), "{info}");
-    // Caller-owned memory registers on sim, not on shm (a peer maps it).
+    // Caller-owned memory registers on sim and udp, not on shm (a peer
+    // maps it).
     let external: Vec<_> = info.lines().filter(|l| l.contains("external_memory:")).collect();
-    assert_eq!(external, ["    external_memory: yes", "    external_memory: no"], "{info}");
+    let (yes, no) = ("    external_memory: yes", "    external_memory: no");
+    assert_eq!(external, [yes, no, yes], "{info}");
+    // udp: a loopback address (IPv4 mapped) and the buffers the kernel gave.
+    let udp = &info[info.find("device: udp").unwrap()..];
+    assert!(udp.contains("address: 0000:0000:0000:0000:0000:ffff:7f00:0001/qpn "), "{udp}");
+    let buffers = udp.lines().find(|l| l.contains("socket_buffers: send ")).expect(udp);
+    assert!(buffers.contains("receive ") && buffers.contains("(asked 4194304)"), "{buffers}");
     let memcpy = info
         .lines()
         .find_map(|l| l.trim().strip_prefix("memcpy_1MiB_MB/s: "))

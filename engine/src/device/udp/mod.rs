@@ -1532,7 +1532,7 @@ impl Device for UdpDevice {
             max_rdma_size: self.cfg.max_rdma_size,
             rdma_read: self.cfg.rdma_read,
             rdma_write: self.cfg.rdma_write,
-            device_version: 0,
+            device_version: 0x55,
             external_memory: true,
         }
     }
@@ -1788,6 +1788,19 @@ impl UdpDevice {
 
 impl Drop for UdpDevice {
     fn drop(&mut self) {
+        // A NIC acknowledges what it took whether or not its host polls
+        // again: the acknowledgements still owed go now, or a peer's last
+        // send (a process that received it and exits at once) would wait
+        // for a retransmission no one answers until it timed out.
+        for s in 0..self.sessions.len() as u32 {
+            let sess = &self.sessions[s as usize];
+            if sess.ack_owed > 0 && !sess.dead {
+                let h = self.header(s, Type::Ack, 0);
+                self.control(self.sessions[s as usize].peer, h, |_| {});
+                self.stats.acks_sent += 1;
+            }
+        }
+        self.flush();
         for id in 0..self.regions.len() {
             if self.regions[id].take().is_some() {
                 self.domain.detach(MrId(id as u32));

@@ -235,6 +235,37 @@ fn a_receiver_without_buffers_is_back_pressure_not_loss() {
     assert!(cb.iter().all(|c| c.len == 100));
 }
 
+/// A receiver that took a packet and is dropped before it would have
+/// acknowledged it (the ack delay) acknowledges it as it goes: the send
+/// completes, it is not resent to a closed socket until the peer timeout.
+#[test]
+fn a_device_dropped_right_after_receiving_still_acknowledges() {
+    let ack_delay = Duration::from_secs(3600);
+    let (mut a, mut b) = pair(UdpConfig { ack_delay, ..cfg() });
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    assert_eq!(b.post_recv(&[0]), 1);
+    send(&mut a, to_b, 1, b"last words", 5);
+    drive(&mut a, &mut b, SEC, |_, cb| !cb.is_empty());
+    assert_eq!(b.stats().acks_sent, 0, "nothing asked for an ack yet");
+    drop(b);
+    let ca = drive_one(&mut a, |ca| !ca.is_empty());
+    assert_eq!((ca[0].wr_id, ca[0].status), (5, CqStatus::Ok));
+    assert_eq!(a.stats().retransmits, 0);
+}
+
+/// Polls `a` alone until `done` holds.
+fn drive_one(a: &mut UdpDevice, mut done: impl FnMut(&[Cqe]) -> bool) -> Vec<Cqe> {
+    let mut ca = Vec::new();
+    let mut out = [Cqe::default(); 32];
+    let end = Instant::now() + SEC;
+    while !done(&ca) {
+        assert!(Instant::now() < end, "not done: {ca:?}");
+        let k = a.poll(&mut out);
+        ca.extend_from_slice(&out[..k]);
+    }
+    ca
+}
+
 #[test]
 fn a_silent_peer_fails_outstanding_work_after_the_peer_timeout() {
     let c = UdpConfig { peer_timeout: Duration::from_millis(100), ..cfg() };
@@ -243,13 +274,7 @@ fn a_silent_peer_fails_outstanding_work_after_the_peer_timeout() {
     drop(b);
     let start = Instant::now();
     send(&mut a, to_b, 0, b"anyone?", 1);
-    let mut out = [Cqe::default(); 4];
-    let mut got = Vec::new();
-    while got.is_empty() {
-        assert!(start.elapsed() < SEC);
-        let k = a.poll(&mut out);
-        got.extend_from_slice(&out[..k]);
-    }
+    let got = drive_one(&mut a, |got| !got.is_empty());
     assert_eq!((got[0].wr_id, got[0].status), (1, CqStatus::PeerUnreachable));
     assert!(start.elapsed() >= Duration::from_millis(100), "{:?} {:?}", start.elapsed(), a.stats());
     assert!(a.stats().retransmits > 0 && a.stats().peers_lost == 1);
