@@ -11,6 +11,7 @@ mod relink;
 mod rma;
 mod shm;
 mod sim;
+mod udp;
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -121,6 +122,7 @@ pub fn all() -> Vec<Workload> {
     sim::workloads(&mut v);
     rma::workloads(&mut v);
     shm::workloads(&mut v);
+    udp::workloads(&mut v);
     relink::workloads(&mut v);
     v
 }
@@ -147,6 +149,8 @@ mod tests {
                 (&[EagerMsgRtm], &[MediumMsgRtm, LongCtsMsgRtm])
             }
             "posted_tags" => (&[EagerTagRtm], &[MediumTagRtm, EagerMsgRtm]),
+            "stream_64KiB" => (&[MediumMsgRtm], &[EagerMsgRtm, LongCtsMsgRtm, RuntReadMsgRtm]),
+            "stream_1MiB" => (&[RuntReadMsgRtm], &[LongReadMsgRtm, LongCtsMsgRtm]),
             "medium_32KiB_stream" => (&[MediumMsgRtm], &[EagerMsgRtm, LongCtsMsgRtm]),
             "longcts_1MiB" | "longcts_8MiB" => {
                 (&[LongCtsMsgRtm, Cts, CtsData], &[LongReadMsgRtm, RuntReadMsgRtm, MediumMsgRtm])
@@ -174,6 +178,8 @@ mod tests {
                 || n.starts_with("rma/")
                 || n.starts_with("shm/pingpong")
                 || n.starts_with("shm/stream")
+                || n.starts_with("udp/pingpong")
+                || n.starts_with("udp/stream")
         };
         for w in all().iter().filter(|w| endpoints(&w.name)) {
             let (must, must_not) = protocol(&w.name);
