@@ -14,8 +14,10 @@
 # efapoll pins its two lcores, 0 and 1, itself. Never more than two busy
 # threads at a time.
 #
-# Usage: scripts/compare-libfabric.sh [-p shm|efa] [-S 64,4096,...] [-r RUNS] [-I ITERS]
-#   -p  fi_pingpong's provider and efapoll's device (default shm)
+# Usage: scripts/compare-libfabric.sh [-p shm|udp|efa] [-S 64,4096,...] [-r RUNS] [-I ITERS]
+#   -p  fi_pingpong's provider and efapoll's device (default shm); udp is
+#       libfabric's `udp;ofi_rxd` (RDM over UDP) against efapoll's udp
+#       device, both on this host
 #   -S  sizes in bytes, k/m/g suffixes binary (default 64,256,1k,4k,16k,64k,1m)
 #   -r  runs of each program per size (default 5, at least 5)
 #   -I  iterations per run (default ten times fabtests': 100000, from

@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use efapoll::device::udp::Window;
 use efapoll_lcores::{CoreList, IdleStrategy, LcoreMap, available_cores, check_cores_exist};
 
 use bench::op::OpKind;
@@ -199,6 +200,24 @@ struct BenchArgs {
     #[arg(long, value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
     timeout: u64,
+    /// -p udp: the device's window of packets in flight to a peer. A number
+    /// (1 to 64) keeps it fixed, as a benchmark wants no control loop
+    /// between it and the wire; `adaptive` lets the measured round trip
+    /// drive it (SRD's aim: the fewest packets in flight that keep up),
+    /// as the device does by default.
+    #[arg(long = "udp-window", value_name = "PACKETS|adaptive", default_value = "64",
+          value_parser = parse_udp_window)]
+    udp_window: Window,
+}
+
+fn parse_udp_window(text: &str) -> Result<Window, String> {
+    if text == "adaptive" {
+        return Ok(Window::Adaptive);
+    }
+    match text.parse::<u32>() {
+        Ok(n @ 1..=64) => Ok(Window::Fixed(n)),
+        _ => Err("expected a number of packets from 1 to 64, or `adaptive`".into()),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -289,6 +308,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         port: b.port,
         bind: b.bind,
         udp_ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        udp_window: b.udp_window,
         timeout: Duration::from_secs(b.timeout),
         json: b.json,
         plot: b.plot,

@@ -640,10 +640,14 @@ fn udp_pingpong_and_streaming_verify_every_byte_on_loopback() {
     let sizes = [1u64, 64, 9000, 70000, 1 << 20];
     for app in ["pingpong", "streaming"] {
         let json = tmp(&format!("{app}-udp.json"));
+        // pingpong on the device's own window, streaming on the apps' fixed one.
+        let window = if app == "pingpong" { "adaptive" } else { "64" };
         let out = run(&[
             app,
             "-p",
             "udp",
+            "--udp-window",
+            window,
             "-S",
             "1,64,9000,70000,1m",
             "-I",
@@ -743,6 +747,10 @@ fn bad_values_name_the_argument_and_what_is_accepted() {
     assert!(err.contains("lcore 0 is mapped twice"), "{err}");
     let err = usage_error(&["pingpong", "-l", "0"]);
     assert!(err.contains("-l 0") && err.contains("even number"), "{err}");
+    for bad in ["0", "65", "fixed"] {
+        let err = usage_error(&["pingpong", "-p", "udp", "--udp-window", bad]);
+        assert!(err.contains("--udp-window") && err.contains("1 to 64, or `adaptive`"), "{err}");
+    }
     let err = usage_error(&["streaming", "--idle", "sleep"]);
     assert!(err.contains("--idle") && err.contains("spin, pause, yield, backoff"), "{err}");
     let err = usage_error(&["pingpong", "-p", "tcp"]);

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use efapoll::device::Device;
 use efapoll::device::shm::{ShmConfig, ShmDevice};
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
-use efapoll::device::udp::{UdpConfig, UdpDevice};
+use efapoll::device::udp::{UdpConfig, UdpDevice, Window};
 use efapoll::endpoint::{Config, Endpoint};
 use efapoll::relink::Conn;
 use efapoll_lcores::{
@@ -73,6 +73,8 @@ pub struct RunArgs {
     /// Where udp devices bind: loopback in one process, else the address
     /// of this host that the control connection uses.
     pub udp_ip: IpAddr,
+    /// The udp devices' window.
+    pub udp_window: Window,
     /// No progress for this long fails the run.
     pub timeout: Duration,
     pub json: Option<PathBuf>,
@@ -258,7 +260,11 @@ fn device_side(
     live: bool,
 ) -> FlowResult {
     if a.device == DeviceKind::Udp {
-        let cfg = UdpConfig { bind: SocketAddr::new(a.udp_ip, 0), ..UdpConfig::default() };
+        let cfg = UdpConfig {
+            bind: SocketAddr::new(a.udp_ip, 0),
+            window: a.udp_window,
+            ..UdpConfig::default()
+        };
         let dev = UdpDevice::new(cfg).map_err(|e| RunError::Setup(format!("udp device: {e}")))?;
         // Across hosts, as EFA: the provider's thresholds.
         let ep = Endpoint::new(dev, a.op.config(Config::default()))

@@ -13,10 +13,10 @@
 //! +--------------+--------------+--------------+-----------------------------+
 //! | seq          | base         | ack          | staging vector (64 bits)    |
 //! +--------------+--------------+--------------+-----------------------------+
-//! 32             36
-//! +--------------+--------------+
-//! | credits      | reserved (0) |
-//! +--------------+--------------+
+//! 32             36      38     40
+//! +--------------+-------+-------+
+//! | credits      |src_qpn| rsvd  |
+//! +--------------+-------+-------+
 //! ```
 //!
 //! * `seq`: the packet's number in the sender's session to this peer, for
@@ -29,6 +29,10 @@
 //!   arrived), on every packet (flag `ACK`), so that traffic in both
 //!   directions needs no acknowledgement of its own.
 //! * `credits`: receive buffers the sender has posted and free.
+//! * `src_qpn`: the port of the sender's device (its QPN), where answers
+//!   go: a datagram may leave by another socket of the device, one
+//!   connected to the peer (the kernel sends on a connected socket without
+//!   a route lookup per datagram), whose port is not the device's.
 
 /// Bytes of the transport header.
 pub(crate) const HDR_LEN: usize = 40;
@@ -132,6 +136,12 @@ pub(crate) struct Hdr {
     pub ack: u32,
     pub staging: u64,
     pub credits: u32,
+    /// The sending device's port; never 0.
+    pub src_qpn: u16,
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -162,8 +172,12 @@ impl Hdr {
         }
         let ty = Type::from_u8(b[1]).ok_or(HdrError::Type)?;
         let flags = b[2];
-        if flags & !flags::KNOWN != 0 || b[3] != 0 || u32_at(b, 36) != 0 {
+        if flags & !flags::KNOWN != 0 || b[3] != 0 || u16_at(b, 38) != 0 {
             return Err(HdrError::Reserved);
+        }
+        let src_qpn = u16_at(b, 36);
+        if src_qpn == 0 {
+            return Err(HdrError::Field);
         }
         if b.len() < HDR_LEN + ty.ext_len() {
             return Err(HdrError::Truncated);
@@ -178,6 +192,7 @@ impl Hdr {
             ack: u32_at(b, 20),
             staging: u64_at(b, 24),
             credits: u32_at(b, 32),
+            src_qpn,
         })
     }
 
@@ -194,7 +209,8 @@ impl Hdr {
         put_u32(b, 20, self.ack);
         put_u64(b, 24, self.staging);
         put_u32(b, 32, self.credits);
-        put_u32(b, 36, 0);
+        b[36..38].copy_from_slice(&self.src_qpn.to_le_bytes());
+        b[38..40].fill(0);
     }
 }
 
@@ -385,6 +401,7 @@ mod tests {
             ack: 0x1413_1211,
             staging: 0x1c1b_1a19_1817_1615,
             credits: 0x201f_1e1d,
+            src_qpn: 0x2221,
         }
     }
 
@@ -396,9 +413,9 @@ mod tests {
         w.emit(&mut b);
         let golden: [u8; HDR_LEN + WriteHdr::LEN] = [
             1, 0, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
-            0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0, 0, 0, 0,
-            0xaa, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0,
-            0, 0, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde, 0, 0, 0, 0,
+            0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0x21, 0x22, 0,
+            0, 0xaa, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 7, 0,
+            0, 0, 0, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde, 0, 0, 0, 0,
         ];
         assert_eq!(b[..HDR_LEN + WriteHdr::LEN], golden);
         assert_eq!(Hdr::parse(&b), Ok(hdr(Type::Write)));
@@ -450,6 +467,9 @@ mod tests {
         bad(2, 1 << 7, HdrError::Reserved);
         bad(3, 1, HdrError::Reserved);
         bad(39, 1, HdrError::Reserved);
+        let mut c = b;
+        c[36..38].fill(0);
+        assert_eq!(Hdr::parse(&c), Err(HdrError::Field), "no port to answer");
 
         // A type whose RDMAP header does not fit.
         hdr(Type::Write).emit(&mut b);

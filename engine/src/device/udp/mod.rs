@@ -12,9 +12,12 @@
 //!
 //! A queue pair is a UDP socket: the raw address's GID is the socket's
 //! IPv6 address (an IPv4 one mapped, `::ffff:a.b.c.d`), its QPN the port,
-//! its connid random, drawn when the device opens. A packet from an
-//! address not in the address book is reported from an unknown sender
-//! (its QPN only), as EFA does.
+//! its connid random, drawn when the device opens. A datagram's sender is
+//! its source IP and the QPN its header names: what we send to a peer
+//! leaves by a socket connected to it (the first `connected_peers` peers;
+//! the kernel then skips a route lookup per datagram), whose port is not
+//! our QPN. A packet from an address not in the address book is reported
+//! from an unknown sender (its QPN only), as EFA does.
 //!
 //! # Reliability (after the RAMCloud RPC transport)
 //!
@@ -23,7 +26,11 @@
 //! peer and a staging vector of what arrived beyond it (the header is laid out in `hdr.rs`);
 //! what is not acknowledged within a timeout derived from the measured
 //! round trip (RFC 6298, microseconds) is resent alone, and duplicates
-//! are dropped by the receiver's window. A peer silent for
+//! are dropped by the receiver's window. What arrives in one poll is
+//! acknowledged at the next unless a packet of ours carried the
+//! acknowledgement meanwhile (an answer sent at once rides on it; a
+//! stream is acknowledged once a burst), after `ack_delay` at the latest,
+//! and at once every 16 packets. A peer silent for
 //! `peer_timeout` while work waits on it fails that work with
 //! `PeerUnreachable`; a packet that names our previous connid is
 //! answered "bad session", so a peer that restarted is told at once, and
@@ -52,7 +59,9 @@
 //!
 //! As RoCE and EFA do, the device trusts its network: datagrams are not
 //! authenticated, so a host that can forge a peer's source address and
-//! guess its connid can inject packets as that peer. Malformed datagrams
+//! guess its connid can inject packets as that peer, and one that also
+//! guesses a region's key (64 random bits) can reach that region within
+//! the rights it was registered with. Malformed datagrams
 //! are counted and dropped; nothing a datagram says makes the device
 //! panic, allocate without bound, or touch memory outside a region that
 //! was registered for the access.
@@ -74,7 +83,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hdr::{Hdr, ReadReqHdr, ReadRespHdr, RnrHdr, TermHdr, Type, WriteHdr, flags, term};
-use sock::{BURST, Out, Sock};
+use sock::{BURST, MAIN, Out, Sock};
 use window::{Rtt, RxWindow, SPAN, Seen, acked};
 
 use super::fault::{FaultStats, Faults, Faulty, Wire};
@@ -128,6 +137,9 @@ pub struct UdpConfig {
     pub socket_buffer: usize,
     /// Peers this device keeps sessions with.
     pub max_sessions: usize,
+    /// Peers this device sends to through a socket connected to each
+    /// (a descriptor each; faster sends); the rest through its own.
+    pub connected_peers: usize,
     pub max_rdma_size: u64,
     /// The device offers RDMA read and write (an EFA device without them
     /// makes the endpoint emulate one-sided operations with messages).
@@ -153,6 +165,7 @@ impl Default for UdpConfig {
             ack_delay: Duration::from_micros(10),
             socket_buffer: 4 << 20,
             max_sessions: 4096,
+            connected_peers: 64,
             max_rdma_size: 1 << 30,
             rdma_read: true,
             rdma_write: true,
@@ -475,8 +488,12 @@ struct Session {
     peer_credits: u32,
     // Receiving.
     rx: RxWindow,
+    /// The socket our datagrams to it leave by ([`Out::via`]).
+    via: u16,
     ack_owed: u32,
     ack_since_ns: u64,
+    /// The poll in which the owed acknowledgement became owed.
+    ack_since_poll: u64,
     ack_now: bool,
     active: bool,
 }
@@ -511,7 +528,6 @@ pub struct UdpDevice {
     /// Where received datagrams land before they are read.
     _rx_pool: Bytes,
     rx_frames: Frames,
-    rx_ptrs: [*mut u8; BURST],
     rx_got: [(SocketAddr, usize); BURST],
     /// Datagrams gathered for the next burst, and their headers.
     tx: Vec<Out>,
@@ -536,6 +552,10 @@ pub struct UdpDevice {
     posted: Vec<BufId>,
     cq: VecDeque<Cqe>,
     please_drop: u32,
+    /// Calls of `poll`, the device's clock of turns.
+    polls: u64,
+    /// Peers with a connected socket.
+    connected: usize,
     stats: UdpStats,
 }
 
@@ -579,11 +599,6 @@ impl UdpDevice {
             qpn: local.port(),
             connid: random_u64() as u32 & 0x7fff_ffff,
         };
-        let io = if cfg.faults.is_none() {
-            Io::Direct(sock)
-        } else {
-            Io::Faulty(Box::new(Faulty::new(sock, cfg.faults)))
-        };
         let pool = Bytes::zeroed(cfg.bufs as usize * cfg.mtu);
         let frames = Frames::new(&pool, cfg.bufs, cfg.mtu, cfg.mtu);
         let rx_cap = hdr::HDR_LEN + cfg.mtu;
@@ -593,6 +608,16 @@ impl UdpDevice {
         for (i, p) in rx_ptrs.iter_mut().enumerate() {
             *p = rx_frames.ptr(i as u32);
         }
+        let mut sock = sock;
+        // SAFETY: the receive frames live in `rx_pool`, which the device
+        // keeps as long as its socket, and only the socket writes them
+        // while the device reads none (it reads them between calls).
+        unsafe { sock.set_frames(&rx_ptrs, rx_cap) };
+        let io = if cfg.faults.is_none() {
+            Io::Direct(sock)
+        } else {
+            Io::Faulty(Box::new(Faulty::new(sock, cfg.faults)))
+        };
         let nops = cfg.tx_depth + cfg.read_jobs;
         Ok(UdpDevice {
             v6: local.is_ipv6(),
@@ -602,7 +627,6 @@ impl UdpDevice {
             frames,
             _rx_pool: rx_pool,
             rx_frames,
-            rx_ptrs,
             rx_got: [(local, 0); BURST],
             tx: Vec::with_capacity(BURST),
             tx_hdrs: Box::new([[0; HDR_MAX]; BURST]),
@@ -623,6 +647,8 @@ impl UdpDevice {
             posted: Vec::with_capacity(cfg.rx_depth),
             cq: VecDeque::with_capacity(cfg.tx_depth + cfg.rx_depth),
             please_drop: 0,
+            polls: 0,
+            connected: 0,
             stats: UdpStats::default(),
             cfg,
             domain,
@@ -700,8 +726,19 @@ impl UdpDevice {
         if self.sessions.len() >= self.cfg.max_sessions {
             return None;
         }
+        // A restarted peer is at the same address: its connected socket
+        // serves the new session.
+        let mut via = MAIN;
         if let Some(&old) = self.by_sockaddr.get(&peer) {
             self.lose_session(old, CqStatus::PeerUnreachable);
+            via = self.sessions[old as usize].via;
+        }
+        if via == MAIN
+            && let Io::Direct(sock) = &mut self.io
+            && self.connected < self.cfg.connected_peers
+        {
+            via = sock.connect(peer).unwrap_or(MAIN);
+            self.connected += usize::from(via != MAIN);
         }
         let cwnd = match self.cfg.window {
             Window::Fixed(n) => n,
@@ -730,8 +767,10 @@ impl UdpDevice {
             last_heard_ns: now,
             peer_credits: self.cfg.rx_depth as u32,
             rx: RxWindow::default(),
+            via,
             ack_owed: 0,
             ack_since_ns: 0,
+            ack_since_poll: 0,
             ack_now: false,
             active: false,
         });
@@ -995,8 +1034,8 @@ impl UdpDevice {
         let n = self.tx.len();
         self.tx_hdrs[n] = hb;
         parts[0] = (self.tx_hdrs[n].as_ptr(), hdr::HDR_LEN + slot.ty.ext_len());
-        let to = self.sessions[s as usize].peer;
-        self.tx.push(Out { to, parts });
+        let sess = &self.sessions[s as usize];
+        self.tx.push(Out { to: sess.peer, via: sess.via, parts });
     }
 
     /// A header to session `s`, carrying our acknowledgement of it.
@@ -1016,11 +1055,13 @@ impl UdpDevice {
             ack,
             staging,
             credits,
+            src_qpn: self.me.qpn,
         }
     }
 
-    /// Gathers an unsequenced packet: an acknowledgement, a refusal.
-    fn control(&mut self, to: SocketAddr, h: Hdr, ext: impl FnOnce(&mut [u8])) {
+    /// Gathers an unsequenced packet: an acknowledgement, a refusal; it
+    /// leaves by socket `via`.
+    fn control(&mut self, to: SocketAddr, via: u16, h: Hdr, ext: impl FnOnce(&mut [u8])) {
         if self.tx.len() == BURST {
             self.flush();
         }
@@ -1031,6 +1072,7 @@ impl UdpDevice {
         let len = hdr::HDR_LEN + h.ty.ext_len();
         self.tx.push(Out {
             to,
+            via,
             parts: [(b.as_ptr(), len), (std::ptr::null(), 0), (std::ptr::null(), 0)],
         });
     }
@@ -1076,12 +1118,7 @@ impl UdpDevice {
     /// Takes up to a burst of datagrams off the socket and handles them.
     fn receive(&mut self, now: u64) -> usize {
         let n = match &mut self.io {
-            Io::Direct(sock) => {
-                let cap = hdr::HDR_LEN + self.cfg.mtu;
-                // SAFETY: the receive frames are ours, `cap` long, and no
-                // one else touches them.
-                unsafe { sock.recv(&self.rx_ptrs, cap, &mut self.rx_got) }
-            }
+            Io::Direct(sock) => sock.recv(&mut self.rx_got),
             Io::Faulty(f) => {
                 let mut n = 0;
                 while n < BURST {
@@ -1115,6 +1152,10 @@ impl UdpDevice {
                 return;
             }
         };
+        // Answers go to the device's port, which the datagram may not have
+        // left from (a socket connected to us).
+        let mut from = from;
+        from.set_port(h.src_qpn);
         let ext_seq = match h.ty {
             Type::Terminate => TermHdr::parse(b).map(|t| t.seq),
             Type::Rnr => RnrHdr::parse(b).map(|r| r.seq),
@@ -1132,7 +1173,7 @@ impl UdpDevice {
             if h.ty != Type::BadSession {
                 let mut r = self.bare(Type::BadSession, h.src_connid);
                 r.seq = h.dst_connid;
-                self.control(from, r, |_| {});
+                self.control(from, MAIN, r, |_| {});
             }
             return;
         }
@@ -1198,6 +1239,7 @@ impl UdpDevice {
             ack: 0,
             staging: 0,
             credits: self.posted.len() as u32,
+            src_qpn: self.me.qpn,
         }
     }
 
@@ -1302,13 +1344,15 @@ impl UdpDevice {
             Taken::NotReady => {
                 self.stats.rnr_sent += 1;
                 let r = self.header(s, Type::Rnr, 0);
-                self.control(from, r, |b| RnrHdr { seq: h.seq }.emit(b));
+                let via = self.sessions[s as usize].via;
+                self.control(from, via, r, |b| RnrHdr { seq: h.seq }.emit(b));
             }
             Taken::Refused(code) => {
                 self.stats.terminates_sent += 1;
                 let r = self.header(s, Type::Terminate, 0);
                 let t = TermHdr { seq: h.seq, layer_etype: term::LAYER_ETYPE, code };
-                self.control(from, r, |b| t.emit(b));
+                let via = self.sessions[s as usize].via;
+                self.control(from, via, r, |b| t.emit(b));
             }
             Taken::Malformed => {
                 // Taken and dropped: its sender must not resend it forever.
@@ -1323,6 +1367,7 @@ impl UdpDevice {
         let sess = &mut self.sessions[s as usize];
         if sess.ack_owed == 0 {
             sess.ack_since_ns = now;
+            sess.ack_since_poll = self.polls;
         }
         sess.ack_owed += 1;
         sess.ack_now |= now_please;
@@ -1488,14 +1533,20 @@ impl UdpDevice {
                 }
             }
             let sess = &self.sessions[s as usize];
+            // What came in one poll is acknowledged at the next, unless a
+            // packet carried the acknowledgement meanwhile: the answer a
+            // host makes at once (a pingpong's) rides on it, a stream is
+            // acknowledged once per burst taken, not after `ack_delay`
+            // (which bounds the wait when polls are far apart).
             if sess.ack_owed > 0
                 && (sess.ack_now
                     || sess.ack_owed >= ACK_EVERY
+                    || self.polls > sess.ack_since_poll
                     || now.saturating_sub(sess.ack_since_ns) >= ack_delay)
             {
                 let h = self.header(s, Type::Ack, 0);
-                let to = self.sessions[s as usize].peer;
-                self.control(to, h, |_| {});
+                let sess = &self.sessions[s as usize];
+                self.control(sess.peer, sess.via, h, |_| {});
                 self.stats.acks_sent += 1;
             }
             let sess = &mut self.sessions[s as usize];
@@ -1723,6 +1774,7 @@ impl Device for UdpDevice {
 
     fn poll(&mut self, out: &mut [Cqe]) -> usize {
         if self.cq.len() < out.len() {
+            self.polls += 1;
             let now = host_now_ns();
             // A few bursts at most: a flood must not keep us from sending.
             for _ in 0..4 {
@@ -1796,7 +1848,8 @@ impl Drop for UdpDevice {
             let sess = &self.sessions[s as usize];
             if sess.ack_owed > 0 && !sess.dead {
                 let h = self.header(s, Type::Ack, 0);
-                self.control(self.sessions[s as usize].peer, h, |_| {});
+                let sess = &self.sessions[s as usize];
+                self.control(sess.peer, sess.via, h, |_| {});
                 self.stats.acks_sent += 1;
             }
         }

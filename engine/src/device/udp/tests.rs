@@ -328,6 +328,7 @@ fn malformed_datagrams_are_counted_and_dropped() {
         ack: 0,
         staging: 0,
         credits: 0,
+        src_qpn: raw.local_addr().unwrap().port(),
     }
     .emit(&mut good);
     let mut bad_version = good;
