@@ -218,7 +218,7 @@ mod tests {
         assert_eq!(names.len(), all.len(), "unique names");
         for w in &all {
             let area = w.name.split('/').next().unwrap();
-            assert!(["codec", "sim", "rma", "shm", "relink"].contains(&area), "{}", w.name);
+            assert!(["codec", "sim", "rma", "shm", "udp", "relink"].contains(&area), "{}", w.name);
             assert!(w.name.matches('/').count() >= 1, "{}: area/case", w.name);
             assert!(w.counted_iters() >= 2, "{}", w.name);
         }
