@@ -391,7 +391,7 @@ fn messages_are_delivered_in_order_and_acknowledged() {
     assert_eq!(c.messages(), [(7, 0, vec![b"back".to_vec()])]);
 
     // Received is not consumed: the window refills only on consumption.
-    let window = Limits::default().max_unconsumed;
+    let window = Limits::default().send_window;
     assert_eq!(c.link.send_window(0), window - 7);
     l.consume_all();
     drive(&mut c, &mut l, |c, _| c.link.send_window(0) == window);
@@ -411,9 +411,30 @@ fn multicast_numbers_each_channel_and_repeats_repeated_ids() {
     );
 }
 
+/// Messages in a burst: beyond the 1,024 window this link once had,
+/// within the reference implementation's 65,536.
+const BURST: u32 = 10_000;
+
+#[test]
+fn a_burst_of_ten_thousand_on_one_channel_arrives_whole_and_in_order() {
+    let (mut c, mut l, _instance) = default_pair();
+    for i in 0..BURST {
+        assert_eq!(c.link.send(1, &[&i.to_le_bytes()]), Ok(i));
+    }
+    let count = |p: &Peer| p.events.iter().filter(|e| matches!(e, Event::Message { .. })).count();
+    drive(&mut c, &mut l, |c, l| count(l) == BURST as usize && c.link.unacknowledged() == 0);
+    for (i, (channel, seq, parts)) in l.messages().into_iter().enumerate() {
+        assert_eq!((channel, seq, parts), (1, i as u32, vec![(i as u32).to_le_bytes().to_vec()]));
+    }
+    // Nothing consumed yet: the window is what is left of 65,536.
+    assert_eq!(c.link.send_window(1), Limits::default().send_window - BURST);
+    l.consume_all();
+    drive(&mut c, &mut l, |c, _| c.link.send_window(1) == Limits::default().send_window);
+}
+
 #[test]
 fn full_window_blocks_until_consumed() {
-    let limits = Limits { max_unconsumed: 4, ..Limits::default() };
+    let limits = Limits { send_window: 4, ..Limits::default() };
     let mut instance = Listener::new([ENDPOINT], Params::default());
     let (mut c, mut l) = establish(Params::default(), limits, &mut instance);
     for _ in 0..4 {
@@ -584,7 +605,7 @@ fn stream_drop_mid_conversation_resumes_without_loss_or_duplicates() {
     // Consumption acknowledged across a second drop still refills windows.
     l.consume_all();
     assert!(reconnect(&mut c, &mut l, &mut instance));
-    drive(&mut c, &mut l, |c, _| c.link.send_window(0) == Limits::default().max_unconsumed);
+    drive(&mut c, &mut l, |c, _| c.link.send_window(0) == Limits::default().send_window);
     // And nothing was delivered twice.
     assert_exactly_once(&l, 2, 20);
 }
@@ -723,6 +744,10 @@ fn shutdown_from_both_sides_ends_the_link() {
 
 /// An open link fed raw bytes as if from its peer.
 fn open_listener_link(params: Params) -> Link {
+    open_listener_link_with(params, Limits::default())
+}
+
+fn open_listener_link_with(params: Params, limits: Limits) -> Link {
     let mut instance = Listener::new([ENDPOINT], params);
     let mut acceptor = Acceptor::new();
     let mut request = vec![0; 8];
@@ -744,7 +769,7 @@ fn open_listener_link(params: Params) -> Link {
     request.resize(at + repr.buffer_len(), 0);
     repr.emit(&mut request[at..]).unwrap();
     let accepted = acceptor.handle_input(&request, &mut instance).unwrap().unwrap();
-    Link::accept(accepted, Limits::default()).unwrap()
+    Link::accept(accepted, limits).unwrap()
 }
 
 #[test]
@@ -777,15 +802,41 @@ fn protocol_violations_terminate_the_stream() {
 
 #[test]
 fn window_overrun_terminates() {
-    let mut link = open_listener_link(Params::default());
-    let max = Limits::default().max_unconsumed as usize;
-    // Message on channel 0 with 4-byte id, no parts: 8 bytes each.
+    // A message on channel 0 (4-byte id) with no parts: 8 bytes.
     let message = [0x11, 0, 0, 0, 0, 0, 0, 0];
-    assert_eq!(link.handle_input(&message.repeat(max)), Ok(()));
-    assert_eq!(
-        link.handle_input(&message),
-        Err(LinkError::WindowExceeded { channel: 0, max: max as u32 })
-    );
+    let limits = Limits { recv_window: 16, ..Limits::default() };
+    let mut link = open_listener_link_with(Params::default(), limits);
+    assert_eq!(link.handle_input(&message.repeat(16)), Ok(()));
+    // Consumed but not yet acknowledged: the peer cannot know, so its
+    // window has not moved.
+    link.consume(0, 7).unwrap();
+    assert_eq!(link.handle_input(&message), Err(LinkError::WindowExceeded { channel: 0, max: 16 }));
+
+    // Once the consumption is written, the peer may go on by as much.
+    let mut link = open_listener_link_with(Params::default(), limits);
+    assert_eq!(link.handle_input(&message.repeat(16)), Ok(()));
+    link.consume(0, 7).unwrap();
+    link.poll_transmit(&mut Vec::new());
+    assert_eq!(link.handle_input(&message.repeat(8)), Ok(()));
+    assert_eq!(link.handle_input(&message), Err(LinkError::WindowExceeded { channel: 0, max: 16 }));
+}
+
+#[test]
+fn a_burst_within_the_reference_window_does_not_end_the_link() {
+    // What the reference implementation sends with its default window of
+    // 65,536 before anything is consumed: 10,000 messages on channel 1,
+    // each one 1-byte part ("x").
+    let message = [0x11, 1, 1, 0, 0, 0, 1, 0, b'x', 0, 0, 0, 0, 0, 0, 0];
+    let mut link = open_listener_link(Params::default());
+    assert_eq!(link.handle_input(&message.repeat(BURST as usize)), Ok(()));
+    let mut seqs = Vec::new();
+    while let Some(event) = link.poll_event() {
+        if let Event::Message { channel, seq, parts } = event {
+            assert_eq!((channel, parts), (1, vec![b"x".to_vec()]));
+            seqs.push(seq);
+        }
+    }
+    assert_eq!(seqs, (0..BURST).collect::<Vec<_>>());
 }
 
 #[test]

@@ -133,20 +133,35 @@ impl Role {
     }
 }
 
-/// Local bounds on what a peer may make us hold.
+/// Messages a channel may have unconsumed by default: the reference
+/// implementation's send window, so that neither side stalls or ends a link
+/// where the other would not.
+pub const DEFAULT_WINDOW: u32 = 65_536;
+
+/// Local bounds on what we send and on what a peer may make us hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub wire: WireLimits,
-    /// Most messages sent but not acknowledged consumed, per channel
-    /// (relink 3.1: an implementation may impose a limit). A receiver
-    /// terminates a link whose peer exceeds it, so both peers should use
-    /// the same value.
-    pub max_unconsumed: u32,
+    /// Most messages on one of our channels that the peer has not
+    /// acknowledged consumed (relink 3.1: an implementation may impose a
+    /// limit). Past it [`Link::send`] refuses with
+    /// [`CommandError::Blocked`] until the peer consumes; nothing is lost.
+    pub send_window: u32,
+    /// Most messages the peer may send on one of its channels beyond the
+    /// last consumption we acknowledged to it. A peer that sends more
+    /// ignores any window it could know of, and the link ends
+    /// ([`LinkError::WindowExceeded`]); what our application holds unread
+    /// but has not acknowledged yet never counts against the peer.
+    pub recv_window: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { wire: WireLimits::default(), max_unconsumed: 1024 }
+        Limits {
+            wire: WireLimits::default(),
+            send_window: DEFAULT_WINDOW,
+            recv_window: DEFAULT_WINDOW,
+        }
     }
 }
 
@@ -240,7 +255,7 @@ pub enum LinkError {
     OpBeyondReceived { channel: u64, seq: u32 },
     #[error("channel {channel} has more than {max} commits awaiting their outcome")]
     TooManyCommits { channel: u64, max: usize },
-    #[error("channel {channel} exceeds {max} unconsumed messages")]
+    #[error("channel {channel} has more than {max} messages past the consumption we acknowledged")]
     WindowExceeded { channel: u64, max: u32 },
     #[error("channel packet before our resume packet")]
     MessageBeforeResume,
@@ -391,6 +406,9 @@ struct InChannel {
     consumed: u32,
     any_received: bool,
     any_consumed: bool,
+    /// Last consumption acknowledged on any stream: all the peer can know
+    /// of, so its window counts from here.
+    consumed_told: u32,
     /// Last acknowledgement targets written on this stream, for the short
     /// form; `None` on a new stream.
     received_sent: Option<u32>,
@@ -417,6 +435,7 @@ impl InChannel {
             consumed: BEFORE_FIRST,
             any_received: false,
             any_consumed: false,
+            consumed_told: BEFORE_FIRST,
             received_sent: None,
             consumed_sent: None,
             committed_sent: None,
@@ -688,7 +707,7 @@ impl Link {
     /// acknowledge consumption.
     pub fn send_window(&self, channel: u64) -> u32 {
         let used = self.out.get(&channel).map_or(0, OutChannel::unconsumed);
-        self.limits.max_unconsumed.saturating_sub(used)
+        self.limits.send_window.saturating_sub(used)
     }
 
     /// Messages the peer has not yet acknowledged received, over all channels.
@@ -965,6 +984,7 @@ impl Link {
                     state.consumed,
                 );
                 state.consumed_sent = Some(state.consumed);
+                state.consumed_told = state.consumed;
             }
             let first = state.outcomes.len() - state.outcomes_unsent;
             for &(seq, committed) in state.outcomes.iter().skip(first) {
@@ -1225,8 +1245,8 @@ impl Link {
     fn handle_message(&mut self, channel: u64, parts: &Parts<'_>) -> Result<(), LinkError> {
         let state = self.inc.entry(channel).or_insert_with(InChannel::new);
         let seq = state.received.wrapping_add(1);
-        let max = self.limits.max_unconsumed;
-        if distance(state.consumed, seq) > max {
+        let max = self.limits.recv_window;
+        if distance(state.consumed_told, seq) > max {
             return Err(LinkError::WindowExceeded { channel, max });
         }
         state.received = seq;

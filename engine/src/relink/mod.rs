@@ -33,8 +33,8 @@ pub mod wire;
 
 pub use handshake::{HandshakeFlags, ReplyRepr, RequestRepr, VERSION, VersionRepr};
 pub use link::{
-    Accepted, Acceptor, CommandError, ConnectorConfig, Event, HandshakeError, Limits, Link,
-    LinkError, Listener, MAX_PENDING_COMMITS, Params, Role,
+    Accepted, Acceptor, CommandError, ConnectorConfig, DEFAULT_WINDOW, Event, HandshakeError,
+    Limits, Link, LinkError, Listener, MAX_PENDING_COMMITS, Params, Role,
 };
 pub use tcp::{
     Conn, Incoming, Options, Resumption, Server, TcpError, accept, accept_stream, connect,
