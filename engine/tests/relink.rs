@@ -521,17 +521,123 @@ fn transactions_commit_and_rollback() {
 }
 
 #[test]
-fn close_is_acknowledged_and_sending_reopens() {
+fn close_is_confirmed_once_consumed_and_sending_reopens_from_zero() {
     let (mut c, mut l, _instance) = default_pair();
-    c.link.send(9, &[b"a"]).unwrap();
-    c.link.close(9).unwrap();
-    assert_eq!(c.link.send(9, &[b"b"]), Err(CommandError::ChannelClosing { channel: 9 }));
-    drive(&mut c, &mut l, |c, _| c.events.contains(&Event::Closed { channel: 9 }));
-    assert!(l.events.contains(&Event::PeerClosed { channel: 9 }));
-    // Reopened; its numbering goes on.
-    assert_eq!(c.link.send(9, &[b"c"]), Ok(1));
-    drive(&mut c, &mut l, |_, l| l.messages().len() == 2);
-    assert_eq!(l.messages()[1], (9, 1, vec![b"c".to_vec()]));
+    let closed = Event::Closed { channel: 9 };
+    let peer_closed = Event::PeerClosed { channel: 9 };
+    for round in 0..3 {
+        // relink 3.1: every opening of the channel numbers from 0.
+        assert_eq!(c.link.send(9, &[b"a"]), Ok(0));
+        assert_eq!(c.link.send(9, &[b"b"]), Ok(1));
+        c.link.close(9).unwrap();
+        assert_eq!(c.link.send(9, &[b"c"]), Err(CommandError::ChannelClosing { channel: 9 }));
+        drive(&mut c, &mut l, |c, l| {
+            l.count(&peer_closed) == round + 1 && c.link.unacknowledged() == 0
+        });
+        // Received, not consumed: the closure is not confirmed yet.
+        assert_eq!(c.count(&closed), round);
+        l.consume_all();
+        drive(&mut c, &mut l, |c, _| c.count(&closed) == round + 1);
+    }
+    let round = [(9, 0, vec![b"a".to_vec()]), (9, 1, vec![b"b".to_vec()])];
+    assert_eq!(l.messages(), round.iter().cycle().take(6).cloned().collect::<Vec<_>>());
+}
+
+/// 1-byte channel ids, so that the bytes below stay short.
+fn one_byte_ids() -> Params {
+    Params { connector_id_len: 1, listener_id_len: 1, ..Params::default() }
+}
+
+/// A message of one 1-byte part (relink 2.3.3: short, small).
+fn raw_message(channel: u8, part: u8) -> Vec<u8> {
+    vec![0x11, 1, channel, 0, 1, 0, 0, 0, part, 0, 0, 0, 0, 0, 0, 0]
+}
+
+/// A close operation (relink 2.3.1).
+fn raw_close(channel: u8) -> Vec<u8> {
+    vec![0x41, 0, channel, 0, 0, 0, 0, 0]
+}
+
+/// A closed acknowledgement (relink 2.3.1).
+fn raw_closed(channel: u8) -> Vec<u8> {
+    vec![0x85, 0, channel, 0, 0, 0, 0, 0]
+}
+
+const RECEIVED: u8 = 0;
+const CONSUMED: u8 = 1;
+
+/// A sequence acknowledgement through `seq` (relink 2.3.2), the form the
+/// reference implementation always writes.
+fn raw_seq_ack(ack: u8, channel: u8, seq: u32) -> Vec<u8> {
+    let mut packet = vec![0x0d | ack << 5, 0, channel, 0];
+    packet.extend_from_slice(&seq.to_le_bytes());
+    packet
+}
+
+fn transmitted(link: &mut Link) -> Vec<u8> {
+    let mut out = Vec::new();
+    link.poll_transmit(&mut out);
+    out
+}
+
+fn drain_events(link: &mut Link) -> Vec<Event> {
+    std::iter::from_fn(|| link.poll_event()).collect()
+}
+
+#[test]
+fn the_last_message_is_acknowledged_before_the_close_is_confirmed() {
+    let mut link = open_listener_link(one_byte_ids());
+    link.handle_input(&[raw_message(5, b'a'), raw_close(5)].concat()).unwrap();
+    assert_eq!(
+        drain_events(&mut link)[1..],
+        [
+            Event::Message { channel: 5, seq: 0, parts: vec![b"a".to_vec()] },
+            Event::PeerClosed { channel: 5 },
+        ]
+    );
+    // Received but not consumed: the confirmation waits, or the consumed
+    // acknowledgement would follow it onto the reopened channel.
+    assert_eq!(transmitted(&mut link), raw_seq_ack(RECEIVED, 5, 0));
+    link.consume(5, 0).unwrap();
+    assert_eq!(transmitted(&mut link), [raw_seq_ack(CONSUMED, 5, 0), raw_closed(5)].concat());
+    // The peer reopens the channel: its first message is number 0 again.
+    link.handle_input(&raw_message(5, b'b')).unwrap();
+    assert_eq!(
+        drain_events(&mut link),
+        [Event::Message { channel: 5, seq: 0, parts: vec![b"b".to_vec()] }]
+    );
+    assert_eq!(transmitted(&mut link), raw_seq_ack(RECEIVED, 5, 0));
+}
+
+#[test]
+fn a_reopened_channel_is_numbered_from_zero_on_the_wire() {
+    let mut link = open_listener_link(one_byte_ids());
+    drain_events(&mut link);
+    assert_eq!(link.send(7, &[b"a"]), Ok(0));
+    link.close(7).unwrap();
+    assert_eq!(transmitted(&mut link), [raw_message(7, b'a'), raw_close(7)].concat());
+    let acks = [raw_seq_ack(RECEIVED, 7, 0), raw_seq_ack(CONSUMED, 7, 0), raw_closed(7)];
+    link.handle_input(&acks.concat()).unwrap();
+    assert_eq!(drain_events(&mut link), [Event::Closed { channel: 7 }]);
+
+    // Reopened: the peer acknowledges its first message as number 0.
+    assert_eq!(link.send(7, &[b"b"]), Ok(0));
+    link.close(7).unwrap();
+    // Until the peer acknowledges a message of the reopened channel it may
+    // repeat its confirmation of the first closure, which must not pass
+    // for this one's: the close waits for that acknowledgement.
+    // Nor does the shutdown packet go first: nothing may follow it.
+    link.shutdown();
+    assert_eq!(transmitted(&mut link), raw_message(7, b'b'));
+    link.handle_input(&raw_closed(7)).unwrap();
+    assert_eq!(drain_events(&mut link), []);
+    link.handle_input(&raw_seq_ack(RECEIVED, 7, 0)).unwrap();
+    assert_eq!(link.unacknowledged(), 0);
+    let shutdown = [4 << 5, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(transmitted(&mut link), [&raw_close(7)[..], &shutdown].concat());
+    link.handle_input(&[raw_seq_ack(CONSUMED, 7, 0), raw_closed(7)].concat()).unwrap();
+    assert_eq!(drain_events(&mut link), [Event::Closed { channel: 7 }]);
+    assert_eq!(link.send_window(7), Limits::default().send_window);
 }
 
 // ---- resumption ----
@@ -654,7 +760,12 @@ fn commits_and_close_survive_a_drop() {
     l.link.resolve_commit(1, 1, true).unwrap();
     c.link.send(2, &[b"n"]).unwrap();
     c.link.close(2).unwrap();
+    // Outcomes come before the closure's confirmation: nothing to commit.
+    assert_eq!(c.link.commit(2), Err(CommandError::ChannelClosing { channel: 2 }));
     assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::PeerClosed { channel: 2 }));
+    // The closure is confirmed once channel 2's message is consumed.
+    l.consume_all();
     drive(&mut c, &mut l, |c, _| {
         c.events.contains(&Event::Committed { channel: 1, seq: 1 })
             && c.events.contains(&Event::Closed { channel: 2 })
@@ -662,6 +773,50 @@ fn commits_and_close_survive_a_drop() {
     assert_eq!(l.count(&Event::Commit { channel: 1, seq: 1 }), 1);
     assert_eq!(l.count(&Event::PeerClosed { channel: 2 }), 1);
     assert_eq!(l.messages().len(), 3);
+}
+
+#[test]
+fn close_and_reopen_survive_drops() {
+    let (mut c, mut l, mut instance) = default_pair();
+    let closed = Event::Closed { channel: 3 };
+    let peer_closed = Event::PeerClosed { channel: 3 };
+    // The listener confirms the closure, but the stream breaks before the
+    // connector reads it: the confirmation is repeated after the
+    // resumption, and the message is not delivered again.
+    c.link.send(3, &[b"a"]).unwrap();
+    c.link.close(3).unwrap();
+    c.transmit();
+    let deadline = Instant::now() + DEADLINE;
+    while l.count(&peer_closed) == 0 {
+        l.receive().unwrap();
+        assert!(Instant::now() < deadline);
+    }
+    l.consume_all();
+    l.transmit();
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |c, _| c.count(&closed) == 1);
+
+    // Reopened, and the stream breaks before the listener reads the new
+    // message: its repeated confirmation of the first closure neither
+    // closes the new one nor stops the message, numbered 0 again.
+    assert_eq!(c.link.send(3, &[b"b"]), Ok(0));
+    c.link.close(3).unwrap();
+    c.transmit();
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |c, l| l.count(&peer_closed) == 2 && c.link.unacknowledged() == 0);
+    assert_eq!(c.count(&closed), 1);
+    l.consume_all();
+    drive(&mut c, &mut l, |c, _| c.count(&closed) == 2);
+    assert_eq!(l.messages(), [(3, 0, vec![b"a".to_vec()]), (3, 0, vec![b"b".to_vec()])]);
+
+    // Repeated once more after another drop, the confirmation changes nothing.
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    c.link.ping().unwrap();
+    drive(&mut c, &mut l, |c, _| c.count(&Event::Pong) == 1);
+    assert_eq!((c.count(&closed), l.count(&peer_closed)), (2, 2));
+    assert_eq!(c.link.send(3, &[b"c"]), Ok(0));
+    drive(&mut c, &mut l, |_, l| l.messages().len() == 3);
+    assert_eq!(l.messages()[2], (3, 0, vec![b"c".to_vec()]));
 }
 
 #[test]
@@ -792,6 +947,14 @@ fn protocol_violations_terminate_the_stream() {
     assert_eq!(
         link.handle_input(&[0x01, 0, 3, 0, 0, 0, 0, 0]),
         Err(LinkError::TransactionsNotNegotiated { channel: 3 })
+    );
+    // A message on channel 3 after its close, before the closure was
+    // confirmed (relink 3.3: reopening follows the confirmation).
+    let mut link = open_listener_link(params);
+    let (message, close) = (raw_message(3, b'x'), raw_close(3));
+    assert_eq!(
+        link.handle_input(&[&message[..], &close, &message].concat()),
+        Err(LinkError::MessageWhileClosing { channel: 3 })
     );
     // A resume packet on a new link.
     let mut link = open_listener_link(params);

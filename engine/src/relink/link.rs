@@ -20,10 +20,11 @@
 //! either starts a new link ([`Link::accept`]) or resumes an old one.
 //!
 //! Sequence numbers are per channel and direction, start at 0 and wrap
-//! (relink 3.1). An acknowledgement or operation without a sequence number
-//! targets the message after the one its type targeted last; after a
-//! reconnection either side may have missed some, so the first of each type
-//! on a new stream always carries its number.
+//! (relink 3.1), and start at 0 again when a closed channel reopens. An
+//! acknowledgement or operation without a sequence number targets the
+//! message after the one its type targeted last; after a reconnection
+//! either side may have missed some, so the first of each type on a new
+//! stream always carries its number.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -204,7 +205,9 @@ pub enum Event {
     Committed { channel: u64, seq: u32 },
     /// The peer failed to process our messages through `seq`.
     Uncommitted { channel: u64, seq: u32 },
-    /// The peer closed its channel.
+    /// The peer closed its channel. We confirm the closure once every
+    /// message of it is consumed (and every commit resolved); a message on
+    /// it afterwards reopens it, numbered from 0.
     PeerClosed { channel: u64 },
     /// The peer acknowledged that we closed our channel.
     Closed { channel: u64 },
@@ -257,6 +260,8 @@ pub enum LinkError {
     TooManyCommits { channel: u64, max: usize },
     #[error("channel {channel} has more than {max} messages past the consumption we acknowledged")]
     WindowExceeded { channel: u64, max: u32 },
+    #[error("message on channel {channel} before we confirmed its closure")]
+    MessageWhileClosing { channel: u64 },
     #[error("channel packet before our resume packet")]
     MessageBeforeResume,
     #[error("resume packet on a stream that does not resume")]
@@ -357,6 +362,14 @@ struct OutChannel {
     rollback_sent: Option<u32>,
     closing: bool,
     closed: bool,
+    /// Reopened, and the peer has acknowledged no message of this opening
+    /// yet. Until it does it may repeat its confirmation of the previous
+    /// closure (it does after every reconnection), which must not pass for
+    /// a confirmation of this one; so our close waits for that
+    /// acknowledgement.
+    peer_may_repeat_closed: bool,
+    /// Our close waits, unwritten on this stream, for that acknowledgement.
+    close_held: bool,
 }
 
 impl OutChannel {
@@ -373,7 +386,17 @@ impl OutChannel {
             rollback_sent: None,
             closing: false,
             closed: false,
+            peer_may_repeat_closed: false,
+            close_held: false,
         }
+    }
+
+    /// relink 3.3: sending reopens a closed channel, and relink 3.1
+    /// numbers its messages from 0, as the reference implementation
+    /// expects: it drops the connection on an acknowledgement of any other
+    /// number.
+    fn reopen(&mut self) {
+        *self = OutChannel { peer_may_repeat_closed: true, ..OutChannel::new() };
     }
 
     /// Messages sent and not acknowledged consumed.
@@ -424,8 +447,23 @@ struct InChannel {
     /// the newest are still to be written.
     outcomes: VecDeque<(u32, bool)>,
     outcomes_unsent: usize,
-    closed: bool,
+    closure: Closure,
+    /// A closed acknowledgement is due on this stream.
     closed_unsent: bool,
+}
+
+/// How far the peer's closing of one of its channels went (relink 3.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closure {
+    Open,
+    /// The peer closed the channel. We confirm once every message is
+    /// consumed and every commit answered, right after acknowledging
+    /// them: an acknowledgement of this opening written after the
+    /// confirmation would land on the reopened channel.
+    Closing,
+    /// Confirmed. Of this opening only the confirmation is written again,
+    /// after each reconnection, until the peer reopens the channel.
+    Closed,
 }
 
 impl InChannel {
@@ -445,9 +483,34 @@ impl InChannel {
             undecided: VecDeque::new(),
             outcomes: VecDeque::new(),
             outcomes_unsent: 0,
-            closed: false,
+            closure: Closure::Open,
             closed_unsent: false,
         }
+    }
+
+    /// The received, consumed and outcome acknowledgements due on one of the
+    /// peer's channels.
+    fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes, channel: u64) {
+        if self.any_received && self.received_sent != Some(self.received) {
+            push_ack(out, ids, channel, SequenceAck::Received, self.received_sent, self.received);
+            self.received_sent = Some(self.received);
+        }
+        if self.any_consumed && self.consumed_sent != Some(self.consumed) {
+            push_ack(out, ids, channel, SequenceAck::Consumed, self.consumed_sent, self.consumed);
+            self.consumed_sent = Some(self.consumed);
+            self.consumed_told = self.consumed;
+        }
+        let first = self.outcomes.len() - self.outcomes_unsent;
+        for &(seq, committed) in self.outcomes.iter().skip(first) {
+            let (ack, sent) = if committed {
+                (SequenceAck::Committed, &mut self.committed_sent)
+            } else {
+                (SequenceAck::Uncommitted, &mut self.uncommitted_sent)
+            };
+            push_ack(out, ids, channel, ack, *sent, seq);
+            *sent = Some(seq);
+        }
+        self.outcomes_unsent = 0;
     }
 }
 
@@ -611,6 +674,7 @@ impl Link {
         for channel in self.out.values_mut() {
             channel.commit_sent = None;
             channel.rollback_sent = None;
+            channel.close_held = false;
         }
         for channel in self.inc.values_mut() {
             channel.received_sent = None;
@@ -619,7 +683,7 @@ impl Link {
             channel.uncommitted_sent = None;
             // relink 3.5: tell the peer everything again before resuming.
             channel.outcomes_unsent = channel.outcomes.len();
-            channel.closed_unsent = channel.closed;
+            channel.closed_unsent = channel.closure == Closure::Closed;
         }
     }
 
@@ -743,11 +807,11 @@ impl Link {
         let data: MessageData = Arc::new(parts.iter().map(|p| p.to_vec()).collect());
         for &channel in channels {
             let state = self.out.entry(channel).or_insert_with(OutChannel::new);
+            if state.closed {
+                state.reopen();
+            }
             let seq = state.next_seq;
             state.next_seq = seq.wrapping_add(1);
-            // relink 3.3: sending reopens a closed channel. Its numbering
-            // goes on, so late acknowledgements of the old one stay stale.
-            state.closed = false;
             state.log.push_back(Logged::Message { seq, data: Arc::clone(&data) });
         }
         if self.is_messaging() && !channels.is_empty() {
@@ -813,6 +877,14 @@ impl Link {
             return Err(CommandError::LinkDone);
         }
         let state = self.out.get(&channel).ok_or(CommandError::NothingToCommit { channel })?;
+        // Outcomes precede the peer's confirmation of a closure, so nothing
+        // of a closing or closed opening is left to decide.
+        if state.closing {
+            return Err(CommandError::ChannelClosing { channel });
+        }
+        if state.closed {
+            return Err(CommandError::ChannelNotOpen { channel });
+        }
         let last = state.next_seq.wrapping_sub(1);
         if last == state.transaction_end {
             return Err(CommandError::NothingToCommit { channel });
@@ -857,8 +929,9 @@ impl Link {
     }
 
     /// Closes our `channel` after the messages sent on it (relink 3.3);
-    /// [`Event::Closed`] follows the peer's acknowledgement. Sending on it
-    /// again afterwards reopens it.
+    /// [`Event::Closed`] follows the peer's acknowledgement, which it sends
+    /// once it has consumed them. Sending on it again afterwards reopens
+    /// it, numbered from 0.
     pub fn close(&mut self, channel: u64) -> Result<(), CommandError> {
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
@@ -951,7 +1024,12 @@ impl Link {
             while let Some(item) = self.stream.unsent.pop_front() {
                 self.transmit_unsent(out, ids, item);
             }
-            if self.shutdown_requested && !self.stream.shutdown_written {
+            // After every close, even one that waits for an acknowledgement:
+            // nothing may follow the shutdown packet.
+            if self.shutdown_requested
+                && !self.stream.shutdown_written
+                && !self.out.values().any(|c| c.close_held)
+            {
                 push_packet(out, &PacketRepr::General(GeneralType::Shutdown), ids);
                 self.stream.shutdown_written = true;
                 self.shutdown_sent = true;
@@ -963,42 +1041,17 @@ impl Link {
 
     fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes) {
         for (&channel, state) in &mut self.inc {
-            if state.any_received && state.received_sent != Some(state.received) {
-                push_ack(
-                    out,
-                    ids,
-                    channel,
-                    SequenceAck::Received,
-                    state.received_sent,
-                    state.received,
-                );
-                state.received_sent = Some(state.received);
+            if state.closure != Closure::Closed {
+                state.transmit_acks(out, ids, channel);
             }
-            if state.any_consumed && state.consumed_sent != Some(state.consumed) {
-                push_ack(
-                    out,
-                    ids,
-                    channel,
-                    SequenceAck::Consumed,
-                    state.consumed_sent,
-                    state.consumed,
-                );
-                state.consumed_sent = Some(state.consumed);
-                state.consumed_told = state.consumed;
+            if state.closure == Closure::Closing
+                && state.consumed == state.received
+                && state.undecided.is_empty()
+            {
+                // relink 3.3: confirm after the acknowledgements above.
+                state.closure = Closure::Closed;
+                state.closed_unsent = true;
             }
-            let first = state.outcomes.len() - state.outcomes_unsent;
-            for &(seq, committed) in state.outcomes.iter().skip(first) {
-                let (ack, sent) = if committed {
-                    (SequenceAck::Committed, &mut state.committed_sent)
-                } else {
-                    (SequenceAck::Uncommitted, &mut state.uncommitted_sent)
-                };
-                push_ack(out, ids, channel, ack, *sent, seq);
-                *sent = Some(seq);
-            }
-            state.outcomes_unsent = 0;
-            // After the received acknowledgement covering the messages
-            // before the close, as the sender checks.
             if core::mem::take(&mut state.closed_unsent) {
                 let packet = PacketRepr::Acknowledgement {
                     target: Target::Unicast(channel),
@@ -1034,6 +1087,13 @@ impl Link {
                 state.rollback_sent = Some(seq);
             }
             Unsent::Close { channel } => {
+                let Some(state) = self.out.get_mut(&channel).filter(|s| s.closing) else {
+                    return;
+                };
+                if state.peer_may_repeat_closed {
+                    state.close_held = true;
+                    return;
+                }
                 let packet = PacketRepr::Operation {
                     target: Target::Unicast(channel),
                     op: ChannelOp::Close,
@@ -1244,6 +1304,13 @@ impl Link {
 
     fn handle_message(&mut self, channel: u64, parts: &Parts<'_>) -> Result<(), LinkError> {
         let state = self.inc.entry(channel).or_insert_with(InChannel::new);
+        match state.closure {
+            Closure::Open => {}
+            // relink 3.3: the peer reopens only after our confirmation.
+            Closure::Closing => return Err(LinkError::MessageWhileClosing { channel }),
+            // relink 3.3: reopened; relink 3.1: numbered from 0 again.
+            Closure::Closed => *state = InChannel::new(),
+        }
         let seq = state.received.wrapping_add(1);
         let max = self.limits.recv_window;
         if distance(state.consumed_told, seq) > max {
@@ -1251,19 +1318,22 @@ impl Link {
         }
         state.received = seq;
         state.any_received = true;
-        state.closed = false;
         self.events.push_back(Event::Message { channel, seq, parts: parts.to_vecs() });
         Ok(())
     }
 
     fn handle_close(&mut self, channel: u64) {
         let state = self.inc.entry(channel).or_insert_with(InChannel::new);
-        if !state.closed {
-            state.closed = true;
-            self.events.push_back(Event::PeerClosed { channel });
+        match state.closure {
+            Closure::Open => {
+                state.closure = Closure::Closing;
+                self.events.push_back(Event::PeerClosed { channel });
+            }
+            // Repeated after a reconnection: confirmed once consumed.
+            Closure::Closing => {}
+            // relink 3.3: confirmed before; confirm again.
+            Closure::Closed => state.closed_unsent = true,
         }
-        // relink 3.3: acknowledge, again if the close came again.
-        state.closed_unsent = true;
     }
 
     fn handle_transaction_op(
@@ -1340,6 +1410,11 @@ impl Link {
             }
             *cursor = target;
             state.trim_log();
+            // The peer holds this opening now, so our close may go.
+            state.peer_may_repeat_closed = false;
+            if core::mem::take(&mut state.close_held) {
+                self.stream.unsent.push_back(Unsent::Close { channel });
+            }
             return Ok(());
         }
         let pending = state.log.iter().enumerate().find_map(|(i, item)| match item {
@@ -1372,19 +1447,25 @@ impl Link {
     }
 
     fn handle_closed(&mut self, channel: u64) {
-        // relink 3.3: a closed acknowledgement is ours only once every
-        // message before the close was acknowledged; otherwise it is a
-        // repeat about an earlier closure.
         let Some(state) = self.out.get_mut(&channel) else {
             return;
         };
-        let messages_left = state.log.iter().any(|item| matches!(item, Logged::Message { .. }));
-        if state.closing && !messages_left {
-            state.closing = false;
-            state.closed = true;
-            state.log.retain(|item| !matches!(item, Logged::Close));
-            self.events.push_back(Event::Closed { channel });
+        // Otherwise a repeat about an earlier closure.
+        if !state.closing || state.peer_may_repeat_closed {
+            return;
         }
+        // relink 3.3: the peer confirms once it has every message sent
+        // before the close, so all of them are acknowledged, even those
+        // whose acknowledgements a broken stream lost. It answers every
+        // commit before confirming too: a commit still logged lost its
+        // outcome with such a stream and is not sent again.
+        let last = state.next_seq.wrapping_sub(1);
+        state.received = last;
+        state.consumed = last;
+        state.log.clear();
+        state.closing = false;
+        state.closed = true;
+        self.events.push_back(Event::Closed { channel });
     }
 }
 
