@@ -1199,3 +1199,77 @@ fn tcp_a_stalled_handshake_ends_at_its_own_bound() {
     let result = relink::accept_stream(stream, &[ENDPOINT], &short);
     assert!(matches!(result, Err(TcpError::Timeout)), "{result:?}");
 }
+
+/// A connected pair of Conns: the connector, the listener, and a second
+/// handle on the listener's socket to break it with.
+fn conn_pair() -> (relink::Conn, relink::Conn, TcpStream) {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let dialer = thread::spawn(move || relink::connect(addr, ENDPOINT, &options()).unwrap());
+    let (stream, _) = tcp.accept().unwrap();
+    let raw = stream.try_clone().unwrap();
+    let listener = relink::accept_stream(stream, &[ENDPOINT], &options()).unwrap();
+    (dialer.join().unwrap(), listener, raw)
+}
+
+#[test]
+fn tcp_after_a_write_error_nothing_of_the_dead_stream_is_read() {
+    for _ in 0..20 {
+        let (mut c, mut l, raw) = conn_pair();
+        // Every write on the listener's stream fails from now on, while
+        // what the connector sends still arrives in its socket.
+        raw.shutdown(Shutdown::Write).unwrap();
+        // The message is queued for a resumption: not an error.
+        assert_eq!(l.send(0, &[b"queued"]).unwrap(), 0);
+        c.send(0, &[b"late"]).unwrap();
+        // The stream is lost: "late" is not read from it, neither now nor
+        // on a later call.
+        for _ in 0..2 {
+            let result = l.recv(DEADLINE);
+            assert!(matches!(result, Err(TcpError::Disconnected)), "{result:?}");
+        }
+        let result = l.ping(DEADLINE);
+        assert!(matches!(result, Err(TcpError::Disconnected)), "{result:?}");
+        assert_eq!(l.link().unacknowledged(), 1);
+    }
+}
+
+#[test]
+fn tcp_a_message_queued_when_a_write_fails_goes_after_the_resumption() {
+    for _ in 0..10 {
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut server = relink::Server::new(tcp.try_clone().unwrap(), &[ENDPOINT], options());
+        let dialer = thread::spawn(move || relink::connect(addr, ENDPOINT, &options()).unwrap());
+        let (stream, _) = tcp.accept().unwrap();
+        let raw = stream.try_clone().unwrap();
+        let Incoming::New(mut l) = server.accept_stream(stream).unwrap() else {
+            panic!("expected a new link");
+        };
+        let mut c = dialer.join().unwrap();
+        raw.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(l.send(0, &[b"queued"]).unwrap(), 0);
+        c.send(0, &[b"late"]).unwrap();
+        assert!(matches!(l.recv(DEADLINE), Err(TcpError::Disconnected)));
+
+        // The connector sees the end of the stream, dials again and
+        // resumes: each message arrives once.
+        let dialer = thread::spawn(move || {
+            let result = c.recv(DEADLINE);
+            assert!(matches!(result, Err(TcpError::Disconnected)), "{result:?}");
+            assert!(c.reconnect().unwrap());
+            let got = c.recv(DEADLINE).unwrap();
+            c.shutdown().unwrap();
+            got
+        });
+        let (stream, _) = tcp.accept().unwrap();
+        let Incoming::Resume(resumption) = server.accept_stream(stream).unwrap() else {
+            panic!("expected a resumption");
+        };
+        l.resume(resumption).unwrap();
+        assert_eq!(l.recv(DEADLINE).unwrap(), (0, vec![b"late".to_vec()]));
+        l.shutdown().unwrap();
+        assert_eq!(dialer.join().unwrap(), (0, vec![b"queued".to_vec()]));
+        assert!(matches!(l.recv(Duration::ZERO), Err(TcpError::ShutDown)));
+    }
+}
