@@ -35,9 +35,8 @@ use thiserror::Error;
 
 use super::handshake::{HandshakeFlags, LINK_ID_END, ReplyRepr, RequestRepr, VERSION, VersionRepr};
 use super::wire::{
-    ChannelAck, ChannelIds, ChannelOp, EmitError, GeneralType, IdSizes, MAX_CHANNEL_ID_LEN,
+    ChannelAck, ChannelId, ChannelIdRef, ChannelIds, ChannelOp, EmitError, GeneralType, IdSizes,
     MessageRepr, PacketRepr, Parsed, Parts, SequenceAck, SequenceOp, Target, WireError, WireLimits,
-    channel_id_fits,
 };
 
 /// Most commits a channel may have awaiting their outcome, and how many
@@ -57,9 +56,9 @@ pub enum Role {
 /// whether each direction uses transactions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Params {
-    /// Bytes of the connector's channel ids (0..=8).
+    /// Bytes of the connector's channel ids (relink 1: 0..=255).
     pub connector_id_len: u8,
-    /// Bytes of the listener's channel ids (0..=8).
+    /// Bytes of the listener's channel ids (relink 1: 0..=255).
     pub listener_id_len: u8,
     pub connector_transactions: bool,
     pub listener_transactions: bool,
@@ -77,15 +76,6 @@ impl Default for Params {
 }
 
 impl Params {
-    fn check(&self) -> Result<(), HandshakeError> {
-        for len in [self.connector_id_len, self.listener_id_len] {
-            if len > MAX_CHANNEL_ID_LEN {
-                return Err(WireError::ChannelIdLenUnsupported(len).into());
-            }
-        }
-        Ok(())
-    }
-
     fn flags(&self) -> HandshakeFlags {
         let mut flags = HandshakeFlags::empty();
         flags.set(HandshakeFlags::CONNECTOR_TRANSACTIONS, self.connector_transactions);
@@ -118,10 +108,9 @@ impl Params {
         }
     }
 
-    /// Id sizes of the packets `role` sends. Checked by `check`, so the
-    /// sizes are valid.
+    /// Id sizes of the packets `role` sends.
     fn sender_ids(&self, role: Role) -> IdSizes {
-        IdSizes::clamped(self.id_len(role), self.id_len(role.peer()))
+        IdSizes::new(self.id_len(role), self.id_len(role.peer()))
     }
 }
 
@@ -195,22 +184,22 @@ pub enum Event {
     PeerResumed,
     /// A message on one of the peer's channels. Acknowledge it with
     /// [`Link::consume`] once done with it.
-    Message { channel: u64, seq: u32, parts: Vec<Vec<u8>> },
+    Message { channel: ChannelId, seq: u32, parts: Vec<Vec<u8>> },
     /// The peer asks to process its messages through `seq`; answer with
     /// [`Link::resolve_commit`].
-    Commit { channel: u64, seq: u32 },
+    Commit { channel: ChannelId, seq: u32 },
     /// The peer asks to ignore its uncommitted messages through `seq`.
-    Rollback { channel: u64, seq: u32 },
+    Rollback { channel: ChannelId, seq: u32 },
     /// The peer processed our messages through `seq`.
-    Committed { channel: u64, seq: u32 },
+    Committed { channel: ChannelId, seq: u32 },
     /// The peer failed to process our messages through `seq`.
-    Uncommitted { channel: u64, seq: u32 },
+    Uncommitted { channel: ChannelId, seq: u32 },
     /// The peer closed its channel. We confirm the closure once every
     /// message of it is consumed (and every commit resolved); a message on
     /// it afterwards reopens it, numbered from 0.
-    PeerClosed { channel: u64 },
+    PeerClosed { channel: ChannelId },
     /// The peer acknowledged that we closed our channel.
-    Closed { channel: u64 },
+    Closed { channel: ChannelId },
     /// The answer to one of our pings.
     Pong,
     /// The peer will open no more channels.
@@ -249,19 +238,19 @@ pub enum LinkError {
     #[error("no stream: the link is between connections or failed")]
     NoStream,
     #[error("acknowledgement for message {seq} on channel {channel}, which was not sent")]
-    AckBeyondSent { channel: u64, seq: u32 },
+    AckBeyondSent { channel: ChannelId, seq: u32 },
     #[error("outcome for message {seq} on channel {channel}, which no commit awaits")]
-    UnexpectedOutcome { channel: u64, seq: u32 },
+    UnexpectedOutcome { channel: ChannelId, seq: u32 },
     #[error("transaction packet on channel {channel} without negotiated transactions")]
-    TransactionsNotNegotiated { channel: u64 },
+    TransactionsNotNegotiated { channel: ChannelId },
     #[error("operation on channel {channel} targets message {seq}, which was not received")]
-    OpBeyondReceived { channel: u64, seq: u32 },
+    OpBeyondReceived { channel: ChannelId, seq: u32 },
     #[error("channel {channel} has more than {max} commits awaiting their outcome")]
-    TooManyCommits { channel: u64, max: usize },
+    TooManyCommits { channel: ChannelId, max: usize },
     #[error("channel {channel} has more than {max} messages past the consumption we acknowledged")]
-    WindowExceeded { channel: u64, max: u32 },
+    WindowExceeded { channel: ChannelId, max: u32 },
     #[error("message on channel {channel} before we confirmed its closure")]
-    MessageWhileClosing { channel: u64 },
+    MessageWhileClosing { channel: ChannelId },
     #[error("channel packet before our resume packet")]
     MessageBeforeResume,
     #[error("resume packet on a stream that does not resume")]
@@ -278,28 +267,28 @@ pub enum LinkError {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum CommandError {
     #[error("channel {channel} has the most unconsumed messages; wait for acknowledgements")]
-    Blocked { channel: u64 },
+    Blocked { channel: ChannelId },
     #[error("channel id {channel:#x} does not fit in {len} bytes")]
-    ChannelIdTooWide { channel: u64, len: u8 },
+    ChannelIdTooWide { channel: ChannelId, len: u8 },
     /// After [`Link::shutdown`] nothing more is sent: relink 3.6 forbids
     /// opening a channel, and the reference implementation drops the
     /// connection on any message that follows a shutdown.
     #[error("after shutdown nothing more is sent")]
     ShutDown,
     #[error("channel {channel} is being closed")]
-    ChannelClosing { channel: u64 },
+    ChannelClosing { channel: ChannelId },
     #[error("channel {channel} is not open")]
-    ChannelNotOpen { channel: u64 },
+    ChannelNotOpen { channel: ChannelId },
     #[error("our channels do not use transactions")]
     TransactionsNotNegotiated,
     #[error("channel {channel} has no message since its last commit or rollback")]
-    NothingToCommit { channel: u64 },
+    NothingToCommit { channel: ChannelId },
     #[error("channel {channel} has the most commits awaiting their outcome")]
-    TooManyPendingCommits { channel: u64 },
+    TooManyPendingCommits { channel: ChannelId },
     #[error("message {seq} on channel {channel} is not received or already consumed")]
-    NoSuchMessage { channel: u64, seq: u32 },
+    NoSuchMessage { channel: ChannelId, seq: u32 },
     #[error("no commit of message {seq} on channel {channel} awaits an outcome")]
-    NoPendingCommit { channel: u64, seq: u32 },
+    NoPendingCommit { channel: ChannelId, seq: u32 },
     #[error("message packet of {len} bytes exceeds {max}")]
     MessageTooLong { len: usize, max: usize },
     #[error("{count} parts exceed {max}")]
@@ -490,7 +479,7 @@ impl InChannel {
 
     /// The received, consumed and outcome acknowledgements due on one of the
     /// peer's channels.
-    fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes, channel: u64) {
+    fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes, channel: ChannelIdRef<'_>) {
         if self.any_received && self.received_sent != Some(self.received) {
             push_ack(out, ids, channel, SequenceAck::Received, self.received_sent, self.received);
             self.received_sent = Some(self.received);
@@ -517,10 +506,10 @@ impl InChannel {
 /// Channel packets waiting for their first transmission, in command order.
 #[derive(Debug)]
 enum Unsent {
-    Message { channels: Vec<u64>, data: MessageData },
-    Commit { channel: u64, seq: u32 },
-    Rollback { channel: u64, seq: u32 },
-    Close { channel: u64 },
+    Message { channels: Vec<ChannelId>, data: MessageData },
+    Commit { channel: ChannelId, seq: u32 },
+    Rollback { channel: ChannelId, seq: u32 },
+    Close { channel: ChannelId },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -569,8 +558,8 @@ pub struct Link {
     require_old_link_id: bool,
     phase: Phase,
     stream: StreamState,
-    out: BTreeMap<u64, OutChannel>,
-    inc: BTreeMap<u64, InChannel>,
+    out: BTreeMap<ChannelId, OutChannel>,
+    inc: BTreeMap<ChannelId, InChannel>,
     events: VecDeque<Event>,
     shutdown_requested: bool,
     shutdown_sent: bool,
@@ -601,7 +590,6 @@ impl Link {
     /// A connector's link, its handshake started on a fresh stream. Messages
     /// may be sent at once; they go out when the link is connected.
     pub fn connect(config: ConnectorConfig) -> Result<Self, HandshakeError> {
-        config.params.check()?;
         if config.endpoint_name.len() > usize::from(u8::MAX) {
             return Err(HandshakeError::NameTooLong(config.endpoint_name.len()));
         }
@@ -716,8 +704,9 @@ impl Link {
     fn rebuild_unsent(&mut self) {
         let unsent = &mut self.stream.unsent;
         unsent.clear();
-        for (&channel, state) in &self.out {
+        for (channel, state) in &self.out {
             for item in &state.log {
+                let channel = channel.clone();
                 unsent.push_back(match item {
                     Logged::Message { data, .. } => {
                         Unsent::Message { channels: vec![channel], data: Arc::clone(data) }
@@ -769,8 +758,12 @@ impl Link {
 
     /// How many more messages `channel` takes before the peer must
     /// acknowledge consumption.
-    pub fn send_window(&self, channel: u64) -> u32 {
-        let used = self.out.get(&channel).map_or(0, OutChannel::unconsumed);
+    pub fn send_window(&self, channel: impl Into<ChannelId>) -> u32 {
+        self.window_left(&channel.into())
+    }
+
+    fn window_left(&self, channel: &ChannelId) -> u32 {
+        let used = self.out.get(channel).map_or(0, OutChannel::unconsumed);
         self.limits.send_window.saturating_sub(used)
     }
 
@@ -790,23 +783,32 @@ impl Link {
     /// Sends a message on one of our channels; returns its sequence number.
     /// While the link waits for a stream or the peer's resume, the message
     /// is queued.
-    pub fn send(&mut self, channel: u64, parts: &[&[u8]]) -> Result<u32, CommandError> {
-        self.send_multicast(&[channel], parts)?;
+    pub fn send(
+        &mut self,
+        channel: impl Into<ChannelId>,
+        parts: &[&[u8]],
+    ) -> Result<u32, CommandError> {
+        let channel = channel.into();
+        self.send_to(vec![channel.clone()], parts)?;
         Ok(self.out.get(&channel).map_or(0, |c| c.next_seq.wrapping_sub(1)))
     }
 
     /// Sends one message to several of our channels, each numbering it in
     /// its own sequence (relink 3.1); a repeated channel gets it repeatedly
     /// (relink 2.3). All or nothing.
-    pub fn send_multicast(
+    pub fn send_multicast<C: Clone + Into<ChannelId>>(
         &mut self,
-        channels: &[u64],
+        channels: &[C],
         parts: &[&[u8]],
     ) -> Result<(), CommandError> {
-        self.check_send(channels, parts)?;
+        self.send_to(channels.iter().cloned().map(Into::into).collect(), parts)
+    }
+
+    fn send_to(&mut self, channels: Vec<ChannelId>, parts: &[&[u8]]) -> Result<(), CommandError> {
+        self.check_send(&channels, parts)?;
         let data: MessageData = Arc::new(parts.iter().map(|p| p.to_vec()).collect());
-        for &channel in channels {
-            let state = self.out.entry(channel).or_insert_with(OutChannel::new);
+        for channel in &channels {
+            let state = self.out.entry(channel.clone()).or_insert_with(OutChannel::new);
             if state.closed {
                 state.reopen();
             }
@@ -815,12 +817,12 @@ impl Link {
             state.log.push_back(Logged::Message { seq, data: Arc::clone(&data) });
         }
         if self.is_messaging() && !channels.is_empty() {
-            self.stream.unsent.push_back(Unsent::Message { channels: channels.to_vec(), data });
+            self.stream.unsent.push_back(Unsent::Message { channels, data });
         }
         Ok(())
     }
 
-    fn check_send(&self, channels: &[u64], parts: &[&[u8]]) -> Result<(), CommandError> {
+    fn check_send(&self, channels: &[ChannelId], parts: &[&[u8]]) -> Result<(), CommandError> {
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
         }
@@ -838,28 +840,32 @@ impl Link {
             });
         }
         let id_len = self.params.id_len(self.role);
-        let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
-        for &channel in channels {
-            if !channel_id_fits(channel, id_len) {
-                return Err(CommandError::ChannelIdTooWide { channel, len: id_len });
+        let mut counts: BTreeMap<&ChannelId, u32> = BTreeMap::new();
+        for channel in channels {
+            if !channel.fits(id_len) {
+                return Err(CommandError::ChannelIdTooWide {
+                    channel: channel.clone(),
+                    len: id_len,
+                });
             }
             *counts.entry(channel).or_default() += 1;
         }
         for (&channel, &count) in &counts {
-            let state = self.out.get(&channel);
+            let state = self.out.get(channel);
             if state.is_some_and(|s| s.closing) {
-                return Err(CommandError::ChannelClosing { channel });
+                return Err(CommandError::ChannelClosing { channel: channel.clone() });
             }
-            if self.send_window(channel) < count {
-                return Err(CommandError::Blocked { channel });
+            if self.window_left(channel) < count {
+                return Err(CommandError::Blocked { channel: channel.clone() });
             }
         }
         // Check the largest packet this message may become: multicast now,
         // or unicast after a reconnection.
         let target = if channels.len() > 1 {
-            Target::Multicast(ChannelIds::from_slice(channels))
+            Target::Multicast(ChannelIds::from_ids(channels))
         } else {
-            Target::Unicast(0)
+            // Every id takes the negotiated size, whatever its value.
+            Target::Unicast(0.into())
         };
         let len = PacketRepr::Message(MessageRepr::new(target, parts))
             .buffer_len(self.params.sender_ids(self.role));
@@ -869,14 +875,17 @@ impl Link {
         Ok(())
     }
 
-    fn transaction_target(&self, channel: u64) -> Result<u32, CommandError> {
+    fn transaction_target(&self, channel: &ChannelId) -> Result<u32, CommandError> {
         if !self.params.transactions(self.role) {
             return Err(CommandError::TransactionsNotNegotiated);
         }
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
         }
-        let state = self.out.get(&channel).ok_or(CommandError::NothingToCommit { channel })?;
+        let channel = channel.clone();
+        let Some(state) = self.out.get(&channel) else {
+            return Err(CommandError::NothingToCommit { channel });
+        };
         // Outcomes precede the peer's confirmation of a closure, so nothing
         // of a closing or closed opening is left to decide.
         if state.closing {
@@ -896,8 +905,9 @@ impl Link {
     /// last commit or rollback (relink 3.2); returns the last one's sequence
     /// number. The outcome arrives as [`Event::Committed`] or
     /// [`Event::Uncommitted`].
-    pub fn commit(&mut self, channel: u64) -> Result<u32, CommandError> {
-        let seq = self.transaction_target(channel)?;
+    pub fn commit(&mut self, channel: impl Into<ChannelId>) -> Result<u32, CommandError> {
+        let channel = channel.into();
+        let seq = self.transaction_target(&channel)?;
         let messaging = self.is_messaging();
         let Some(state) = self.out.get_mut(&channel) else {
             return Err(CommandError::NothingToCommit { channel });
@@ -916,8 +926,9 @@ impl Link {
     /// Asks the peer to ignore our messages on `channel` sent since the
     /// last commit or rollback. Not acknowledged and not sent again after a
     /// reconnection (relink 3.2).
-    pub fn rollback(&mut self, channel: u64) -> Result<u32, CommandError> {
-        let seq = self.transaction_target(channel)?;
+    pub fn rollback(&mut self, channel: impl Into<ChannelId>) -> Result<u32, CommandError> {
+        let channel = channel.into();
+        let seq = self.transaction_target(&channel)?;
         let messaging = self.is_messaging();
         if let Some(state) = self.out.get_mut(&channel) {
             state.transaction_end = seq;
@@ -932,7 +943,8 @@ impl Link {
     /// [`Event::Closed`] follows the peer's acknowledgement, which it sends
     /// once it has consumed them. Sending on it again afterwards reopens
     /// it, numbered from 0.
-    pub fn close(&mut self, channel: u64) -> Result<(), CommandError> {
+    pub fn close(&mut self, channel: impl Into<ChannelId>) -> Result<(), CommandError> {
+        let channel = channel.into();
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
         }
@@ -951,9 +963,11 @@ impl Link {
 
     /// Acknowledges that the application consumed the peer's messages on
     /// `channel` through `seq` (relink 3.1).
-    pub fn consume(&mut self, channel: u64, seq: u32) -> Result<(), CommandError> {
-        let state =
-            self.inc.get_mut(&channel).ok_or(CommandError::NoSuchMessage { channel, seq })?;
+    pub fn consume(&mut self, channel: impl Into<ChannelId>, seq: u32) -> Result<(), CommandError> {
+        let channel = channel.into();
+        let Some(state) = self.inc.get_mut(&channel) else {
+            return Err(CommandError::NoSuchMessage { channel, seq });
+        };
         let d = distance(state.consumed, seq);
         if d == 0 || d > distance(state.consumed, state.received) {
             return Err(CommandError::NoSuchMessage { channel, seq });
@@ -966,15 +980,15 @@ impl Link {
     /// Answers the oldest [`Event::Commit`] on `channel` (relink 3.2).
     pub fn resolve_commit(
         &mut self,
-        channel: u64,
+        channel: impl Into<ChannelId>,
         seq: u32,
         committed: bool,
     ) -> Result<(), CommandError> {
-        let state = self
-            .inc
-            .get_mut(&channel)
-            .filter(|s| s.undecided.front() == Some(&seq))
-            .ok_or(CommandError::NoPendingCommit { channel, seq })?;
+        let channel = channel.into();
+        let Some(state) = self.inc.get_mut(&channel).filter(|s| s.undecided.front() == Some(&seq))
+        else {
+            return Err(CommandError::NoPendingCommit { channel, seq });
+        };
         state.undecided.pop_front();
         if state.outcomes.len() == MAX_PENDING_COMMITS {
             state.outcomes.pop_front();
@@ -1040,9 +1054,9 @@ impl Link {
     }
 
     fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes) {
-        for (&channel, state) in &mut self.inc {
+        for (channel, state) in &mut self.inc {
             if state.closure != Closure::Closed {
-                state.transmit_acks(out, ids, channel);
+                state.transmit_acks(out, ids, channel.as_id_ref());
             }
             if state.closure == Closure::Closing
                 && state.consumed == state.received
@@ -1054,7 +1068,7 @@ impl Link {
             }
             if core::mem::take(&mut state.closed_unsent) {
                 let packet = PacketRepr::Acknowledgement {
-                    target: Target::Unicast(channel),
+                    target: Target::Unicast(channel.as_id_ref()),
                     ack: ChannelAck::Closed,
                 };
                 push_packet(out, &packet, ids);
@@ -1067,8 +1081,8 @@ impl Link {
             Unsent::Message { channels, data } => {
                 let parts: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
                 let target = match channels.as_slice() {
-                    [channel] => Target::Unicast(*channel),
-                    _ => Target::Multicast(ChannelIds::from_slice(&channels)),
+                    [channel] => Target::Unicast(channel.as_id_ref()),
+                    _ => Target::Multicast(ChannelIds::from_ids(&channels)),
                 };
                 push_packet(out, &PacketRepr::Message(MessageRepr::new(target, &parts)), ids);
             }
@@ -1076,14 +1090,16 @@ impl Link {
                 let Some(state) = self.out.get_mut(&channel) else {
                     return;
                 };
-                push_op(out, ids, channel, SequenceOp::Commit, state.commit_sent, seq);
+                let id = channel.as_id_ref();
+                push_op(out, ids, id, SequenceOp::Commit, state.commit_sent, seq);
                 state.commit_sent = Some(seq);
             }
             Unsent::Rollback { channel, seq } => {
                 let Some(state) = self.out.get_mut(&channel) else {
                     return;
                 };
-                push_op(out, ids, channel, SequenceOp::Rollback, state.rollback_sent, seq);
+                let id = channel.as_id_ref();
+                push_op(out, ids, id, SequenceOp::Rollback, state.rollback_sent, seq);
                 state.rollback_sent = Some(seq);
             }
             Unsent::Close { channel } => {
@@ -1095,7 +1111,7 @@ impl Link {
                     return;
                 }
                 let packet = PacketRepr::Operation {
-                    target: Target::Unicast(channel),
+                    target: Target::Unicast(channel.as_id_ref()),
                     op: ChannelOp::Close,
                 };
                 push_packet(out, &packet, ids);
@@ -1302,8 +1318,13 @@ impl Link {
         }
     }
 
-    fn handle_message(&mut self, channel: u64, parts: &Parts<'_>) -> Result<(), LinkError> {
-        let state = self.inc.entry(channel).or_insert_with(InChannel::new);
+    fn handle_message(
+        &mut self,
+        channel: ChannelIdRef<'_>,
+        parts: &Parts<'_>,
+    ) -> Result<(), LinkError> {
+        let channel = known_id(&self.inc, channel);
+        let state = self.inc.entry(channel.clone()).or_insert_with(InChannel::new);
         match state.closure {
             Closure::Open => {}
             // relink 3.3: the peer reopens only after our confirmation.
@@ -1322,8 +1343,9 @@ impl Link {
         Ok(())
     }
 
-    fn handle_close(&mut self, channel: u64) {
-        let state = self.inc.entry(channel).or_insert_with(InChannel::new);
+    fn handle_close(&mut self, channel: ChannelIdRef<'_>) {
+        let channel = known_id(&self.inc, channel);
+        let state = self.inc.entry(channel.clone()).or_insert_with(InChannel::new);
         match state.closure {
             Closure::Open => {
                 state.closure = Closure::Closing;
@@ -1338,14 +1360,15 @@ impl Link {
 
     fn handle_transaction_op(
         &mut self,
-        channel: u64,
+        channel: ChannelIdRef<'_>,
         op: SequenceOp,
         seq: Option<u32>,
     ) -> Result<(), LinkError> {
+        let channel = known_id(&self.inc, channel);
         if !self.params.transactions(self.role.peer()) {
             return Err(LinkError::TransactionsNotNegotiated { channel });
         }
-        let state = self.inc.entry(channel).or_insert_with(InChannel::new);
+        let state = self.inc.entry(channel.clone()).or_insert_with(InChannel::new);
         let cursor = match op {
             SequenceOp::Commit => state.commit,
             SequenceOp::Rollback => state.rollback,
@@ -1377,10 +1400,11 @@ impl Link {
 
     fn handle_ack(
         &mut self,
-        channel: u64,
+        channel: ChannelIdRef<'_>,
         ack: SequenceAck,
         seq: Option<u32>,
     ) -> Result<(), LinkError> {
+        let channel = known_id(&self.out, channel);
         let transactional = matches!(ack, SequenceAck::Committed | SequenceAck::Uncommitted);
         if transactional && !self.params.transactions(self.role) {
             return Err(LinkError::TransactionsNotNegotiated { channel });
@@ -1446,7 +1470,8 @@ impl Link {
         }
     }
 
-    fn handle_closed(&mut self, channel: u64) {
+    fn handle_closed(&mut self, channel: ChannelIdRef<'_>) {
+        let channel = known_id(&self.out, channel);
         let Some(state) = self.out.get_mut(&channel) else {
             return;
         };
@@ -1466,6 +1491,16 @@ impl Link {
         state.closing = false;
         state.closed = true;
         self.events.push_back(Event::Closed { channel });
+    }
+}
+
+/// The id `map` keeps for the channel a packet names, else a new one: a
+/// known channel's id is shared, not allocated again, for every packet.
+fn known_id<V>(map: &BTreeMap<ChannelId, V>, id: ChannelIdRef<'_>) -> ChannelId {
+    let mut scratch = [0; 8];
+    match map.get_key_value(id.le_bytes(&mut scratch)) {
+        Some((known, _)) => known.clone(),
+        None => id.into(),
     }
 }
 
@@ -1493,7 +1528,7 @@ fn push_packet(out: &mut Vec<u8>, packet: &PacketRepr<'_>, ids: IdSizes) {
 fn push_ack(
     out: &mut Vec<u8>,
     ids: IdSizes,
-    channel: u64,
+    channel: ChannelIdRef<'_>,
     ack: SequenceAck,
     last: Option<u32>,
     seq: u32,
@@ -1517,7 +1552,7 @@ fn push_ack(
 fn push_op(
     out: &mut Vec<u8>,
     ids: IdSizes,
-    channel: u64,
+    channel: ChannelIdRef<'_>,
     op: SequenceOp,
     last: Option<u32>,
     seq: u32,

@@ -25,6 +25,7 @@ use super::link::{
     Accepted, Acceptor, CommandError, ConnectorConfig, Event, HandshakeError, Limits, Link,
     LinkError, Listener, Params,
 };
+use super::wire::ChannelId;
 
 /// Driver settings. Both peers must use the same `params`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +78,7 @@ impl From<LinkError> for TcpError {
 }
 
 /// A message from one of the peer's channels.
-pub type Received = (u64, Vec<Vec<u8>>);
+pub type Received = (ChannelId, Vec<Vec<u8>>);
 
 /// One end of a Relink link over TCP.
 ///
@@ -95,7 +96,7 @@ pub struct Conn {
     /// Where a connector dials again.
     peer: Option<SocketAddr>,
     timeout: Duration,
-    inbox: VecDeque<(u64, u32, Vec<Vec<u8>>)>,
+    inbox: VecDeque<(ChannelId, u32, Vec<Vec<u8>>)>,
     events: VecDeque<Event>,
     pongs: u64,
     /// Whether the last handshake resumed the link.
@@ -338,10 +339,15 @@ impl Conn {
     /// while the channel's window is full, up to the timeout. While the
     /// stream is lost, or if writing it fails now, the message is queued for
     /// the resumption: the next call that needs the stream reports the loss.
-    pub fn send(&mut self, channel: u64, parts: &[&[u8]]) -> Result<u32, TcpError> {
+    pub fn send(
+        &mut self,
+        channel: impl Into<ChannelId>,
+        parts: &[&[u8]],
+    ) -> Result<u32, TcpError> {
+        let channel = channel.into();
         let deadline = deadline_after(self.timeout);
         loop {
-            match self.link.send(channel, parts) {
+            match self.link.send(&channel, parts) {
                 Ok(seq) => {
                     // The link keeps the message until the peer acknowledges
                     // it; a failed write only loses the stream.
@@ -349,7 +355,7 @@ impl Conn {
                     return Ok(seq);
                 }
                 Err(CommandError::Blocked { .. }) => {
-                    self.drive_until(deadline, |conn| conn.link.send_window(channel) > 0)?;
+                    self.drive_until(deadline, |conn| conn.link.send_window(&channel) > 0)?;
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -370,7 +376,7 @@ impl Conn {
             return Err(TcpError::Timeout);
         };
         // Cannot fail: the message came from the link and is consumed once.
-        let _ = self.link.consume(channel, seq);
+        let _ = self.link.consume(&channel, seq);
         if !self.link.is_done() {
             // A failed write loses the stream, which the next call reports;
             // the message is the caller's either way.
