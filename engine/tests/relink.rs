@@ -7,11 +7,17 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use efapoll::relink::{
-    self, Accepted, Acceptor, CommandError, ConnectorConfig, Event, HandshakeError, Incoming,
-    Limits, Link, LinkError, Listener, Options, Params, TcpError, WireError,
+    self, Accepted, Acceptor, ChannelId, ChannelIdError, CommandError, ConnectorConfig, Event,
+    HandshakeError, Incoming, Limits, Link, LinkError, Listener, Options, Params, TcpError,
+    WireError,
 };
 
 const ENDPOINT: &str = "setup";
+
+/// A channel id, as events and errors name it.
+fn ch(id: u64) -> ChannelId {
+    id.into()
+}
 const DEADLINE: Duration = Duration::from_secs(2);
 
 /// Two connected, non-blocking streams.
@@ -86,7 +92,9 @@ impl Peer {
         self.events
             .iter()
             .filter_map(|e| match e {
-                Event::Message { channel, seq, parts } => Some((*channel, *seq, parts.clone())),
+                Event::Message { channel, seq, parts } => {
+                    Some((channel.to_u64().expect("a numeric id"), *seq, parts.clone()))
+                }
                 _ => None,
             })
             .collect()
@@ -391,7 +399,7 @@ fn messages_are_delivered_in_order_and_acknowledged() {
     assert_eq!(c.messages(), [(7, 0, vec![b"back".to_vec()])]);
 
     // Received is not consumed: the window refills only on consumption.
-    let window = Limits::default().max_unconsumed;
+    let window = Limits::default().send_window;
     assert_eq!(c.link.send_window(0), window - 7);
     l.consume_all();
     drive(&mut c, &mut l, |c, _| c.link.send_window(0) == window);
@@ -411,22 +419,43 @@ fn multicast_numbers_each_channel_and_repeats_repeated_ids() {
     );
 }
 
+/// Messages in a burst: beyond the 1,024 window this link once had,
+/// within the reference implementation's 65,536.
+const BURST: u32 = 10_000;
+
+#[test]
+fn a_burst_of_ten_thousand_on_one_channel_arrives_whole_and_in_order() {
+    let (mut c, mut l, _instance) = default_pair();
+    for i in 0..BURST {
+        assert_eq!(c.link.send(1, &[&i.to_le_bytes()]), Ok(i));
+    }
+    let count = |p: &Peer| p.events.iter().filter(|e| matches!(e, Event::Message { .. })).count();
+    drive(&mut c, &mut l, |c, l| count(l) == BURST as usize && c.link.unacknowledged() == 0);
+    for (i, (channel, seq, parts)) in l.messages().into_iter().enumerate() {
+        assert_eq!((channel, seq, parts), (1, i as u32, vec![(i as u32).to_le_bytes().to_vec()]));
+    }
+    // Nothing consumed yet: the window is what is left of 65,536.
+    assert_eq!(c.link.send_window(1), Limits::default().send_window - BURST);
+    l.consume_all();
+    drive(&mut c, &mut l, |c, _| c.link.send_window(1) == Limits::default().send_window);
+}
+
 #[test]
 fn full_window_blocks_until_consumed() {
-    let limits = Limits { max_unconsumed: 4, ..Limits::default() };
+    let limits = Limits { send_window: 4, ..Limits::default() };
     let mut instance = Listener::new([ENDPOINT], Params::default());
     let (mut c, mut l) = establish(Params::default(), limits, &mut instance);
     for _ in 0..4 {
         c.link.send(5, &[b"x"]).unwrap();
     }
-    assert_eq!(c.link.send(5, &[b"x"]), Err(CommandError::Blocked { channel: 5 }));
+    assert_eq!(c.link.send(5, &[b"x"]), Err(CommandError::Blocked { channel: ch(5) }));
     // Other channels have their own window.
     c.link.send(6, &[b"y"]).unwrap();
     drive(&mut c, &mut l, |c, _| c.link.unacknowledged() == 0);
     assert_eq!(c.link.send_window(5), 0);
     l.link.consume(5, 1).unwrap();
-    assert_eq!(l.link.consume(5, 1), Err(CommandError::NoSuchMessage { channel: 5, seq: 1 }));
-    assert_eq!(l.link.consume(5, 9), Err(CommandError::NoSuchMessage { channel: 5, seq: 9 }));
+    assert_eq!(l.link.consume(5, 1), Err(CommandError::NoSuchMessage { channel: ch(5), seq: 1 }));
+    assert_eq!(l.link.consume(5, 9), Err(CommandError::NoSuchMessage { channel: ch(5), seq: 9 }));
     drive(&mut c, &mut l, |c, _| c.link.send_window(5) == 2);
     c.link.send(5, &[b"z"]).unwrap();
 }
@@ -436,13 +465,74 @@ fn command_checks() {
     let (mut c, _l, _instance) = default_pair();
     assert_eq!(
         c.link.send(1 << 32, &[b"x"]),
-        Err(CommandError::ChannelIdTooWide { channel: 1 << 32, len: 4 })
+        Err(CommandError::ChannelIdTooWide { channel: ch(1 << 32), len: 4 })
     );
     assert_eq!(c.link.commit(0), Err(CommandError::TransactionsNotNegotiated));
-    assert_eq!(c.link.close(3), Err(CommandError::ChannelNotOpen { channel: 3 }));
+    assert_eq!(c.link.close(3), Err(CommandError::ChannelNotOpen { channel: ch(3) }));
     let big = vec![0; 17 << 20];
     assert!(matches!(c.link.send(0, &[&big]), Err(CommandError::MessageTooLong { .. })));
     assert_eq!(c.link.unacknowledged(), 0);
+}
+
+/// The widest id of `len` bytes: each byte used (1, 2, 3, ...).
+fn widest_id(len: u8) -> ChannelId {
+    ChannelId::from_le_bytes(&(1..=len).collect::<Vec<u8>>()).unwrap()
+}
+
+#[test]
+fn channel_ids_of_9_64_and_255_bytes_carry_messages() {
+    for len in [9, 64, 255] {
+        // relink 1: each direction's id size, agreed in the handshake.
+        let params = Params { connector_id_len: len, listener_id_len: len, ..Params::default() };
+        let mut instance = Listener::new([ENDPOINT], params);
+        let (mut c, mut l) = establish(params, Limits::default(), &mut instance);
+        let wide = widest_id(len);
+        assert_eq!(c.link.send(&wide, &[b"wide"]), Ok(0));
+        // A number is an id of any size, zero-extended.
+        assert_eq!(c.link.send(7, &[b"seven"]), Ok(0));
+        c.link.send_multicast(&[wide.clone(), ch(7)], &[b"both"]).unwrap();
+        l.link.send(&wide, &[b"back"]).unwrap();
+        let messages = |p: &Peer| -> Vec<(ChannelId, u32, Vec<u8>)> {
+            p.events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Message { channel, seq, parts } => {
+                        Some((channel.clone(), *seq, parts[0].clone()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        drive(&mut c, &mut l, |c, l| {
+            messages(l).len() == 4 && messages(c).len() == 1 && c.link.unacknowledged() == 0
+        });
+        assert_eq!(
+            messages(&l),
+            [
+                (wide.clone(), 0, b"wide".to_vec()),
+                (ch(7), 0, b"seven".to_vec()),
+                (wide.clone(), 1, b"both".to_vec()),
+                (ch(7), 1, b"both".to_vec()),
+            ]
+        );
+        assert_eq!(messages(&c), [(wide.clone(), 0, b"back".to_vec())]);
+        // Consumption, closure and its confirmation name the wide id too.
+        l.link.consume(&wide, 1).unwrap();
+        c.link.close(&wide).unwrap();
+        drive(&mut c, &mut l, |c, _| c.events.contains(&Event::Closed { channel: wide.clone() }));
+        assert!(l.events.contains(&Event::PeerClosed { channel: wide.clone() }));
+        assert_eq!(c.link.send_window(&wide), Limits::default().send_window);
+        // An id wider than the size is refused, not cut.
+        if len < 255 {
+            let wider = widest_id(len + 1);
+            assert_eq!(
+                c.link.send(&wider, &[b"x"]),
+                Err(CommandError::ChannelIdTooWide { channel: wider, len })
+            );
+        }
+    }
+    // relink 1: an id size is one byte, so 256 bytes are no id.
+    assert_eq!(ChannelId::from_le_bytes(&[1; 256]), Err(ChannelIdError::TooLong { len: 256 }));
 }
 
 #[test]
@@ -460,12 +550,12 @@ fn transactions_commit_and_rollback() {
     let params = Params { connector_transactions: true, ..Params::default() };
     let mut instance = Listener::new([ENDPOINT], params);
     let (mut c, mut l) = establish(params, Limits::default(), &mut instance);
-    assert_eq!(c.link.commit(0), Err(CommandError::NothingToCommit { channel: 0 }));
+    assert_eq!(c.link.commit(0), Err(CommandError::NothingToCommit { channel: ch(0) }));
     for _ in 0..3 {
         c.link.send(0, &[b"t1"]).unwrap();
     }
     assert_eq!(c.link.commit(0), Ok(2));
-    assert_eq!(c.link.commit(0), Err(CommandError::NothingToCommit { channel: 0 }));
+    assert_eq!(c.link.commit(0), Err(CommandError::NothingToCommit { channel: ch(0) }));
     c.link.send(0, &[b"t2"]).unwrap();
     assert_eq!(c.link.rollback(0), Ok(3));
     c.link.send(0, &[b"t3"]).unwrap();
@@ -473,7 +563,7 @@ fn transactions_commit_and_rollback() {
     // The listener's channels do not use transactions.
     assert_eq!(l.link.commit(0), Err(CommandError::TransactionsNotNegotiated));
 
-    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::Commit { channel: 0, seq: 4 }));
+    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::Commit { channel: ch(0), seq: 4 }));
     let transactions: Vec<_> = l
         .events
         .iter()
@@ -483,34 +573,140 @@ fn transactions_commit_and_rollback() {
     assert_eq!(
         transactions,
         [
-            Event::Commit { channel: 0, seq: 2 },
-            Event::Rollback { channel: 0, seq: 3 },
-            Event::Commit { channel: 0, seq: 4 },
+            Event::Commit { channel: ch(0), seq: 2 },
+            Event::Rollback { channel: ch(0), seq: 3 },
+            Event::Commit { channel: ch(0), seq: 4 },
         ]
     );
     // Outcomes in commit order.
     assert_eq!(
         l.link.resolve_commit(0, 4, true),
-        Err(CommandError::NoPendingCommit { channel: 0, seq: 4 })
+        Err(CommandError::NoPendingCommit { channel: ch(0), seq: 4 })
     );
     l.link.resolve_commit(0, 2, true).unwrap();
     l.link.resolve_commit(0, 4, false).unwrap();
-    drive(&mut c, &mut l, |c, _| c.events.contains(&Event::Uncommitted { channel: 0, seq: 4 }));
-    assert!(c.events.contains(&Event::Committed { channel: 0, seq: 2 }));
+    drive(&mut c, &mut l, |c, _| c.events.contains(&Event::Uncommitted { channel: ch(0), seq: 4 }));
+    assert!(c.events.contains(&Event::Committed { channel: ch(0), seq: 2 }));
 }
 
 #[test]
-fn close_is_acknowledged_and_sending_reopens() {
+fn close_is_confirmed_once_consumed_and_sending_reopens_from_zero() {
     let (mut c, mut l, _instance) = default_pair();
-    c.link.send(9, &[b"a"]).unwrap();
-    c.link.close(9).unwrap();
-    assert_eq!(c.link.send(9, &[b"b"]), Err(CommandError::ChannelClosing { channel: 9 }));
-    drive(&mut c, &mut l, |c, _| c.events.contains(&Event::Closed { channel: 9 }));
-    assert!(l.events.contains(&Event::PeerClosed { channel: 9 }));
-    // Reopened; its numbering goes on.
-    assert_eq!(c.link.send(9, &[b"c"]), Ok(1));
-    drive(&mut c, &mut l, |_, l| l.messages().len() == 2);
-    assert_eq!(l.messages()[1], (9, 1, vec![b"c".to_vec()]));
+    let closed = Event::Closed { channel: ch(9) };
+    let peer_closed = Event::PeerClosed { channel: ch(9) };
+    for round in 0..3 {
+        // relink 3.1: every opening of the channel numbers from 0.
+        assert_eq!(c.link.send(9, &[b"a"]), Ok(0));
+        assert_eq!(c.link.send(9, &[b"b"]), Ok(1));
+        c.link.close(9).unwrap();
+        assert_eq!(c.link.send(9, &[b"c"]), Err(CommandError::ChannelClosing { channel: ch(9) }));
+        drive(&mut c, &mut l, |c, l| {
+            l.count(&peer_closed) == round + 1 && c.link.unacknowledged() == 0
+        });
+        // Received, not consumed: the closure is not confirmed yet.
+        assert_eq!(c.count(&closed), round);
+        l.consume_all();
+        drive(&mut c, &mut l, |c, _| c.count(&closed) == round + 1);
+    }
+    let round = [(9, 0, vec![b"a".to_vec()]), (9, 1, vec![b"b".to_vec()])];
+    assert_eq!(l.messages(), round.iter().cycle().take(6).cloned().collect::<Vec<_>>());
+}
+
+/// 1-byte channel ids, so that the bytes below stay short.
+fn one_byte_ids() -> Params {
+    Params { connector_id_len: 1, listener_id_len: 1, ..Params::default() }
+}
+
+/// A message of one 1-byte part (relink 2.3.3: short, small).
+fn raw_message(channel: u8, part: u8) -> Vec<u8> {
+    vec![0x11, 1, channel, 0, 1, 0, 0, 0, part, 0, 0, 0, 0, 0, 0, 0]
+}
+
+/// A close operation (relink 2.3.1).
+fn raw_close(channel: u8) -> Vec<u8> {
+    vec![0x41, 0, channel, 0, 0, 0, 0, 0]
+}
+
+/// A closed acknowledgement (relink 2.3.1).
+fn raw_closed(channel: u8) -> Vec<u8> {
+    vec![0x85, 0, channel, 0, 0, 0, 0, 0]
+}
+
+const RECEIVED: u8 = 0;
+const CONSUMED: u8 = 1;
+
+/// A sequence acknowledgement through `seq` (relink 2.3.2), the form the
+/// reference implementation always writes.
+fn raw_seq_ack(ack: u8, channel: u8, seq: u32) -> Vec<u8> {
+    let mut packet = vec![0x0d | ack << 5, 0, channel, 0];
+    packet.extend_from_slice(&seq.to_le_bytes());
+    packet
+}
+
+fn transmitted(link: &mut Link) -> Vec<u8> {
+    let mut out = Vec::new();
+    link.poll_transmit(&mut out);
+    out
+}
+
+fn drain_events(link: &mut Link) -> Vec<Event> {
+    std::iter::from_fn(|| link.poll_event()).collect()
+}
+
+#[test]
+fn the_last_message_is_acknowledged_before_the_close_is_confirmed() {
+    let mut link = open_listener_link(one_byte_ids());
+    link.handle_input(&[raw_message(5, b'a'), raw_close(5)].concat()).unwrap();
+    assert_eq!(
+        drain_events(&mut link)[1..],
+        [
+            Event::Message { channel: ch(5), seq: 0, parts: vec![b"a".to_vec()] },
+            Event::PeerClosed { channel: ch(5) },
+        ]
+    );
+    // Received but not consumed: the confirmation waits, or the consumed
+    // acknowledgement would follow it onto the reopened channel.
+    assert_eq!(transmitted(&mut link), raw_seq_ack(RECEIVED, 5, 0));
+    link.consume(5, 0).unwrap();
+    assert_eq!(transmitted(&mut link), [raw_seq_ack(CONSUMED, 5, 0), raw_closed(5)].concat());
+    // The peer reopens the channel: its first message is number 0 again.
+    link.handle_input(&raw_message(5, b'b')).unwrap();
+    assert_eq!(
+        drain_events(&mut link),
+        [Event::Message { channel: ch(5), seq: 0, parts: vec![b"b".to_vec()] }]
+    );
+    assert_eq!(transmitted(&mut link), raw_seq_ack(RECEIVED, 5, 0));
+}
+
+#[test]
+fn a_reopened_channel_is_numbered_from_zero_on_the_wire() {
+    let mut link = open_listener_link(one_byte_ids());
+    drain_events(&mut link);
+    assert_eq!(link.send(7, &[b"a"]), Ok(0));
+    link.close(7).unwrap();
+    assert_eq!(transmitted(&mut link), [raw_message(7, b'a'), raw_close(7)].concat());
+    let acks = [raw_seq_ack(RECEIVED, 7, 0), raw_seq_ack(CONSUMED, 7, 0), raw_closed(7)];
+    link.handle_input(&acks.concat()).unwrap();
+    assert_eq!(drain_events(&mut link), [Event::Closed { channel: ch(7) }]);
+
+    // Reopened: the peer acknowledges its first message as number 0.
+    assert_eq!(link.send(7, &[b"b"]), Ok(0));
+    link.close(7).unwrap();
+    // Until the peer acknowledges a message of the reopened channel it may
+    // repeat its confirmation of the first closure, which must not pass
+    // for this one's: the close waits for that acknowledgement.
+    // Nor does the shutdown packet go first: nothing may follow it.
+    link.shutdown();
+    assert_eq!(transmitted(&mut link), raw_message(7, b'b'));
+    link.handle_input(&raw_closed(7)).unwrap();
+    assert_eq!(drain_events(&mut link), []);
+    link.handle_input(&raw_seq_ack(RECEIVED, 7, 0)).unwrap();
+    assert_eq!(link.unacknowledged(), 0);
+    let shutdown = [4 << 5, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(transmitted(&mut link), [&raw_close(7)[..], &shutdown].concat());
+    link.handle_input(&[raw_seq_ack(CONSUMED, 7, 0), raw_closed(7)].concat()).unwrap();
+    assert_eq!(drain_events(&mut link), [Event::Closed { channel: ch(7) }]);
+    assert_eq!(link.send_window(7), Limits::default().send_window);
 }
 
 // ---- resumption ----
@@ -584,7 +780,7 @@ fn stream_drop_mid_conversation_resumes_without_loss_or_duplicates() {
     // Consumption acknowledged across a second drop still refills windows.
     l.consume_all();
     assert!(reconnect(&mut c, &mut l, &mut instance));
-    drive(&mut c, &mut l, |c, _| c.link.send_window(0) == Limits::default().max_unconsumed);
+    drive(&mut c, &mut l, |c, _| c.link.send_window(0) == Limits::default().send_window);
     // And nothing was delivered twice.
     assert_exactly_once(&l, 2, 20);
 }
@@ -628,19 +824,68 @@ fn commits_and_close_survive_a_drop() {
         c.link.send(1, &[b"m"]).unwrap();
     }
     c.link.commit(1).unwrap();
-    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::Commit { channel: 1, seq: 1 }));
+    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::Commit { channel: ch(1), seq: 1 }));
     // The outcome is decided, but the stream breaks before it is sent.
     l.link.resolve_commit(1, 1, true).unwrap();
     c.link.send(2, &[b"n"]).unwrap();
     c.link.close(2).unwrap();
+    // Outcomes come before the closure's confirmation: nothing to commit.
+    assert_eq!(c.link.commit(2), Err(CommandError::ChannelClosing { channel: ch(2) }));
     assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |_, l| l.events.contains(&Event::PeerClosed { channel: ch(2) }));
+    // The closure is confirmed once channel 2's message is consumed.
+    l.consume_all();
     drive(&mut c, &mut l, |c, _| {
-        c.events.contains(&Event::Committed { channel: 1, seq: 1 })
-            && c.events.contains(&Event::Closed { channel: 2 })
+        c.events.contains(&Event::Committed { channel: ch(1), seq: 1 })
+            && c.events.contains(&Event::Closed { channel: ch(2) })
     });
-    assert_eq!(l.count(&Event::Commit { channel: 1, seq: 1 }), 1);
-    assert_eq!(l.count(&Event::PeerClosed { channel: 2 }), 1);
+    assert_eq!(l.count(&Event::Commit { channel: ch(1), seq: 1 }), 1);
+    assert_eq!(l.count(&Event::PeerClosed { channel: ch(2) }), 1);
     assert_eq!(l.messages().len(), 3);
+}
+
+#[test]
+fn close_and_reopen_survive_drops() {
+    let (mut c, mut l, mut instance) = default_pair();
+    let closed = Event::Closed { channel: ch(3) };
+    let peer_closed = Event::PeerClosed { channel: ch(3) };
+    // The listener confirms the closure, but the stream breaks before the
+    // connector reads it: the confirmation is repeated after the
+    // resumption, and the message is not delivered again.
+    c.link.send(3, &[b"a"]).unwrap();
+    c.link.close(3).unwrap();
+    c.transmit();
+    let deadline = Instant::now() + DEADLINE;
+    while l.count(&peer_closed) == 0 {
+        l.receive().unwrap();
+        assert!(Instant::now() < deadline);
+    }
+    l.consume_all();
+    l.transmit();
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |c, _| c.count(&closed) == 1);
+
+    // Reopened, and the stream breaks before the listener reads the new
+    // message: its repeated confirmation of the first closure neither
+    // closes the new one nor stops the message, numbered 0 again.
+    assert_eq!(c.link.send(3, &[b"b"]), Ok(0));
+    c.link.close(3).unwrap();
+    c.transmit();
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |c, l| l.count(&peer_closed) == 2 && c.link.unacknowledged() == 0);
+    assert_eq!(c.count(&closed), 1);
+    l.consume_all();
+    drive(&mut c, &mut l, |c, _| c.count(&closed) == 2);
+    assert_eq!(l.messages(), [(3, 0, vec![b"a".to_vec()]), (3, 0, vec![b"b".to_vec()])]);
+
+    // Repeated once more after another drop, the confirmation changes nothing.
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    c.link.ping().unwrap();
+    drive(&mut c, &mut l, |c, _| c.count(&Event::Pong) == 1);
+    assert_eq!((c.count(&closed), l.count(&peer_closed)), (2, 2));
+    assert_eq!(c.link.send(3, &[b"c"]), Ok(0));
+    drive(&mut c, &mut l, |_, l| l.messages().len() == 3);
+    assert_eq!(l.messages()[2], (3, 0, vec![b"c".to_vec()]));
 }
 
 #[test]
@@ -723,6 +968,10 @@ fn shutdown_from_both_sides_ends_the_link() {
 
 /// An open link fed raw bytes as if from its peer.
 fn open_listener_link(params: Params) -> Link {
+    open_listener_link_with(params, Limits::default())
+}
+
+fn open_listener_link_with(params: Params, limits: Limits) -> Link {
     let mut instance = Listener::new([ENDPOINT], params);
     let mut acceptor = Acceptor::new();
     let mut request = vec![0; 8];
@@ -744,7 +993,7 @@ fn open_listener_link(params: Params) -> Link {
     request.resize(at + repr.buffer_len(), 0);
     repr.emit(&mut request[at..]).unwrap();
     let accepted = acceptor.handle_input(&request, &mut instance).unwrap().unwrap();
-    Link::accept(accepted, Limits::default()).unwrap()
+    Link::accept(accepted, limits).unwrap()
 }
 
 #[test]
@@ -760,13 +1009,21 @@ fn protocol_violations_terminate_the_stream() {
     let mut link = open_listener_link(params);
     assert_eq!(
         link.handle_input(&[0x05, 0, 3, 0, 0, 0, 0, 0]),
-        Err(LinkError::AckBeyondSent { channel: 3, seq: 0 })
+        Err(LinkError::AckBeyondSent { channel: ch(3), seq: 0 })
     );
     // A commit without negotiated transactions.
     let mut link = open_listener_link(params);
     assert_eq!(
         link.handle_input(&[0x01, 0, 3, 0, 0, 0, 0, 0]),
-        Err(LinkError::TransactionsNotNegotiated { channel: 3 })
+        Err(LinkError::TransactionsNotNegotiated { channel: ch(3) })
+    );
+    // A message on channel 3 after its close, before the closure was
+    // confirmed (relink 3.3: reopening follows the confirmation).
+    let mut link = open_listener_link(params);
+    let (message, close) = (raw_message(3, b'x'), raw_close(3));
+    assert_eq!(
+        link.handle_input(&[&message[..], &close, &message].concat()),
+        Err(LinkError::MessageWhileClosing { channel: ch(3) })
     );
     // A resume packet on a new link.
     let mut link = open_listener_link(params);
@@ -777,15 +1034,47 @@ fn protocol_violations_terminate_the_stream() {
 
 #[test]
 fn window_overrun_terminates() {
-    let mut link = open_listener_link(Params::default());
-    let max = Limits::default().max_unconsumed as usize;
-    // Message on channel 0 with 4-byte id, no parts: 8 bytes each.
+    // A message on channel 0 (4-byte id) with no parts: 8 bytes.
     let message = [0x11, 0, 0, 0, 0, 0, 0, 0];
-    assert_eq!(link.handle_input(&message.repeat(max)), Ok(()));
+    let limits = Limits { recv_window: 16, ..Limits::default() };
+    let mut link = open_listener_link_with(Params::default(), limits);
+    assert_eq!(link.handle_input(&message.repeat(16)), Ok(()));
+    // Consumed but not yet acknowledged: the peer cannot know, so its
+    // window has not moved.
+    link.consume(0, 7).unwrap();
     assert_eq!(
         link.handle_input(&message),
-        Err(LinkError::WindowExceeded { channel: 0, max: max as u32 })
+        Err(LinkError::WindowExceeded { channel: ch(0), max: 16 })
     );
+
+    // Once the consumption is written, the peer may go on by as much.
+    let mut link = open_listener_link_with(Params::default(), limits);
+    assert_eq!(link.handle_input(&message.repeat(16)), Ok(()));
+    link.consume(0, 7).unwrap();
+    link.poll_transmit(&mut Vec::new());
+    assert_eq!(link.handle_input(&message.repeat(8)), Ok(()));
+    assert_eq!(
+        link.handle_input(&message),
+        Err(LinkError::WindowExceeded { channel: ch(0), max: 16 })
+    );
+}
+
+#[test]
+fn a_burst_within_the_reference_window_does_not_end_the_link() {
+    // What the reference implementation sends with its default window of
+    // 65,536 before anything is consumed: 10,000 messages on channel 1,
+    // each one 1-byte part ("x").
+    let message = [0x11, 1, 1, 0, 0, 0, 1, 0, b'x', 0, 0, 0, 0, 0, 0, 0];
+    let mut link = open_listener_link(Params::default());
+    assert_eq!(link.handle_input(&message.repeat(BURST as usize)), Ok(()));
+    let mut seqs = Vec::new();
+    while let Some(event) = link.poll_event() {
+        if let Event::Message { channel, seq, parts } = event {
+            assert_eq!((channel, parts), (ch(1), vec![b"x".to_vec()]));
+            seqs.push(seq);
+        }
+    }
+    assert_eq!(seqs, (0..BURST).collect::<Vec<_>>());
 }
 
 #[test]
@@ -944,7 +1233,7 @@ fn tcp_reconnect_resumes_the_link() {
     conn.send(1, &[b"four"]).unwrap();
     conn.shutdown().unwrap();
     let got = server.join().unwrap();
-    let payloads: Vec<_> = got.iter().map(|(c, p)| (*c, p[0].clone())).collect();
+    let payloads: Vec<_> = got.iter().map(|(c, p)| (c.to_u64().unwrap(), p[0].clone())).collect();
     assert_eq!(
         payloads,
         [(0, b"one".to_vec()), (0, b"two".to_vec()), (0, b"three".to_vec()), (1, b"four".to_vec()),]
@@ -968,9 +1257,9 @@ fn tcp_takes_a_huge_timeout_as_a_far_deadline() {
     });
     let mut conn = relink::connect(addr, ENDPOINT, &huge).unwrap();
     conn.send(0, &[b"there"]).unwrap();
-    assert_eq!(conn.recv(Duration::MAX).unwrap(), (0, vec![b"back".to_vec()]));
+    assert_eq!(conn.recv(Duration::MAX).unwrap(), (ch(0), vec![b"back".to_vec()]));
     conn.shutdown().unwrap();
-    assert_eq!(server.join().unwrap(), (0, vec![b"there".to_vec()]));
+    assert_eq!(server.join().unwrap(), (ch(0), vec![b"there".to_vec()]));
     assert!(relink::deadline_after(Duration::MAX) > Instant::now() + DEADLINE);
 }
 
@@ -984,4 +1273,100 @@ fn tcp_a_stalled_handshake_ends_at_its_own_bound() {
     let short = Options { timeout: Duration::from_millis(100), ..Options::default() };
     let result = relink::accept_stream(stream, &[ENDPOINT], &short);
     assert!(matches!(result, Err(TcpError::Timeout)), "{result:?}");
+}
+
+/// A connected pair of Conns: the connector, the listener, and a second
+/// handle on the listener's socket to break it with.
+fn conn_pair() -> (relink::Conn, relink::Conn, TcpStream) {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let dialer = thread::spawn(move || relink::connect(addr, ENDPOINT, &options()).unwrap());
+    let (stream, _) = tcp.accept().unwrap();
+    let raw = stream.try_clone().unwrap();
+    let listener = relink::accept_stream(stream, &[ENDPOINT], &options()).unwrap();
+    (dialer.join().unwrap(), listener, raw)
+}
+
+#[test]
+fn tcp_after_a_write_error_nothing_of_the_dead_stream_is_read() {
+    for _ in 0..20 {
+        let (mut c, mut l, raw) = conn_pair();
+        // Every write on the listener's stream fails from now on, while
+        // what the connector sends still arrives in its socket.
+        raw.shutdown(Shutdown::Write).unwrap();
+        // The message is queued for a resumption: not an error.
+        assert_eq!(l.send(0, &[b"queued"]).unwrap(), 0);
+        c.send(0, &[b"late"]).unwrap();
+        // The stream is lost: "late" is not read from it, neither now nor
+        // on a later call.
+        for _ in 0..2 {
+            let result = l.recv(DEADLINE);
+            assert!(matches!(result, Err(TcpError::Disconnected)), "{result:?}");
+        }
+        let result = l.ping(DEADLINE);
+        assert!(matches!(result, Err(TcpError::Disconnected)), "{result:?}");
+        assert_eq!(l.link().unacknowledged(), 1);
+    }
+}
+
+#[test]
+fn tcp_a_message_queued_when_a_write_fails_goes_after_the_resumption() {
+    for _ in 0..10 {
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut server = relink::Server::new(tcp.try_clone().unwrap(), &[ENDPOINT], options());
+        let dialer = thread::spawn(move || relink::connect(addr, ENDPOINT, &options()).unwrap());
+        let (stream, _) = tcp.accept().unwrap();
+        let raw = stream.try_clone().unwrap();
+        let Incoming::New(mut l) = server.accept_stream(stream).unwrap() else {
+            panic!("expected a new link");
+        };
+        let mut c = dialer.join().unwrap();
+        raw.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(l.send(0, &[b"queued"]).unwrap(), 0);
+        c.send(0, &[b"late"]).unwrap();
+        assert!(matches!(l.recv(DEADLINE), Err(TcpError::Disconnected)));
+
+        // The connector sees the end of the stream, dials again and
+        // resumes: each message arrives once.
+        let dialer = thread::spawn(move || {
+            let result = c.recv(DEADLINE);
+            assert!(matches!(result, Err(TcpError::Disconnected)), "{result:?}");
+            assert!(c.reconnect().unwrap());
+            let got = c.recv(DEADLINE).unwrap();
+            c.shutdown().unwrap();
+            got
+        });
+        let (stream, _) = tcp.accept().unwrap();
+        let Incoming::Resume(resumption) = server.accept_stream(stream).unwrap() else {
+            panic!("expected a resumption");
+        };
+        l.resume(resumption).unwrap();
+        assert_eq!(l.recv(DEADLINE).unwrap(), (ch(0), vec![b"late".to_vec()]));
+        l.shutdown().unwrap();
+        assert_eq!(dialer.join().unwrap(), (ch(0), vec![b"queued".to_vec()]));
+        assert!(matches!(l.recv(Duration::ZERO), Err(TcpError::ShutDown)));
+    }
+}
+
+#[test]
+fn tcp_conns_use_255_byte_channel_ids() {
+    let params = Params { connector_id_len: 255, listener_id_len: 255, ..Params::default() };
+    let options = Options { params, ..options() };
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let wide = widest_id(255);
+    let server_options = options.clone();
+    let server = thread::spawn(move || {
+        let mut conn = relink::accept(&tcp, &[ENDPOINT], &server_options).unwrap();
+        let got = conn.recv(DEADLINE).unwrap();
+        conn.send(&got.0, &[b"back"]).unwrap();
+        conn.shutdown().unwrap();
+        got
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &options).unwrap();
+    conn.send(&wide, &[b"there"]).unwrap();
+    assert_eq!(conn.recv(DEADLINE).unwrap(), (wide.clone(), vec![b"back".to_vec()]));
+    conn.shutdown().unwrap();
+    assert_eq!(server.join().unwrap(), (wide, vec![b"there".to_vec()]));
 }

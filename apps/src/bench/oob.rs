@@ -242,7 +242,8 @@ pub fn exchange(conn: &mut Conn, mine: &[Card], timeout: Duration) -> Result<Vec
         if !diff.is_empty() {
             return Err(RunError::Mismatch(diff.join("; ")));
         }
-        let slot = theirs.get_mut(channel as usize).ok_or_else(|| {
+        let flow = channel.to_u64().and_then(|c| usize::try_from(c).ok());
+        let slot = flow.and_then(|flow| theirs.get_mut(flow)).ok_or_else(|| {
             RunError::Setup(format!("the peer sent a card for flow {channel}, beyond the flows"))
         })?;
         if slot.replace(card).is_none() {

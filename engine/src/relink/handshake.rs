@@ -7,7 +7,7 @@
 
 use bitflags::bitflags;
 
-use super::wire::{EmitError, MAX_CHANNEL_ID_LEN, PACKET_ALIGN, Parsed, WireError, align_up};
+use super::wire::{EmitError, PACKET_ALIGN, Parsed, WireError, align_up};
 
 /// The protocol version this implementation speaks.
 pub const VERSION: u8 = 0;
@@ -152,18 +152,12 @@ impl<'a> RequestRepr<'a> {
         }
         let name = core::str::from_utf8(&buf[field::NAME..field::NAME + name_len])
             .map_err(|_| WireError::NameNotUtf8)?;
-        let connector_id_len = buf[layout.connector_id_len];
-        let listener_id_len = buf[layout.listener_id_len];
-        for len in [connector_id_len, listener_id_len] {
-            if len > MAX_CHANNEL_ID_LEN {
-                return Err(WireError::ChannelIdLenUnsupported(len));
-            }
-        }
         Ok(Parsed::Complete {
             value: RequestRepr {
                 name,
-                connector_id_len,
-                listener_id_len,
+                // relink 1: any size of one byte, 0..=255.
+                connector_id_len: buf[layout.connector_id_len],
+                listener_id_len: buf[layout.listener_id_len],
                 flags: HandshakeFlags::from_bits_truncate(buf[layout.flags]),
                 epoch: read_u64(buf, layout.epoch),
                 link_id: check_link_id(read_u64(buf, layout.link_id))?,
@@ -179,11 +173,6 @@ impl<'a> RequestRepr<'a> {
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
         let name = self.name.as_bytes();
         let name_len = u8::try_from(name.len()).map_err(|_| EmitError::NameTooLong(name.len()))?;
-        for len in [self.connector_id_len, self.listener_id_len] {
-            if len > MAX_CHANNEL_ID_LEN {
-                return Err(EmitError::ChannelIdLenUnsupported(len));
-            }
-        }
         if self.link_id >= LINK_ID_END {
             return Err(EmitError::LinkIdOutOfRange(self.link_id));
         }
@@ -324,14 +313,25 @@ mod tests {
     }
 
     #[test]
+    fn channel_id_sizes_up_to_255_are_carried() {
+        // relink 1: each size is one byte; every value is a size.
+        for len in [9, 64, 255] {
+            let mut bytes = REQUEST_6;
+            bytes[7] = len;
+            bytes[8] = len;
+            let value = RequestRepr { connector_id_len: len, listener_id_len: len, ..request_6() };
+            assert_eq!(RequestRepr::parse(&bytes), Ok(Parsed::Complete { value, len: 32 }));
+            let mut buf = [SENTINEL; 32];
+            assert_eq!(value.emit(&mut buf), Ok(32));
+            assert_eq!(buf, bytes);
+        }
+    }
+
+    #[test]
     fn malformed_handshakes_are_typed_errors() {
         let mut bad_name = REQUEST_6;
         bad_name[2] = 0xff;
         assert_eq!(RequestRepr::parse(&bad_name), Err(WireError::NameNotUtf8));
-
-        let mut wide = REQUEST_6;
-        wide[7] = 9;
-        assert_eq!(RequestRepr::parse(&wide), Err(WireError::ChannelIdLenUnsupported(9)));
 
         let mut link = REQUEST_6;
         link[24..32].copy_from_slice(&LINK_ID_END.to_le_bytes());
@@ -393,8 +393,8 @@ mod tests {
         #[test]
         fn requests_round_trip(
             name in "\\PC{0,40}",
-            connector_id_len in 0u8..=8,
-            listener_id_len in 0u8..=8,
+            connector_id_len in any::<u8>(),
+            listener_id_len in any::<u8>(),
             flags in 0u8..8,
             epoch in any::<u64>(),
             link_id in 0..LINK_ID_END,

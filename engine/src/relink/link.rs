@@ -20,10 +20,11 @@
 //! either starts a new link ([`Link::accept`]) or resumes an old one.
 //!
 //! Sequence numbers are per channel and direction, start at 0 and wrap
-//! (relink 3.1). An acknowledgement or operation without a sequence number
-//! targets the message after the one its type targeted last; after a
-//! reconnection either side may have missed some, so the first of each type
-//! on a new stream always carries its number.
+//! (relink 3.1), and start at 0 again when a closed channel reopens. An
+//! acknowledgement or operation without a sequence number targets the
+//! message after the one its type targeted last; after a reconnection
+//! either side may have missed some, so the first of each type on a new
+//! stream always carries its number.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -34,9 +35,8 @@ use thiserror::Error;
 
 use super::handshake::{HandshakeFlags, LINK_ID_END, ReplyRepr, RequestRepr, VERSION, VersionRepr};
 use super::wire::{
-    ChannelAck, ChannelIds, ChannelOp, EmitError, GeneralType, IdSizes, MAX_CHANNEL_ID_LEN,
+    ChannelAck, ChannelId, ChannelIdRef, ChannelIds, ChannelOp, EmitError, GeneralType, IdSizes,
     MessageRepr, PacketRepr, Parsed, Parts, SequenceAck, SequenceOp, Target, WireError, WireLimits,
-    channel_id_fits,
 };
 
 /// Most commits a channel may have awaiting their outcome, and how many
@@ -56,9 +56,9 @@ pub enum Role {
 /// whether each direction uses transactions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Params {
-    /// Bytes of the connector's channel ids (0..=8).
+    /// Bytes of the connector's channel ids (relink 1: 0..=255).
     pub connector_id_len: u8,
-    /// Bytes of the listener's channel ids (0..=8).
+    /// Bytes of the listener's channel ids (relink 1: 0..=255).
     pub listener_id_len: u8,
     pub connector_transactions: bool,
     pub listener_transactions: bool,
@@ -76,15 +76,6 @@ impl Default for Params {
 }
 
 impl Params {
-    fn check(&self) -> Result<(), HandshakeError> {
-        for len in [self.connector_id_len, self.listener_id_len] {
-            if len > MAX_CHANNEL_ID_LEN {
-                return Err(WireError::ChannelIdLenUnsupported(len).into());
-            }
-        }
-        Ok(())
-    }
-
     fn flags(&self) -> HandshakeFlags {
         let mut flags = HandshakeFlags::empty();
         flags.set(HandshakeFlags::CONNECTOR_TRANSACTIONS, self.connector_transactions);
@@ -117,10 +108,9 @@ impl Params {
         }
     }
 
-    /// Id sizes of the packets `role` sends. Checked by `check`, so the
-    /// sizes are valid.
+    /// Id sizes of the packets `role` sends.
     fn sender_ids(&self, role: Role) -> IdSizes {
-        IdSizes::clamped(self.id_len(role), self.id_len(role.peer()))
+        IdSizes::new(self.id_len(role), self.id_len(role.peer()))
     }
 }
 
@@ -133,20 +123,35 @@ impl Role {
     }
 }
 
-/// Local bounds on what a peer may make us hold.
+/// Messages a channel may have unconsumed by default: the reference
+/// implementation's send window, so that neither side stalls or ends a link
+/// where the other would not.
+pub const DEFAULT_WINDOW: u32 = 65_536;
+
+/// Local bounds on what we send and on what a peer may make us hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub wire: WireLimits,
-    /// Most messages sent but not acknowledged consumed, per channel
-    /// (relink 3.1: an implementation may impose a limit). A receiver
-    /// terminates a link whose peer exceeds it, so both peers should use
-    /// the same value.
-    pub max_unconsumed: u32,
+    /// Most messages on one of our channels that the peer has not
+    /// acknowledged consumed (relink 3.1: an implementation may impose a
+    /// limit). Past it [`Link::send`] refuses with
+    /// [`CommandError::Blocked`] until the peer consumes; nothing is lost.
+    pub send_window: u32,
+    /// Most messages the peer may send on one of its channels beyond the
+    /// last consumption we acknowledged to it. A peer that sends more
+    /// ignores any window it could know of, and the link ends
+    /// ([`LinkError::WindowExceeded`]); what our application holds unread
+    /// but has not acknowledged yet never counts against the peer.
+    pub recv_window: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { wire: WireLimits::default(), max_unconsumed: 1024 }
+        Limits {
+            wire: WireLimits::default(),
+            send_window: DEFAULT_WINDOW,
+            recv_window: DEFAULT_WINDOW,
+        }
     }
 }
 
@@ -179,20 +184,22 @@ pub enum Event {
     PeerResumed,
     /// A message on one of the peer's channels. Acknowledge it with
     /// [`Link::consume`] once done with it.
-    Message { channel: u64, seq: u32, parts: Vec<Vec<u8>> },
+    Message { channel: ChannelId, seq: u32, parts: Vec<Vec<u8>> },
     /// The peer asks to process its messages through `seq`; answer with
     /// [`Link::resolve_commit`].
-    Commit { channel: u64, seq: u32 },
+    Commit { channel: ChannelId, seq: u32 },
     /// The peer asks to ignore its uncommitted messages through `seq`.
-    Rollback { channel: u64, seq: u32 },
+    Rollback { channel: ChannelId, seq: u32 },
     /// The peer processed our messages through `seq`.
-    Committed { channel: u64, seq: u32 },
+    Committed { channel: ChannelId, seq: u32 },
     /// The peer failed to process our messages through `seq`.
-    Uncommitted { channel: u64, seq: u32 },
-    /// The peer closed its channel.
-    PeerClosed { channel: u64 },
+    Uncommitted { channel: ChannelId, seq: u32 },
+    /// The peer closed its channel. We confirm the closure once every
+    /// message of it is consumed (and every commit resolved); a message on
+    /// it afterwards reopens it, numbered from 0.
+    PeerClosed { channel: ChannelId },
     /// The peer acknowledged that we closed our channel.
-    Closed { channel: u64 },
+    Closed { channel: ChannelId },
     /// The answer to one of our pings.
     Pong,
     /// The peer will open no more channels.
@@ -231,17 +238,19 @@ pub enum LinkError {
     #[error("no stream: the link is between connections or failed")]
     NoStream,
     #[error("acknowledgement for message {seq} on channel {channel}, which was not sent")]
-    AckBeyondSent { channel: u64, seq: u32 },
+    AckBeyondSent { channel: ChannelId, seq: u32 },
     #[error("outcome for message {seq} on channel {channel}, which no commit awaits")]
-    UnexpectedOutcome { channel: u64, seq: u32 },
+    UnexpectedOutcome { channel: ChannelId, seq: u32 },
     #[error("transaction packet on channel {channel} without negotiated transactions")]
-    TransactionsNotNegotiated { channel: u64 },
+    TransactionsNotNegotiated { channel: ChannelId },
     #[error("operation on channel {channel} targets message {seq}, which was not received")]
-    OpBeyondReceived { channel: u64, seq: u32 },
+    OpBeyondReceived { channel: ChannelId, seq: u32 },
     #[error("channel {channel} has more than {max} commits awaiting their outcome")]
-    TooManyCommits { channel: u64, max: usize },
-    #[error("channel {channel} exceeds {max} unconsumed messages")]
-    WindowExceeded { channel: u64, max: u32 },
+    TooManyCommits { channel: ChannelId, max: usize },
+    #[error("channel {channel} has more than {max} messages past the consumption we acknowledged")]
+    WindowExceeded { channel: ChannelId, max: u32 },
+    #[error("message on channel {channel} before we confirmed its closure")]
+    MessageWhileClosing { channel: ChannelId },
     #[error("channel packet before our resume packet")]
     MessageBeforeResume,
     #[error("resume packet on a stream that does not resume")]
@@ -258,28 +267,28 @@ pub enum LinkError {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum CommandError {
     #[error("channel {channel} has the most unconsumed messages; wait for acknowledgements")]
-    Blocked { channel: u64 },
+    Blocked { channel: ChannelId },
     #[error("channel id {channel:#x} does not fit in {len} bytes")]
-    ChannelIdTooWide { channel: u64, len: u8 },
+    ChannelIdTooWide { channel: ChannelId, len: u8 },
     /// After [`Link::shutdown`] nothing more is sent: relink 3.6 forbids
     /// opening a channel, and the reference implementation drops the
     /// connection on any message that follows a shutdown.
     #[error("after shutdown nothing more is sent")]
     ShutDown,
     #[error("channel {channel} is being closed")]
-    ChannelClosing { channel: u64 },
+    ChannelClosing { channel: ChannelId },
     #[error("channel {channel} is not open")]
-    ChannelNotOpen { channel: u64 },
+    ChannelNotOpen { channel: ChannelId },
     #[error("our channels do not use transactions")]
     TransactionsNotNegotiated,
     #[error("channel {channel} has no message since its last commit or rollback")]
-    NothingToCommit { channel: u64 },
+    NothingToCommit { channel: ChannelId },
     #[error("channel {channel} has the most commits awaiting their outcome")]
-    TooManyPendingCommits { channel: u64 },
+    TooManyPendingCommits { channel: ChannelId },
     #[error("message {seq} on channel {channel} is not received or already consumed")]
-    NoSuchMessage { channel: u64, seq: u32 },
+    NoSuchMessage { channel: ChannelId, seq: u32 },
     #[error("no commit of message {seq} on channel {channel} awaits an outcome")]
-    NoPendingCommit { channel: u64, seq: u32 },
+    NoPendingCommit { channel: ChannelId, seq: u32 },
     #[error("message packet of {len} bytes exceeds {max}")]
     MessageTooLong { len: usize, max: usize },
     #[error("{count} parts exceed {max}")]
@@ -342,6 +351,14 @@ struct OutChannel {
     rollback_sent: Option<u32>,
     closing: bool,
     closed: bool,
+    /// Reopened, and the peer has acknowledged no message of this opening
+    /// yet. Until it does it may repeat its confirmation of the previous
+    /// closure (it does after every reconnection), which must not pass for
+    /// a confirmation of this one; so our close waits for that
+    /// acknowledgement.
+    peer_may_repeat_closed: bool,
+    /// Our close waits, unwritten on this stream, for that acknowledgement.
+    close_held: bool,
 }
 
 impl OutChannel {
@@ -358,7 +375,17 @@ impl OutChannel {
             rollback_sent: None,
             closing: false,
             closed: false,
+            peer_may_repeat_closed: false,
+            close_held: false,
         }
+    }
+
+    /// relink 3.3: sending reopens a closed channel, and relink 3.1
+    /// numbers its messages from 0, as the reference implementation
+    /// expects: it drops the connection on an acknowledgement of any other
+    /// number.
+    fn reopen(&mut self) {
+        *self = OutChannel { peer_may_repeat_closed: true, ..OutChannel::new() };
     }
 
     /// Messages sent and not acknowledged consumed.
@@ -391,6 +418,9 @@ struct InChannel {
     consumed: u32,
     any_received: bool,
     any_consumed: bool,
+    /// Last consumption acknowledged on any stream: all the peer can know
+    /// of, so its window counts from here.
+    consumed_told: u32,
     /// Last acknowledgement targets written on this stream, for the short
     /// form; `None` on a new stream.
     received_sent: Option<u32>,
@@ -406,8 +436,23 @@ struct InChannel {
     /// the newest are still to be written.
     outcomes: VecDeque<(u32, bool)>,
     outcomes_unsent: usize,
-    closed: bool,
+    closure: Closure,
+    /// A closed acknowledgement is due on this stream.
     closed_unsent: bool,
+}
+
+/// How far the peer's closing of one of its channels went (relink 3.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closure {
+    Open,
+    /// The peer closed the channel. We confirm once every message is
+    /// consumed and every commit answered, right after acknowledging
+    /// them: an acknowledgement of this opening written after the
+    /// confirmation would land on the reopened channel.
+    Closing,
+    /// Confirmed. Of this opening only the confirmation is written again,
+    /// after each reconnection, until the peer reopens the channel.
+    Closed,
 }
 
 impl InChannel {
@@ -417,6 +462,7 @@ impl InChannel {
             consumed: BEFORE_FIRST,
             any_received: false,
             any_consumed: false,
+            consumed_told: BEFORE_FIRST,
             received_sent: None,
             consumed_sent: None,
             committed_sent: None,
@@ -426,19 +472,44 @@ impl InChannel {
             undecided: VecDeque::new(),
             outcomes: VecDeque::new(),
             outcomes_unsent: 0,
-            closed: false,
+            closure: Closure::Open,
             closed_unsent: false,
         }
+    }
+
+    /// The received, consumed and outcome acknowledgements due on one of the
+    /// peer's channels.
+    fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes, channel: ChannelIdRef<'_>) {
+        if self.any_received && self.received_sent != Some(self.received) {
+            push_ack(out, ids, channel, SequenceAck::Received, self.received_sent, self.received);
+            self.received_sent = Some(self.received);
+        }
+        if self.any_consumed && self.consumed_sent != Some(self.consumed) {
+            push_ack(out, ids, channel, SequenceAck::Consumed, self.consumed_sent, self.consumed);
+            self.consumed_sent = Some(self.consumed);
+            self.consumed_told = self.consumed;
+        }
+        let first = self.outcomes.len() - self.outcomes_unsent;
+        for &(seq, committed) in self.outcomes.iter().skip(first) {
+            let (ack, sent) = if committed {
+                (SequenceAck::Committed, &mut self.committed_sent)
+            } else {
+                (SequenceAck::Uncommitted, &mut self.uncommitted_sent)
+            };
+            push_ack(out, ids, channel, ack, *sent, seq);
+            *sent = Some(seq);
+        }
+        self.outcomes_unsent = 0;
     }
 }
 
 /// Channel packets waiting for their first transmission, in command order.
 #[derive(Debug)]
 enum Unsent {
-    Message { channels: Vec<u64>, data: MessageData },
-    Commit { channel: u64, seq: u32 },
-    Rollback { channel: u64, seq: u32 },
-    Close { channel: u64 },
+    Message { channels: Vec<ChannelId>, data: MessageData },
+    Commit { channel: ChannelId, seq: u32 },
+    Rollback { channel: ChannelId, seq: u32 },
+    Close { channel: ChannelId },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -487,8 +558,8 @@ pub struct Link {
     require_old_link_id: bool,
     phase: Phase,
     stream: StreamState,
-    out: BTreeMap<u64, OutChannel>,
-    inc: BTreeMap<u64, InChannel>,
+    out: BTreeMap<ChannelId, OutChannel>,
+    inc: BTreeMap<ChannelId, InChannel>,
     events: VecDeque<Event>,
     shutdown_requested: bool,
     shutdown_sent: bool,
@@ -519,7 +590,6 @@ impl Link {
     /// A connector's link, its handshake started on a fresh stream. Messages
     /// may be sent at once; they go out when the link is connected.
     pub fn connect(config: ConnectorConfig) -> Result<Self, HandshakeError> {
-        config.params.check()?;
         if config.endpoint_name.len() > usize::from(u8::MAX) {
             return Err(HandshakeError::NameTooLong(config.endpoint_name.len()));
         }
@@ -592,6 +662,7 @@ impl Link {
         for channel in self.out.values_mut() {
             channel.commit_sent = None;
             channel.rollback_sent = None;
+            channel.close_held = false;
         }
         for channel in self.inc.values_mut() {
             channel.received_sent = None;
@@ -600,7 +671,7 @@ impl Link {
             channel.uncommitted_sent = None;
             // relink 3.5: tell the peer everything again before resuming.
             channel.outcomes_unsent = channel.outcomes.len();
-            channel.closed_unsent = channel.closed;
+            channel.closed_unsent = channel.closure == Closure::Closed;
         }
     }
 
@@ -633,8 +704,9 @@ impl Link {
     fn rebuild_unsent(&mut self) {
         let unsent = &mut self.stream.unsent;
         unsent.clear();
-        for (&channel, state) in &self.out {
+        for (channel, state) in &self.out {
             for item in &state.log {
+                let channel = channel.clone();
                 unsent.push_back(match item {
                     Logged::Message { data, .. } => {
                         Unsent::Message { channels: vec![channel], data: Arc::clone(data) }
@@ -686,9 +758,13 @@ impl Link {
 
     /// How many more messages `channel` takes before the peer must
     /// acknowledge consumption.
-    pub fn send_window(&self, channel: u64) -> u32 {
-        let used = self.out.get(&channel).map_or(0, OutChannel::unconsumed);
-        self.limits.max_unconsumed.saturating_sub(used)
+    pub fn send_window(&self, channel: impl Into<ChannelId>) -> u32 {
+        self.window_left(&channel.into())
+    }
+
+    fn window_left(&self, channel: &ChannelId) -> u32 {
+        let used = self.out.get(channel).map_or(0, OutChannel::unconsumed);
+        self.limits.send_window.saturating_sub(used)
     }
 
     /// Messages the peer has not yet acknowledged received, over all channels.
@@ -707,37 +783,46 @@ impl Link {
     /// Sends a message on one of our channels; returns its sequence number.
     /// While the link waits for a stream or the peer's resume, the message
     /// is queued.
-    pub fn send(&mut self, channel: u64, parts: &[&[u8]]) -> Result<u32, CommandError> {
-        self.send_multicast(&[channel], parts)?;
+    pub fn send(
+        &mut self,
+        channel: impl Into<ChannelId>,
+        parts: &[&[u8]],
+    ) -> Result<u32, CommandError> {
+        let channel = channel.into();
+        self.send_to(vec![channel.clone()], parts)?;
         Ok(self.out.get(&channel).map_or(0, |c| c.next_seq.wrapping_sub(1)))
     }
 
     /// Sends one message to several of our channels, each numbering it in
     /// its own sequence (relink 3.1); a repeated channel gets it repeatedly
     /// (relink 2.3). All or nothing.
-    pub fn send_multicast(
+    pub fn send_multicast<C: Clone + Into<ChannelId>>(
         &mut self,
-        channels: &[u64],
+        channels: &[C],
         parts: &[&[u8]],
     ) -> Result<(), CommandError> {
-        self.check_send(channels, parts)?;
+        self.send_to(channels.iter().cloned().map(Into::into).collect(), parts)
+    }
+
+    fn send_to(&mut self, channels: Vec<ChannelId>, parts: &[&[u8]]) -> Result<(), CommandError> {
+        self.check_send(&channels, parts)?;
         let data: MessageData = Arc::new(parts.iter().map(|p| p.to_vec()).collect());
-        for &channel in channels {
-            let state = self.out.entry(channel).or_insert_with(OutChannel::new);
+        for channel in &channels {
+            let state = self.out.entry(channel.clone()).or_insert_with(OutChannel::new);
+            if state.closed {
+                state.reopen();
+            }
             let seq = state.next_seq;
             state.next_seq = seq.wrapping_add(1);
-            // relink 3.3: sending reopens a closed channel. Its numbering
-            // goes on, so late acknowledgements of the old one stay stale.
-            state.closed = false;
             state.log.push_back(Logged::Message { seq, data: Arc::clone(&data) });
         }
         if self.is_messaging() && !channels.is_empty() {
-            self.stream.unsent.push_back(Unsent::Message { channels: channels.to_vec(), data });
+            self.stream.unsent.push_back(Unsent::Message { channels, data });
         }
         Ok(())
     }
 
-    fn check_send(&self, channels: &[u64], parts: &[&[u8]]) -> Result<(), CommandError> {
+    fn check_send(&self, channels: &[ChannelId], parts: &[&[u8]]) -> Result<(), CommandError> {
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
         }
@@ -755,28 +840,32 @@ impl Link {
             });
         }
         let id_len = self.params.id_len(self.role);
-        let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
-        for &channel in channels {
-            if !channel_id_fits(channel, id_len) {
-                return Err(CommandError::ChannelIdTooWide { channel, len: id_len });
+        let mut counts: BTreeMap<&ChannelId, u32> = BTreeMap::new();
+        for channel in channels {
+            if !channel.fits(id_len) {
+                return Err(CommandError::ChannelIdTooWide {
+                    channel: channel.clone(),
+                    len: id_len,
+                });
             }
             *counts.entry(channel).or_default() += 1;
         }
         for (&channel, &count) in &counts {
-            let state = self.out.get(&channel);
+            let state = self.out.get(channel);
             if state.is_some_and(|s| s.closing) {
-                return Err(CommandError::ChannelClosing { channel });
+                return Err(CommandError::ChannelClosing { channel: channel.clone() });
             }
-            if self.send_window(channel) < count {
-                return Err(CommandError::Blocked { channel });
+            if self.window_left(channel) < count {
+                return Err(CommandError::Blocked { channel: channel.clone() });
             }
         }
         // Check the largest packet this message may become: multicast now,
         // or unicast after a reconnection.
         let target = if channels.len() > 1 {
-            Target::Multicast(ChannelIds::from_slice(channels))
+            Target::Multicast(ChannelIds::from_ids(channels))
         } else {
-            Target::Unicast(0)
+            // Every id takes the negotiated size, whatever its value.
+            Target::Unicast(0.into())
         };
         let len = PacketRepr::Message(MessageRepr::new(target, parts))
             .buffer_len(self.params.sender_ids(self.role));
@@ -786,14 +875,25 @@ impl Link {
         Ok(())
     }
 
-    fn transaction_target(&self, channel: u64) -> Result<u32, CommandError> {
+    fn transaction_target(&self, channel: &ChannelId) -> Result<u32, CommandError> {
         if !self.params.transactions(self.role) {
             return Err(CommandError::TransactionsNotNegotiated);
         }
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
         }
-        let state = self.out.get(&channel).ok_or(CommandError::NothingToCommit { channel })?;
+        let channel = channel.clone();
+        let Some(state) = self.out.get(&channel) else {
+            return Err(CommandError::NothingToCommit { channel });
+        };
+        // Outcomes precede the peer's confirmation of a closure, so nothing
+        // of a closing or closed opening is left to decide.
+        if state.closing {
+            return Err(CommandError::ChannelClosing { channel });
+        }
+        if state.closed {
+            return Err(CommandError::ChannelNotOpen { channel });
+        }
         let last = state.next_seq.wrapping_sub(1);
         if last == state.transaction_end {
             return Err(CommandError::NothingToCommit { channel });
@@ -805,8 +905,9 @@ impl Link {
     /// last commit or rollback (relink 3.2); returns the last one's sequence
     /// number. The outcome arrives as [`Event::Committed`] or
     /// [`Event::Uncommitted`].
-    pub fn commit(&mut self, channel: u64) -> Result<u32, CommandError> {
-        let seq = self.transaction_target(channel)?;
+    pub fn commit(&mut self, channel: impl Into<ChannelId>) -> Result<u32, CommandError> {
+        let channel = channel.into();
+        let seq = self.transaction_target(&channel)?;
         let messaging = self.is_messaging();
         let Some(state) = self.out.get_mut(&channel) else {
             return Err(CommandError::NothingToCommit { channel });
@@ -825,8 +926,9 @@ impl Link {
     /// Asks the peer to ignore our messages on `channel` sent since the
     /// last commit or rollback. Not acknowledged and not sent again after a
     /// reconnection (relink 3.2).
-    pub fn rollback(&mut self, channel: u64) -> Result<u32, CommandError> {
-        let seq = self.transaction_target(channel)?;
+    pub fn rollback(&mut self, channel: impl Into<ChannelId>) -> Result<u32, CommandError> {
+        let channel = channel.into();
+        let seq = self.transaction_target(&channel)?;
         let messaging = self.is_messaging();
         if let Some(state) = self.out.get_mut(&channel) {
             state.transaction_end = seq;
@@ -838,9 +940,11 @@ impl Link {
     }
 
     /// Closes our `channel` after the messages sent on it (relink 3.3);
-    /// [`Event::Closed`] follows the peer's acknowledgement. Sending on it
-    /// again afterwards reopens it.
-    pub fn close(&mut self, channel: u64) -> Result<(), CommandError> {
+    /// [`Event::Closed`] follows the peer's acknowledgement, which it sends
+    /// once it has consumed them. Sending on it again afterwards reopens
+    /// it, numbered from 0.
+    pub fn close(&mut self, channel: impl Into<ChannelId>) -> Result<(), CommandError> {
+        let channel = channel.into();
         if self.phase == Phase::Done {
             return Err(CommandError::LinkDone);
         }
@@ -859,9 +963,11 @@ impl Link {
 
     /// Acknowledges that the application consumed the peer's messages on
     /// `channel` through `seq` (relink 3.1).
-    pub fn consume(&mut self, channel: u64, seq: u32) -> Result<(), CommandError> {
-        let state =
-            self.inc.get_mut(&channel).ok_or(CommandError::NoSuchMessage { channel, seq })?;
+    pub fn consume(&mut self, channel: impl Into<ChannelId>, seq: u32) -> Result<(), CommandError> {
+        let channel = channel.into();
+        let Some(state) = self.inc.get_mut(&channel) else {
+            return Err(CommandError::NoSuchMessage { channel, seq });
+        };
         let d = distance(state.consumed, seq);
         if d == 0 || d > distance(state.consumed, state.received) {
             return Err(CommandError::NoSuchMessage { channel, seq });
@@ -874,15 +980,15 @@ impl Link {
     /// Answers the oldest [`Event::Commit`] on `channel` (relink 3.2).
     pub fn resolve_commit(
         &mut self,
-        channel: u64,
+        channel: impl Into<ChannelId>,
         seq: u32,
         committed: bool,
     ) -> Result<(), CommandError> {
-        let state = self
-            .inc
-            .get_mut(&channel)
-            .filter(|s| s.undecided.front() == Some(&seq))
-            .ok_or(CommandError::NoPendingCommit { channel, seq })?;
+        let channel = channel.into();
+        let Some(state) = self.inc.get_mut(&channel).filter(|s| s.undecided.front() == Some(&seq))
+        else {
+            return Err(CommandError::NoPendingCommit { channel, seq });
+        };
         state.undecided.pop_front();
         if state.outcomes.len() == MAX_PENDING_COMMITS {
             state.outcomes.pop_front();
@@ -932,7 +1038,12 @@ impl Link {
             while let Some(item) = self.stream.unsent.pop_front() {
                 self.transmit_unsent(out, ids, item);
             }
-            if self.shutdown_requested && !self.stream.shutdown_written {
+            // After every close, even one that waits for an acknowledgement:
+            // nothing may follow the shutdown packet.
+            if self.shutdown_requested
+                && !self.stream.shutdown_written
+                && !self.out.values().any(|c| c.close_held)
+            {
                 push_packet(out, &PacketRepr::General(GeneralType::Shutdown), ids);
                 self.stream.shutdown_written = true;
                 self.shutdown_sent = true;
@@ -943,45 +1054,21 @@ impl Link {
     }
 
     fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes) {
-        for (&channel, state) in &mut self.inc {
-            if state.any_received && state.received_sent != Some(state.received) {
-                push_ack(
-                    out,
-                    ids,
-                    channel,
-                    SequenceAck::Received,
-                    state.received_sent,
-                    state.received,
-                );
-                state.received_sent = Some(state.received);
+        for (channel, state) in &mut self.inc {
+            if state.closure != Closure::Closed {
+                state.transmit_acks(out, ids, channel.as_id_ref());
             }
-            if state.any_consumed && state.consumed_sent != Some(state.consumed) {
-                push_ack(
-                    out,
-                    ids,
-                    channel,
-                    SequenceAck::Consumed,
-                    state.consumed_sent,
-                    state.consumed,
-                );
-                state.consumed_sent = Some(state.consumed);
+            if state.closure == Closure::Closing
+                && state.consumed == state.received
+                && state.undecided.is_empty()
+            {
+                // relink 3.3: confirm after the acknowledgements above.
+                state.closure = Closure::Closed;
+                state.closed_unsent = true;
             }
-            let first = state.outcomes.len() - state.outcomes_unsent;
-            for &(seq, committed) in state.outcomes.iter().skip(first) {
-                let (ack, sent) = if committed {
-                    (SequenceAck::Committed, &mut state.committed_sent)
-                } else {
-                    (SequenceAck::Uncommitted, &mut state.uncommitted_sent)
-                };
-                push_ack(out, ids, channel, ack, *sent, seq);
-                *sent = Some(seq);
-            }
-            state.outcomes_unsent = 0;
-            // After the received acknowledgement covering the messages
-            // before the close, as the sender checks.
             if core::mem::take(&mut state.closed_unsent) {
                 let packet = PacketRepr::Acknowledgement {
-                    target: Target::Unicast(channel),
+                    target: Target::Unicast(channel.as_id_ref()),
                     ack: ChannelAck::Closed,
                 };
                 push_packet(out, &packet, ids);
@@ -994,8 +1081,8 @@ impl Link {
             Unsent::Message { channels, data } => {
                 let parts: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
                 let target = match channels.as_slice() {
-                    [channel] => Target::Unicast(*channel),
-                    _ => Target::Multicast(ChannelIds::from_slice(&channels)),
+                    [channel] => Target::Unicast(channel.as_id_ref()),
+                    _ => Target::Multicast(ChannelIds::from_ids(&channels)),
                 };
                 push_packet(out, &PacketRepr::Message(MessageRepr::new(target, &parts)), ids);
             }
@@ -1003,19 +1090,28 @@ impl Link {
                 let Some(state) = self.out.get_mut(&channel) else {
                     return;
                 };
-                push_op(out, ids, channel, SequenceOp::Commit, state.commit_sent, seq);
+                let id = channel.as_id_ref();
+                push_op(out, ids, id, SequenceOp::Commit, state.commit_sent, seq);
                 state.commit_sent = Some(seq);
             }
             Unsent::Rollback { channel, seq } => {
                 let Some(state) = self.out.get_mut(&channel) else {
                     return;
                 };
-                push_op(out, ids, channel, SequenceOp::Rollback, state.rollback_sent, seq);
+                let id = channel.as_id_ref();
+                push_op(out, ids, id, SequenceOp::Rollback, state.rollback_sent, seq);
                 state.rollback_sent = Some(seq);
             }
             Unsent::Close { channel } => {
+                let Some(state) = self.out.get_mut(&channel).filter(|s| s.closing) else {
+                    return;
+                };
+                if state.peer_may_repeat_closed {
+                    state.close_held = true;
+                    return;
+                }
                 let packet = PacketRepr::Operation {
-                    target: Target::Unicast(channel),
+                    target: Target::Unicast(channel.as_id_ref()),
                     op: ChannelOp::Close,
                 };
                 push_packet(out, &packet, ids);
@@ -1222,40 +1318,57 @@ impl Link {
         }
     }
 
-    fn handle_message(&mut self, channel: u64, parts: &Parts<'_>) -> Result<(), LinkError> {
-        let state = self.inc.entry(channel).or_insert_with(InChannel::new);
+    fn handle_message(
+        &mut self,
+        channel: ChannelIdRef<'_>,
+        parts: &Parts<'_>,
+    ) -> Result<(), LinkError> {
+        let channel = known_id(&self.inc, channel);
+        let state = self.inc.entry(channel.clone()).or_insert_with(InChannel::new);
+        match state.closure {
+            Closure::Open => {}
+            // relink 3.3: the peer reopens only after our confirmation.
+            Closure::Closing => return Err(LinkError::MessageWhileClosing { channel }),
+            // relink 3.3: reopened; relink 3.1: numbered from 0 again.
+            Closure::Closed => *state = InChannel::new(),
+        }
         let seq = state.received.wrapping_add(1);
-        let max = self.limits.max_unconsumed;
-        if distance(state.consumed, seq) > max {
+        let max = self.limits.recv_window;
+        if distance(state.consumed_told, seq) > max {
             return Err(LinkError::WindowExceeded { channel, max });
         }
         state.received = seq;
         state.any_received = true;
-        state.closed = false;
         self.events.push_back(Event::Message { channel, seq, parts: parts.to_vecs() });
         Ok(())
     }
 
-    fn handle_close(&mut self, channel: u64) {
-        let state = self.inc.entry(channel).or_insert_with(InChannel::new);
-        if !state.closed {
-            state.closed = true;
-            self.events.push_back(Event::PeerClosed { channel });
+    fn handle_close(&mut self, channel: ChannelIdRef<'_>) {
+        let channel = known_id(&self.inc, channel);
+        let state = self.inc.entry(channel.clone()).or_insert_with(InChannel::new);
+        match state.closure {
+            Closure::Open => {
+                state.closure = Closure::Closing;
+                self.events.push_back(Event::PeerClosed { channel });
+            }
+            // Repeated after a reconnection: confirmed once consumed.
+            Closure::Closing => {}
+            // relink 3.3: confirmed before; confirm again.
+            Closure::Closed => state.closed_unsent = true,
         }
-        // relink 3.3: acknowledge, again if the close came again.
-        state.closed_unsent = true;
     }
 
     fn handle_transaction_op(
         &mut self,
-        channel: u64,
+        channel: ChannelIdRef<'_>,
         op: SequenceOp,
         seq: Option<u32>,
     ) -> Result<(), LinkError> {
+        let channel = known_id(&self.inc, channel);
         if !self.params.transactions(self.role.peer()) {
             return Err(LinkError::TransactionsNotNegotiated { channel });
         }
-        let state = self.inc.entry(channel).or_insert_with(InChannel::new);
+        let state = self.inc.entry(channel.clone()).or_insert_with(InChannel::new);
         let cursor = match op {
             SequenceOp::Commit => state.commit,
             SequenceOp::Rollback => state.rollback,
@@ -1287,10 +1400,11 @@ impl Link {
 
     fn handle_ack(
         &mut self,
-        channel: u64,
+        channel: ChannelIdRef<'_>,
         ack: SequenceAck,
         seq: Option<u32>,
     ) -> Result<(), LinkError> {
+        let channel = known_id(&self.out, channel);
         let transactional = matches!(ack, SequenceAck::Committed | SequenceAck::Uncommitted);
         if transactional && !self.params.transactions(self.role) {
             return Err(LinkError::TransactionsNotNegotiated { channel });
@@ -1320,6 +1434,11 @@ impl Link {
             }
             *cursor = target;
             state.trim_log();
+            // The peer holds this opening now, so our close may go.
+            state.peer_may_repeat_closed = false;
+            if core::mem::take(&mut state.close_held) {
+                self.stream.unsent.push_back(Unsent::Close { channel });
+            }
             return Ok(());
         }
         let pending = state.log.iter().enumerate().find_map(|(i, item)| match item {
@@ -1351,20 +1470,37 @@ impl Link {
         }
     }
 
-    fn handle_closed(&mut self, channel: u64) {
-        // relink 3.3: a closed acknowledgement is ours only once every
-        // message before the close was acknowledged; otherwise it is a
-        // repeat about an earlier closure.
+    fn handle_closed(&mut self, channel: ChannelIdRef<'_>) {
+        let channel = known_id(&self.out, channel);
         let Some(state) = self.out.get_mut(&channel) else {
             return;
         };
-        let messages_left = state.log.iter().any(|item| matches!(item, Logged::Message { .. }));
-        if state.closing && !messages_left {
-            state.closing = false;
-            state.closed = true;
-            state.log.retain(|item| !matches!(item, Logged::Close));
-            self.events.push_back(Event::Closed { channel });
+        // Otherwise a repeat about an earlier closure.
+        if !state.closing || state.peer_may_repeat_closed {
+            return;
         }
+        // relink 3.3: the peer confirms once it has every message sent
+        // before the close, so all of them are acknowledged, even those
+        // whose acknowledgements a broken stream lost. It answers every
+        // commit before confirming too: a commit still logged lost its
+        // outcome with such a stream and is not sent again.
+        let last = state.next_seq.wrapping_sub(1);
+        state.received = last;
+        state.consumed = last;
+        state.log.clear();
+        state.closing = false;
+        state.closed = true;
+        self.events.push_back(Event::Closed { channel });
+    }
+}
+
+/// The id `map` keeps for the channel a packet names, else a new one: a
+/// known channel's id is shared, not allocated again, for every packet.
+fn known_id<V>(map: &BTreeMap<ChannelId, V>, id: ChannelIdRef<'_>) -> ChannelId {
+    let mut scratch = [0; 8];
+    match map.get_key_value(id.le_bytes(&mut scratch)) {
+        Some((known, _)) => known.clone(),
+        None => id.into(),
     }
 }
 
@@ -1392,7 +1528,7 @@ fn push_packet(out: &mut Vec<u8>, packet: &PacketRepr<'_>, ids: IdSizes) {
 fn push_ack(
     out: &mut Vec<u8>,
     ids: IdSizes,
-    channel: u64,
+    channel: ChannelIdRef<'_>,
     ack: SequenceAck,
     last: Option<u32>,
     seq: u32,
@@ -1416,7 +1552,7 @@ fn push_ack(
 fn push_op(
     out: &mut Vec<u8>,
     ids: IdSizes,
-    channel: u64,
+    channel: ChannelIdRef<'_>,
     op: SequenceOp,
     last: Option<u32>,
     seq: u32,

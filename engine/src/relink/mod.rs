@@ -3,10 +3,11 @@
 //! Relink v0 runs over any byte stream, here TCP. After a handshake that
 //! agrees on an endpoint name, channel id sizes and transactions, and names
 //! the link by epoch and link id, both peers exchange packets: messages on
-//! numbered channels with received and consumed acknowledgements, optional
-//! transactions, channel closure, ping and pong, resumption after the stream
-//! breaks, and shutdown. The apps use it to exchange addresses and memory
-//! keys, check health and shut down, one channel per lcore.
+//! channels (ids of 0 to 255 bytes, [`ChannelId`]) with received and
+//! consumed acknowledgements, optional transactions, channel closure, ping
+//! and pong, resumption after the stream breaks, and shutdown. The apps use
+//! it to exchange addresses and memory keys, check health and shut down, one
+//! channel per lcore.
 //!
 //! - [`wire`] and [`handshake`] are the codecs: a value form per packet with
 //!   `parse`, `emit` and `buffer_len`, explicit little-endian fields, every
@@ -33,14 +34,15 @@ pub mod wire;
 
 pub use handshake::{HandshakeFlags, ReplyRepr, RequestRepr, VERSION, VersionRepr};
 pub use link::{
-    Accepted, Acceptor, CommandError, ConnectorConfig, Event, HandshakeError, Limits, Link,
-    LinkError, Listener, MAX_PENDING_COMMITS, Params, Role,
+    Accepted, Acceptor, CommandError, ConnectorConfig, DEFAULT_WINDOW, Event, HandshakeError,
+    Limits, Link, LinkError, Listener, MAX_PENDING_COMMITS, Params, Role,
 };
 pub use tcp::{
     Conn, Incoming, Options, Resumption, Server, TcpError, accept, accept_stream, connect,
     deadline_after,
 };
 pub use wire::{
-    ChannelAck, ChannelFormat, ChannelIds, ChannelOp, EmitError, GeneralType, IdSizes, MessageRepr,
-    PacketRepr, Parsed, Parts, SequenceAck, SequenceOp, Target, WireError, WireLimits,
+    ChannelAck, ChannelFormat, ChannelId, ChannelIdError, ChannelIdRef, ChannelIds, ChannelOp,
+    EmitError, GeneralType, IdSizes, MAX_CHANNEL_ID_LEN, MessageRepr, PacketRepr, Parsed, Parts,
+    SequenceAck, SequenceOp, Target, WireError, WireLimits,
 };

@@ -25,6 +25,7 @@ use super::link::{
     Accepted, Acceptor, CommandError, ConnectorConfig, Event, HandshakeError, Limits, Link,
     LinkError, Listener, Params,
 };
+use super::wire::ChannelId;
 
 /// Driver settings. Both peers must use the same `params`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +58,9 @@ pub enum TcpError {
     Command(#[from] CommandError),
     #[error("timed out")]
     Timeout,
-    #[error("the peer closed the stream")]
+    /// The peer closed the stream, or an earlier call met its failure:
+    /// [`Conn::reconnect`] or [`Conn::resume`] goes on.
+    #[error("the stream is lost (closed by the peer, or failed earlier)")]
     Disconnected,
     #[error("the link is shut down")]
     ShutDown,
@@ -75,9 +78,17 @@ impl From<LinkError> for TcpError {
 }
 
 /// A message from one of the peer's channels.
-pub type Received = (u64, Vec<Vec<u8>>);
+pub type Received = (ChannelId, Vec<Vec<u8>>);
 
 /// One end of a Relink link over TCP.
+///
+/// A stream that fails (a read or write error, its end, a protocol error)
+/// is given up at once: the call that meets the failure reports it, and
+/// every later call that needs the stream returns
+/// [`TcpError::Disconnected`] without touching it, until
+/// [`reconnect`](Self::reconnect) or [`resume`](Self::resume). Messages
+/// received before stay readable, and [`send`](Self::send) queues for the
+/// resumption.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
@@ -85,12 +96,15 @@ pub struct Conn {
     /// Where a connector dials again.
     peer: Option<SocketAddr>,
     timeout: Duration,
-    inbox: VecDeque<(u64, u32, Vec<Vec<u8>>)>,
+    inbox: VecDeque<(ChannelId, u32, Vec<Vec<u8>>)>,
     events: VecDeque<Event>,
     pongs: u64,
     /// Whether the last handshake resumed the link.
     resumed: bool,
     tx: Vec<u8>,
+    /// The stream is given up: bytes left in it from a dead connection
+    /// must not reach the link as if they came after the failure.
+    lost: bool,
 }
 
 const READ_CHUNK: usize = 64 << 10;
@@ -263,6 +277,12 @@ impl Server {
     /// Blocks for the next connection and completes its handshake.
     pub fn accept(&mut self) -> Result<Incoming, TcpError> {
         let (stream, _) = self.tcp.accept()?;
+        self.accept_stream(stream)
+    }
+
+    /// Completes the handshake on a stream the caller accepted (to poll the
+    /// listener, as with [`accept_stream`]), keeping links resumable.
+    pub fn accept_stream(&mut self, stream: TcpStream) -> Result<Incoming, TcpError> {
         let accepted = handshake(&stream, &mut self.instance, self.options.timeout)?;
         if accepted.resumed {
             return Ok(Incoming::Resume(Resumption { stream, accepted }));
@@ -288,6 +308,7 @@ impl Conn {
             pongs: 0,
             resumed: false,
             tx: Vec::new(),
+            lost: false,
         }
     }
 
@@ -316,17 +337,25 @@ impl Conn {
 
     /// Sends a message on our `channel`; returns its sequence number. Blocks
     /// while the channel's window is full, up to the timeout. While the
-    /// stream is broken the message is queued for the resumption.
-    pub fn send(&mut self, channel: u64, parts: &[&[u8]]) -> Result<u32, TcpError> {
+    /// stream is lost, or if writing it fails now, the message is queued for
+    /// the resumption: the next call that needs the stream reports the loss.
+    pub fn send(
+        &mut self,
+        channel: impl Into<ChannelId>,
+        parts: &[&[u8]],
+    ) -> Result<u32, TcpError> {
+        let channel = channel.into();
         let deadline = deadline_after(self.timeout);
         loop {
-            match self.link.send(channel, parts) {
+            match self.link.send(&channel, parts) {
                 Ok(seq) => {
-                    self.flush()?;
+                    // The link keeps the message until the peer acknowledges
+                    // it; a failed write only loses the stream.
+                    let _ = self.flush();
                     return Ok(seq);
                 }
                 Err(CommandError::Blocked { .. }) => {
-                    self.drive_until(deadline, |conn| conn.link.send_window(channel) > 0)?;
+                    self.drive_until(deadline, |conn| conn.link.send_window(&channel) > 0)?;
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -347,10 +376,10 @@ impl Conn {
             return Err(TcpError::Timeout);
         };
         // Cannot fail: the message came from the link and is consumed once.
-        let _ = self.link.consume(channel, seq);
+        let _ = self.link.consume(&channel, seq);
         if !self.link.is_done() {
-            // A failed write shows again on the next call; the message is
-            // the caller's either way.
+            // A failed write loses the stream, which the next call reports;
+            // the message is the caller's either way.
             let _ = self.flush();
         }
         Ok((channel, parts))
@@ -358,6 +387,9 @@ impl Conn {
 
     /// Pings the peer and waits for the pong; returns the round-trip time.
     pub fn ping(&mut self, timeout: Duration) -> Result<Duration, TcpError> {
+        if self.lost {
+            return Err(TcpError::Disconnected);
+        }
         let start = Instant::now();
         let seen = self.pongs;
         self.link.ping()?;
@@ -368,6 +400,9 @@ impl Conn {
     /// Sends a ping without waiting for its pong: [`pongs`](Self::pongs)
     /// counts it when a later call reads it.
     pub fn send_ping(&mut self) -> Result<(), TcpError> {
+        if self.lost {
+            return Err(TcpError::Disconnected);
+        }
         self.link.ping()?;
         self.flush()
     }
@@ -407,10 +442,12 @@ impl Conn {
     /// unacknowledged was discarded with the old link).
     pub fn reconnect(&mut self) -> Result<bool, TcpError> {
         let peer = self.peer.ok_or(TcpError::NotConnector)?;
-        self.link.stream_lost();
-        self.stream = dial(peer, self.timeout)?;
-        prepare(&self.stream, self.timeout)?;
+        self.lose_stream();
+        let stream = dial(peer, self.timeout)?;
+        prepare(&stream, self.timeout)?;
         self.link.reconnect(false)?;
+        self.stream = stream;
+        self.lost = false;
         self.await_open()?;
         Ok(self.resumed)
     }
@@ -418,15 +455,34 @@ impl Conn {
     /// Breaks the stream at once, keeping the link so that it can be
     /// resumed (an abort, or a test of resumption).
     pub fn disconnect(&mut self) {
-        let _ = self.stream.shutdown(Shutdown::Both);
-        self.link.stream_lost();
+        self.lose_stream();
     }
 
     /// Listener: continues this link on the stream of `resumption`.
     pub fn resume(&mut self, resumption: Resumption) -> Result<(), TcpError> {
-        self.link.resume(resumption.accepted)?;
+        match self.link.resume(resumption.accepted) {
+            Ok(()) => {}
+            // Refused: the link and its stream are as they were.
+            Err(error @ (LinkError::WrongLink { .. } | LinkError::LinkDone)) => {
+                return Err(error.into());
+            }
+            // The link took the new stream, whose first bytes it refused.
+            Err(error) => {
+                self.stream = resumption.stream;
+                self.lose_stream();
+                return Err(error.into());
+            }
+        }
         self.stream = resumption.stream;
+        self.lost = false;
         self.flush()
+    }
+
+    /// Gives the stream up: nothing more is written to it or read from it.
+    fn lose_stream(&mut self) {
+        self.lost = true;
+        self.link.stream_lost();
+        let _ = self.stream.shutdown(Shutdown::Both);
     }
 
     fn await_open(&mut self) -> Result<(), TcpError> {
@@ -436,13 +492,16 @@ impl Conn {
     }
 
     fn flush(&mut self) -> Result<(), TcpError> {
+        if self.lost {
+            return Ok(());
+        }
         self.tx.clear();
         self.link.poll_transmit(&mut self.tx);
         if self.tx.is_empty() {
             return Ok(());
         }
         if let Err(error) = self.stream.write_all(&self.tx) {
-            self.link.stream_lost();
+            self.lose_stream();
             return Err(error.into());
         }
         Ok(())
@@ -472,23 +531,26 @@ impl Conn {
     ) -> Result<(), TcpError> {
         let mut buf = vec![0; READ_CHUNK];
         loop {
-            self.flush()?;
+            let flushed = self.flush();
+            // What arrived before a failure still counts.
             self.collect_events();
             if ready(self) {
                 return Ok(());
             }
+            flushed?;
+            if self.lost {
+                return Err(TcpError::Disconnected);
+            }
             let n = match read_until(&self.stream, &mut buf, deadline) {
                 Ok(n) => n,
+                Err(TcpError::Timeout) => return Err(TcpError::Timeout),
                 Err(error) => {
-                    if !matches!(error, TcpError::Timeout) {
-                        self.link.stream_lost();
-                    }
+                    self.lose_stream();
                     return Err(error);
                 }
             };
             if let Err(error) = self.link.handle_input(&buf[..n]) {
-                self.link.stream_lost();
-                let _ = self.stream.shutdown(Shutdown::Both);
+                self.lose_stream();
                 return Err(error.into());
             }
         }

@@ -5,17 +5,25 @@
 //! from the front of a byte stream, `buffer_len` says how many bytes `emit`
 //! writes, and `emit` writes the packet with every padding byte zeroed.
 //! Channel ids are carried in as many bytes as the handshake negotiated
-//! ([`IdSizes`]); payloads and multicast id vectors are borrowed, never copied.
+//! ([`IdSizes`], up to 255); payloads, channel ids and multicast id vectors
+//! are borrowed, never copied.
 
+use core::borrow::Borrow;
+use core::cmp::Ordering;
 use core::fmt;
+use core::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use thiserror::Error;
 
 /// Every packet is padded at its end to a multiple of this (relink 2.1).
 pub const PACKET_ALIGN: usize = 8;
 
-/// The widest channel id this implementation carries: ids are `u64`.
-pub const MAX_CHANNEL_ID_LEN: u8 = 8;
+/// The widest channel id: relink 1 negotiates its size in one byte.
+pub const MAX_CHANNEL_ID_LEN: u8 = u8::MAX;
+
+/// Significant bytes of a channel id kept inline; wider ones are shared.
+const INLINE_ID_LEN: usize = 8;
 
 mod field {
     use core::ops::Range;
@@ -84,9 +92,287 @@ pub(crate) fn write_uint(out: &mut [u8], value: u64) {
     }
 }
 
-/// Whether `id` can be carried in `len` bytes.
-pub const fn channel_id_fits(id: u64, len: u8) -> bool {
-    len >= 8 || id >> (8 * len as u32) == 0
+/// `bytes` without its trailing zero bytes: what of a little-endian id
+/// matters.
+fn significant(bytes: &[u8]) -> &[u8] {
+    let len = bytes.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1);
+    &bytes[..len]
+}
+
+/// Bytes `value` needs, little-endian.
+const fn u64_len(value: u64) -> usize {
+    (u64::BITS - value.leading_zeros()).div_ceil(8) as usize
+}
+
+/// Why bytes are not a channel id.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ChannelIdError {
+    /// relink 1: an id size is one byte of the handshake.
+    #[error("channel id of {len} bytes is longer than 255")]
+    TooLong { len: usize },
+}
+
+/// A channel id (relink 2.3): as many bytes as the handshake negotiated for
+/// its direction, up to 255. It reads as a little-endian unsigned integer,
+/// so 7 names the same channel in a 1-byte id and in a 255-byte one: ids of
+/// up to 8 bytes convert from and to `u64`, wider ones come from
+/// [`from_le_bytes`](Self::from_le_bytes).
+#[derive(Clone)]
+pub struct ChannelId(IdRepr);
+
+#[derive(Clone)]
+enum IdRepr {
+    /// Up to 8 significant bytes; `len` of them are used.
+    Inline { len: u8, bytes: [u8; INLINE_ID_LEN] },
+    /// More than 8 significant bytes, shared so that events and errors
+    /// that name the channel copy none.
+    Wide(Arc<[u8]>),
+}
+
+impl ChannelId {
+    /// The id whose little-endian bytes are `bytes`; trailing zeros do not
+    /// matter. More than 255 bytes are no id.
+    pub fn from_le_bytes(bytes: &[u8]) -> Result<Self, ChannelIdError> {
+        if bytes.len() > usize::from(MAX_CHANNEL_ID_LEN) {
+            return Err(ChannelIdError::TooLong { len: bytes.len() });
+        }
+        Ok(Self::from_significant(significant(bytes)))
+    }
+
+    /// From at most 255 bytes without trailing zeros.
+    fn from_significant(bytes: &[u8]) -> Self {
+        if bytes.len() <= INLINE_ID_LEN {
+            let mut inline = [0; INLINE_ID_LEN];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            ChannelId(IdRepr::Inline { len: bytes.len() as u8, bytes: inline })
+        } else {
+            ChannelId(IdRepr::Wide(bytes.into()))
+        }
+    }
+
+    /// Its little-endian bytes without trailing zeros: the fewest that
+    /// carry it.
+    pub fn as_le_bytes(&self) -> &[u8] {
+        match &self.0 {
+            IdRepr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            IdRepr::Wide(bytes) => bytes,
+        }
+    }
+
+    /// The id as a number, if it fits 8 bytes.
+    pub fn to_u64(&self) -> Option<u64> {
+        match self.0 {
+            IdRepr::Inline { bytes, .. } => Some(u64::from_le_bytes(bytes)),
+            IdRepr::Wide(_) => None,
+        }
+    }
+
+    /// Whether it can be carried in `len` bytes.
+    pub fn fits(&self, len: u8) -> bool {
+        self.as_le_bytes().len() <= usize::from(len)
+    }
+
+    /// The borrowed form packets take.
+    pub fn as_id_ref(&self) -> ChannelIdRef<'_> {
+        match &self.0 {
+            IdRepr::Inline { bytes, .. } => ChannelIdRef(RefRepr::Num(u64::from_le_bytes(*bytes))),
+            IdRepr::Wide(bytes) => ChannelIdRef(RefRepr::Wide(bytes)),
+        }
+    }
+}
+
+impl From<u64> for ChannelId {
+    fn from(id: u64) -> Self {
+        let len = u64_len(id) as u8;
+        ChannelId(IdRepr::Inline { len, bytes: id.to_le_bytes() })
+    }
+}
+
+impl From<&ChannelId> for ChannelId {
+    fn from(id: &ChannelId) -> Self {
+        id.clone()
+    }
+}
+
+impl From<ChannelIdRef<'_>> for ChannelId {
+    fn from(id: ChannelIdRef<'_>) -> Self {
+        match id.0 {
+            RefRepr::Num(n) => ChannelId::from(n),
+            RefRepr::Wide(bytes) => ChannelId::from_significant(bytes),
+        }
+    }
+}
+
+// Equality, order and hash are those of the significant bytes, so that a
+// map keyed by ids can be searched with a packet's bytes.
+impl PartialEq for ChannelId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_le_bytes() == other.as_le_bytes()
+    }
+}
+
+impl Eq for ChannelId {}
+
+impl PartialEq<u64> for ChannelId {
+    fn eq(&self, other: &u64) -> bool {
+        self.to_u64() == Some(*other)
+    }
+}
+
+impl PartialOrd for ChannelId {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ChannelId {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.as_le_bytes().cmp(other.as_le_bytes())
+    }
+}
+
+impl Hash for ChannelId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_le_bytes().hash(state);
+    }
+}
+
+impl Borrow<[u8]> for ChannelId {
+    fn borrow(&self) -> &[u8] {
+        self.as_le_bytes()
+    }
+}
+
+/// Decimal up to 8 bytes, hexadecimal beyond.
+impl fmt::Display for ChannelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.to_u64() {
+            Some(n) => fmt::Display::fmt(&n, f),
+            None => fmt::LowerHex::fmt(self, f),
+        }
+    }
+}
+
+impl fmt::Debug for ChannelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// The integer in hexadecimal, most significant byte first.
+impl fmt::LowerHex for ChannelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(n) = self.to_u64() {
+            return fmt::LowerHex::fmt(&n, f);
+        }
+        if f.alternate() {
+            f.write_str("0x")?;
+        }
+        self.as_le_bytes().iter().rev().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// A channel id as a packet carries it, borrowed: the caller's
+/// [`ChannelId`] or number, or the bytes of a received packet.
+#[derive(Clone, Copy)]
+pub struct ChannelIdRef<'a>(RefRepr<'a>);
+
+#[derive(Clone, Copy)]
+enum RefRepr<'a> {
+    /// Up to 8 significant bytes.
+    Num(u64),
+    /// More than 8 significant bytes, without trailing zeros.
+    Wide(&'a [u8]),
+}
+
+impl<'a> ChannelIdRef<'a> {
+    /// The id in a packet's id field (any width).
+    fn from_wire(field: &'a [u8]) -> Self {
+        let bytes = significant(field);
+        if bytes.len() <= INLINE_ID_LEN {
+            ChannelIdRef(RefRepr::Num(read_uint(bytes)))
+        } else {
+            ChannelIdRef(RefRepr::Wide(bytes))
+        }
+    }
+
+    /// Its little-endian bytes without trailing zeros; `scratch` holds
+    /// those of a number.
+    pub fn le_bytes<'s>(&self, scratch: &'s mut [u8; 8]) -> &'s [u8]
+    where
+        'a: 's,
+    {
+        match self.0 {
+            RefRepr::Num(n) => {
+                *scratch = n.to_le_bytes();
+                &scratch[..u64_len(n)]
+            }
+            RefRepr::Wide(bytes) => bytes,
+        }
+    }
+
+    /// The id as a number, if it fits 8 bytes.
+    pub fn to_u64(&self) -> Option<u64> {
+        match self.0 {
+            RefRepr::Num(n) => Some(n),
+            RefRepr::Wide(_) => None,
+        }
+    }
+
+    /// Whether it can be carried in `len` bytes.
+    pub fn fits(&self, len: u8) -> bool {
+        let need = match self.0 {
+            RefRepr::Num(n) => u64_len(n),
+            RefRepr::Wide(bytes) => bytes.len(),
+        };
+        need <= usize::from(len)
+    }
+
+    /// Writes the id into a whole id field, zero-extended. It must fit.
+    fn write(&self, field: &mut [u8]) {
+        let mut scratch = [0; INLINE_ID_LEN];
+        let bytes = self.le_bytes(&mut scratch);
+        let (used, rest) = field.split_at_mut(bytes.len());
+        used.copy_from_slice(bytes);
+        rest.fill(0);
+    }
+}
+
+impl From<u64> for ChannelIdRef<'_> {
+    fn from(id: u64) -> Self {
+        ChannelIdRef(RefRepr::Num(id))
+    }
+}
+
+impl<'a> From<&'a ChannelId> for ChannelIdRef<'a> {
+    fn from(id: &'a ChannelId) -> Self {
+        id.as_id_ref()
+    }
+}
+
+impl PartialEq for ChannelIdRef<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.0, other.0) {
+            (RefRepr::Num(a), RefRepr::Num(b)) => a == b,
+            (RefRepr::Wide(a), RefRepr::Wide(b)) => a == b,
+            // Each form holds the ids the other cannot.
+            _ => false,
+        }
+    }
+}
+
+impl Eq for ChannelIdRef<'_> {}
+
+impl PartialEq<u64> for ChannelIdRef<'_> {
+    fn eq(&self, other: &u64) -> bool {
+        self.to_u64() == Some(*other)
+    }
+}
+
+impl fmt::Debug for ChannelIdRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&ChannelId::from(*self), f)
+    }
 }
 
 fn read_u32(buf: &[u8], at: usize) -> u32 {
@@ -224,8 +510,6 @@ pub enum WireError {
     TooManyChannelIds { count: u32, max: u32 },
     #[error("{count} message parts exceed the limit of {max}")]
     TooManyParts { count: u32, max: u32 },
-    #[error("channel id size {0} is not supported (at most 8 bytes)")]
-    ChannelIdLenUnsupported(u8),
     #[error("endpoint name is not valid UTF-8")]
     NameNotUtf8,
     #[error("link id {0:#x} is outside [1, 2^63)")]
@@ -240,7 +524,7 @@ pub enum EmitError {
     #[error("buffer too short: need {need} bytes, have {have}")]
     BufferTooShort { need: usize, have: usize },
     #[error("channel id {id:#x} does not fit in {len} bytes")]
-    ChannelIdTooWide { id: u64, len: u8 },
+    ChannelIdTooWide { id: ChannelId, len: u8 },
     #[error("{0} channel ids do not fit a 32-bit count")]
     TooManyChannelIds(usize),
     #[error("{0} message parts do not fit a 32-bit length")]
@@ -251,8 +535,6 @@ pub enum EmitError {
     NeedsLarge(usize),
     #[error("endpoint name of {0} bytes is longer than 255")]
     NameTooLong(usize),
-    #[error("channel id size {0} is not supported (at most 8 bytes)")]
-    ChannelIdLenUnsupported(u8),
     #[error("link id {0:#x} is outside [1, 2^63)")]
     LinkIdOutOfRange(u64),
 }
@@ -281,7 +563,7 @@ impl<T> Parsed<T> {
 
 /// Negotiated channel id sizes, seen from one packet's sender (relink 2.3):
 /// operations, sequence operations and messages name the sender's channels,
-/// acknowledgements the receiver's. Both are at most 8 bytes.
+/// acknowledgements the receiver's. Each is 0..=255 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IdSizes {
     sender: u8,
@@ -289,22 +571,8 @@ pub struct IdSizes {
 }
 
 impl IdSizes {
-    pub const fn new(sender: u8, receiver: u8) -> Result<Self, WireError> {
-        if sender > MAX_CHANNEL_ID_LEN {
-            return Err(WireError::ChannelIdLenUnsupported(sender));
-        }
-        if receiver > MAX_CHANNEL_ID_LEN {
-            return Err(WireError::ChannelIdLenUnsupported(receiver));
-        }
-        Ok(IdSizes { sender, receiver })
-    }
-
-    /// Sizes above 8 become 8; for values already checked.
-    pub(crate) const fn clamped(sender: u8, receiver: u8) -> Self {
-        IdSizes {
-            sender: if sender > MAX_CHANNEL_ID_LEN { MAX_CHANNEL_ID_LEN } else { sender },
-            receiver: if receiver > MAX_CHANNEL_ID_LEN { MAX_CHANNEL_ID_LEN } else { receiver },
-        }
+    pub const fn new(sender: u8, receiver: u8) -> Self {
+        IdSizes { sender, receiver }
     }
 
     /// Id size of the channels owned by the packet's sender.
@@ -354,18 +622,24 @@ pub struct ChannelIds<'a>(IdsInner<'a>);
 
 #[derive(Clone, Copy)]
 enum IdsInner<'a> {
-    Slice(&'a [u64]),
+    Nums(&'a [u64]),
+    Ids(&'a [ChannelId]),
     Wire { bytes: &'a [u8], id_len: u8, count: u32 },
 }
 
 impl<'a> ChannelIds<'a> {
     pub const fn from_slice(ids: &'a [u64]) -> Self {
-        ChannelIds(IdsInner::Slice(ids))
+        ChannelIds(IdsInner::Nums(ids))
+    }
+
+    pub const fn from_ids(ids: &'a [ChannelId]) -> Self {
+        ChannelIds(IdsInner::Ids(ids))
     }
 
     pub fn len(&self) -> usize {
         match self.0 {
-            IdsInner::Slice(ids) => ids.len(),
+            IdsInner::Nums(ids) => ids.len(),
+            IdsInner::Ids(ids) => ids.len(),
             IdsInner::Wire { count, .. } => count as usize,
         }
     }
@@ -378,16 +652,17 @@ impl<'a> ChannelIds<'a> {
         ChannelIdIter { ids: *self, index: 0 }
     }
 
-    fn get(&self, index: usize) -> Option<u64> {
+    fn get(&self, index: usize) -> Option<ChannelIdRef<'a>> {
         match self.0 {
-            IdsInner::Slice(ids) => ids.get(index).copied(),
+            IdsInner::Nums(ids) => ids.get(index).map(|&id| id.into()),
+            IdsInner::Ids(ids) => ids.get(index).map(ChannelId::as_id_ref),
             IdsInner::Wire { count, .. } if index >= count as usize => None,
             // relink 2.3: with size zero no id data is sent; every id is 0.
-            IdsInner::Wire { id_len: 0, .. } => Some(0),
+            IdsInner::Wire { id_len: 0, .. } => Some(0.into()),
             IdsInner::Wire { bytes, id_len, .. } => {
                 let len = usize::from(id_len);
                 let at = index.checked_mul(len)?;
-                bytes.get(at..at.checked_add(len)?).map(read_uint)
+                bytes.get(at..at.checked_add(len)?).map(ChannelIdRef::from_wire)
             }
         }
     }
@@ -414,10 +689,10 @@ pub struct ChannelIdIter<'a> {
     index: usize,
 }
 
-impl Iterator for ChannelIdIter<'_> {
-    type Item = u64;
+impl<'a> Iterator for ChannelIdIter<'a> {
+    type Item = ChannelIdRef<'a>;
 
-    fn next(&mut self) -> Option<u64> {
+    fn next(&mut self) -> Option<ChannelIdRef<'a>> {
         let id = self.ids.get(self.index)?;
         self.index += 1;
         Some(id)
@@ -432,7 +707,7 @@ impl Iterator for ChannelIdIter<'_> {
 /// The channel(s) a channel packet is for (relink 2.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target<'a> {
-    Unicast(u64),
+    Unicast(ChannelIdRef<'a>),
     /// Repeated ids mean repeated delivery (relink 2.3).
     Multicast(ChannelIds<'a>),
 }
@@ -456,11 +731,11 @@ impl<'a> Target<'a> {
     }
 
     fn check(&self, id_len: u8) -> Result<(), EmitError> {
-        let check_id = |id: u64| {
-            if channel_id_fits(id, id_len) {
+        let check_id = |id: ChannelIdRef<'_>| {
+            if id.fits(id_len) {
                 Ok(())
             } else {
-                Err(EmitError::ChannelIdTooWide { id, len: id_len })
+                Err(EmitError::ChannelIdTooWide { id: id.into(), len: id_len })
             }
         };
         match self {
@@ -481,14 +756,14 @@ impl<'a> Target<'a> {
         match self {
             Target::Unicast(id) => {
                 let end = field::UNICAST_ID + len;
-                write_uint(&mut buf[field::UNICAST_ID..end], *id);
+                id.write(&mut buf[field::UNICAST_ID..end]);
                 end
             }
             Target::Multicast(ids) => {
                 buf[field::MULTICAST_COUNT].copy_from_slice(&(ids.len() as u32).to_le_bytes());
                 let mut at = field::MULTICAST_IDS;
                 for id in ids.iter() {
-                    write_uint(&mut buf[at..at + len], id);
+                    id.write(&mut buf[at..at + len]);
                     at += len;
                 }
                 at
@@ -500,14 +775,14 @@ impl<'a> Target<'a> {
 /// Iterator over the channel ids of a [`Target`].
 #[derive(Debug, Clone)]
 pub enum TargetIter<'a> {
-    Unicast(Option<u64>),
+    Unicast(Option<ChannelIdRef<'a>>),
     Multicast(ChannelIdIter<'a>),
 }
 
-impl Iterator for TargetIter<'_> {
-    type Item = u64;
+impl<'a> Iterator for TargetIter<'a> {
+    type Item = ChannelIdRef<'a>;
 
-    fn next(&mut self) -> Option<u64> {
+    fn next(&mut self) -> Option<ChannelIdRef<'a>> {
         match self {
             TargetIter::Unicast(id) => id.take(),
             TargetIter::Multicast(ids) => ids.next(),
@@ -797,7 +1072,7 @@ impl<'a> PacketRepr<'a> {
         } else {
             let end = field::UNICAST_ID + usize::from(id_len);
             require!(bounds, end as u64);
-            (Target::Unicast(read_uint(&buf[field::UNICAST_ID..end])), end)
+            (Target::Unicast(ChannelIdRef::from_wire(&buf[field::UNICAST_ID..end])), end)
         };
 
         let (value, len) = match kind {
@@ -1067,7 +1342,7 @@ mod tests {
     }
 
     fn ids(sender: u8, receiver: u8) -> IdSizes {
-        IdSizes::new(sender, receiver).unwrap()
+        IdSizes::new(sender, receiver)
     }
 
     /// Parses `bytes` as one whole packet, and emits `repr` into a buffer
@@ -1103,7 +1378,7 @@ mod tests {
     #[test]
     fn golden_short_small_message() {
         let parts: [&[u8]; 3] = [b"abc", b"", b"hello"];
-        let repr = PacketRepr::Message(MessageRepr::new(Target::Unicast(0x2a), &parts));
+        let repr = PacketRepr::Message(MessageRepr::new(Target::Unicast(0x2a.into()), &parts));
         check_golden(&SHORT_SMALL, &repr, ids(1, 7));
     }
 
@@ -1148,7 +1423,7 @@ mod tests {
     #[test]
     fn golden_sequence_ack_with_8_byte_id() {
         let repr = PacketRepr::SequenceAcknowledgement {
-            target: Target::Unicast(0x0102_0304_0506_0708),
+            target: Target::Unicast(0x0102_0304_0506_0708.into()),
             ack: SequenceAck::Consumed,
             seq: 0xdead_beef,
         };
@@ -1173,7 +1448,8 @@ mod tests {
     fn golden_channel_op_and_ack() {
         // relink 2.3.1 example layout: unicast with a 2-byte channel id.
         let close = [0x41, 0, 0x34, 0x12, 0, 0, 0, 0];
-        let repr = PacketRepr::Operation { target: Target::Unicast(0x1234), op: ChannelOp::Close };
+        let repr =
+            PacketRepr::Operation { target: Target::Unicast(0x1234.into()), op: ChannelOp::Close };
         check_golden(&close, &repr, ids(2, 5));
 
         // Multicast with id size zero: a count and no id data (relink 2.3).
@@ -1208,7 +1484,10 @@ mod tests {
             PacketRepr::parse(&bytes, ids(1, 1), &limits()).unwrap().complete(bytes.len()).unwrap();
         assert_eq!(len, 32);
         let parts: [&[u8]; 3] = [b"abc", b"", b"hello"];
-        assert_eq!(value, PacketRepr::Message(MessageRepr::new(Target::Unicast(0x2a), &parts)));
+        assert_eq!(
+            value,
+            PacketRepr::Message(MessageRepr::new(Target::Unicast(0x2a.into()), &parts))
+        );
 
         // General packets: bits 1-4 and bytes 1-7 unused.
         let ping = [0x20 | 0x1e, 9, 9, 9, 9, 9, 9, 9];
@@ -1323,11 +1602,13 @@ mod tests {
     #[test]
     fn emit_refuses_what_does_not_fit() {
         let mut buf = [0; 64];
-        let repr =
-            PacketRepr::Operation { target: Target::Unicast(0x1_0000), op: ChannelOp::Close };
+        let repr = PacketRepr::Operation {
+            target: Target::Unicast(0x1_0000.into()),
+            op: ChannelOp::Close,
+        };
         assert_eq!(
             repr.emit(&mut buf, ids(2, 2)),
-            Err(EmitError::ChannelIdTooWide { id: 0x1_0000, len: 2 })
+            Err(EmitError::ChannelIdTooWide { id: 0x1_0000.into(), len: 2 })
         );
         assert_eq!(repr.emit(&mut buf, ids(3, 2)), Ok(8));
         assert_eq!(
@@ -1337,7 +1618,7 @@ mod tests {
 
         let big = vec![0u8; 70_000];
         let parts: [&[u8]; 1] = [&big];
-        let mut message = MessageRepr::new(Target::Unicast(0), &parts);
+        let mut message = MessageRepr::new(Target::Unicast(0.into()), &parts);
         assert!(message.large);
         message.large = false;
         let mut out = vec![0; 80_000];
@@ -1347,7 +1628,7 @@ mod tests {
         );
 
         let many: Vec<&[u8]> = vec![b"x"; 300];
-        let mut message = MessageRepr::new(Target::Unicast(0), &many);
+        let mut message = MessageRepr::new(Target::Unicast(0.into()), &many);
         assert!(message.long && !message.large);
         let len = PacketRepr::Message(message).buffer_len(ids(0, 0));
         let mut out = vec![SENTINEL; len];
@@ -1366,7 +1647,7 @@ mod tests {
     fn large_part_round_trips() {
         let big: Vec<u8> = (0..70_001u32).map(|i| i as u8).collect();
         let parts: [&[u8]; 2] = [b"head", &big];
-        let repr = PacketRepr::Message(MessageRepr::new(Target::Unicast(3), &parts));
+        let repr = PacketRepr::Message(MessageRepr::new(Target::Unicast(3.into()), &parts));
         let len = repr.buffer_len(ids(1, 1));
         let mut out = vec![SENTINEL; len + 8];
         assert_eq!(repr.emit(&mut out, ids(1, 1)), Ok(len));
@@ -1376,10 +1657,119 @@ mod tests {
         assert_eq!((parsed, n), (repr, len));
     }
 
+    // ---- channel ids wider than 8 bytes (relink 1: sizes of 0..=255) ----
+
+    /// An id of `len` bytes, none of them zero: 1, 2, ... wrapping past 255.
+    fn wide_id(len: usize) -> ChannelId {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 255) as u8 + 1).collect();
+        ChannelId::from_le_bytes(&bytes).unwrap()
+    }
+
     #[test]
-    fn id_sizes_over_8_are_unsupported() {
-        assert_eq!(IdSizes::new(9, 0), Err(WireError::ChannelIdLenUnsupported(9)));
-        assert_eq!(IdSizes::new(0, 255), Err(WireError::ChannelIdLenUnsupported(255)));
+    fn golden_sequence_ack_with_9_byte_id() {
+        // header 2 + id 9 = 11, the sequence number 4-byte aligned at 12.
+        let bytes = [
+            0x0d, 0, // channel | sequence ack | received
+            1, 2, 3, 4, 5, 6, 7, 8, 9, // channel id
+            0, // pad to 4
+            7, 0, 0, 0, // sequence number
+        ];
+        let id = wide_id(9);
+        let repr = PacketRepr::SequenceAcknowledgement {
+            target: Target::Unicast(id.as_id_ref()),
+            ack: SequenceAck::Received,
+            seq: 7,
+        };
+        check_golden(&bytes, &repr, ids(1, 9));
+    }
+
+    #[test]
+    fn golden_close_with_255_byte_id_and_multicast_with_64_byte_ids() {
+        // header 2 + id 255 = 257, padded to 264.
+        let mut close = vec![0x41, 0];
+        close.extend(wide_id(255).as_le_bytes());
+        close.resize(264, 0);
+        let id = wide_id(255);
+        let repr =
+            PacketRepr::Operation { target: Target::Unicast((&id).into()), op: ChannelOp::Close };
+        check_golden(&close, &repr, ids(255, 0));
+
+        // header 2 + pad 2 + count 4 + 2 ids of 64 bytes = 136: a consumed
+        // acknowledgement to a 64-byte id and to channel 5, zero-extended.
+        let mut consumed = vec![0x27, 0, 0, 0, 2, 0, 0, 0];
+        consumed.extend(wide_id(64).as_le_bytes());
+        consumed.push(5);
+        consumed.resize(136, 0);
+        let channels = [wide_id(64), ChannelId::from(5)];
+        let repr = PacketRepr::Acknowledgement {
+            target: Target::Multicast(ChannelIds::from_ids(&channels)),
+            ack: ChannelAck::Consumed,
+        };
+        check_golden(&consumed, &repr, ids(0, 64));
+        let (parsed, _) =
+            PacketRepr::parse(&consumed, ids(0, 64), &limits()).unwrap().complete(136).unwrap();
+        let got: Vec<ChannelId> = parsed.target().unwrap().iter().map(ChannelId::from).collect();
+        assert_eq!(got, channels);
+        assert_eq!(got[1], 5);
+    }
+
+    #[test]
+    fn channel_ids_are_little_endian_integers_of_at_most_255_bytes() {
+        assert_eq!(ChannelId::from_le_bytes(&[1; 256]), Err(ChannelIdError::TooLong { len: 256 }));
+        let widest = ChannelId::from_le_bytes(&[0xff; 255]).unwrap();
+        assert_eq!(widest.as_le_bytes().len(), 255);
+        assert!(widest.fits(255) && !widest.fits(254));
+        assert_eq!(widest.to_u64(), None);
+        // Trailing zeros do not matter: 7 in any width is channel 7.
+        let seven = ChannelId::from_le_bytes(&[7, 0, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+        assert_eq!((seven.clone(), seven.to_u64()), (ChannelId::from(7), Some(7)));
+        assert_eq!(seven.as_le_bytes(), [7]);
+        assert_eq!(ChannelId::from(0).as_le_bytes(), []);
+        assert_eq!(ChannelId::from(u64::MAX).as_le_bytes(), [0xff; 8]);
+        // Nine bytes no longer fit a number.
+        let nine = ChannelId::from_le_bytes(&[0, 0, 0, 0, 0, 0, 0, 0, 1]).unwrap();
+        assert_eq!((nine.to_u64(), format!("{nine:#x}")), (None, "0x010000000000000000".into()));
+        assert_eq!(format!("{seven} {seven:#x}"), "7 0x7");
+        // An id that does not fit its field is refused, not cut.
+        let repr =
+            PacketRepr::Operation { target: Target::Unicast((&nine).into()), op: ChannelOp::Close };
+        assert_eq!(
+            repr.emit(&mut [0; 32], ids(8, 0)),
+            Err(EmitError::ChannelIdTooWide { id: nine.clone(), len: 8 })
+        );
+        assert_eq!(repr.emit(&mut [0; 32], ids(9, 0)), Ok(16));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn wide_channel_ids_round_trip(
+            id_len in 9u8..=255,
+            raw in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..=255), 1..4),
+            seq in any::<u32>(),
+        ) {
+            let channels: Vec<ChannelId> = raw
+                .iter()
+                .map(|bytes| ChannelId::from_le_bytes(&bytes[..bytes.len().min(usize::from(id_len))]))
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let ids = ids(id_len, id_len);
+            for target in
+                [Target::Unicast((&channels[0]).into()), Target::Multicast(ChannelIds::from_ids(&channels))]
+            {
+                let repr = PacketRepr::SequenceOperation { target, op: SequenceOp::Commit, seq };
+                let len = repr.buffer_len(ids);
+                let mut buf = vec![SENTINEL; len + 8];
+                prop_assert_eq!(repr.emit(&mut buf, ids), Ok(len));
+                prop_assert!(buf[len..].iter().all(|&b| b == SENTINEL));
+                let parsed = PacketRepr::parse(&buf, ids, &limits()).unwrap();
+                prop_assert_eq!(parsed, Parsed::Complete { value: repr, len });
+                let (value, _) = parsed.complete(len).unwrap();
+                let got: Vec<ChannelId> = value.target().unwrap().iter().map(ChannelId::from).collect();
+                prop_assert_eq!(&got[..], &channels[..got.len()]);
+            }
+        }
     }
 
     // ---- property round trips ----
@@ -1453,7 +1843,7 @@ mod tests {
             OwnedTarget::Multicast(list) => list.iter().map(|&id| mask(id, len)).collect(),
         };
         let target = match target {
-            OwnedTarget::Unicast(_) => Target::Unicast(masked[0]),
+            OwnedTarget::Unicast(_) => Target::Unicast(masked[0].into()),
             OwnedTarget::Multicast(_) => Target::Multicast(ChannelIds::from_slice(&masked)),
         };
         let slices: Vec<&[u8]> = match owned {
@@ -1483,7 +1873,11 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
         #[test]
-        fn packets_round_trip(sender in 0u8..=8, receiver in 0u8..=8, owned in packet_strategy()) {
+        fn packets_round_trip(
+            sender in prop_oneof![0u8..=8, any::<u8>()],
+            receiver in prop_oneof![0u8..=8, any::<u8>()],
+            owned in packet_strategy(),
+        ) {
             let ids = ids(sender, receiver);
             with_repr(&owned, ids, |repr| {
                 let len = repr.buffer_len(ids);
@@ -1555,6 +1949,11 @@ mod tests {
         bytes
     }
 
+    /// Mostly the sizes of numeric ids, sometimes wider ones.
+    fn random_id_len(rng: &mut Rng) -> u8 {
+        if rng.below(4) == 0 { [9, 16, 64, 255][rng.below(4)] } else { rng.below(9) as u8 }
+    }
+
     #[test]
     fn mutated_packets_never_panic() {
         let mut corpus: Vec<Vec<u8>> = vec![
@@ -1568,11 +1967,12 @@ mod tests {
         let mut rng = Rng(0x5eed_1234_abcd_ef01);
         // Emitted packets of every format as further seeds.
         for format in 0..6 {
-            let ids = ids(rng.below(9) as u8, rng.below(9) as u8);
+            // Ids 1, 2 and 3 need a byte.
+            let ids = ids(random_id_len(&mut rng).max(1), random_id_len(&mut rng).max(1));
             let channels = [1, 2, 3];
             let parts: [&[u8]; 2] = [b"seed", b"data!"];
             let target = if rng.below(2) == 0 {
-                Target::Unicast(1)
+                Target::Unicast(1.into())
             } else {
                 Target::Multicast(ChannelIds::from_slice(&channels))
             };
@@ -1608,7 +2008,7 @@ mod tests {
         for _ in 0..150_000 {
             let base = &corpus[rng.below(corpus.len())];
             let bytes = mutate(&mut rng, base);
-            let ids = ids(rng.below(9) as u8, rng.below(9) as u8);
+            let ids = ids(random_id_len(&mut rng), random_id_len(&mut rng));
             match PacketRepr::parse(&bytes, ids, &limits) {
                 Ok(Parsed::Complete { value, len }) => {
                     complete += 1;

@@ -13,17 +13,17 @@ const PARTS: [&[u8]; 3] = [b"abc", b"", b"hello"];
 fn packet(which: &str) -> (PacketRepr<'static>, IdSizes) {
     match which {
         "message" => (
-            PacketRepr::Message(MessageRepr::new(Target::Unicast(0x2a), &PARTS)),
-            IdSizes::new(1, 7).unwrap(),
+            PacketRepr::Message(MessageRepr::new(Target::Unicast(0x2a.into()), &PARTS)),
+            IdSizes::new(1, 7),
         ),
         _ => (
             PacketRepr::SequenceAcknowledgement {
-                target: Target::Unicast(0x0102_0304_0506_0708),
+                target: Target::Unicast(0x0102_0304_0506_0708.into()),
                 ack: SequenceAck::Consumed,
                 seq: 0xdead_beef,
             },
             // Acknowledgements name the receiver's channels.
-            IdSizes::new(2, 8).unwrap(),
+            IdSizes::new(2, 8),
         ),
     }
 }
