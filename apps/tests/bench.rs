@@ -720,6 +720,24 @@ fn zero_byte_messages_are_headers_that_reach_the_peer() {
     assert!(help.contains("-o read and streaming -o write take sizes from 1 B"), "{help}");
 }
 
+/// `-c` caps the buffers in flight: a window it shrinks is said on
+/// stderr, and the JSON keeps both the asked and the run window.
+#[test]
+fn a_window_that_verifying_shrinks_is_said() {
+    let _busy = busy();
+    let json = tmp("streaming-shrunk.json");
+    let args = ["streaming", "-p", "sim", "-S", "64,8m", "-W", "16", "-I", "20", "-c", "--json"];
+    let out = run(&[&args[..], &[json.to_str().unwrap()]].concat());
+    assert_ok(&out, "streaming -W 16 -c");
+    let err = text(&out.stderr);
+    assert!(err.contains("note: -W 16 with -c") && err.contains("8388608 B with 8"), "{err}");
+    assert!(!err.contains("64 B with"), "64 B keeps its window: {err}");
+    let v = read_report(&json, "streaming", "sim", "send", &[64, 8 << 20]);
+    assert_eq!(v["window"], 16, "asked");
+    assert_eq!(v["results"][0]["window"], 16);
+    assert_eq!(v["results"][1]["window"], 8, "64 MiB of 8 MiB messages");
+}
+
 #[test]
 fn atomics_default_to_8_bytes() {
     let _busy = busy();

@@ -267,6 +267,9 @@ pub struct Report<'a> {
     pub device: &'a str,
     pub op: &'a str,
     pub lcores: String,
+    /// Streaming: the window `-W` asked for (each result says the one it
+    /// ran with, smaller where verifying capped it).
+    pub window: Option<u64>,
     pub rows: &'a [Row],
     pub counters: &'a BTreeMap<String, u64>,
     /// The answering sides' (receivers', responders', targets') when they
@@ -288,6 +291,9 @@ impl Report<'_> {
             "results": results,
             "counters": map(self.counters),
         });
+        if let Some(w) = self.window {
+            report["window"] = json!(w);
+        }
         if !self.passive_counters.is_empty() {
             report["passive_counters"] = Value::Object(map(self.passive_counters));
         }
@@ -417,6 +423,7 @@ mod tests {
             device: "sim",
             op: "send",
             lcores: "0".into(),
+            window: None,
             rows: &rows,
             counters: &counters,
             passive_counters: &BTreeMap::new(),

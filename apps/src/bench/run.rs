@@ -37,7 +37,8 @@ use super::op::{Io, OpKind};
 use super::report::{self, Report, Row};
 use super::target::Target;
 use super::{
-    ActiveSide, App, Params, PassiveSide, RunError, Sample, Side, pingpong, plot, streaming,
+    ActiveSide, App, Params, PassiveSide, RunError, Sample, Side, VERIFY_BYTES, pingpong, plot,
+    streaming,
 };
 
 /// The devices the apps run on now.
@@ -552,6 +553,7 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         // The client measured; its rows are this run's results here too.
         ours.rows = peer_rows;
         note_batches(&ours.rows);
+        note_windows(&ours.rows, a.params.window);
         eprintln!(
             "efapoll {}: served {} flow(s) over {} size(s)",
             a.app.name(),
@@ -576,6 +578,28 @@ fn note_batches(rows: &[Row]) {
             "note: round trips under 100 clock reads long were timed in batches, so their \
              percentiles are of batch means: {}",
             batched.join(", ")
+        );
+    }
+}
+
+/// Says which sizes ran with fewer operations in flight than `-W` asked
+/// (verifying keeps a buffer per operation in flight, at most
+/// [`VERIFY_BYTES`] of them), once, after the table.
+fn note_windows(rows: &[Row], asked: u32) {
+    let fewer: Vec<String> = rows
+        .iter()
+        .filter_map(|row| match row {
+            Row::Streaming(r) if r.window < u64::from(asked) => {
+                Some(format!("{} B with {}", r.bytes, r.window))
+            }
+            _ => None,
+        })
+        .collect();
+    if !fewer.is_empty() {
+        eprintln!(
+            "note: -W {asked} with -c: verifying keeps a buffer per message in flight, {} MiB              at most, so these sizes ran with smaller windows: {}",
+            VERIFY_BYTES >> 20,
+            fewer.join(", ")
         );
     }
 }
@@ -699,6 +723,7 @@ impl<'a> Collector<'a> {
             return Err(e);
         }
         note_batches(&self.rows);
+        note_windows(&self.rows, self.a.params.window);
         Ok(Outcome { a: self.a, rows: self.rows, counters, passive_counters })
     }
 
@@ -722,6 +747,7 @@ impl Outcome<'_> {
             device: &a.params.device,
             op: &a.params.op,
             lcores: a.lcores.to_string(),
+            window: (a.app == App::Streaming).then_some(u64::from(a.params.window)),
             rows: &self.rows,
             counters: &self.counters,
             passive_counters: &self.passive_counters,
