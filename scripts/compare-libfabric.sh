@@ -3,18 +3,19 @@
 # `efapoll pingpong` on the same device class, the same sizes and
 # iterations, back to back, alternating, RUNS times each; prints the
 # medians per size:
-#   fi_us     fi_pingpong's usec/xfer: elapsed / iterations / 2, the
-#             average half round trip
-#   ef_avg    efapoll's t_avg (the same average), µs
-#   ef_p50    efapoll's t_p50, µs
-#   avg_x     fi_us / ef_avg: how many times faster efapoll is on average
-#   p50_x     fi_us / ef_p50
+#   fi_avg    fi_pingpong's usec/xfer: elapsed / iterations / 2, the
+#             average half round trip (all fi_pingpong reports), µs
+#   ef_avg    efapoll's t_avg, the same average, µs
+#   avg_x     fi_avg / ef_avg: how many times faster efapoll is, average
+#             against average (like with like)
+#   ef_p50    efapoll's t_p50, µs, for reference: no ratio, since
+#             fi_pingpong has no median to set against it
 #
 # fi_pingpong's server runs on core 1 and its client on core 0 (taskset);
 # efapoll pins its two lcores, 0 and 1, itself. Never more than two busy
 # threads at a time.
 #
-# Usage: scripts/compare-libfabric.sh [-p shm|udp|efa] [-S 64,4096,...] [-r RUNS] [-I ITERS]
+# Usage: scripts/compare-libfabric.sh [-p shm|udp|efa] [-S 64,4096,...] [-r RUNS] [-I ITERS] [-o FILE]
 #   -p  fi_pingpong's provider and efapoll's device (default shm); udp is
 #       libfabric's `udp;ofi_rxd` (RDM over UDP) against efapoll's udp
 #       device, both on this host
@@ -22,6 +23,10 @@
 #   -r  runs of each program per size (default 5, at least 5)
 #   -I  iterations per run (default ten times fabtests': 100000, from
 #       64 KiB 10000, from 1 MiB 1000, so that start-up costs vanish)
+#   -o  also write the medians to FILE in Bencher Metric Format:
+#       `compare/<provider>/<bytes>B/libfabric` and `.../efapoll` with
+#       `latency`, the average half round trip in ns, and
+#       `.../efapoll-p50` with efapoll's median as its `latency`
 # Exit status: 0 done, 1 a run failed, 2 bad arguments or fi_pingpong
 # absent.
 set -euo pipefail
@@ -31,12 +36,14 @@ provider=shm
 sizes=64,256,1k,4k,16k,64k,1m
 runs=5
 iters=""
-while getopts "p:S:r:I:h" opt; do
+bmf=""
+while getopts "p:S:r:I:o:h" opt; do
   case "$opt" in
     p) provider="$OPTARG" ;;
     S) sizes="$OPTARG" ;;
     r) runs="$OPTARG" ;;
     I) iters="$OPTARG" ;;
+    o) bmf="$OPTARG" ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
   esac
 done
@@ -151,8 +158,9 @@ median() {
 echo "# $(date -u +%Y-%m-%d) $(uname -n): $(lscpu | sed -n 's/^Model name: *//p' | head -1)," \
   "$(nproc) cores; $(fi_info --version 2>/dev/null | sed -n 's/^libfabric: /libfabric /p')"
 echo "# provider/device $provider, $runs runs each, alternating; times in µs (half round trips)"
-printf '%9s %8s %9s %9s %9s %8s %8s\n' bytes iters fi_us ef_avg ef_p50 avg_x p50_x
+printf '%9s %8s %9s %9s %8s %9s\n' bytes iters fi_avg ef_avg avg_x ef_p50
 IFS=',' read -r -a size_list <<<"$sizes"
+entries=()
 for spec in "${size_list[@]}"; do
   size="$(to_bytes "$spec")"
   n="$(iters_for "$size")"
@@ -163,9 +171,23 @@ for spec in "${size_list[@]}"; do
     read -r avg p50 <<<"$ef"
     fi_all+=" $fi_us" avg_all+=" $avg" p50_all+=" $p50"
   done
-  fi_us="$(echo "$fi_all" | median)"
+  fi_avg="$(echo "$fi_all" | median)"
   ef_avg="$(echo "$avg_all" | median)"
   ef_p50="$(echo "$p50_all" | median)"
-  awk -v b="$size" -v n="$n" -v f="$fi_us" -v a="$ef_avg" -v p="$ef_p50" 'BEGIN {
-    printf "%9d %8d %9.2f %9.2f %9.2f %8.2f %8.2f\n", b, n, f, a, p, f / a, f / p }'
+  awk -v b="$size" -v n="$n" -v f="$fi_avg" -v a="$ef_avg" -v p="$ef_p50" 'BEGIN {
+    printf "%9d %8d %9.2f %9.2f %8.2f %9.2f\n", b, n, f, a, f / a, p }'
+  entries+=("$(awk -v pr="$provider" -v b="$size" -v f="$fi_avg" -v a="$ef_avg" -v p="$ef_p50" 'BEGIN {
+    printf "  \"compare/%s/%dB/libfabric\": {\"latency\": {\"value\": %.1f}},\n", pr, b, f * 1000
+    printf "  \"compare/%s/%dB/efapoll\": {\"latency\": {\"value\": %.1f}},\n", pr, b, a * 1000
+    printf "  \"compare/%s/%dB/efapoll-p50\": {\"latency\": {\"value\": %.1f}}", pr, b, p * 1000 }')")
 done
+if [ -n "$bmf" ]; then
+  {
+    echo "{"
+    last=$((${#entries[@]} - 1))
+    for i in "${!entries[@]}"; do
+      if [ "$i" -lt "$last" ]; then echo "${entries[$i]},"; else echo "${entries[$i]}"; fi
+    done
+    echo "}"
+  } >"$bmf"
+fi
