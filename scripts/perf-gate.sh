@@ -7,7 +7,8 @@
 #   scripts/perf-gate.sh --mode instructions --update-baseline
 #                                                 write that baseline (after a deliberate change)
 #   scripts/perf-gate.sh --mode wall --machine c7gn.metal
-#   scripts/perf-gate.sh --mode app               efapoll pingpong/streaming --json
+#   scripts/perf-gate.sh --mode app --machine c7gn.metal
+#                                                 efapoll pingpong/streaming --json
 #   scripts/perf-gate.sh --help                   every option
 #
 # Exit status: 0 pass, 1 error (missing valgrind, no baseline, a failed

@@ -74,9 +74,24 @@ fn compare_exits_3_on_a_regression_or_a_missing_metric() {
 
 #[test]
 fn wall_and_app_modes_need_five_runs() {
-    let out = perf(&["gate", "--mode", "wall", "--runs", "3"]);
+    let out = perf(&["gate", "--mode", "wall", "--machine", "m", "--runs", "3"]);
     assert_eq!(code(&out), 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 5 runs"));
+}
+
+/// A CI runner's host name changes from run to run: wall and app
+/// baselines are named by a label given, never by it.
+#[test]
+fn wall_and_app_modes_need_a_machine_label() {
+    for mode in ["wall", "app"] {
+        let out = perf(&["gate", "--mode", mode]);
+        assert_eq!(code(&out), 2, "{mode}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("needs --machine LABEL") && err.contains("--baseline"), "{err}");
+    }
+    let out = perf(&["gate", "--mode", "wall", "--machine", "../etc"]);
+    assert_eq!(code(&out), 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--machine"));
 }
 
 #[test]
@@ -102,6 +117,8 @@ fn the_instruction_gate_passes_then_fails_against_a_lower_baseline() {
     let first = gate(&[]);
     assert_eq!(code(&first), 1);
     assert!(String::from_utf8_lossy(&first.stderr).contains("--update-baseline"));
+    let said = String::from_utf8_lossy(&first.stdout);
+    assert!(!said.contains("PASS") && !said.contains("FAIL"), "one verdict, the error: {said}");
     assert_eq!(code(&gate(&["--update-baseline"])), 0);
     // Deterministic: the same count again.
     let again = gate(&[]);

@@ -79,9 +79,10 @@ pub struct GateArgs {
     /// perf/baselines/MODE-MACHINE.json for wall and app].
     #[arg(long)]
     pub baseline: Option<PathBuf>,
-    /// Names the machine in the default wall and app baseline path, e.g.
-    /// the instance type [default: the host name].
-    #[arg(long)]
+    /// Names the machine in the wall and app baseline path, e.g. the
+    /// instance type: a stable label (a CI runner's host name changes
+    /// from run to run). Wall and app modes need it, or --baseline.
+    #[arg(long, value_name = "LABEL", value_parser = parse_machine)]
     pub machine: Option<String>,
     /// Where the results go [default: target/perf-gate/MODE.json].
     #[arg(long)]
@@ -126,12 +127,15 @@ fn out_dir() -> PathBuf {
 }
 
 /// This host's name, for default baseline paths.
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".to_string())
+/// `--machine`: it becomes part of a file name.
+fn parse_machine(label: &str) -> Result<String, String> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    if label.is_empty() || !label.chars().all(ok) {
+        return Err(
+            "expected a label of letters, digits, `.`, `_` and `-` (e.g. c7gn.metal)".into()
+        );
+    }
+    Ok(label.to_owned())
 }
 
 /// The workloads a run measures.
@@ -157,13 +161,17 @@ pub fn run(args: &GateArgs) -> Result<u8, GateError> {
         )));
     }
     let mode = args.mode.name();
-    let baseline_path = args.baseline.clone().unwrap_or_else(|| match args.mode {
-        Mode::Instructions => Path::new(BASELINES).join("instructions.json"),
-        _ => {
-            let machine = args.machine.clone().unwrap_or_else(hostname);
-            Path::new(BASELINES).join(format!("{mode}-{machine}.json"))
+    let baseline_path = match (&args.baseline, args.mode, &args.machine) {
+        (Some(path), _, _) => path.clone(),
+        (None, Mode::Instructions, _) => Path::new(BASELINES).join("instructions.json"),
+        (None, _, Some(machine)) => Path::new(BASELINES).join(format!("{mode}-{machine}.json")),
+        (None, _, None) => {
+            return Err(GateError::Usage(format!(
+                "--mode {mode} needs --machine LABEL (a stable name for this kind of machine, \
+                 e.g. c7gn.metal: the baseline is {BASELINES}/{mode}-LABEL.json) or --baseline FILE"
+            )));
         }
-    });
+    };
     let out_path = args.out.clone().unwrap_or_else(|| out_dir().join(format!("{mode}.json")));
     let exe = std::env::current_exe().map_err(|e| GateError::Tool(format!("own path: {e}")))?;
 
@@ -221,7 +229,11 @@ pub fn run(args: &GateArgs) -> Result<u8, GateError> {
         in_scope,
     )?;
     print!("{}", comparison.table());
-    print!("{}", comparison.summary());
+    // Without a baseline there is nothing to pass or fail: the one verdict
+    // is the error below (or the baseline written), not a PASS of "new"s.
+    if baseline.is_some() || args.update_baseline {
+        print!("{}", comparison.summary());
+    }
     eprintln!("gate: {:.0} s", started.elapsed().as_secs_f64());
 
     if args.update_baseline {
