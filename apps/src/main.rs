@@ -52,7 +52,11 @@ enum Command {
     ///
     /// Without HOST or --server both sides run here, on two lcores over shm
     /// (or on one lcore with -p sim).
-    #[command(after_help = EXIT_STATUS)]
+    #[command(
+        after_help = EXIT_STATUS,
+        mut_arg("iterations", |a| a.help(PINGPONG_ITERATIONS).long_help(None::<&str>)),
+        mut_arg("op", |a| a.value_parser(op_values(App::Pingpong)))
+    )]
     Pingpong(BenchArgs),
     /// Bandwidth: a window of messages in flight one way.
     ///
@@ -61,7 +65,11 @@ enum Command {
     ///
     /// Without HOST or --server both sides run here, on two lcores over shm
     /// (or on one lcore with -p sim).
-    #[command(after_help = EXIT_STATUS)]
+    #[command(
+        after_help = EXIT_STATUS,
+        mut_arg("iterations", |a| a.help(STREAMING_ITERATIONS).long_help(None::<&str>)),
+        mut_arg("op", |a| a.value_parser(op_values(App::Streaming)))
+    )]
     Streaming(StreamingArgs),
     /// The devices available here and their capabilities.
     Info,
@@ -85,6 +93,33 @@ enum Command {
 
 // decode's help states the line limit as a number.
 const _: () = assert!(decode::MAX_LINE == 65536);
+
+const PINGPONG_ITERATIONS: &str = "Measured round trips per size. Default: fewer for larger \
+     sizes, as fabtests: 10000, from 64 KiB 1000, from 1 MiB 100";
+const STREAMING_ITERATIONS: &str = "Measured messages (or operations) per size. Default: about \
+     1 GiB per size, 200 to 1000000 messages";
+
+/// `-o`'s values, each described as `app` runs it.
+fn op_values(app: App) -> clap::builder::ValueParser {
+    let pingpong = app == App::Pingpong;
+    let help = |op: OpKind| match op {
+        OpKind::Send => "Untagged send/recv",
+        OpKind::Tagged => "Tagged send/recv",
+        OpKind::Write if pingpong => {
+            "RDMA write into the peer's buffer with CQ data, whose completion tells the peer"
+        }
+        OpKind::Write => "RDMA writes into the peer's buffer",
+        OpKind::Read if pingpong => "RDMA read from the peer's buffer, each timed whole",
+        OpKind::Read => "RDMA reads from the peer's buffer",
+        OpKind::Atomic if pingpong => "Fetch-add on a u64 in the peer's buffer, timed whole (-S 8)",
+        OpKind::Atomic => "Fetch-adds on a u64 in the peer's buffer (-S 8)",
+    };
+    let ops = [OpKind::Send, OpKind::Tagged, OpKind::Write, OpKind::Read, OpKind::Atomic];
+    let names = ops.map(|op| clap::builder::PossibleValue::new(op.name()).help(help(op)));
+    let parser = clap::builder::PossibleValuesParser::new(names)
+        .map(|name| OpKind::from_str(&name, false).expect("a listed name"));
+    clap::builder::ValueParser::new(parser)
+}
 
 /// `-p`: the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -147,9 +182,7 @@ struct BenchArgs {
     /// write take sizes from 1 B, since a zero-byte one never reaches the peer.
     #[arg(short = 'S', long = "size", value_name = "SIZE|all|a,b,c", value_parser = parse_sizes)]
     sizes: Option<Sizes>,
-    /// Measured iterations per size. Default: fewer for larger sizes
-    /// (pingpong 10000, from 64 KiB 1000, from 1 MiB 100; streaming about
-    /// 1 GiB per size, 200 to 1000000 messages).
+    /// Measured iterations per size (each subcommand says its default).
     #[arg(short = 'I', long = "iterations", value_parser = clap::value_parser!(u64).range(1..))]
     iterations: Option<u64>,
     /// Unmeasured iterations before each size.
@@ -231,8 +264,13 @@ struct StreamingArgs {
 }
 
 /// A bad combination of arguments: exit 2 with clap's usage line.
-fn usage_error(message: String) -> ! {
-    Cli::command().error(ErrorKind::ArgumentConflict, message).exit()
+fn usage_error(app: App, message: String) -> ! {
+    let mut cli = Cli::command();
+    // Built, the subcommand knows its full name: its usage, not the
+    // top-level one, goes with the message.
+    cli.build();
+    let sub = cli.find_subcommand_mut(app.name()).expect("every app is a subcommand");
+    sub.error(ErrorKind::ArgumentConflict, message).exit()
 }
 
 /// Checks what clap cannot and builds the run.
@@ -243,9 +281,12 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         Provider::Udp => DeviceKind::Udp,
         Provider::Efa => {
             let name = b.provider.to_possible_value().expect("not skipped").get_name().to_owned();
-            usage_error(format!(
-                "-p {name}: the {name} device is not built yet; built devices: sim, shm, udp"
-            ))
+            usage_error(
+                app,
+                format!(
+                    "-p {name}: the {name} device is not built yet; built devices: sim, shm, udp"
+                ),
+            )
         }
     };
     let mode = match (b.host, b.server) {
@@ -255,13 +296,14 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
     };
     if device == DeviceKind::Sim && mode != Mode::SelfContained {
         usage_error(
+            app,
             "-p sim runs both sides in this process: it takes no HOST and no --server".into(),
         );
     }
-    let available = available_cores().unwrap_or_else(|e| usage_error(format!("-l: {e}")));
+    let available = available_cores().unwrap_or_else(|e| usage_error(app, format!("-l: {e}")));
     let first = |n: usize| {
         if available.len() < n {
-            usage_error(format!("-l: {n} cores are needed; the cores here are {available}"));
+            usage_error(app, format!("-l: {n} cores are needed; the cores here are {available}"));
         }
         LcoreMap::identity(CoreList::from_cores(available.iter().take(n)).expect("existing cores"))
     };
@@ -271,10 +313,13 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         (None, DeviceKind::Shm | DeviceKind::Udp) => first(2),
     };
     if device != DeviceKind::Sim && !lcores.lcores().len().is_multiple_of(2) {
-        usage_error(format!(
-            "-l {lcores}: shm and udp run one flow per lcore pair, so it takes an even number of \
+        usage_error(
+            app,
+            format!(
+                "-l {lcores}: shm and udp run one flow per lcore pair, so it takes an even number of \
              lcores (like 0-1 or 0-3); the cores here are {available}"
-        ));
+            ),
+        );
     }
     let streaming = app == App::Streaming;
     let sizes = b.sizes.map(|s| s.0).unwrap_or_else(|| match (app, b.op) {
@@ -282,7 +327,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         (App::Pingpong, _) => sizes::default_pingpong(),
         (App::Streaming, _) => sizes::default_streaming(),
     });
-    check_sizes(app, b.op, &sizes).unwrap_or_else(|e| usage_error(e));
+    check_sizes(app, b.op, &sizes).unwrap_or_else(|e| usage_error(app, e));
     let iterations = sizes.iter().map(|&s| sizes::iterations(s, b.iterations, streaming)).collect();
     let n = lcores.lcores().len();
     let flows = if device == DeviceKind::Sim { n } else { n / 2 };

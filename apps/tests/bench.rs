@@ -738,6 +738,23 @@ fn a_window_that_verifying_shrinks_is_said() {
     assert_eq!(v["results"][1]["window"], 8, "64 MiB of 8 MiB messages");
 }
 
+/// Each subcommand's help and errors speak of it, not of the other.
+#[test]
+fn help_and_usage_errors_are_the_subcommands_own() {
+    let pingpong = text(&run(&["pingpong", "--help"]).stdout);
+    let streaming = text(&run(&["streaming", "--help"]).stdout);
+    assert!(pingpong.contains("Measured round trips per size"), "{pingpong}");
+    assert!(pingpong.contains("with CQ data"), "{pingpong}");
+    assert!(!pingpong.contains("1 GiB per size"), "{pingpong}");
+    assert!(streaming.contains("1 GiB per size"), "{streaming}");
+    assert!(streaming.contains("write:  RDMA writes into the peer's buffer\n"), "{streaming}");
+    assert!(!streaming.contains("whose completion tells") && !streaming.contains("round trips"));
+    let err = usage_error(&["streaming", "-p", "sim", "--server"]);
+    assert!(err.contains("Usage: efapoll streaming"), "{err}");
+    let err = usage_error(&["pingpong", "-p", "sim", "--server"]);
+    assert!(err.contains("Usage: efapoll pingpong"), "{err}");
+}
+
 #[test]
 fn atomics_default_to_8_bytes() {
     let _busy = busy();
