@@ -182,8 +182,16 @@ struct BenchArgs {
     /// write take sizes from 1 B, since a zero-byte one never reaches the peer.
     #[arg(short = 'S', long = "size", value_name = "SIZE|all|a,b,c", value_parser = parse_sizes)]
     sizes: Option<Sizes>,
+    /// Every size, 1 B to 8 MiB in powers of two: -S all (perftest's -a).
+    #[arg(short = 'a', long = "all-sizes", conflicts_with = "sizes")]
+    all_sizes: bool,
+    /// The endpoint type, as fabtests' -e: efapoll's are reliable
+    /// datagram endpoints (FI_EP_RDM), as EFA's, so `rdm` only.
+    #[arg(short = 'e', long = "ep-type", value_name = "rdm", value_parser = ["rdm", "msg", "dgram"])]
+    ep_type: Option<String>,
     /// Measured iterations per size (each subcommand says its default).
-    #[arg(short = 'I', long = "iterations", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'I', long = "iterations", short_alias = 'n', alias = "iters",
+          value_parser = clap::value_parser!(u64).range(1..))]
     iterations: Option<u64>,
     /// Unmeasured iterations before each size.
     #[arg(short = 'w', long = "warmup", default_value_t = 10)]
@@ -199,7 +207,7 @@ struct BenchArgs {
     /// Verify every byte received (a pattern per message); one-sided ops:
     /// what each write left in the target, each read brought back, and the
     /// counter the atomics added to.
-    #[arg(short = 'c', long = "check")]
+    #[arg(short = 'c', long = "check", short_alias = 'v', alias = "verify")]
     check: bool,
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
@@ -321,8 +329,18 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
             ),
         );
     }
+    if let Some(ep) = b.ep_type.as_deref().filter(|&ep| ep != "rdm") {
+        usage_error(
+            app,
+            format!(
+                "-e {ep}: efapoll's endpoints are reliable datagram endpoints (FI_EP_RDM), as \
+                 EFA's: -e rdm, or leave -e out"
+            ),
+        );
+    }
     let streaming = app == App::Streaming;
-    let sizes = b.sizes.map(|s| s.0).unwrap_or_else(|| match (app, b.op) {
+    let sizes = b.sizes.map(|s| s.0).or(b.all_sizes.then(sizes::all));
+    let sizes = sizes.unwrap_or_else(|| match (app, b.op) {
         (_, OpKind::Atomic) => vec![ATOMIC_SIZE],
         (App::Pingpong, _) => sizes::default_pingpong(),
         (App::Streaming, _) => sizes::default_streaming(),

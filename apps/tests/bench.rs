@@ -738,6 +738,28 @@ fn a_window_that_verifying_shrinks_is_said() {
     assert_eq!(v["results"][1]["window"], 8, "64 MiB of 8 MiB messages");
 }
 
+/// fabtests' and perftest's habits: -e rdm, -v (verify), -n (iterations)
+/// and -a (every size) mean what they mean there; -e msg says why not.
+#[test]
+fn fabtests_and_perftest_options_are_understood() {
+    let _busy = busy();
+    let json = tmp("habits.json");
+    let args = ["pingpong", "-p", "sim", "-e", "rdm", "-v", "-n", "30", "-S", "64", "--json"];
+    let out = run(&[&args[..], &[json.to_str().unwrap()]].concat());
+    assert_ok(&out, "pingpong -e rdm -v -n 30");
+    let v = read_report(&json, "pingpong", "sim", "send", &[64]);
+    assert_eq!(v["results"][0]["iterations"], 30, "-n is -I");
+    let out = run(&["streaming", "-p", "sim", "-a", "-n", "5", "-W", "4"]);
+    assert_ok(&out, "streaming -a");
+    let sizes: Vec<String> = rows(&out).iter().map(|r| r[0].clone()).collect();
+    assert_eq!(sizes.len(), 24, "1 B to 8 MiB: {sizes:?}");
+    assert_eq!((sizes[0].as_str(), sizes[23].as_str()), ("1", "8388608"));
+    let err = usage_error(&["pingpong", "-e", "msg"]);
+    assert!(err.contains("-e msg") && err.contains("-e rdm"), "{err}");
+    let err = usage_error(&["pingpong", "-a", "-S", "64"]);
+    assert!(err.contains("--all-sizes") && err.contains("--size"), "{err}");
+}
+
 /// Each subcommand's help and errors speak of it, not of the other.
 #[test]
 fn help_and_usage_errors_are_the_subcommands_own() {

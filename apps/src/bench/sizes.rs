@@ -25,12 +25,17 @@ const HELP: &str = "expected a number of bytes with an optional k, m or g suffix
                     a comma-separated list of them (64,4k,1m), or `all` (1 B to 8 MiB in \
                     powers of two)";
 
+/// `-S all` (and `-a`): 1 B to 8 MiB in powers of two.
+pub fn all() -> Vec<u64> {
+    powers_of_two(1, ALL_MAX)
+}
+
 /// Parses `-S`: `all`, or sizes separated by commas, each a number with an
 /// optional binary suffix `k`/`K` (KiB), `m`/`M` (MiB) or `g`/`G` (GiB).
 pub fn parse(text: &str) -> Result<Vec<u64>, String> {
     let text = text.trim();
     if text.eq_ignore_ascii_case("all") {
-        return Ok(powers_of_two(1, ALL_MAX));
+        return Ok(all());
     }
     if text.is_empty() {
         return Err(format!("no size given; {HELP}"));
