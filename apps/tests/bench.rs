@@ -178,9 +178,9 @@ fn sim_pingpong_and_streaming_print_a_row_per_size() {
     assert_ok(&out, "pingpong -p sim");
     let table = rows(&out);
     assert_eq!(table.len(), 3, "{}", text(&out.stdout));
-    assert!(table.iter().all(|r| r.len() == 10 && r[1] == "200"));
+    assert!(table.iter().all(|r| r.len() == 11 && r[1] == "200"));
     assert_eq!(table[1][0], "4096");
-    assert!(text(&out.stdout).contains("t_p99.9"));
+    assert!(text(&out.stdout).contains("t_p99.9") && text(&out.stdout).contains("t_stddev"));
 
     let out = run(&["streaming", "-p", "sim", "-o", "tagged", "-c", "-S", "64,70000", "-I", "300"]);
     assert_ok(&out, "streaming -p sim -o tagged -c");

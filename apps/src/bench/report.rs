@@ -86,6 +86,10 @@ pub struct PingpongRow {
     pub mmsg_per_s: f64,
     /// Round trips timed per clock read (1: each one).
     pub batch: u64,
+    /// The standard deviation of the half round trips: a spread larger
+    /// than the median says the machine was busy or the cores moved.
+    #[serde(default)]
+    pub t_stddev_us: f64,
 }
 
 /// A streaming table row.
@@ -164,6 +168,7 @@ pub fn aggregate(samples: &[Sample]) -> Row {
                 t_p99_us: us(hist.value_at_quantile(0.99)),
                 t_p999_us: us(hist.value_at_quantile(0.999)),
                 t_max_us: us(hist.max()),
+                t_stddev_us: r3(hist.stdev() / 1e3),
                 mb_per_s: r3(rate * first.bytes as f64 / 1e6),
                 mmsg_per_s: r3(rate / 1e6),
                 batch: samples
@@ -200,11 +205,35 @@ pub fn aggregate(samples: &[Sample]) -> Row {
     }
 }
 
+/// The warning for sizes whose round trips spread wider than their
+/// median: on a quiet machine with pinned cores the deviation is a
+/// fraction of it, so such a spread says the machine was busy or the cores
+/// moved, and the averages and tails of those rows measure that.
+pub fn spread_warning(rows: &[Row]) -> Option<String> {
+    let wide: Vec<String> = rows
+        .iter()
+        .filter_map(|row| match row {
+            Row::Pingpong(r) if r.t_stddev_us > r.t_p50_us => Some(format!(
+                "{} B (stddev {:.2} µs, p50 {:.2} µs, max {:.2} µs)",
+                r.bytes, r.t_stddev_us, r.t_p50_us, r.t_max_us
+            )),
+            _ => None,
+        })
+        .collect();
+    (!wide.is_empty()).then(|| {
+        format!(
+            "warning: round trips spread wider than their median, so the machine was busy or \
+             the cores moved during: {}; compare medians of several runs",
+            wide.join(", ")
+        )
+    })
+}
+
 /// The table's column header.
 pub fn header(app: App) -> String {
     match app {
         App::Pingpong => format!(
-            "{:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}",
+            "{:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9}",
             "bytes",
             "iterations",
             "t_min",
@@ -214,7 +243,8 @@ pub fn header(app: App) -> String {
             "t_p99.9",
             "t_max",
             "MB/s",
-            "Mmsg/s"
+            "Mmsg/s",
+            "t_stddev"
         ),
         App::Streaming => format!(
             "{:>9} {:>10} {:>6} {:>10} {:>10} {:>8} {:>9} {:>6}",
@@ -227,7 +257,7 @@ pub fn header(app: App) -> String {
 pub fn format_row(row: &Row) -> String {
     match row {
         Row::Pingpong(r) => format!(
-            "{:>9} {:>10} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8.4}",
+            "{:>9} {:>10} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8.4} {:>9.2}",
             r.bytes,
             r.iterations,
             r.t_min_us,
@@ -237,7 +267,8 @@ pub fn format_row(row: &Row) -> String {
             r.t_p999_us,
             r.t_max_us,
             r.mb_per_s,
-            r.mmsg_per_s
+            r.mmsg_per_s,
+            r.t_stddev_us
         ),
         Row::Streaming(r) => format!(
             "{:>9} {:>10} {:>6} {:>10.2} {:>10.2} {:>8.4} {:>9.3} {:>6.1}",
@@ -384,6 +415,19 @@ mod tests {
     }
 
     #[test]
+    fn a_spread_wider_than_the_median_is_warned_of() {
+        // Steady round trips: no warning.
+        let quiet = aggregate(&[pingpong(64, &[1000; 100])]);
+        assert_eq!(spread_warning(&[quiet.clone()]), None);
+        // Mostly 1 µs, a few 2 ms stalls: the deviation dwarfs the median.
+        let mut times = vec![1000u64; 990];
+        times.extend([2_000_000; 10]);
+        let noisy = aggregate(&[pingpong(4096, &times)]);
+        let w = spread_warning(&[quiet, noisy]).expect("a warning");
+        assert!(w.contains("4096 B (stddev") && !w.contains("64 B"), "{w}");
+    }
+
+    #[test]
     fn rows_line_up_under_the_header() {
         let row = aggregate(&[pingpong(1 << 20, &[123_456, 234_567])]);
         let line = format_row(&row);
@@ -392,7 +436,7 @@ mod tests {
             line.split_whitespace().collect::<Vec<_>>(),
             [
                 "1048576", "2", "123.50", "123.50", "179.00", "234.60", "234.60", "234.60",
-                "5858.00", "0.0056"
+                "5858.00", "0.0056", "55.54"
             ]
         );
         let s = Sample::Streaming(StreamingSample {
@@ -445,6 +489,7 @@ mod tests {
             "t_p99_us",
             "t_p999_us",
             "t_max_us",
+            "t_stddev_us",
             "mb_per_s",
             "mmsg_per_s",
         ] {

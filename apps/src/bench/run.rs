@@ -554,6 +554,7 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         ours.rows = peer_rows;
         note_batches(&ours.rows);
         note_windows(&ours.rows, a.params.window);
+        warn_spread(&ours.rows);
         eprintln!(
             "efapoll {}: served {} flow(s) over {} size(s)",
             a.app.name(),
@@ -579,6 +580,13 @@ fn note_batches(rows: &[Row]) {
              percentiles are of batch means: {}",
             batched.join(", ")
         );
+    }
+}
+
+/// Warns of sizes whose round trips spread wider than their median.
+fn warn_spread(rows: &[Row]) {
+    if let Some(w) = report::spread_warning(rows) {
+        eprintln!("{w}");
     }
 }
 
@@ -724,6 +732,7 @@ impl<'a> Collector<'a> {
         }
         note_batches(&self.rows);
         note_windows(&self.rows, self.a.params.window);
+        warn_spread(&self.rows);
         Ok(Outcome { a: self.a, rows: self.rows, counters, passive_counters })
     }
 
