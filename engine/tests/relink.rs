@@ -1370,3 +1370,192 @@ fn tcp_conns_use_255_byte_channel_ids() {
     conn.shutdown().unwrap();
     assert_eq!(server.join().unwrap(), (wide, vec![b"there".to_vec()]));
 }
+
+// ---- the Conn's API: closure, multicast, transactions, consumption ----
+
+/// The next event that is not the handshake's.
+fn next_event(conn: &mut relink::Conn) -> Event {
+    loop {
+        match conn.next_event(DEADLINE).unwrap() {
+            Event::Connected { .. } => {}
+            event => return event,
+        }
+    }
+}
+
+fn message(channel: u64, seq: u32, part: &[u8]) -> Event {
+    Event::Message { channel: ch(channel), seq, parts: vec![part.to_vec()] }
+}
+
+#[test]
+fn tcp_a_closed_channel_ends_after_its_messages_and_reopens_from_zero() {
+    let (mut a, mut b) = relink::loopback_pair(ENDPOINT, &options()).unwrap();
+    assert_eq!(a.send(5, &[b"one"]).unwrap(), 0);
+    assert_eq!(a.send(5, &[b"two"]).unwrap(), 1);
+    a.close(5).unwrap();
+    let closing = a.send(5, &[b"late"]);
+    assert!(
+        matches!(closing, Err(TcpError::Command(CommandError::ChannelClosing { .. }))),
+        "{closing:?}"
+    );
+    // The peer sees the closure after the channel's messages.
+    assert_eq!(next_event(&mut b), message(5, 0, b"one"));
+    assert_eq!(next_event(&mut b), message(5, 1, b"two"));
+    assert_eq!(next_event(&mut b), Event::PeerClosed { channel: ch(5) });
+    // Not confirmed while a message of it is unconsumed.
+    let early = a.wait_closed(5, Duration::from_millis(100));
+    assert!(matches!(early, Err(TcpError::Timeout)), "{early:?}");
+    assert!(a.link().is_closing(5));
+    b.consume(5, 1).unwrap();
+    a.wait_closed(5, DEADLINE).unwrap();
+    assert!(a.link().is_closed(5));
+    // The confirmation was taken by the wait, not left for poll_event.
+    assert!(!std::iter::from_fn(|| a.poll_event()).any(|e| matches!(e, Event::Closed { .. })));
+    // Sending reopens the channel, numbered from 0.
+    assert_eq!(a.send(5, &[b"again"]).unwrap(), 0);
+    assert_eq!(next_event(&mut b), message(5, 0, b"again"));
+    let never = a.wait_closed(6, DEADLINE);
+    assert!(
+        matches!(never, Err(TcpError::Command(CommandError::ChannelNotOpen { .. }))),
+        "{never:?}"
+    );
+}
+
+#[test]
+fn tcp_multicast_numbers_each_channel_and_waits_for_every_window() {
+    let limits = Limits { send_window: 2, ..Limits::default() };
+    let (mut a, mut b) = relink::loopback_pair(ENDPOINT, &Options { limits, ..options() }).unwrap();
+    assert_eq!(a.send(1, &[b"x"]).unwrap(), 0);
+    assert_eq!(a.send_multicast(&[1u64, 2, 2], &[b"all"]).unwrap(), [1, 0, 1]);
+    assert_eq!(next_event(&mut b), message(1, 0, b"x"));
+    assert_eq!(next_event(&mut b), message(1, 1, b"all"));
+    assert_eq!(next_event(&mut b), message(2, 0, b"all"));
+    assert_eq!(next_event(&mut b), message(2, 1, b"all"));
+    // Each channel is acknowledged on its own.
+    b.consume(2, 1).unwrap();
+    a.wait_consumed(2, 1, DEADLINE).unwrap();
+    assert!(!a.link().is_consumed(1, 0).unwrap());
+    // More copies for one channel than its window is refused at once.
+    let start = Instant::now();
+    let beyond = a.send_multicast(&[3u64, 3, 3], &[b"x"]);
+    assert!(
+        matches!(
+            beyond,
+            Err(TcpError::Command(CommandError::BeyondWindow { count: 3, window: 2, .. }))
+        ),
+        "{beyond:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+
+    // Channel 1's window is full: the multicast waits for it, and channel
+    // 4 gets nothing meanwhile.
+    let consumer = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(100));
+        b.consume(1, 1).unwrap();
+        let mut rest = Vec::new();
+        while rest.len() < 2 {
+            rest.push(next_event(&mut b));
+        }
+        rest
+    });
+    let start = Instant::now();
+    assert_eq!(a.send_multicast(&[4u64, 1], &[b"later"]).unwrap(), [0, 2]);
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    assert_eq!(consumer.join().unwrap(), [message(4, 0, b"later"), message(1, 2, b"later")]);
+}
+
+#[test]
+fn tcp_commit_and_rollback_reach_the_receiver_in_order_with_outcomes() {
+    let params = Params { connector_transactions: true, ..Params::default() };
+    let (mut a, mut b) = relink::loopback_pair(ENDPOINT, &Options { params, ..options() }).unwrap();
+    a.send(0, &[b"t1"]).unwrap();
+    a.send(0, &[b"t2"]).unwrap();
+    assert_eq!(a.commit(0).unwrap(), 1);
+    a.send(0, &[b"t3"]).unwrap();
+    assert_eq!(a.rollback(0).unwrap(), 2);
+    a.send(0, &[b"t4"]).unwrap();
+    assert_eq!(a.commit(0).unwrap(), 3);
+    let nothing = a.commit(0);
+    assert!(
+        matches!(nothing, Err(TcpError::Command(CommandError::NothingToCommit { .. }))),
+        "{nothing:?}"
+    );
+    // The listener's channels do not use transactions.
+    let refused = b.commit(0);
+    assert!(
+        matches!(refused, Err(TcpError::Command(CommandError::TransactionsNotNegotiated))),
+        "{refused:?}"
+    );
+
+    let events: Vec<_> = (0..7).map(|_| next_event(&mut b)).collect();
+    assert_eq!(
+        events,
+        [
+            message(0, 0, b"t1"),
+            message(0, 1, b"t2"),
+            Event::Commit { channel: ch(0), seq: 1 },
+            message(0, 2, b"t3"),
+            Event::Rollback { channel: ch(0), seq: 2 },
+            message(0, 3, b"t4"),
+            Event::Commit { channel: ch(0), seq: 3 },
+        ]
+    );
+    // Outcomes in commit order; the sender waits for each by number.
+    let early = b.resolve_commit(0, 3, false);
+    assert!(
+        matches!(early, Err(TcpError::Command(CommandError::NoPendingCommit { seq: 3, .. }))),
+        "{early:?}"
+    );
+    b.consume(0, 3).unwrap();
+    b.resolve_commit(0, 1, true).unwrap();
+    b.resolve_commit(0, 3, false).unwrap();
+    assert!(!a.wait_commit(0, 3, DEADLINE).unwrap());
+    assert!(a.wait_commit(0, 1, DEADLINE).unwrap());
+    // Each outcome is taken once.
+    let again = a.wait_commit(0, 1, DEADLINE);
+    assert!(
+        matches!(again, Err(TcpError::Command(CommandError::NoPendingCommit { seq: 1, .. }))),
+        "{again:?}"
+    );
+    assert!(a.link().is_consumed(0, 3).unwrap());
+}
+
+#[test]
+fn tcp_a_message_counts_consumed_only_once_the_receiver_says_so() {
+    let (mut a, mut b) = relink::loopback_pair(ENDPOINT, &options()).unwrap();
+    let window = Limits::default().send_window;
+    assert_eq!(a.send(0, &[b"m0"]).unwrap(), 0);
+    assert_eq!(a.send(0, &[b"m1"]).unwrap(), 1);
+    let m0 = b.recv_unconsumed(DEADLINE).unwrap();
+    let m1 = b.recv_unconsumed(DEADLINE).unwrap();
+    assert_eq!((m0.seq, m0.parts), (0, vec![b"m0".to_vec()]));
+    assert_eq!((m1.channel, m1.seq), (ch(0), 1));
+    // Received, not consumed: the sender still counts both.
+    let early = a.wait_consumed(0, 0, Duration::from_millis(100));
+    assert!(matches!(early, Err(TcpError::Timeout)), "{early:?}");
+    assert_eq!(a.link().send_window(0), window - 2);
+    b.consume(0, 0).unwrap();
+    a.wait_consumed(0, 0, DEADLINE).unwrap();
+    assert!(!a.link().is_consumed(0, 1).unwrap());
+    assert_eq!(a.link().send_window(0), window - 1);
+    b.consume(0, 1).unwrap();
+    a.wait_consumed(0, 1, DEADLINE).unwrap();
+    assert_eq!(a.link().send_window(0), window);
+    // Consumption is acknowledged once, and only of messages sent.
+    let twice = b.consume(0, 1);
+    assert!(
+        matches!(twice, Err(TcpError::Command(CommandError::NoSuchMessage { seq: 1, .. }))),
+        "{twice:?}"
+    );
+    let unsent = a.wait_consumed(0, 5, DEADLINE);
+    assert!(
+        matches!(unsent, Err(TcpError::Command(CommandError::NotSent { seq: 5, .. }))),
+        "{unsent:?}"
+    );
+    // recv consumes the message it returns, and every earlier one.
+    a.send(0, &[b"m2"]).unwrap();
+    a.send(0, &[b"m3"]).unwrap();
+    b.recv_unconsumed(DEADLINE).unwrap();
+    assert_eq!(b.recv(DEADLINE).unwrap(), (ch(0), vec![b"m3".to_vec()]));
+    a.wait_consumed(0, 3, DEADLINE).unwrap();
+}

@@ -268,6 +268,8 @@ pub enum LinkError {
 pub enum CommandError {
     #[error("channel {channel} has the most unconsumed messages; wait for acknowledgements")]
     Blocked { channel: ChannelId },
+    #[error("channel {channel} is named {count} times, more than its window of {window}")]
+    BeyondWindow { channel: ChannelId, count: u32, window: u32 },
     #[error("channel id {channel:#x} does not fit in {len} bytes")]
     ChannelIdTooWide { channel: ChannelId, len: u8 },
     /// After [`Link::shutdown`] nothing more is sent: relink 3.6 forbids
@@ -287,6 +289,8 @@ pub enum CommandError {
     TooManyPendingCommits { channel: ChannelId },
     #[error("message {seq} on channel {channel} is not received or already consumed")]
     NoSuchMessage { channel: ChannelId, seq: u32 },
+    #[error("message {seq} was not sent on our channel {channel}")]
+    NotSent { channel: ChannelId, seq: u32 },
     #[error("no commit of message {seq} on channel {channel} awaits an outcome")]
     NoPendingCommit { channel: ChannelId, seq: u32 },
     #[error("message packet of {len} bytes exceeds {max}")]
@@ -788,25 +792,31 @@ impl Link {
         channel: impl Into<ChannelId>,
         parts: &[&[u8]],
     ) -> Result<u32, CommandError> {
-        let channel = channel.into();
-        self.send_to(vec![channel.clone()], parts)?;
-        Ok(self.out.get(&channel).map_or(0, |c| c.next_seq.wrapping_sub(1)))
+        let seqs = self.send_to(vec![channel.into()], parts)?;
+        Ok(seqs[0])
     }
 
-    /// Sends one message to several of our channels, each numbering it in
-    /// its own sequence (relink 3.1); a repeated channel gets it repeatedly
-    /// (relink 2.3). All or nothing.
+    /// Sends one message to several of our channels in one multicast
+    /// packet (relink 2.3), each channel numbering it in its own sequence
+    /// (relink 3.1); a repeated channel gets it repeatedly. Returns the
+    /// sequence numbers in the order of `channels`. All or nothing: a full
+    /// window on any of them refuses the whole message.
     pub fn send_multicast<C: Clone + Into<ChannelId>>(
         &mut self,
         channels: &[C],
         parts: &[&[u8]],
-    ) -> Result<(), CommandError> {
+    ) -> Result<Vec<u32>, CommandError> {
         self.send_to(channels.iter().cloned().map(Into::into).collect(), parts)
     }
 
-    fn send_to(&mut self, channels: Vec<ChannelId>, parts: &[&[u8]]) -> Result<(), CommandError> {
+    fn send_to(
+        &mut self,
+        channels: Vec<ChannelId>,
+        parts: &[&[u8]],
+    ) -> Result<Vec<u32>, CommandError> {
         self.check_send(&channels, parts)?;
         let data: MessageData = Arc::new(parts.iter().map(|p| p.to_vec()).collect());
+        let mut seqs = Vec::with_capacity(channels.len());
         for channel in &channels {
             let state = self.out.entry(channel.clone()).or_insert_with(OutChannel::new);
             if state.closed {
@@ -815,11 +825,35 @@ impl Link {
             let seq = state.next_seq;
             state.next_seq = seq.wrapping_add(1);
             state.log.push_back(Logged::Message { seq, data: Arc::clone(&data) });
+            seqs.push(seq);
         }
         if self.is_messaging() && !channels.is_empty() {
             self.stream.unsent.push_back(Unsent::Message { channels, data });
         }
-        Ok(())
+        Ok(seqs)
+    }
+
+    /// Whether the peer acknowledged consuming our message `seq` on
+    /// `channel` (relink 3.1: consumption is acknowledged in order, so
+    /// every earlier message too). A closure the peer confirmed covers
+    /// every message of the channel; once the channel reopens, sequence
+    /// numbers name the messages of the new opening.
+    pub fn is_consumed(
+        &self,
+        channel: impl Into<ChannelId>,
+        seq: u32,
+    ) -> Result<bool, CommandError> {
+        let channel = channel.into();
+        let Some(state) = self.out.get(&channel) else {
+            return Err(CommandError::NotSent { channel, seq });
+        };
+        // How far back `seq` lies; beyond half the number space it is
+        // ahead of the channel, not behind (serial number arithmetic).
+        let back = state.next_seq.wrapping_sub(seq);
+        if back == 0 || back > i32::MAX as u32 {
+            return Err(CommandError::NotSent { channel, seq });
+        }
+        Ok(back > state.unconsumed())
     }
 
     fn check_send(&self, channels: &[ChannelId], parts: &[&[u8]]) -> Result<(), CommandError> {
@@ -854,6 +888,14 @@ impl Link {
             let state = self.out.get(channel);
             if state.is_some_and(|s| s.closing) {
                 return Err(CommandError::ChannelClosing { channel: channel.clone() });
+            }
+            // More copies than a whole window would never fit: not a wait.
+            if count > self.limits.send_window {
+                return Err(CommandError::BeyondWindow {
+                    channel: channel.clone(),
+                    count,
+                    window: self.limits.send_window,
+                });
             }
             if self.window_left(channel) < count {
                 return Err(CommandError::Blocked { channel: channel.clone() });
@@ -959,6 +1001,25 @@ impl Link {
             self.stream.unsent.push_back(Unsent::Close { channel });
         }
         Ok(())
+    }
+
+    /// Whether our close of `channel` awaits the peer's confirmation.
+    pub fn is_closing(&self, channel: impl Into<ChannelId>) -> bool {
+        self.out.get(&channel.into()).is_some_and(|s| s.closing)
+    }
+
+    /// Whether the peer confirmed our close of `channel`, which has not
+    /// reopened since.
+    pub fn is_closed(&self, channel: impl Into<ChannelId>) -> bool {
+        self.out.get(&channel.into()).is_some_and(|s| s.closed)
+    }
+
+    /// Whether our commit through `seq` on `channel` awaits its outcome.
+    pub fn awaits_outcome(&self, channel: impl Into<ChannelId>, seq: u32) -> bool {
+        let Some(state) = self.out.get(&channel.into()) else {
+            return false;
+        };
+        state.log.iter().any(|item| matches!(item, Logged::Commit(pending) if *pending == seq))
     }
 
     /// Acknowledges that the application consumed the peer's messages on

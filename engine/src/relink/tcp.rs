@@ -14,9 +14,10 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -66,6 +67,10 @@ pub enum TcpError {
     ShutDown,
     #[error("only a connector reconnects")]
     NotConnector,
+    /// A reconnection started a new link while the call waited for the old
+    /// one: what the old link had not delivered is discarded (relink 1).
+    #[error("the link was replaced by a new one; its undelivered messages are discarded")]
+    LinkReplaced,
 }
 
 impl From<LinkError> for TcpError {
@@ -80,6 +85,16 @@ impl From<LinkError> for TcpError {
 /// A message from one of the peer's channels.
 pub type Received = (ChannelId, Vec<Vec<u8>>);
 
+/// A message from one of the peer's channels, not yet consumed: see
+/// [`Conn::recv_unconsumed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub channel: ChannelId,
+    /// Its number on `channel`, for [`Conn::consume`].
+    pub seq: u32,
+    pub parts: Vec<Vec<u8>>,
+}
+
 /// One end of a Relink link over TCP.
 ///
 /// A stream that fails (a read or write error, its end, a protocol error)
@@ -89,15 +104,20 @@ pub type Received = (ChannelId, Vec<Vec<u8>>);
 /// [`reconnect`](Self::reconnect) or [`resume`](Self::resume). Messages
 /// received before stay readable, and [`send`](Self::send) queues for the
 /// resumption.
+///
+/// What the peer sends comes out in order: [`next_event`](Self::next_event)
+/// takes the next of everything, [`recv`](Self::recv) and
+/// [`recv_unconsumed`](Self::recv_unconsumed) the next message, and
+/// [`poll_event`](Self::poll_event) the next event that is not a message.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
     link: Link,
     /// Where a connector dials again.
     peer: Option<SocketAddr>,
-    timeout: Duration,
-    inbox: VecDeque<(ChannelId, u32, Vec<Vec<u8>>)>,
-    events: VecDeque<Event>,
+    options: Options,
+    /// What the link delivered and the caller has not taken, in order.
+    queue: VecDeque<Event>,
     pongs: u64,
     /// Whether the last handshake resumed the link.
     resumed: bool,
@@ -151,9 +171,34 @@ pub fn connect(
         params: options.params,
         limits: options.limits,
     })?;
-    let mut conn = Conn::new(stream, link, Some(peer), options.timeout);
-    conn.await_open()?;
+    let mut conn = Conn::new(stream, link, Some(peer), options);
+    conn.await_open(deadline_after(options.timeout))?;
     Ok(conn)
+}
+
+/// A connected pair over loopback TCP: the connector and the listener of
+/// `endpoint_name`, both with `options` (for tests and examples).
+///
+/// ```
+/// use efapoll::relink::{self, Options};
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), relink::TcpError> {
+/// let (mut connector, mut listener) = relink::loopback_pair("demo", &Options::default())?;
+/// connector.send(0, &[b"hello"])?;
+/// let (channel, parts) = listener.recv(Duration::from_secs(5))?;
+/// assert_eq!((channel.to_u64(), parts), (Some(0), vec![b"hello".to_vec()]));
+/// # Ok(()) }
+/// ```
+pub fn loopback_pair(endpoint_name: &str, options: &Options) -> Result<(Conn, Conn), TcpError> {
+    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let addr = tcp.local_addr()?;
+    let (name, connector_options) = (endpoint_name.to_owned(), options.clone());
+    // The handshake takes turns: each side needs its own thread.
+    let connector = thread::spawn(move || connect(addr, &name, &connector_options));
+    let listener = accept(&tcp, &[endpoint_name], options);
+    let connector = connector.join().map_err(|_| TcpError::Disconnected)?;
+    Ok((connector?, listener?))
 }
 
 /// Accepts one connection on `listener` as a fresh listener instance serving
@@ -297,14 +342,13 @@ impl Server {
 }
 
 impl Conn {
-    fn new(stream: TcpStream, link: Link, peer: Option<SocketAddr>, timeout: Duration) -> Self {
+    fn new(stream: TcpStream, link: Link, peer: Option<SocketAddr>, options: &Options) -> Self {
         Conn {
             stream,
             link,
             peer,
-            timeout,
-            inbox: VecDeque::new(),
-            events: VecDeque::new(),
+            options: options.clone(),
+            queue: VecDeque::new(),
             pongs: 0,
             resumed: false,
             tx: Vec::new(),
@@ -318,7 +362,7 @@ impl Conn {
         options: &Options,
     ) -> Result<Self, TcpError> {
         let link = Link::accept(accepted, options.limits)?;
-        let mut conn = Conn::new(stream, link, None, options.timeout);
+        let mut conn = Conn::new(stream, link, None, options);
         conn.flush()?;
         Ok(conn)
     }
@@ -345,17 +389,66 @@ impl Conn {
         parts: &[&[u8]],
     ) -> Result<u32, TcpError> {
         let channel = channel.into();
-        let deadline = deadline_after(self.timeout);
+        let seqs = self.send_to(std::slice::from_ref(&channel), parts)?;
+        Ok(seqs[0])
+    }
+
+    /// Sends one message to several of our channels in one multicast packet
+    /// (relink 2.3); each channel numbers it in its own sequence (relink
+    /// 3.1) and the peer acknowledges it on each. A channel named twice gets
+    /// it twice. Returns the sequence numbers in the order of `channels`.
+    /// Blocks, like [`send`](Self::send), while any of the windows is full;
+    /// the message goes to all of them or to none.
+    ///
+    /// ```
+    /// use efapoll::relink::{self, Options};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), relink::TcpError> {
+    /// let (mut a, mut b) = relink::loopback_pair("demo", &Options::default())?;
+    /// a.send(2, &[b"first"])?;
+    /// assert_eq!(a.send_multicast(&[1u64, 2], &[b"to both"])?, [0, 1]);
+    /// let wait = Duration::from_secs(5);
+    /// let mut got = Vec::new();
+    /// for _ in 0..3 {
+    ///     let message = b.recv_unconsumed(wait)?;
+    ///     got.push((message.channel.to_u64().unwrap(), message.seq, message.parts));
+    /// }
+    /// let both = vec![b"to both".to_vec()];
+    /// assert_eq!(got[1..], [(1, 0, both.clone()), (2, 1, both)]);
+    /// # Ok(()) }
+    /// ```
+    pub fn send_multicast<C: Clone + Into<ChannelId>>(
+        &mut self,
+        channels: &[C],
+        parts: &[&[u8]],
+    ) -> Result<Vec<u32>, TcpError> {
+        let channels: Vec<ChannelId> = channels.iter().cloned().map(Into::into).collect();
+        self.send_to(&channels, parts)
+    }
+
+    fn send_to(&mut self, channels: &[ChannelId], parts: &[&[u8]]) -> Result<Vec<u32>, TcpError> {
+        let deadline = deadline_after(self.options.timeout);
         loop {
-            match self.link.send(&channel, parts) {
-                Ok(seq) => {
+            let result = match channels {
+                [channel] => self.link.send(channel, parts).map(|seq| vec![seq]),
+                _ => self.link.send_multicast(channels, parts),
+            };
+            match result {
+                Ok(seqs) => {
                     // The link keeps the message until the peer acknowledges
                     // it; a failed write only loses the stream.
                     let _ = self.flush();
-                    return Ok(seq);
+                    return Ok(seqs);
                 }
                 Err(CommandError::Blocked { .. }) => {
-                    self.drive_until(deadline, |conn| conn.link.send_window(&channel) > 0)?;
+                    let mut wanted: BTreeMap<&ChannelId, u32> = BTreeMap::new();
+                    for channel in channels {
+                        *wanted.entry(channel).or_default() += 1;
+                    }
+                    self.drive_until(deadline, |conn| {
+                        wanted.iter().all(|(channel, &n)| conn.link.send_window(*channel) >= n)
+                    })?;
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -363,26 +456,290 @@ impl Conn {
     }
 
     /// The next message from the peer's channels, waiting up to `timeout`.
-    /// Its consumption is acknowledged.
+    /// Its consumption is acknowledged, and with it that of every earlier
+    /// message of its channel (relink 3.1).
     pub fn recv(&mut self, timeout: Duration) -> Result<Received, TcpError> {
-        let deadline = deadline_after(timeout);
-        if self.inbox.is_empty() {
-            if self.link.is_done() {
-                return Err(TcpError::ShutDown);
-            }
-            self.drive_until(deadline, |conn| !conn.inbox.is_empty())?;
-        }
-        let Some((channel, seq, parts)) = self.inbox.pop_front() else {
-            return Err(TcpError::Timeout);
-        };
+        let message = self.recv_unconsumed(timeout)?;
         // Cannot fail: the message came from the link and is consumed once.
-        let _ = self.link.consume(&channel, seq);
+        let _ = self.link.consume(&message.channel, message.seq);
         if !self.link.is_done() {
             // A failed write loses the stream, which the next call reports;
             // the message is the caller's either way.
             let _ = self.flush();
         }
-        Ok((channel, parts))
+        Ok((message.channel, message.parts))
+    }
+
+    /// The next message from the peer's channels, waiting up to `timeout`,
+    /// without acknowledging its consumption: the peer counts it against
+    /// its window, and a closure of its channel waits, until
+    /// [`consume`](Self::consume).
+    ///
+    /// ```
+    /// use efapoll::relink::{self, Options};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), relink::TcpError> {
+    /// let (mut a, mut b) = relink::loopback_pair("demo", &Options::default())?;
+    /// let wait = Duration::from_secs(5);
+    /// let seq = a.send(3, &[b"job"])?;
+    /// let job = b.recv_unconsumed(wait)?;
+    /// assert!(!a.link().is_consumed(3, seq)?);
+    /// // ... the job is done: only now may the peer count it consumed.
+    /// b.consume(&job.channel, job.seq)?;
+    /// a.wait_consumed(3, seq, wait)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn recv_unconsumed(&mut self, timeout: Duration) -> Result<Message, TcpError> {
+        let is_message = |event: &Event| matches!(event, Event::Message { .. });
+        if !self.queue.iter().any(is_message) {
+            if self.link.is_done() {
+                return Err(TcpError::ShutDown);
+            }
+            self.drive_until(deadline_after(timeout), |conn| conn.queue.iter().any(is_message))?;
+        }
+        match self.take(is_message) {
+            Some(Event::Message { channel, seq, parts }) => Ok(Message { channel, seq, parts }),
+            _ => Err(TcpError::Timeout),
+        }
+    }
+
+    /// Acknowledges that we consumed the peer's messages on `channel`
+    /// through `seq` (relink 3.1), from [`recv_unconsumed`](Self::recv_unconsumed)
+    /// or [`next_event`](Self::next_event).
+    pub fn consume(&mut self, channel: impl Into<ChannelId>, seq: u32) -> Result<(), TcpError> {
+        self.link.consume(channel, seq)?;
+        self.flush()
+    }
+
+    /// Waits up to `timeout` until the peer has consumed our message `seq`
+    /// on `channel` (and so every earlier one of it); returns at once if it
+    /// has. See [`Link::is_consumed`] for what the number names.
+    ///
+    /// Fails with [`TcpError::LinkReplaced`] if a reconnection started a new
+    /// link meanwhile: the message was discarded with the old one.
+    ///
+    /// ```
+    /// use efapoll::relink::{self, Options};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), relink::TcpError> {
+    /// let (mut a, mut b) = relink::loopback_pair("demo", &Options::default())?;
+    /// let seq = a.send(0, &[b"config"])?;
+    /// b.recv(Duration::from_secs(5))?;
+    /// a.wait_consumed(0, seq, Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_consumed(
+        &mut self,
+        channel: impl Into<ChannelId>,
+        seq: u32,
+        timeout: Duration,
+    ) -> Result<(), TcpError> {
+        let channel = channel.into();
+        let link = self.link_key();
+        if self.link.is_consumed(&channel, seq)? {
+            return Ok(());
+        }
+        self.drive_until(deadline_after(timeout), |conn| {
+            conn.link_key() != link || conn.link.is_consumed(&channel, seq).unwrap_or(true)
+        })?;
+        if self.link_key() != link {
+            return Err(TcpError::LinkReplaced);
+        }
+        Ok(())
+    }
+
+    /// The next of everything the peer sent, in order, waiting up to
+    /// `timeout`: messages (not consumed: see
+    /// [`consume`](Self::consume)), commits and rollbacks, closures of its
+    /// channels ([`Event::PeerClosed`]), confirmations of ours, shutdown;
+    /// first of all, [`Event::Connected`] for the handshake.
+    ///
+    /// ```
+    /// use efapoll::relink::{self, Event, Options};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), relink::TcpError> {
+    /// let (mut a, mut b) = relink::loopback_pair("demo", &Options::default())?;
+    /// a.send(4, &[b"last words"])?;
+    /// a.close(4)?;
+    /// let wait = Duration::from_secs(5);
+    /// assert!(matches!(b.next_event(wait)?, Event::Connected { resumed: false, .. }));
+    /// let Event::Message { channel, seq, .. } = b.next_event(wait)? else { unreachable!() };
+    /// assert_eq!(b.next_event(wait)?, Event::PeerClosed { channel: channel.clone() });
+    /// // The closure is confirmed once its messages are consumed.
+    /// b.consume(&channel, seq)?;
+    /// a.wait_closed(4, wait)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn next_event(&mut self, timeout: Duration) -> Result<Event, TcpError> {
+        if self.queue.is_empty() {
+            if self.link.is_done() {
+                return Err(TcpError::ShutDown);
+            }
+            self.drive_until(deadline_after(timeout), |conn| !conn.queue.is_empty())?;
+        }
+        self.queue.pop_front().ok_or(TcpError::Timeout)
+    }
+
+    /// Closes our `channel` after the messages sent on it (relink 3.3). The
+    /// peer sees [`Event::PeerClosed`] after them and confirms once it has
+    /// consumed them: wait for that with [`wait_closed`](Self::wait_closed).
+    /// Sending on the channel afterwards reopens it, numbered from 0.
+    pub fn close(&mut self, channel: impl Into<ChannelId>) -> Result<(), TcpError> {
+        self.link.close(channel)?;
+        // Kept by the link until confirmed; a failed write only loses the
+        // stream.
+        let _ = self.flush();
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the peer's confirmation of our close of
+    /// `channel` ([`Event::Closed`], taken from the events if there); at
+    /// once if it came. See [`next_event`](Self::next_event) for an
+    /// example.
+    pub fn wait_closed(
+        &mut self,
+        channel: impl Into<ChannelId>,
+        timeout: Duration,
+    ) -> Result<(), TcpError> {
+        let channel = channel.into();
+        let link = self.link_key();
+        if !self.link.is_closing(&channel) && !self.link.is_closed(&channel) {
+            return Err(CommandError::ChannelNotOpen { channel }.into());
+        }
+        self.drive_until(deadline_after(timeout), |conn| {
+            conn.link_key() != link || !conn.link.is_closing(&channel)
+        })?;
+        if self.link_key() != link {
+            return Err(TcpError::LinkReplaced);
+        }
+        self.take(|event| matches!(event, Event::Closed { channel: c } if *c == channel));
+        Ok(())
+    }
+
+    /// Asks the peer to process our messages on `channel` sent since the
+    /// last commit or rollback (relink 3.2); returns the last one's number.
+    /// Our channels must use transactions (`params`). The peer sees the
+    /// messages, then [`Event::Commit`]; [`wait_commit`](Self::wait_commit)
+    /// waits for its answer.
+    ///
+    /// ```
+    /// use efapoll::relink::{self, Event, Options, Params};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), relink::TcpError> {
+    /// let params = Params { connector_transactions: true, ..Params::default() };
+    /// let options = Options { params, ..Options::default() };
+    /// let (mut a, mut b) = relink::loopback_pair("demo", &options)?;
+    /// a.send(0, &[b"debit"])?;
+    /// a.send(0, &[b"credit"])?;
+    /// let seq = a.commit(0)?;
+    ///
+    /// let wait = Duration::from_secs(5);
+    /// let mut batch = Vec::new();
+    /// loop {
+    ///     match b.next_event(wait)? {
+    ///         Event::Connected { .. } => {}
+    ///         Event::Message { parts, .. } => batch.push(parts),
+    ///         Event::Commit { channel, seq } => {
+    ///             // Apply the batch, then answer.
+    ///             b.consume(&channel, seq)?;
+    ///             b.resolve_commit(&channel, seq, batch.len() == 2)?;
+    ///             break;
+    ///         }
+    ///         other => unreachable!("{other:?}"),
+    ///     }
+    /// }
+    /// assert!(a.wait_commit(0, seq, wait)?);
+    /// # Ok(()) }
+    /// ```
+    pub fn commit(&mut self, channel: impl Into<ChannelId>) -> Result<u32, TcpError> {
+        let seq = self.link.commit(channel)?;
+        // Kept by the link until answered; a failed write only loses the
+        // stream.
+        let _ = self.flush();
+        Ok(seq)
+    }
+
+    /// Asks the peer to ignore our messages on `channel` sent since the
+    /// last commit or rollback (relink 3.2); returns the last one's number.
+    /// Not answered, and not sent again after a reconnection: the next
+    /// commit covers only what follows. The peer sees
+    /// [`Event::Rollback`] after the messages.
+    ///
+    /// ```
+    /// use efapoll::relink::{self, Event, Options, Params};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), relink::TcpError> {
+    /// let params = Params { connector_transactions: true, ..Params::default() };
+    /// let options = Options { params, ..Options::default() };
+    /// let (mut a, mut b) = relink::loopback_pair("demo", &options)?;
+    /// a.send(0, &[b"draft"])?;
+    /// let seq = a.rollback(0)?;
+    /// let wait = Duration::from_secs(5);
+    /// assert!(matches!(b.next_event(wait)?, Event::Connected { .. }));
+    /// assert!(matches!(b.next_event(wait)?, Event::Message { .. }));
+    /// assert_eq!(b.next_event(wait)?, Event::Rollback { channel: 0.into(), seq });
+    /// # Ok(()) }
+    /// ```
+    pub fn rollback(&mut self, channel: impl Into<ChannelId>) -> Result<u32, TcpError> {
+        let seq = self.link.rollback(channel)?;
+        let _ = self.flush();
+        Ok(seq)
+    }
+
+    /// Waits up to `timeout` for the outcome of our commit through `seq` on
+    /// `channel`: `true` if the peer committed ([`Event::Committed`]),
+    /// `false` if it could not ([`Event::Uncommitted`]). The event is taken
+    /// from the events. Fails with [`CommandError::NoPendingCommit`] if no
+    /// such commit awaits its outcome, and with [`TcpError::LinkReplaced`]
+    /// if a new link replaced the old one meanwhile. See
+    /// [`commit`](Self::commit) for an example.
+    pub fn wait_commit(
+        &mut self,
+        channel: impl Into<ChannelId>,
+        seq: u32,
+        timeout: Duration,
+    ) -> Result<bool, TcpError> {
+        let channel = channel.into();
+        let link = self.link_key();
+        let is_outcome = |event: &Event| match event {
+            Event::Committed { channel: c, seq: s } | Event::Uncommitted { channel: c, seq: s } => {
+                *c == channel && *s == seq
+            }
+            _ => false,
+        };
+        if !self.queue.iter().any(is_outcome) {
+            if !self.link.awaits_outcome(&channel, seq) {
+                return Err(CommandError::NoPendingCommit { channel, seq }.into());
+            }
+            self.drive_until(deadline_after(timeout), |conn| {
+                conn.link_key() != link
+                    || conn.queue.iter().any(is_outcome)
+                    || !conn.link.awaits_outcome(&channel, seq)
+            })?;
+        }
+        match self.take(is_outcome) {
+            Some(event) => Ok(matches!(event, Event::Committed { .. })),
+            None if self.link_key() != link => Err(TcpError::LinkReplaced),
+            None => Err(CommandError::NoPendingCommit { channel, seq }.into()),
+        }
+    }
+
+    /// Answers the oldest [`Event::Commit`] on the peer's `channel`
+    /// (relink 3.2): `committed` if we processed its messages through
+    /// `seq`. See [`commit`](Self::commit) for an example.
+    pub fn resolve_commit(
+        &mut self,
+        channel: impl Into<ChannelId>,
+        seq: u32,
+        committed: bool,
+    ) -> Result<(), TcpError> {
+        self.link.resolve_commit(channel, seq, committed)?;
+        self.flush()
     }
 
     /// Pings the peer and waits for the pong; returns the round-trip time.
@@ -414,19 +771,20 @@ impl Conn {
 
     /// The limit of blocked sends and of shutdown from now on.
     pub fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout;
+        self.options.timeout = timeout;
     }
 
-    /// Events other than messages and pongs (commits, closures, ...).
+    /// The next event that is not a message (commits, closures, ...);
+    /// pongs are counted by [`pongs`](Self::pongs) instead.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        self.take(|event| !matches!(event, Event::Message { .. }))
     }
 
     /// Sends shutdown and waits for the peer's (relink 3.6), then closes the
     /// stream gracefully. Messages that arrived meanwhile stay readable
     /// with [`recv`](Self::recv).
     pub fn shutdown(&mut self) -> Result<(), TcpError> {
-        let deadline = deadline_after(self.timeout);
+        let deadline = deadline_after(self.options.timeout);
         self.link.shutdown();
         self.drive_until(deadline, |conn| conn.link.is_done())?;
         // Half-close, then read to the peer's end, so neither side resets
@@ -443,12 +801,12 @@ impl Conn {
     pub fn reconnect(&mut self) -> Result<bool, TcpError> {
         let peer = self.peer.ok_or(TcpError::NotConnector)?;
         self.lose_stream();
-        let stream = dial(peer, self.timeout)?;
-        prepare(&stream, self.timeout)?;
+        let stream = dial(peer, self.options.timeout)?;
+        prepare(&stream, self.options.timeout)?;
         self.link.reconnect(false)?;
         self.stream = stream;
         self.lost = false;
-        self.await_open()?;
+        self.await_open(deadline_after(self.options.timeout))?;
         Ok(self.resumed)
     }
 
@@ -478,6 +836,17 @@ impl Conn {
         self.flush()
     }
 
+    /// The link's identity: a new link (not a resumed one) changes it.
+    fn link_key(&self) -> (u64, u64) {
+        (self.link.epoch(), self.link.link_id())
+    }
+
+    /// Removes and returns the first event `wanted` picks.
+    fn take(&mut self, wanted: impl Fn(&Event) -> bool) -> Option<Event> {
+        let at = self.queue.iter().position(wanted)?;
+        self.queue.remove(at)
+    }
+
     /// Gives the stream up: nothing more is written to it or read from it.
     fn lose_stream(&mut self) {
         self.lost = true;
@@ -485,8 +854,7 @@ impl Conn {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
-    fn await_open(&mut self) -> Result<(), TcpError> {
-        let deadline = deadline_after(self.timeout);
+    fn await_open(&mut self, deadline: Instant) -> Result<(), TcpError> {
         self.resumed = false;
         self.drive_until(deadline, |conn| conn.link.is_open())
     }
@@ -510,15 +878,12 @@ impl Conn {
     fn collect_events(&mut self) {
         while let Some(event) = self.link.poll_event() {
             match event {
-                Event::Message { channel, seq, parts } => {
-                    self.inbox.push_back((channel, seq, parts))
-                }
                 Event::Pong => self.pongs += 1,
                 Event::Connected { resumed, .. } => {
                     self.resumed = resumed;
-                    self.events.push_back(event);
+                    self.queue.push_back(event);
                 }
-                event => self.events.push_back(event),
+                event => self.queue.push_back(event),
             }
         }
     }
