@@ -1559,3 +1559,84 @@ fn tcp_a_message_counts_consumed_only_once_the_receiver_says_so() {
     assert_eq!(b.recv(DEADLINE).unwrap(), (ch(0), vec![b"m3".to_vec()]));
     a.wait_consumed(0, 3, DEADLINE).unwrap();
 }
+
+// ---- the Conn's API: a listener's options per endpoint name ----
+
+#[test]
+fn tcp_a_server_serves_each_name_with_its_own_options() {
+    let wide_params = Params {
+        connector_id_len: 8,
+        listener_id_len: 8,
+        connector_transactions: true,
+        ..Params::default()
+    };
+    let wide_options = Options {
+        params: wide_params,
+        limits: Limits { send_window: 3, ..Limits::default() },
+        ..options()
+    };
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let mut server = relink::Server::new(tcp, &["plain"], options());
+    server.serve(ENDPOINT, wide_options.clone());
+    assert_eq!(server.options_for(ENDPOINT), &wide_options);
+    assert_eq!(server.options_for("plain"), &options());
+
+    let client_options = wide_options.clone();
+    let clients = thread::spawn(move || {
+        let mut plain = relink::connect(addr, "plain", &options()).unwrap();
+        let mut wide = relink::connect(addr, ENDPOINT, &client_options).unwrap();
+        // The name's own parameters: 8-byte ids and our transactions.
+        let id = u64::MAX - 1;
+        wide.send(id, &[b"wide"]).unwrap();
+        let seq = wide.commit(id).unwrap();
+        let outcome = wide.wait_commit(id, seq, DEADLINE).unwrap();
+        plain.send(1, &[b"plain"]).unwrap();
+        // Another name's parameters are refused by this one.
+        let mismatch = relink::connect(addr, ENDPOINT, &options());
+        let unknown = relink::connect(addr, "other", &options());
+        plain.shutdown().unwrap();
+        wide.shutdown().unwrap();
+        (outcome, mismatch.err(), unknown.err())
+    });
+    let Incoming::New(mut plain) = server.accept().unwrap() else { panic!("a new link") };
+    let Incoming::New(mut wide) = server.accept().unwrap() else { panic!("a new link") };
+    assert_eq!(plain.link().endpoint_name(), "plain");
+    assert_eq!(*plain.link().params(), Params::default());
+    assert_eq!(wide.link().endpoint_name(), ENDPOINT);
+    assert_eq!(*wide.link().params(), wide_params);
+    // The name's limits, not the server's.
+    assert_eq!(wide.link().limits().send_window, 3);
+    assert_eq!(plain.link().limits().send_window, Limits::default().send_window);
+    assert_eq!(
+        next_event(&mut wide),
+        Event::Message { channel: ch(u64::MAX - 1), seq: 0, parts: vec![b"wide".to_vec()] }
+    );
+    assert_eq!(next_event(&mut wide), Event::Commit { channel: ch(u64::MAX - 1), seq: 0 });
+    wide.consume(u64::MAX - 1, 0).unwrap();
+    wide.resolve_commit(u64::MAX - 1, 0, true).unwrap();
+    assert_eq!(plain.recv(DEADLINE).unwrap(), (ch(1), vec![b"plain".to_vec()]));
+    let mismatch = server.accept();
+    assert!(
+        matches!(
+            mismatch,
+            Err(TcpError::Handshake(HandshakeError::ParamsMismatch { ours, theirs }))
+                if ours == wide_params && theirs == Params::default()
+        ),
+        "{mismatch:?}"
+    );
+    let unknown = server.accept();
+    assert!(
+        matches!(
+            unknown,
+            Err(TcpError::Handshake(HandshakeError::UnknownEndpoint(ref n))) if n == "other"
+        ),
+        "{unknown:?}"
+    );
+    plain.shutdown().unwrap();
+    wide.shutdown().unwrap();
+    let (outcome, mismatch, unknown) = clients.join().unwrap();
+    assert!(outcome);
+    assert!(matches!(mismatch, Some(TcpError::Disconnected)), "{mismatch:?}");
+    assert!(matches!(unknown, Some(TcpError::Disconnected)), "{unknown:?}");
+}

@@ -734,6 +734,10 @@ impl Link {
         &self.endpoint_name
     }
 
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The link id, zero before the first handshake.
     pub fn link_id(&self) -> u64 {
         self.link_id
@@ -1636,7 +1640,8 @@ fn push_op(
 #[derive(Debug, Clone)]
 pub struct Listener {
     epoch: u64,
-    names: Vec<String>,
+    /// Each name with the parameters its connectors must agree on.
+    names: Vec<(String, Params)>,
     params: Params,
     links: BTreeSet<u64>,
     next_link_id: u64,
@@ -1666,7 +1671,7 @@ impl Listener {
     pub fn new<S: Into<String>>(names: impl IntoIterator<Item = S>, params: Params) -> Self {
         Listener {
             epoch: new_epoch(),
-            names: names.into_iter().map(Into::into).collect(),
+            names: names.into_iter().map(|name| (name.into(), params)).collect(),
             params,
             links: BTreeSet::new(),
             next_link_id: 1,
@@ -1683,8 +1688,24 @@ impl Listener {
         self.epoch
     }
 
+    /// The parameters of the names given to [`new`](Self::new).
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// Serves `name` with its own `params` (relink 1: endpoint names host
+    /// several services at one address), replacing what it had.
+    pub fn serve(&mut self, name: impl Into<String>, params: Params) {
+        let name = name.into();
+        match self.names.iter_mut().find(|(known, _)| *known == name) {
+            Some(entry) => entry.1 = params,
+            None => self.names.push((name, params)),
+        }
+    }
+
+    /// The parameters `name` is served with, if it is.
+    pub fn params_for(&self, name: &str) -> Option<&Params> {
+        self.names.iter().find(|(known, _)| known == name).map(|(_, params)| params)
     }
 
     /// Whether `link_id` was issued and not forgotten.
@@ -1784,12 +1805,12 @@ impl Acceptor {
             Parsed::Complete { value, len } => (value, len),
         };
         // relink 1: unknown names and disagreements end the connection.
-        if !listener.names.iter().any(|name| name == request.name) {
+        let Some(&ours) = listener.params_for(request.name) else {
             return Err(HandshakeError::UnknownEndpoint(request.name.to_owned()));
-        }
+        };
         let theirs = Params::from_request(&request);
-        if theirs != listener.params {
-            return Err(HandshakeError::ParamsMismatch { ours: listener.params, theirs });
+        if theirs != ours {
+            return Err(HandshakeError::ParamsMismatch { ours, theirs });
         }
         let known = request.link_id != 0
             && request.epoch == listener.epoch

@@ -15,9 +15,10 @@
 //! - [`link`] is the protocol as a sans-IO state machine: bytes in, bytes
 //!   and events out, for either role.
 //! - [`tcp`] drives a link over a blocking `std::net::TcpStream` for
-//!   setup-time use: connect or accept, send and multicast, receive with a
-//!   timeout and consume now or later, close channels, commit and roll
-//!   back, ping, reconnect, shut down.
+//!   setup-time use: connect or accept (a [`Server`] with options per
+//!   endpoint name), send and multicast, receive with a timeout and consume
+//!   now or later, close channels, commit and roll back, ping, reconnect,
+//!   shut down.
 //!
 //! Nothing received is trusted. Every length and count is checked against
 //! the bytes present and against [`WireLimits`] with arithmetic that cannot

@@ -277,11 +277,18 @@ fn read_until(
 
 /// A listener that keeps its instance across connections, so connectors can
 /// resume their links.
+///
+/// Each endpoint name may have options of its own ([`serve`](Self::serve)):
+/// parameters its connectors must agree on, limits, timeouts.
+/// The handshake itself is bounded by the options given to
+/// [`new`](Self::new), as the name is not known before it.
 #[derive(Debug)]
 pub struct Server {
     tcp: TcpListener,
     instance: Listener,
     options: Options,
+    /// Names served with options other than `options`.
+    named: BTreeMap<String, Options>,
 }
 
 /// What a [`Server`] accepted.
@@ -307,12 +314,53 @@ impl Resumption {
 }
 
 impl Server {
+    /// Serves `known_names`, each with `options`.
     pub fn new(tcp: TcpListener, known_names: &[&str], options: Options) -> Self {
         Server {
             tcp,
             instance: Listener::new(known_names.iter().copied(), options.params),
             options,
+            named: BTreeMap::new(),
         }
+    }
+
+    /// Serves `name` with `options` of its own (relink 1: endpoint names
+    /// host several services at one address), adding the name if new. Its
+    /// connectors must use the same `options.params`; its links get these
+    /// limits and timeout.
+    ///
+    /// ```
+    /// use efapoll::relink::{self, Incoming, Options, Params, Server};
+    /// use std::net::TcpListener;
+    ///
+    /// # fn main() -> Result<(), relink::TcpError> {
+    /// let tcp = TcpListener::bind("127.0.0.1:0")?;
+    /// let mut server = Server::new(tcp, &["plain"], Options::default());
+    /// // "wide" speaks 8-byte channel ids with transactions from the connector.
+    /// let wide = Params {
+    ///     connector_id_len: 8,
+    ///     listener_id_len: 8,
+    ///     connector_transactions: true,
+    ///     ..Params::default()
+    /// };
+    /// let wide_options = Options { params: wide, ..Options::default() };
+    /// server.serve("wide", wide_options.clone());
+    /// let addr = server.local_addr()?;
+    /// let client = std::thread::spawn(move || relink::connect(addr, "wide", &wide_options));
+    /// let Incoming::New(conn) = server.accept()? else { unreachable!("a first connection") };
+    /// assert_eq!(conn.link().endpoint_name(), "wide");
+    /// assert_eq!(*conn.link().params(), wide);
+    /// # let _client = client.join().unwrap()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn serve(&mut self, name: &str, options: Options) {
+        self.instance.serve(name, options.params);
+        self.named.insert(name.to_owned(), options);
+    }
+
+    /// The options `name` is served with.
+    pub fn options_for(&self, name: &str) -> &Options {
+        self.named.get(name).unwrap_or(&self.options)
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -332,7 +380,8 @@ impl Server {
         if accepted.resumed {
             return Ok(Incoming::Resume(Resumption { stream, accepted }));
         }
-        Ok(Incoming::New(Box::new(Conn::accepted(stream, accepted, &self.options)?)))
+        let options = self.options_for(&accepted.endpoint_name);
+        Ok(Incoming::New(Box::new(Conn::accepted(stream, accepted, options)?)))
     }
 
     /// Forgets a finished link, so its id is never resumed.
