@@ -888,6 +888,61 @@ fn close_and_reopen_survive_drops() {
     assert_eq!(l.messages()[2], (3, 0, vec![b"c".to_vec()]));
 }
 
+/// A few rounds of moving bytes both ways, for what must not happen.
+fn settle(a: &mut Peer, b: &mut Peer) {
+    for _ in 0..5 {
+        a.transmit();
+        b.transmit();
+        thread::sleep(Duration::from_millis(2));
+        a.receive().unwrap();
+        b.receive().unwrap();
+    }
+}
+
+#[test]
+fn acknowledgements_below_the_ack_window_wait_for_release_a_reconnection_or_shutdown() {
+    let limits = Limits { ack_window: 8, ..Limits::default() };
+    let mut instance = Listener::new([ENDPOINT], Params::default());
+    let (mut c, mut l) = establish(Params::default(), limits, &mut instance);
+    for _ in 0..3 {
+        c.link.send(1, &[b"x"]).unwrap();
+    }
+    drive(&mut c, &mut l, |_, l| l.messages().len() == 3);
+    settle(&mut c, &mut l);
+    assert_eq!(c.link.unacknowledged(), 3);
+    assert!(l.link.acks_held());
+    l.link.release_acks();
+    drive(&mut c, &mut l, |c, _| c.link.unacknowledged() == 0);
+    assert!(!l.link.acks_held());
+
+    // Consumed, held; a new stream tells the peer everything at once
+    // (relink 3.5).
+    l.consume_all();
+    settle(&mut c, &mut l);
+    assert_eq!(c.link.send_window(1), limits.send_window - 3);
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |c, _| c.link.send_window(1) == limits.send_window);
+
+    // The window fills: acknowledged without a release.
+    for _ in 0..8 {
+        c.link.send(1, &[b"y"]).unwrap();
+    }
+    drive(&mut c, &mut l, |c, _| c.link.unacknowledged() == 0);
+    l.consume_all();
+    drive(&mut c, &mut l, |c, _| c.link.send_window(1) == limits.send_window);
+
+    // Nothing held stays behind the shutdown packet.
+    c.link.send(1, &[b"z"]).unwrap();
+    drive(&mut c, &mut l, |_, l| l.messages().len() == 12);
+    l.consume_all();
+    settle(&mut c, &mut l);
+    assert_eq!(c.link.send_window(1), limits.send_window - 1);
+    l.link.shutdown();
+    c.link.shutdown();
+    drive(&mut c, &mut l, |c, l| c.link.is_done() && l.link.is_done());
+    assert_eq!(c.link.send_window(1), limits.send_window);
+}
+
 #[test]
 fn pongs_are_not_carried_across_a_reconnection() {
     let (mut c, mut l, mut instance) = default_pair();
@@ -1558,6 +1613,58 @@ fn tcp_a_message_counts_consumed_only_once_the_receiver_says_so() {
     b.recv_unconsumed(DEADLINE).unwrap();
     assert_eq!(b.recv(DEADLINE).unwrap(), (ch(0), vec![b"m3".to_vec()]));
     a.wait_consumed(0, 3, DEADLINE).unwrap();
+}
+
+/// A connected pair of Conns, each with its own options.
+fn pair_with(connector: Options, listener: Options) -> (relink::Conn, relink::Conn) {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let dialer = thread::spawn(move || relink::connect(addr, ENDPOINT, &connector).unwrap());
+    let listener = relink::accept(&tcp, &[ENDPOINT], &listener).unwrap();
+    (dialer.join().unwrap(), listener)
+}
+
+// ---- the Conn's API: acknowledgement batching ----
+
+#[test]
+fn tcp_acks_wait_for_the_ack_window_or_the_ack_delay() {
+    let batching = Options {
+        limits: Limits { ack_window: 4, ..Limits::default() },
+        ack_delay: Duration::from_millis(150),
+        ..options()
+    };
+    let (mut a, mut b) = pair_with(options(), batching);
+    for i in 0..3u8 {
+        a.send(0, &[&[i]]).unwrap();
+        b.recv(DEADLINE).unwrap();
+    }
+    // Three received and consumed, fewer than the window: both
+    // acknowledgements are held.
+    let held = a.wait_consumed(0, 2, Duration::from_millis(50));
+    assert!(matches!(held, Err(TcpError::Timeout)), "{held:?}");
+    assert_eq!(a.link().unacknowledged(), 3);
+    // Driving `b` past the delay lets them go.
+    while b.poll_event().is_some() {}
+    let start = Instant::now();
+    let idle = b.next_event(Duration::from_millis(300));
+    assert!(matches!(idle, Err(TcpError::Timeout)), "{idle:?}");
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    a.wait_consumed(0, 2, DEADLINE).unwrap();
+    assert_eq!(a.link().unacknowledged(), 0);
+    // The fourth message since the last acknowledgement fills the window:
+    // acknowledged at once, without the delay.
+    for i in 3..7u8 {
+        a.send(0, &[&[i]]).unwrap();
+        b.recv(DEADLINE).unwrap();
+    }
+    a.wait_consumed(0, 6, Duration::from_millis(100)).unwrap();
+    // And release_acks sends a held one on request.
+    a.send(0, &[b"x"]).unwrap();
+    b.recv(DEADLINE).unwrap();
+    let held = a.wait_consumed(0, 7, Duration::from_millis(50));
+    assert!(matches!(held, Err(TcpError::Timeout)), "{held:?}");
+    b.release_acks().unwrap();
+    a.wait_consumed(0, 7, Duration::from_millis(100)).unwrap();
 }
 
 // ---- the Conn's API: a listener's options per endpoint name ----

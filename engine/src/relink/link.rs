@@ -9,10 +9,12 @@
 //! 3. drains [`Link::poll_event`];
 //!
 //! and calls application commands ([`Link::send`], [`Link::consume`],
-//! [`Link::ping`], [`Link::shutdown`], ...) whenever it likes. When the
-//! stream breaks it calls [`Link::stream_lost`]; a connector then dials again
-//! and calls [`Link::reconnect`], a listener hands the new stream's
-//! [`Accepted`] to [`Link::resume`].
+//! [`Link::ping`], [`Link::shutdown`], ...) whenever it likes. The link
+//! keeps no time: a driver that batches acknowledgements
+//! ([`Limits::ack_window`]) calls [`Link::release_acks`] when its delay
+//! runs out. When the stream breaks it calls [`Link::stream_lost`]; a
+//! connector then dials again and calls [`Link::reconnect`], a listener
+//! hands the new stream's [`Accepted`] to [`Link::resume`].
 //!
 //! The listener side of a handshake runs before its link is known: an
 //! [`Acceptor`] per incoming stream asks the [`Listener`] (endpoint names,
@@ -143,6 +145,15 @@ pub struct Limits {
     /// ([`LinkError::WindowExceeded`]); what our application holds unread
     /// but has not acknowledged yet never counts against the peer.
     pub recv_window: u32,
+    /// Messages received, or consumed, on one of the peer's channels
+    /// before we acknowledge them; fewer are held back until
+    /// [`Link::release_acks`]. A driver releases them after a delay
+    /// ([`Options::ack_delay`](super::tcp::Options::ack_delay)), so one
+    /// acknowledgement may cover many messages. 0 and 1 acknowledge every
+    /// message at once. Held acknowledgements go anyway when a stream
+    /// opens (relink 3.5: before the resume packet), before a closure is
+    /// confirmed and once we shut down.
+    pub ack_window: u32,
 }
 
 impl Default for Limits {
@@ -151,6 +162,7 @@ impl Default for Limits {
             wire: WireLimits::default(),
             send_window: DEFAULT_WINDOW,
             recv_window: DEFAULT_WINDOW,
+            ack_window: 1,
         }
     }
 }
@@ -481,14 +493,37 @@ impl InChannel {
         }
     }
 
+    /// Whether a received and a consumed acknowledgement are owed, and
+    /// whether each is due under `window` (see [`Limits::ack_window`]).
+    fn acks_owed(&self, window: u32, release: bool) -> [(bool, bool); 2] {
+        let owed = |any: bool, sent: Option<u32>, last: u32| {
+            let owed = any && sent != Some(last);
+            let due = release || distance(sent.unwrap_or(BEFORE_FIRST), last) >= window.max(1);
+            (owed, owed && due)
+        };
+        [
+            owed(self.any_received, self.received_sent, self.received),
+            owed(self.any_consumed, self.consumed_sent, self.consumed),
+        ]
+    }
+
     /// The received, consumed and outcome acknowledgements due on one of the
-    /// peer's channels.
-    fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes, channel: ChannelIdRef<'_>) {
-        if self.any_received && self.received_sent != Some(self.received) {
+    /// peer's channels; received and consumed ones below `window` wait
+    /// unless `release`.
+    fn transmit_acks(
+        &mut self,
+        out: &mut Vec<u8>,
+        ids: IdSizes,
+        channel: ChannelIdRef<'_>,
+        window: u32,
+        release: bool,
+    ) {
+        let [(_, received_due), (_, consumed_due)] = self.acks_owed(window, release);
+        if received_due {
             push_ack(out, ids, channel, SequenceAck::Received, self.received_sent, self.received);
             self.received_sent = Some(self.received);
         }
-        if self.any_consumed && self.consumed_sent != Some(self.consumed) {
+        if consumed_due {
             push_ack(out, ids, channel, SequenceAck::Consumed, self.consumed_sent, self.consumed);
             self.consumed_sent = Some(self.consumed);
             self.consumed_told = self.consumed;
@@ -548,6 +583,8 @@ struct StreamState {
     resume_written: bool,
     unsent: VecDeque<Unsent>,
     shutdown_written: bool,
+    /// Acknowledgements held below the ack window go at the next transmit.
+    acks_released: bool,
 }
 
 /// One Relink link, either role. See the module documentation.
@@ -691,6 +728,8 @@ impl Link {
 
     fn open(&mut self, resumed: bool) {
         self.phase = Phase::Open;
+        // relink 3.5: everything received is told again on a new stream.
+        self.stream.acks_released = true;
         self.stream.resume_owed = resumed;
         self.stream.resume_written = !resumed;
         self.stream.peer_resumed = !resumed;
@@ -782,6 +821,31 @@ impl Link {
             .flat_map(|c| &c.log)
             .filter(|item| matches!(item, Logged::Message { .. }))
             .count()
+    }
+
+    /// Whether an acknowledgement is owed that the next
+    /// [`poll_transmit`](Self::poll_transmit) holds back, below
+    /// [`Limits::ack_window`]: a driver calls
+    /// [`release_acks`](Self::release_acks) once it has waited long enough.
+    pub fn acks_held(&self) -> bool {
+        // A window of one holds nothing back.
+        if self.limits.ack_window <= 1 {
+            return false;
+        }
+        if self.phase != Phase::Open || self.stream.acks_released || self.shutdown_requested {
+            return false;
+        }
+        let window = self.limits.ack_window;
+        self.inc.values().any(|state| {
+            state.closure == Closure::Open
+                && state.acks_owed(window, false).iter().any(|&(owed, due)| owed && !due)
+        })
+    }
+
+    /// Lets the next [`poll_transmit`](Self::poll_transmit) write every
+    /// acknowledgement held below the ack window.
+    pub fn release_acks(&mut self) {
+        self.stream.acks_released = true;
     }
 
     pub fn poll_event(&mut self) -> Option<Event> {
@@ -1119,9 +1183,15 @@ impl Link {
     }
 
     fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes) {
+        let window = self.limits.ack_window;
+        // Nothing held may be left behind the shutdown packet.
+        let release = core::mem::take(&mut self.stream.acks_released) || self.shutdown_requested;
         for (channel, state) in &mut self.inc {
             if state.closure != Closure::Closed {
-                state.transmit_acks(out, ids, channel.as_id_ref());
+                // relink 3.3: a closure is confirmed right after the last
+                // acknowledgements, never before them.
+                let release = release || state.closure == Closure::Closing;
+                state.transmit_acks(out, ids, channel.as_id_ref(), window, release);
             }
             if state.closure == Closure::Closing
                 && state.consumed == state.received

@@ -18,7 +18,7 @@
 //!   setup-time use: connect or accept (a [`Server`] with options per
 //!   endpoint name), send and multicast, receive with a timeout and consume
 //!   now or later, close channels, commit and roll back, ping, reconnect,
-//!   shut down.
+//!   shut down. Its ack delay runs while its calls block.
 //!
 //! Nothing received is trusted. Every length and count is checked against
 //! the bytes present and against [`WireLimits`] with arithmetic that cannot

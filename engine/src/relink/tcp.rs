@@ -29,12 +29,32 @@ use super::link::{
 use super::wire::ChannelId;
 
 /// Driver settings. Both peers must use the same `params`.
+///
+/// Acknowledgements are batched with `limits.ack_window` (the link counts
+/// the messages) and `ack_delay` (the driver keeps the time):
+///
+/// ```
+/// use efapoll::relink::{Limits, Options};
+/// use std::time::Duration;
+///
+/// let options = Options {
+///     // One consumed acknowledgement per 16 messages, or after 5 ms.
+///     limits: Limits { ack_window: 16, ..Limits::default() },
+///     ack_delay: Duration::from_millis(5),
+///     ..Options::default()
+/// };
+/// assert_eq!(options.timeout, Options::default().timeout);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     pub params: Params,
     pub limits: Limits,
     /// Limit for connecting, the handshake, a blocked send and shutdown.
     pub timeout: Duration,
+    /// How long acknowledgements held below `limits.ack_window` wait before
+    /// they go anyway. The Conn keeps this time only while one of its calls
+    /// drives it; [`Conn::release_acks`] sends them at once.
+    pub ack_delay: Duration,
 }
 
 impl Default for Options {
@@ -43,6 +63,8 @@ impl Default for Options {
             params: Params::default(),
             limits: Limits::default(),
             timeout: Duration::from_secs(10),
+            // The reference implementation's batching delay.
+            ack_delay: Duration::from_millis(100),
         }
     }
 }
@@ -95,6 +117,45 @@ pub struct Message {
     pub parts: Vec<Vec<u8>>,
 }
 
+/// The Conn's timers, indexed into [`Timers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// Held acknowledgements go.
+    AckDelay,
+}
+
+const TIMER_COUNT: usize = 1;
+
+#[derive(Debug, Default)]
+struct Timers([Option<Instant>; TIMER_COUNT]);
+
+impl Timers {
+    fn get(&self, timer: Timer) -> Option<Instant> {
+        self.0[timer as usize]
+    }
+
+    fn set(&mut self, timer: Timer, at: Instant) {
+        self.0[timer as usize] = Some(at);
+    }
+
+    fn clear(&mut self, timer: Timer) {
+        self.0[timer as usize] = None;
+    }
+
+    /// Whether `timer` was due at `now`; clears it if so.
+    fn expire(&mut self, timer: Timer, now: Instant) -> bool {
+        let due = self.get(timer).is_some_and(|at| at <= now);
+        if due {
+            self.clear(timer);
+        }
+        due
+    }
+
+    fn next(&self) -> Option<Instant> {
+        self.0.iter().flatten().min().copied()
+    }
+}
+
 /// One end of a Relink link over TCP.
 ///
 /// A stream that fails (a read or write error, its end, a protocol error)
@@ -109,6 +170,9 @@ pub struct Message {
 /// takes the next of everything, [`recv`](Self::recv) and
 /// [`recv_unconsumed`](Self::recv_unconsumed) the next message, and
 /// [`poll_event`](Self::poll_event) the next event that is not a message.
+///
+/// The ack delay runs only while a call drives the Conn: the blocking
+/// calls, and the writes of the others.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
@@ -125,6 +189,7 @@ pub struct Conn {
     /// The stream is given up: bytes left in it from a dead connection
     /// must not reach the link as if they came after the failure.
     lost: bool,
+    timers: Timers,
 }
 
 const READ_CHUNK: usize = 64 << 10;
@@ -327,7 +392,7 @@ impl Server {
     /// Serves `name` with `options` of its own (relink 1: endpoint names
     /// host several services at one address), adding the name if new. Its
     /// connectors must use the same `options.params`; its links get these
-    /// limits and timeout.
+    /// limits, timeout and ack delay.
     ///
     /// ```
     /// use efapoll::relink::{self, Incoming, Options, Params, Server};
@@ -392,7 +457,7 @@ impl Server {
 
 impl Conn {
     fn new(stream: TcpStream, link: Link, peer: Option<SocketAddr>, options: &Options) -> Self {
-        Conn {
+        let mut conn = Conn {
             stream,
             link,
             peer,
@@ -402,7 +467,10 @@ impl Conn {
             resumed: false,
             tx: Vec::new(),
             lost: false,
-        }
+            timers: Timers::default(),
+        };
+        conn.stream_started();
+        conn
     }
 
     fn accepted(
@@ -555,7 +623,8 @@ impl Conn {
 
     /// Acknowledges that we consumed the peer's messages on `channel`
     /// through `seq` (relink 3.1), from [`recv_unconsumed`](Self::recv_unconsumed)
-    /// or [`next_event`](Self::next_event).
+    /// or [`next_event`](Self::next_event). The acknowledgement goes now,
+    /// or with the next ones under an ack window ([`Options::ack_delay`]).
     pub fn consume(&mut self, channel: impl Into<ChannelId>, seq: u32) -> Result<(), TcpError> {
         self.link.consume(channel, seq)?;
         self.flush()
@@ -791,6 +860,13 @@ impl Conn {
         self.flush()
     }
 
+    /// Sends every acknowledgement held below the ack window now, instead
+    /// of after [`Options::ack_delay`].
+    pub fn release_acks(&mut self) -> Result<(), TcpError> {
+        self.link.release_acks();
+        self.flush()
+    }
+
     /// Pings the peer and waits for the pong; returns the round-trip time.
     pub fn ping(&mut self, timeout: Duration) -> Result<Duration, TcpError> {
         if self.lost {
@@ -855,6 +931,7 @@ impl Conn {
         self.link.reconnect(false)?;
         self.stream = stream;
         self.lost = false;
+        self.stream_started();
         self.await_open(deadline_after(self.options.timeout))?;
         Ok(self.resumed)
     }
@@ -882,6 +959,7 @@ impl Conn {
         }
         self.stream = resumption.stream;
         self.lost = false;
+        self.stream_started();
         self.flush()
     }
 
@@ -901,6 +979,12 @@ impl Conn {
         self.lost = true;
         self.link.stream_lost();
         let _ = self.stream.shutdown(Shutdown::Both);
+        self.timers.clear(Timer::AckDelay);
+    }
+
+    /// A new stream: nothing of the last one is held back.
+    fn stream_started(&mut self) {
+        self.timers.clear(Timer::AckDelay);
     }
 
     fn await_open(&mut self, deadline: Instant) -> Result<(), TcpError> {
@@ -914,12 +998,17 @@ impl Conn {
         }
         self.tx.clear();
         self.link.poll_transmit(&mut self.tx);
-        if self.tx.is_empty() {
-            return Ok(());
-        }
-        if let Err(error) = self.stream.write_all(&self.tx) {
+        if !self.tx.is_empty()
+            && let Err(error) = self.stream.write_all(&self.tx)
+        {
             self.lose_stream();
             return Err(error.into());
+        }
+        // The delay runs from the first acknowledgement held.
+        if !self.link.acks_held() {
+            self.timers.clear(Timer::AckDelay);
+        } else if self.timers.get(Timer::AckDelay).is_none() {
+            self.timers.set(Timer::AckDelay, Instant::now() + self.options.ack_delay);
         }
         Ok(())
     }
@@ -937,7 +1026,18 @@ impl Conn {
         }
     }
 
-    /// Moves bytes both ways until `ready` holds or `deadline` passes.
+    /// Runs the timers due at `now`; returns whether that left bytes to
+    /// write.
+    fn run_timers(&mut self, now: Instant) -> bool {
+        let expired = self.timers.expire(Timer::AckDelay, now);
+        if expired {
+            self.link.release_acks();
+        }
+        expired
+    }
+
+    /// Moves bytes both ways, and runs the timers, until `ready` holds or
+    /// `deadline` passes. A lost stream fails the call.
     fn drive_until(
         &mut self,
         deadline: Instant,
@@ -955,8 +1055,14 @@ impl Conn {
             if self.lost {
                 return Err(TcpError::Disconnected);
             }
-            let n = match read_until(&self.stream, &mut buf, deadline) {
+            if self.run_timers(Instant::now()) {
+                continue;
+            }
+            // Wake for the next timer, or at the deadline.
+            let wake = self.timers.next().map_or(deadline, |at| at.min(deadline));
+            let n = match read_until(&self.stream, &mut buf, wake) {
                 Ok(n) => n,
+                Err(TcpError::Timeout) if Instant::now() < deadline => continue,
                 Err(TcpError::Timeout) => return Err(TcpError::Timeout),
                 Err(error) => {
                     self.lose_stream();
