@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use efapoll::relink::{
     self, Accepted, Acceptor, ChannelId, ChannelIdError, CommandError, ConnectorConfig, Event,
-    HandshakeError, Incoming, Limits, Link, LinkError, Listener, Options, Params, TcpError,
-    WireError,
+    HandshakeError, Incoming, Keepalive, Limits, Link, LinkError, Listener, Options, Params,
+    TcpError, WireError,
 };
 
 const ENDPOINT: &str = "setup";
@@ -1615,6 +1615,38 @@ fn tcp_a_message_counts_consumed_only_once_the_receiver_says_so() {
     a.wait_consumed(0, 3, DEADLINE).unwrap();
 }
 
+// ---- the Conn's API: keepalive ----
+
+fn keepalive(idle_ms: u64, pong_timeout_ms: u64) -> Option<Keepalive> {
+    Some(Keepalive {
+        idle: Duration::from_millis(idle_ms),
+        pong_timeout: Duration::from_millis(pong_timeout_ms),
+    })
+}
+
+#[test]
+fn tcp_keepalive_fails_a_silent_peer_with_pong_timeout() {
+    let watchful = Options { keepalive: keepalive(50, 100), ..options() };
+    let (mut a, b) = relink::loopback_pair(ENDPOINT, &watchful).unwrap();
+    // `b` is never called again, so it never answers.
+    let start = Instant::now();
+    let result = a.recv(Duration::from_secs(5));
+    let waited = start.elapsed();
+    assert!(
+        matches!(
+            result,
+            Err(TcpError::PongTimeout { waited }) if waited == Duration::from_millis(100)
+        ),
+        "{result:?}"
+    );
+    assert!(waited >= Duration::from_millis(150), "{waited:?}");
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    // The stream is given up; the link is kept for a reconnection.
+    assert!(matches!(a.recv(DEADLINE), Err(TcpError::Disconnected)));
+    assert!(!a.link().is_open());
+    drop(b);
+}
+
 /// A connected pair of Conns, each with its own options.
 fn pair_with(connector: Options, listener: Options) -> (relink::Conn, relink::Conn) {
     let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1622,6 +1654,21 @@ fn pair_with(connector: Options, listener: Options) -> (relink::Conn, relink::Co
     let dialer = thread::spawn(move || relink::connect(addr, ENDPOINT, &connector).unwrap());
     let listener = relink::accept(&tcp, &[ENDPOINT], &listener).unwrap();
     (dialer.join().unwrap(), listener)
+}
+
+#[test]
+fn tcp_keepalive_pings_a_live_but_quiet_peer() {
+    let watchful = Options { keepalive: keepalive(20, 500), ..options() };
+    let (mut a, mut b) = pair_with(watchful, options());
+    // `b` answers pings while its recv drives it, until `a` speaks.
+    let echo = thread::spawn(move || b.recv(Duration::from_secs(5)).unwrap());
+    // Silent for 300 ms, but alive: the wait ends in a timeout, not a
+    // pong timeout, and every 20 ms of silence cost a ping.
+    let result = a.recv(Duration::from_millis(300));
+    assert!(matches!(result, Err(TcpError::Timeout)), "{result:?}");
+    assert!(a.pongs() >= 3, "{} pongs", a.pongs());
+    a.send(0, &[b"done"]).unwrap();
+    assert_eq!(echo.join().unwrap(), (ch(0), vec![b"done".to_vec()]));
 }
 
 // ---- the Conn's API: acknowledgement batching ----

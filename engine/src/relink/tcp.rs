@@ -34,13 +34,18 @@ use super::wire::ChannelId;
 /// the messages) and `ack_delay` (the driver keeps the time):
 ///
 /// ```
-/// use efapoll::relink::{Limits, Options};
+/// use efapoll::relink::{Keepalive, Limits, Options};
 /// use std::time::Duration;
 ///
 /// let options = Options {
 ///     // One consumed acknowledgement per 16 messages, or after 5 ms.
 ///     limits: Limits { ack_window: 16, ..Limits::default() },
 ///     ack_delay: Duration::from_millis(5),
+///     // Ping after 1 s of silence; no pong within 2 s fails the stream.
+///     keepalive: Some(Keepalive {
+///         idle: Duration::from_secs(1),
+///         pong_timeout: Duration::from_secs(2),
+///     }),
 ///     ..Options::default()
 /// };
 /// assert_eq!(options.timeout, Options::default().timeout);
@@ -55,6 +60,8 @@ pub struct Options {
     /// they go anyway. The Conn keeps this time only while one of its calls
     /// drives it; [`Conn::release_acks`] sends them at once.
     pub ack_delay: Duration,
+    /// Health check by idle ping (relink 3.4); `None` pings only on request.
+    pub keepalive: Option<Keepalive>,
 }
 
 impl Default for Options {
@@ -65,8 +72,22 @@ impl Default for Options {
             timeout: Duration::from_secs(10),
             // The reference implementation's batching delay.
             ack_delay: Duration::from_millis(100),
+            keepalive: None,
         }
     }
+}
+
+/// Idle ping with a pong timeout: see [`Options::keepalive`].
+///
+/// After `idle` without a byte from the peer the Conn pings it; without a
+/// pong `pong_timeout` after that ping the stream is given up as dead and
+/// the call fails with [`TcpError::PongTimeout`]. Both are checked only
+/// while a call drives the Conn: a Conn nobody calls neither pings nor
+/// answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub idle: Duration,
+    pub pong_timeout: Duration,
 }
 
 #[derive(Debug, Error)]
@@ -89,6 +110,10 @@ pub enum TcpError {
     ShutDown,
     #[error("only a connector reconnects")]
     NotConnector,
+    /// A keepalive ping got no pong in time ([`Keepalive`]); the stream is
+    /// given up, the link kept for a reconnection.
+    #[error("no pong within {waited:?} of a keepalive ping")]
+    PongTimeout { waited: Duration },
     /// A reconnection started a new link while the call waited for the old
     /// one: what the old link had not delivered is discarded (relink 1).
     #[error("the link was replaced by a new one; its undelivered messages are discarded")]
@@ -122,9 +147,13 @@ pub struct Message {
 enum Timer {
     /// Held acknowledgements go.
     AckDelay,
+    /// The peer has been silent for [`Keepalive::idle`]: ping it.
+    Ping,
+    /// The keepalive ping's pong is overdue.
+    Pong,
 }
 
-const TIMER_COUNT: usize = 1;
+const TIMER_COUNT: usize = 3;
 
 #[derive(Debug, Default)]
 struct Timers([Option<Instant>; TIMER_COUNT]);
@@ -158,10 +187,10 @@ impl Timers {
 
 /// One end of a Relink link over TCP.
 ///
-/// A stream that fails (a read or write error, its end, a protocol error)
-/// is given up at once: the call that meets the failure reports it, and
-/// every later call that needs the stream returns
-/// [`TcpError::Disconnected`] without touching it, until
+/// A stream that fails (a read or write error, its end, a protocol error,
+/// a keepalive ping without a pong) is given up at once: the call that
+/// meets the failure reports it, and every later call that needs the
+/// stream returns [`TcpError::Disconnected`] without touching it, until
 /// [`reconnect`](Self::reconnect) or [`resume`](Self::resume). Messages
 /// received before stay readable, and [`send`](Self::send) queues for the
 /// resumption.
@@ -171,8 +200,8 @@ impl Timers {
 /// [`recv_unconsumed`](Self::recv_unconsumed) the next message, and
 /// [`poll_event`](Self::poll_event) the next event that is not a message.
 ///
-/// The ack delay runs only while a call drives the Conn: the blocking
-/// calls, and the writes of the others.
+/// Timers (the ack delay, keepalive pings) run only while a call drives
+/// the Conn: the blocking calls, and the writes of the others.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
@@ -344,7 +373,7 @@ fn read_until(
 /// resume their links.
 ///
 /// Each endpoint name may have options of its own ([`serve`](Self::serve)):
-/// parameters its connectors must agree on, limits, timeouts.
+/// parameters its connectors must agree on, limits, timeouts, keepalive.
 /// The handshake itself is bounded by the options given to
 /// [`new`](Self::new), as the name is not known before it.
 #[derive(Debug)]
@@ -392,7 +421,7 @@ impl Server {
     /// Serves `name` with `options` of its own (relink 1: endpoint names
     /// host several services at one address), adding the name if new. Its
     /// connectors must use the same `options.params`; its links get these
-    /// limits, timeout and ack delay.
+    /// limits, timeout, ack delay and keepalive.
     ///
     /// ```
     /// use efapoll::relink::{self, Incoming, Options, Params, Server};
@@ -979,12 +1008,27 @@ impl Conn {
         self.lost = true;
         self.link.stream_lost();
         let _ = self.stream.shutdown(Shutdown::Both);
-        self.timers.clear(Timer::AckDelay);
+        for timer in [Timer::AckDelay, Timer::Ping, Timer::Pong] {
+            self.timers.clear(timer);
+        }
     }
 
-    /// A new stream: nothing of the last one is held back.
+    /// A new stream: the peer counts as just heard from.
     fn stream_started(&mut self) {
-        self.timers.clear(Timer::AckDelay);
+        for timer in [Timer::AckDelay, Timer::Pong] {
+            self.timers.clear(timer);
+        }
+        self.heard_from_peer(Instant::now());
+    }
+
+    /// Bytes arrived: the keepalive ping waits another idle period, unless
+    /// one is out already, whose pong alone counts.
+    fn heard_from_peer(&mut self, now: Instant) {
+        if let Some(keepalive) = self.options.keepalive
+            && self.timers.get(Timer::Pong).is_none()
+        {
+            self.timers.set(Timer::Ping, now + keepalive.idle);
+        }
     }
 
     fn await_open(&mut self, deadline: Instant) -> Result<(), TcpError> {
@@ -1016,7 +1060,12 @@ impl Conn {
     fn collect_events(&mut self) {
         while let Some(event) = self.link.poll_event() {
             match event {
-                Event::Pong => self.pongs += 1,
+                Event::Pong => {
+                    self.pongs += 1;
+                    // Any pong answers the keepalive: the peer is alive.
+                    self.timers.clear(Timer::Pong);
+                    self.heard_from_peer(Instant::now());
+                }
                 Event::Connected { resumed, .. } => {
                     self.resumed = resumed;
                     self.queue.push_back(event);
@@ -1027,13 +1076,27 @@ impl Conn {
     }
 
     /// Runs the timers due at `now`; returns whether that left bytes to
-    /// write.
-    fn run_timers(&mut self, now: Instant) -> bool {
-        let expired = self.timers.expire(Timer::AckDelay, now);
-        if expired {
+    /// write. Fails if the keepalive's pong is overdue, the stream then
+    /// given up.
+    fn run_timers(&mut self, now: Instant) -> Result<bool, TcpError> {
+        let mut transmit = false;
+        if self.timers.expire(Timer::AckDelay, now) {
             self.link.release_acks();
+            transmit = true;
         }
-        expired
+        if let Some(keepalive) = self.options.keepalive {
+            if self.timers.expire(Timer::Pong, now) {
+                self.lose_stream();
+                return Err(TcpError::PongTimeout { waited: keepalive.pong_timeout });
+            }
+            if self.timers.expire(Timer::Ping, now) && self.link.is_open() {
+                // relink 3.4: pings may be sent at will.
+                self.link.ping()?;
+                self.timers.set(Timer::Pong, now + keepalive.pong_timeout);
+                transmit = true;
+            }
+        }
+        Ok(transmit)
     }
 
     /// Moves bytes both ways, and runs the timers, until `ready` holds or
@@ -1051,12 +1114,11 @@ impl Conn {
             if ready(self) {
                 return Ok(());
             }
-            flushed?;
+            if flushed.and_then(|()| self.run_timers(Instant::now()))? {
+                continue;
+            }
             if self.lost {
                 return Err(TcpError::Disconnected);
-            }
-            if self.run_timers(Instant::now()) {
-                continue;
             }
             // Wake for the next timer, or at the deadline.
             let wake = self.timers.next().map_or(deadline, |at| at.min(deadline));
@@ -1069,6 +1131,7 @@ impl Conn {
                     return Err(error);
                 }
             };
+            self.heard_from_peer(Instant::now());
             if let Err(error) = self.link.handle_input(&buf[..n]) {
                 self.lose_stream();
                 return Err(error.into());
