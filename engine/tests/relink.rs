@@ -7,9 +7,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use efapoll::relink::{
-    self, Accepted, Acceptor, ChannelId, ChannelIdError, CommandError, ConnectorConfig, Event,
-    HandshakeError, Incoming, Keepalive, Limits, Link, LinkError, Listener, Options, Params,
-    TcpError, WireError,
+    self, Accepted, Acceptor, AutoReconnect, ChannelId, ChannelIdError, CommandError,
+    ConnectorConfig, Event, HandshakeError, Incoming, Keepalive, Limits, Link, LinkError, Listener,
+    Options, Params, Reconnect, TcpError, WireError,
 };
 
 const ENDPOINT: &str = "setup";
@@ -1613,6 +1613,174 @@ fn tcp_a_message_counts_consumed_only_once_the_receiver_says_so() {
     b.recv_unconsumed(DEADLINE).unwrap();
     assert_eq!(b.recv(DEADLINE).unwrap(), (ch(0), vec![b"m3".to_vec()]));
     a.wait_consumed(0, 3, DEADLINE).unwrap();
+}
+
+// ---- the Conn's API: reconnection ----
+
+#[test]
+fn tcp_reconnect_resumes_only_the_old_link_or_starts_a_fresh_one() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut server = relink::Server::new(tcp, &[ENDPOINT], options());
+        let Incoming::New(mut first) = server.accept().unwrap() else {
+            panic!("expected a new link");
+        };
+        let mut got = vec![first.recv(DEADLINE).unwrap()];
+        let Incoming::Resume(resumption) = server.accept().unwrap() else {
+            panic!("expected a resumption");
+        };
+        first.resume(resumption).unwrap();
+        got.push(first.recv(DEADLINE).unwrap());
+        // The link is over for this side: resuming it is refused.
+        server.forget(first.link_id());
+        let refused = server.accept();
+        assert!(
+            matches!(
+                refused,
+                Err(TcpError::Handshake(HandshakeError::LinkLost(id))) if id == first.link_id()
+            ),
+            "{refused:?}"
+        );
+        let Incoming::New(mut second) = server.accept().unwrap() else {
+            panic!("expected a new link");
+        };
+        got.push(second.recv(DEADLINE).unwrap());
+        second.shutdown().unwrap();
+        (got, first.link_id(), second.link_id())
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &options()).unwrap();
+    let old = conn.link_id();
+    let seq = conn.send(0, &[b"one"]).unwrap();
+    conn.wait_consumed(0, seq, DEADLINE).unwrap();
+
+    // Resume only: the listener knows the link, and the message queued
+    // while the stream was down goes on it.
+    conn.disconnect();
+    let seq = conn.send(0, &[b"two"]).unwrap();
+    assert!(conn.reconnect_with(Reconnect::ResumeOnly).unwrap());
+    assert_eq!(conn.link_id(), old);
+    conn.wait_consumed(0, seq, DEADLINE).unwrap();
+
+    // Resume only, the listener has forgotten the link: no new one.
+    conn.disconnect();
+    let lost = conn.reconnect_with(Reconnect::ResumeOnly);
+    assert!(
+        matches!(lost, Err(TcpError::Handshake(HandshakeError::LinkLost(id))) if id == old),
+        "{lost:?}"
+    );
+    // Fresh: what the old link still held is discarded at once, and the
+    // new link numbers from 0.
+    conn.send(0, &[b"discarded"]).unwrap();
+    assert!(!conn.reconnect_with(Reconnect::Fresh).unwrap());
+    assert_ne!(conn.link_id(), old);
+    assert_eq!(conn.link().unacknowledged(), 0);
+    assert_eq!(conn.send(0, &[b"three"]).unwrap(), 0);
+    conn.shutdown().unwrap();
+    // The refused attempt opened no stream.
+    assert_eq!(conn.reconnects(), 2);
+
+    let (got, first, second) = server.join().unwrap();
+    assert_eq!((first, second), (old, conn.link_id()));
+    let payloads: Vec<_> = got.into_iter().map(|(_, parts)| parts[0].clone()).collect();
+    assert_eq!(payloads, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
+}
+
+fn auto_reconnect(attempts: u32) -> AutoReconnect {
+    AutoReconnect {
+        attempts,
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(40),
+        mode: Reconnect::Resume,
+    }
+}
+
+#[test]
+fn tcp_auto_reconnect_comes_back_by_itself_and_delivers_queued_messages_once() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut server = relink::Server::new(tcp.try_clone().unwrap(), &[ENDPOINT], options());
+        let (stream, _) = tcp.accept().unwrap();
+        let raw = stream.try_clone().unwrap();
+        let Incoming::New(mut conn) = server.accept_stream(stream).unwrap() else {
+            panic!("expected a new link");
+        };
+        let mut got = vec![conn.recv(DEADLINE).unwrap()];
+        // Kill the connection under both Conns.
+        raw.shutdown(Shutdown::Both).unwrap();
+        // Queued: the stream is dead.
+        conn.send(0, &[b"s0"]).unwrap();
+        conn.send(0, &[b"s1"]).unwrap();
+        // The connector comes back on its own.
+        let (stream, _) = tcp.accept().unwrap();
+        let Incoming::Resume(resumption) = server.accept_stream(stream).unwrap() else {
+            panic!("expected a resumption");
+        };
+        conn.resume(resumption).unwrap();
+        while got.len() < 4 {
+            got.push(conn.recv(DEADLINE).unwrap());
+        }
+        conn.wait_consumed(0, 1, DEADLINE).unwrap();
+        conn.shutdown().unwrap();
+        got
+    });
+    let auto = Options { auto_reconnect: Some(auto_reconnect(10)), ..options() };
+    let mut conn = relink::connect(addr, ENDPOINT, &auto).unwrap();
+    let old = conn.link_id();
+    conn.send(0, &[b"c0"]).unwrap();
+    conn.wait_consumed(0, 0, DEADLINE).unwrap();
+    // Written to a stream that may be dead already: kept until acknowledged.
+    conn.send(0, &[b"c1"]).unwrap();
+    // The Conn meets the end of the stream here, dials again, resumes, and
+    // reads what the listener queued meanwhile.
+    assert_eq!(conn.recv(DEADLINE).unwrap(), (ch(0), vec![b"s0".to_vec()]));
+    assert_eq!(conn.recv(DEADLINE).unwrap(), (ch(0), vec![b"s1".to_vec()]));
+    assert_eq!(conn.reconnects(), 1);
+    assert_eq!(conn.link_id(), old);
+    let resumed: Vec<_> =
+        std::iter::from_fn(|| conn.poll_event()).filter(|e| *e == Event::PeerResumed).collect();
+    assert_eq!(resumed.len(), 1);
+    conn.send(0, &[b"c2"]).unwrap();
+    conn.send(0, &[b"c3"]).unwrap();
+    conn.shutdown().unwrap();
+    // Nothing more, in particular no second copy of s0 or s1.
+    assert!(matches!(conn.recv(Duration::from_millis(50)), Err(TcpError::ShutDown)));
+    let got: Vec<_> = server.join().unwrap().into_iter().map(|(_, p)| p[0].clone()).collect();
+    assert_eq!(got, [b"c0".to_vec(), b"c1".to_vec(), b"c2".to_vec(), b"c3".to_vec()]);
+}
+
+#[test]
+fn tcp_auto_reconnect_backs_off_and_gives_up_after_its_attempts() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let auto = Options { auto_reconnect: Some(auto_reconnect(3)), ..options() };
+    let server_options = auto.clone();
+    let server = thread::spawn(move || {
+        let conn = relink::accept(&tcp, &[ENDPOINT], &server_options).unwrap();
+        // Nothing listens any more: every attempt is refused.
+        drop(tcp);
+        drop(conn);
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &auto).unwrap();
+    server.join().unwrap();
+    let start = Instant::now();
+    let result = conn.recv(DEADLINE);
+    // Three attempts, with 20 and 40 ms between them.
+    assert!(start.elapsed() >= Duration::from_millis(60), "{:?}", start.elapsed());
+    assert!(start.elapsed() < DEADLINE);
+    match result {
+        Err(TcpError::ReconnectFailed { attempts: 3, last }) => {
+            assert!(
+                matches!(*last, TcpError::Io(ref e) if e.kind() == ErrorKind::ConnectionRefused)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // It has given up: the next call does not try again.
+    let start = Instant::now();
+    assert!(matches!(conn.recv(DEADLINE), Err(TcpError::Disconnected)));
+    assert!(start.elapsed() < Duration::from_millis(20));
 }
 
 // ---- the Conn's API: keepalive ----

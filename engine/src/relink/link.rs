@@ -13,8 +13,9 @@
 //! keeps no time: a driver that batches acknowledgements
 //! ([`Limits::ack_window`]) calls [`Link::release_acks`] when its delay
 //! runs out. When the stream breaks it calls [`Link::stream_lost`]; a
-//! connector then dials again and calls [`Link::reconnect`], a listener
-//! hands the new stream's [`Accepted`] to [`Link::resume`].
+//! connector then dials again and calls [`Link::reconnect`] (or
+//! [`Link::reconnect_fresh`] for a new link), a listener hands the new
+//! stream's [`Accepted`] to [`Link::resume`].
 //!
 //! The listener side of a handshake runs before its link is known: an
 //! [`Acceptor`] per incoming stream asks the [`Listener`] (endpoint names,
@@ -687,6 +688,35 @@ impl Link {
         Ok(())
     }
 
+    /// Connector: start a handshake on a new stream for a new link,
+    /// offering no link id (relink 1). Everything of the old link is
+    /// discarded now, as a new link id would discard it: unacknowledged
+    /// messages, commits, closures, what the peer sent. Messages sent from
+    /// now on go on the new link.
+    pub fn reconnect_fresh(&mut self) -> Result<(), CommandError> {
+        if self.role != Role::Connector {
+            return Err(CommandError::NotConnector);
+        }
+        if self.phase == Phase::Done {
+            return Err(CommandError::LinkDone);
+        }
+        self.discard_link();
+        self.epoch = 0;
+        self.link_id = 0;
+        self.reset_stream();
+        self.start_handshake(false);
+        Ok(())
+    }
+
+    /// relink 1: state specific to an old link is discarded.
+    fn discard_link(&mut self) {
+        self.out.clear();
+        self.inc.clear();
+        self.shutdown_requested = false;
+        self.shutdown_sent = false;
+        self.peer_shutdown = false;
+    }
+
     /// The stream broke or was closed: forget everything about it. Unsent
     /// and unacknowledged packets go out again after a resumed handshake;
     /// pings and pongs do not (relink 3.4).
@@ -1353,11 +1383,7 @@ impl Link {
         }
         if !resumed && self.link_id != 0 {
             // relink 1: a new link id or epoch discards the old link's state.
-            self.out.clear();
-            self.inc.clear();
-            self.shutdown_requested = false;
-            self.shutdown_sent = false;
-            self.peer_shutdown = false;
+            self.discard_link();
         }
         self.epoch = reply.epoch;
         self.link_id = reply.link_id;

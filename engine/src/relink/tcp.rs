@@ -34,7 +34,7 @@ use super::wire::ChannelId;
 /// the messages) and `ack_delay` (the driver keeps the time):
 ///
 /// ```
-/// use efapoll::relink::{Keepalive, Limits, Options};
+/// use efapoll::relink::{AutoReconnect, Keepalive, Limits, Options, Reconnect};
 /// use std::time::Duration;
 ///
 /// let options = Options {
@@ -45,6 +45,13 @@ use super::wire::ChannelId;
 ///     keepalive: Some(Keepalive {
 ///         idle: Duration::from_secs(1),
 ///         pong_timeout: Duration::from_secs(2),
+///     }),
+///     // A connector dials again by itself, up to 5 times in a row.
+///     auto_reconnect: Some(AutoReconnect {
+///         attempts: 5,
+///         initial_backoff: Duration::from_millis(50),
+///         max_backoff: Duration::from_secs(2),
+///         mode: Reconnect::Resume,
 ///     }),
 ///     ..Options::default()
 /// };
@@ -62,6 +69,10 @@ pub struct Options {
     pub ack_delay: Duration,
     /// Health check by idle ping (relink 3.4); `None` pings only on request.
     pub keepalive: Option<Keepalive>,
+    /// A connector that loses its stream dials again by itself during the
+    /// call that meets the loss; `None` leaves that to
+    /// [`Conn::reconnect`].
+    pub auto_reconnect: Option<AutoReconnect>,
 }
 
 impl Default for Options {
@@ -73,6 +84,7 @@ impl Default for Options {
             // The reference implementation's batching delay.
             ack_delay: Duration::from_millis(100),
             keepalive: None,
+            auto_reconnect: None,
         }
     }
 }
@@ -81,13 +93,55 @@ impl Default for Options {
 ///
 /// After `idle` without a byte from the peer the Conn pings it; without a
 /// pong `pong_timeout` after that ping the stream is given up as dead and
-/// the call fails with [`TcpError::PongTimeout`]. Both are checked only
-/// while a call drives the Conn: a Conn nobody calls neither pings nor
-/// answers.
+/// the call fails with [`TcpError::PongTimeout`] (or, with
+/// [`Options::auto_reconnect`], dials again). Both are checked only while a
+/// call drives the Conn: a Conn nobody calls neither pings nor answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keepalive {
     pub idle: Duration,
     pub pong_timeout: Duration,
+}
+
+/// Automatic reconnection: see [`Options::auto_reconnect`].
+///
+/// The first attempt follows the loss at once; after the n-th failure in a
+/// row the next waits `initial_backoff * 2^(n-1)`, at most `max_backoff`.
+/// After `attempts` failures in a row (at least one attempt is made) the
+/// call fails with [`TcpError::ReconnectFailed`], and the Conn stops
+/// trying until a [`Conn::reconnect`] succeeds. An attempt and a backoff
+/// end with the call's own time limit: the call returns
+/// [`TcpError::Timeout`], and the next call that drives the Conn goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoReconnect {
+    pub attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    pub mode: Reconnect,
+}
+
+impl AutoReconnect {
+    /// The wait after `failures` failed attempts in a row.
+    fn backoff(&self, failures: u32) -> Duration {
+        let doubled = 1u32 << failures.saturating_sub(1).min(31);
+        self.initial_backoff.saturating_mul(doubled).min(self.max_backoff)
+    }
+}
+
+/// Which link a connector asks for when it dials again (relink 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reconnect {
+    /// Offer the old link; if the listener no longer knows it (it
+    /// restarted, or forgot it), go on with a new one, the old link's
+    /// undelivered messages discarded.
+    #[default]
+    Resume,
+    /// Offer the old link and take nothing else: a listener that does not
+    /// know it replies with link id zero, and the attempt fails with
+    /// [`HandshakeError::LinkLost`] (handshake flag 2, "require old link
+    /// id"). Automatic reconnection stops there.
+    ResumeOnly,
+    /// Start a new link at once, discarding everything of the old one.
+    Fresh,
 }
 
 #[derive(Debug, Error)]
@@ -114,6 +168,13 @@ pub enum TcpError {
     /// given up, the link kept for a reconnection.
     #[error("no pong within {waited:?} of a keepalive ping")]
     PongTimeout { waited: Duration },
+    /// Automatic reconnection failed `attempts` times in a row.
+    #[error("gave up reconnecting after {attempts} attempts: {last}")]
+    ReconnectFailed {
+        attempts: u32,
+        #[source]
+        last: Box<TcpError>,
+    },
     /// A reconnection started a new link while the call waited for the old
     /// one: what the old link had not delivered is discarded (relink 1).
     #[error("the link was replaced by a new one; its undelivered messages are discarded")]
@@ -151,9 +212,11 @@ enum Timer {
     Ping,
     /// The keepalive ping's pong is overdue.
     Pong,
+    /// The next automatic reconnection attempt.
+    Reconnect,
 }
 
-const TIMER_COUNT: usize = 3;
+const TIMER_COUNT: usize = 4;
 
 #[derive(Debug, Default)]
 struct Timers([Option<Instant>; TIMER_COUNT]);
@@ -191,17 +254,19 @@ impl Timers {
 /// a keepalive ping without a pong) is given up at once: the call that
 /// meets the failure reports it, and every later call that needs the
 /// stream returns [`TcpError::Disconnected`] without touching it, until
-/// [`reconnect`](Self::reconnect) or [`resume`](Self::resume). Messages
-/// received before stay readable, and [`send`](Self::send) queues for the
-/// resumption.
+/// [`reconnect`](Self::reconnect) or [`resume`](Self::resume) — or, for a
+/// connector with [`Options::auto_reconnect`], until the Conn dials again
+/// by itself. Messages received before stay readable, and
+/// [`send`](Self::send) queues for the resumption.
 ///
 /// What the peer sends comes out in order: [`next_event`](Self::next_event)
 /// takes the next of everything, [`recv`](Self::recv) and
 /// [`recv_unconsumed`](Self::recv_unconsumed) the next message, and
 /// [`poll_event`](Self::poll_event) the next event that is not a message.
 ///
-/// Timers (the ack delay, keepalive pings) run only while a call drives
-/// the Conn: the blocking calls, and the writes of the others.
+/// Timers (the ack delay, keepalive pings, reconnection backoff) run only
+/// while a call drives the Conn: the blocking calls, and the writes of the
+/// others.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
@@ -214,11 +279,19 @@ pub struct Conn {
     pongs: u64,
     /// Whether the last handshake resumed the link.
     resumed: bool,
+    reconnects: u64,
     tx: Vec<u8>,
     /// The stream is given up: bytes left in it from a dead connection
     /// must not reach the link as if they came after the failure.
     lost: bool,
     timers: Timers,
+    /// Automatic reconnection attempts that failed in a row, and whether
+    /// it gave up.
+    reconnect_failures: u32,
+    reconnect_gave_up: bool,
+    /// A handshake is under way: a loss ends it rather than starting
+    /// another.
+    handshaking: bool,
 }
 
 const READ_CHUNK: usize = 64 << 10;
@@ -494,9 +567,13 @@ impl Conn {
             queue: VecDeque::new(),
             pongs: 0,
             resumed: false,
+            reconnects: 0,
             tx: Vec::new(),
             lost: false,
             timers: Timers::default(),
+            reconnect_failures: 0,
+            reconnect_gave_up: false,
+            handshaking: false,
         };
         conn.stream_started();
         conn
@@ -898,13 +975,12 @@ impl Conn {
 
     /// Pings the peer and waits for the pong; returns the round-trip time.
     pub fn ping(&mut self, timeout: Duration) -> Result<Duration, TcpError> {
-        if self.lost {
-            return Err(TcpError::Disconnected);
-        }
+        let deadline = deadline_after(timeout);
+        self.ensure_stream(deadline)?;
         let start = Instant::now();
         let seen = self.pongs;
         self.link.ping()?;
-        self.drive_until(deadline_after(timeout), |conn| conn.pongs > seen)?;
+        self.drive_until(deadline, |conn| conn.pongs > seen)?;
         Ok(start.elapsed())
     }
 
@@ -921,6 +997,12 @@ impl Conn {
     /// Pongs received so far.
     pub fn pongs(&self) -> u64 {
         self.pongs
+    }
+
+    /// Streams opened after the first one, by [`reconnect`](Self::reconnect),
+    /// [`resume`](Self::resume) or automatically.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects
     }
 
     /// The limit of blocked sends and of shutdown from now on.
@@ -951,18 +1033,48 @@ impl Conn {
 
     /// Connector: dials the listener again after the stream broke and
     /// resumes the link; returns whether it was resumed (if not, everything
-    /// unacknowledged was discarded with the old link).
+    /// unacknowledged was discarded with the old link). The same as
+    /// [`reconnect_with`](Self::reconnect_with)`(Reconnect::Resume)`.
     pub fn reconnect(&mut self) -> Result<bool, TcpError> {
-        let peer = self.peer.ok_or(TcpError::NotConnector)?;
-        self.lose_stream();
-        let stream = dial(peer, self.options.timeout)?;
-        prepare(&stream, self.options.timeout)?;
-        self.link.reconnect(false)?;
-        self.stream = stream;
-        self.lost = false;
-        self.stream_started();
-        self.await_open(deadline_after(self.options.timeout))?;
-        Ok(self.resumed)
+        self.reconnect_with(Reconnect::Resume)
+    }
+
+    /// Connector: dials the listener again, asking for the link `mode`
+    /// says; returns whether the old link goes on. Within the Conn's
+    /// timeout.
+    ///
+    /// ```
+    /// use efapoll::relink::{self, Incoming, Options, Reconnect, Server};
+    /// use std::net::TcpListener;
+    ///
+    /// # fn main() -> Result<(), relink::TcpError> {
+    /// let tcp = TcpListener::bind("127.0.0.1:0")?;
+    /// let addr = tcp.local_addr()?;
+    /// let mut server = Server::new(tcp, &["demo"], Options::default());
+    /// let listener = std::thread::spawn(move || -> Result<_, relink::TcpError> {
+    ///     let Incoming::New(mut first) = server.accept()? else { unreachable!() };
+    ///     // The connector comes back for its link, then for a new one.
+    ///     let Incoming::Resume(resumption) = server.accept()? else { unreachable!() };
+    ///     first.resume(resumption)?;
+    ///     let Incoming::New(second) = server.accept()? else { unreachable!() };
+    ///     Ok((first.link_id(), second.link_id()))
+    /// });
+    /// let mut conn = relink::connect(addr, "demo", &Options::default())?;
+    /// let first = conn.link_id();
+    /// conn.disconnect();
+    /// assert!(conn.reconnect_with(Reconnect::ResumeOnly)?);
+    /// assert_eq!(conn.link_id(), first);
+    /// conn.disconnect();
+    /// assert!(!conn.reconnect_with(Reconnect::Fresh)?);
+    /// assert_ne!(conn.link_id(), first);
+    /// assert_eq!(listener.join().unwrap()?, (first, conn.link_id()));
+    /// # Ok(()) }
+    /// ```
+    pub fn reconnect_with(&mut self, mode: Reconnect) -> Result<bool, TcpError> {
+        let resumed = self.reconnect_until(mode, deadline_after(self.options.timeout))?;
+        self.reconnect_failures = 0;
+        self.reconnect_gave_up = false;
+        Ok(resumed)
     }
 
     /// Breaks the stream at once, keeping the link so that it can be
@@ -988,8 +1100,102 @@ impl Conn {
         }
         self.stream = resumption.stream;
         self.lost = false;
+        self.reconnects += 1;
         self.stream_started();
         self.flush()
+    }
+
+    /// Dials, handshakes as `mode` says, and waits for the link to open,
+    /// all before `deadline` and within the Conn's timeout.
+    fn reconnect_until(&mut self, mode: Reconnect, deadline: Instant) -> Result<bool, TcpError> {
+        let peer = self.peer.ok_or(TcpError::NotConnector)?;
+        self.lose_stream();
+        let deadline = deadline.min(deadline_after(self.options.timeout));
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(TcpError::Timeout);
+        }
+        let stream = dial(peer, left)?;
+        prepare(&stream, self.options.timeout)?;
+        match mode {
+            Reconnect::Resume => self.link.reconnect(false)?,
+            Reconnect::ResumeOnly => self.link.reconnect(true)?,
+            Reconnect::Fresh => self.link.reconnect_fresh()?,
+        }
+        self.stream = stream;
+        self.lost = false;
+        self.stream_started();
+        if let Err(error) = self.await_open(deadline) {
+            // A handshake cut short is abandoned, not continued.
+            self.lose_stream();
+            return Err(error);
+        }
+        self.reconnects += 1;
+        Ok(self.resumed)
+    }
+
+    /// With the stream lost, reconnects automatically if the options say
+    /// so, waiting out the backoff first; otherwise fails.
+    fn recover(&mut self, deadline: Instant) -> Result<(), TcpError> {
+        let auto = match self.options.auto_reconnect {
+            Some(auto) if self.peer.is_some() && !self.handshaking && !self.reconnect_gave_up => {
+                auto
+            }
+            _ => return Err(TcpError::Disconnected),
+        };
+        if self.link.is_done() {
+            return Err(TcpError::ShutDown);
+        }
+        if let Some(at) = self.timers.get(Timer::Reconnect) {
+            let now = Instant::now();
+            if at > deadline {
+                thread::sleep(deadline.saturating_duration_since(now));
+                return Err(TcpError::Timeout);
+            }
+            thread::sleep(at.saturating_duration_since(now));
+            self.timers.clear(Timer::Reconnect);
+        }
+        let error = match self.reconnect_until(auto.mode, deadline) {
+            Ok(_) => {
+                self.reconnect_failures = 0;
+                return Ok(());
+            }
+            Err(error) => error,
+        };
+        let permanent = matches!(
+            error,
+            TcpError::Handshake(HandshakeError::LinkLost(_))
+                | TcpError::Command(CommandError::LinkDone)
+        );
+        if permanent {
+            self.reconnect_gave_up = true;
+            return Err(error);
+        }
+        // An attempt that the caller's limit cut short is not a failure:
+        // the next call tries again at once.
+        if Instant::now() >= deadline {
+            return Err(TcpError::Timeout);
+        }
+        self.reconnect_failures += 1;
+        if self.reconnect_failures >= auto.attempts.max(1) {
+            self.reconnect_gave_up = true;
+            return Err(TcpError::ReconnectFailed {
+                attempts: self.reconnect_failures,
+                last: Box::new(error),
+            });
+        }
+        let backoff = auto.backoff(self.reconnect_failures);
+        self.timers.set(Timer::Reconnect, Instant::now() + backoff);
+        Ok(())
+    }
+
+    /// A stream to work with: the current one, or a new one if the options
+    /// reconnect automatically.
+    fn ensure_stream(&mut self, deadline: Instant) -> Result<(), TcpError> {
+        while self.lost {
+            self.recover(deadline)?;
+        }
+        Ok(())
     }
 
     /// The link's identity: a new link (not a resumed one) changes it.
@@ -1015,7 +1221,7 @@ impl Conn {
 
     /// A new stream: the peer counts as just heard from.
     fn stream_started(&mut self) {
-        for timer in [Timer::AckDelay, Timer::Pong] {
+        for timer in [Timer::AckDelay, Timer::Pong, Timer::Reconnect] {
             self.timers.clear(timer);
         }
         self.heard_from_peer(Instant::now());
@@ -1033,7 +1239,10 @@ impl Conn {
 
     fn await_open(&mut self, deadline: Instant) -> Result<(), TcpError> {
         self.resumed = false;
-        self.drive_until(deadline, |conn| conn.link.is_open())
+        self.handshaking = true;
+        let opened = self.drive_until(deadline, |conn| conn.link.is_open());
+        self.handshaking = false;
+        opened
     }
 
     fn flush(&mut self) -> Result<(), TcpError> {
@@ -1100,7 +1309,8 @@ impl Conn {
     }
 
     /// Moves bytes both ways, and runs the timers, until `ready` holds or
-    /// `deadline` passes. A lost stream fails the call.
+    /// `deadline` passes. A lost stream fails the call, unless the options
+    /// reconnect automatically.
     fn drive_until(
         &mut self,
         deadline: Instant,
@@ -1114,11 +1324,22 @@ impl Conn {
             if ready(self) {
                 return Ok(());
             }
-            if flushed.and_then(|()| self.run_timers(Instant::now()))? {
-                continue;
-            }
+            let failed = match flushed.and_then(|()| self.run_timers(Instant::now())) {
+                Ok(true) => continue,
+                Ok(false) => None,
+                Err(error) => Some(error),
+            };
             if self.lost {
-                return Err(TcpError::Disconnected);
+                match self.recover(deadline) {
+                    Ok(()) => continue,
+                    Err(TcpError::Disconnected) => {
+                        return Err(failed.unwrap_or(TcpError::Disconnected));
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            if let Some(error) = failed {
+                return Err(error);
             }
             // Wake for the next timer, or at the deadline.
             let wake = self.timers.next().map_or(deadline, |at| at.min(deadline));
@@ -1128,12 +1349,18 @@ impl Conn {
                 Err(TcpError::Timeout) => return Err(TcpError::Timeout),
                 Err(error) => {
                     self.lose_stream();
+                    if self.options.auto_reconnect.is_some() && !self.handshaking {
+                        continue;
+                    }
                     return Err(error);
                 }
             };
             self.heard_from_peer(Instant::now());
             if let Err(error) = self.link.handle_input(&buf[..n]) {
                 self.lose_stream();
+                if self.options.auto_reconnect.is_some() && !self.handshaking {
+                    continue;
+                }
                 return Err(error.into());
             }
         }
