@@ -1137,11 +1137,8 @@ impl Conn {
     /// With the stream lost, reconnects automatically if the options say
     /// so, waiting out the backoff first; otherwise fails.
     fn recover(&mut self, deadline: Instant) -> Result<(), TcpError> {
-        let auto = match self.options.auto_reconnect {
-            Some(auto) if self.peer.is_some() && !self.handshaking && !self.reconnect_gave_up => {
-                auto
-            }
-            _ => return Err(TcpError::Disconnected),
+        let Some(auto) = self.auto_reconnect() else {
+            return Err(TcpError::Disconnected);
         };
         if self.link.is_done() {
             return Err(TcpError::ShutDown);
@@ -1187,6 +1184,13 @@ impl Conn {
         let backoff = auto.backoff(self.reconnect_failures);
         self.timers.set(Timer::Reconnect, Instant::now() + backoff);
         Ok(())
+    }
+
+    /// The automatic reconnection that applies now: a connector's, not
+    /// given up, and not inside a handshake (whose loss ends it).
+    fn auto_reconnect(&self) -> Option<AutoReconnect> {
+        let applies = self.peer.is_some() && !self.handshaking && !self.reconnect_gave_up;
+        self.options.auto_reconnect.filter(|_| applies)
     }
 
     /// A stream to work with: the current one, or a new one if the options
@@ -1349,7 +1353,7 @@ impl Conn {
                 Err(TcpError::Timeout) => return Err(TcpError::Timeout),
                 Err(error) => {
                     self.lose_stream();
-                    if self.options.auto_reconnect.is_some() && !self.handshaking {
+                    if self.auto_reconnect().is_some() {
                         continue;
                     }
                     return Err(error);
@@ -1358,7 +1362,7 @@ impl Conn {
             self.heard_from_peer(Instant::now());
             if let Err(error) = self.link.handle_input(&buf[..n]) {
                 self.lose_stream();
-                if self.options.auto_reconnect.is_some() && !self.handshaking {
+                if self.auto_reconnect().is_some() {
                     continue;
                 }
                 return Err(error.into());
