@@ -7,9 +7,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use efapoll::relink::{
-    self, Accepted, Acceptor, ChannelId, ChannelIdError, CommandError, ConnectorConfig, Event,
-    HandshakeError, Incoming, Limits, Link, LinkError, Listener, Options, Params, TcpError,
-    WireError,
+    self, Accepted, Acceptor, AutoReconnect, ChannelId, ChannelIdError, CommandError,
+    ConnectorConfig, Event, HandshakeError, Incoming, Keepalive, Limits, Link, LinkError, Listener,
+    Options, Params, Reconnect, TcpError, WireError,
 };
 
 const ENDPOINT: &str = "setup";
@@ -888,6 +888,61 @@ fn close_and_reopen_survive_drops() {
     assert_eq!(l.messages()[2], (3, 0, vec![b"c".to_vec()]));
 }
 
+/// A few rounds of moving bytes both ways, for what must not happen.
+fn settle(a: &mut Peer, b: &mut Peer) {
+    for _ in 0..5 {
+        a.transmit();
+        b.transmit();
+        thread::sleep(Duration::from_millis(2));
+        a.receive().unwrap();
+        b.receive().unwrap();
+    }
+}
+
+#[test]
+fn acknowledgements_below_the_ack_window_wait_for_release_a_reconnection_or_shutdown() {
+    let limits = Limits { ack_window: 8, ..Limits::default() };
+    let mut instance = Listener::new([ENDPOINT], Params::default());
+    let (mut c, mut l) = establish(Params::default(), limits, &mut instance);
+    for _ in 0..3 {
+        c.link.send(1, &[b"x"]).unwrap();
+    }
+    drive(&mut c, &mut l, |_, l| l.messages().len() == 3);
+    settle(&mut c, &mut l);
+    assert_eq!(c.link.unacknowledged(), 3);
+    assert!(l.link.acks_held());
+    l.link.release_acks();
+    drive(&mut c, &mut l, |c, _| c.link.unacknowledged() == 0);
+    assert!(!l.link.acks_held());
+
+    // Consumed, held; a new stream tells the peer everything at once
+    // (relink 3.5).
+    l.consume_all();
+    settle(&mut c, &mut l);
+    assert_eq!(c.link.send_window(1), limits.send_window - 3);
+    assert!(reconnect(&mut c, &mut l, &mut instance));
+    drive(&mut c, &mut l, |c, _| c.link.send_window(1) == limits.send_window);
+
+    // The window fills: acknowledged without a release.
+    for _ in 0..8 {
+        c.link.send(1, &[b"y"]).unwrap();
+    }
+    drive(&mut c, &mut l, |c, _| c.link.unacknowledged() == 0);
+    l.consume_all();
+    drive(&mut c, &mut l, |c, _| c.link.send_window(1) == limits.send_window);
+
+    // Nothing held stays behind the shutdown packet.
+    c.link.send(1, &[b"z"]).unwrap();
+    drive(&mut c, &mut l, |_, l| l.messages().len() == 12);
+    l.consume_all();
+    settle(&mut c, &mut l);
+    assert_eq!(c.link.send_window(1), limits.send_window - 1);
+    l.link.shutdown();
+    c.link.shutdown();
+    drive(&mut c, &mut l, |c, l| c.link.is_done() && l.link.is_done());
+    assert_eq!(c.link.send_window(1), limits.send_window);
+}
+
 #[test]
 fn pongs_are_not_carried_across_a_reconnection() {
     let (mut c, mut l, mut instance) = default_pair();
@@ -1369,4 +1424,541 @@ fn tcp_conns_use_255_byte_channel_ids() {
     assert_eq!(conn.recv(DEADLINE).unwrap(), (wide.clone(), vec![b"back".to_vec()]));
     conn.shutdown().unwrap();
     assert_eq!(server.join().unwrap(), (wide, vec![b"there".to_vec()]));
+}
+
+// ---- the Conn's API: closure, multicast, transactions, consumption ----
+
+/// The next event that is not the handshake's.
+fn next_event(conn: &mut relink::Conn) -> Event {
+    loop {
+        match conn.next_event(DEADLINE).unwrap() {
+            Event::Connected { .. } => {}
+            event => return event,
+        }
+    }
+}
+
+fn message(channel: u64, seq: u32, part: &[u8]) -> Event {
+    Event::Message { channel: ch(channel), seq, parts: vec![part.to_vec()] }
+}
+
+#[test]
+fn tcp_a_closed_channel_ends_after_its_messages_and_reopens_from_zero() {
+    let (mut a, mut b) = relink::loopback_pair(ENDPOINT, &options()).unwrap();
+    assert_eq!(a.send(5, &[b"one"]).unwrap(), 0);
+    assert_eq!(a.send(5, &[b"two"]).unwrap(), 1);
+    a.close(5).unwrap();
+    let closing = a.send(5, &[b"late"]);
+    assert!(
+        matches!(closing, Err(TcpError::Command(CommandError::ChannelClosing { .. }))),
+        "{closing:?}"
+    );
+    // The peer sees the closure after the channel's messages.
+    assert_eq!(next_event(&mut b), message(5, 0, b"one"));
+    assert_eq!(next_event(&mut b), message(5, 1, b"two"));
+    assert_eq!(next_event(&mut b), Event::PeerClosed { channel: ch(5) });
+    // Not confirmed while a message of it is unconsumed.
+    let early = a.wait_closed(5, Duration::from_millis(100));
+    assert!(matches!(early, Err(TcpError::Timeout)), "{early:?}");
+    assert!(a.link().is_closing(5));
+    b.consume(5, 1).unwrap();
+    a.wait_closed(5, DEADLINE).unwrap();
+    assert!(a.link().is_closed(5));
+    // The confirmation was taken by the wait, not left for poll_event.
+    assert!(!std::iter::from_fn(|| a.poll_event()).any(|e| matches!(e, Event::Closed { .. })));
+    // Sending reopens the channel, numbered from 0.
+    assert_eq!(a.send(5, &[b"again"]).unwrap(), 0);
+    assert_eq!(next_event(&mut b), message(5, 0, b"again"));
+    let never = a.wait_closed(6, DEADLINE);
+    assert!(
+        matches!(never, Err(TcpError::Command(CommandError::ChannelNotOpen { .. }))),
+        "{never:?}"
+    );
+}
+
+#[test]
+fn tcp_multicast_numbers_each_channel_and_waits_for_every_window() {
+    let limits = Limits { send_window: 2, ..Limits::default() };
+    let (mut a, mut b) = relink::loopback_pair(ENDPOINT, &Options { limits, ..options() }).unwrap();
+    assert_eq!(a.send(1, &[b"x"]).unwrap(), 0);
+    assert_eq!(a.send_multicast(&[1u64, 2, 2], &[b"all"]).unwrap(), [1, 0, 1]);
+    assert_eq!(next_event(&mut b), message(1, 0, b"x"));
+    assert_eq!(next_event(&mut b), message(1, 1, b"all"));
+    assert_eq!(next_event(&mut b), message(2, 0, b"all"));
+    assert_eq!(next_event(&mut b), message(2, 1, b"all"));
+    // Each channel is acknowledged on its own.
+    b.consume(2, 1).unwrap();
+    a.wait_consumed(2, 1, DEADLINE).unwrap();
+    assert!(!a.link().is_consumed(1, 0).unwrap());
+    // More copies for one channel than its window is refused at once.
+    let start = Instant::now();
+    let beyond = a.send_multicast(&[3u64, 3, 3], &[b"x"]);
+    assert!(
+        matches!(
+            beyond,
+            Err(TcpError::Command(CommandError::BeyondWindow { count: 3, window: 2, .. }))
+        ),
+        "{beyond:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+
+    // Channel 1's window is full: the multicast waits for it, and channel
+    // 4 gets nothing meanwhile.
+    let consumer = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(100));
+        b.consume(1, 1).unwrap();
+        let mut rest = Vec::new();
+        while rest.len() < 2 {
+            rest.push(next_event(&mut b));
+        }
+        rest
+    });
+    let start = Instant::now();
+    assert_eq!(a.send_multicast(&[4u64, 1], &[b"later"]).unwrap(), [0, 2]);
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    assert_eq!(consumer.join().unwrap(), [message(4, 0, b"later"), message(1, 2, b"later")]);
+}
+
+#[test]
+fn tcp_commit_and_rollback_reach_the_receiver_in_order_with_outcomes() {
+    let params = Params { connector_transactions: true, ..Params::default() };
+    let (mut a, mut b) = relink::loopback_pair(ENDPOINT, &Options { params, ..options() }).unwrap();
+    a.send(0, &[b"t1"]).unwrap();
+    a.send(0, &[b"t2"]).unwrap();
+    assert_eq!(a.commit(0).unwrap(), 1);
+    a.send(0, &[b"t3"]).unwrap();
+    assert_eq!(a.rollback(0).unwrap(), 2);
+    a.send(0, &[b"t4"]).unwrap();
+    assert_eq!(a.commit(0).unwrap(), 3);
+    let nothing = a.commit(0);
+    assert!(
+        matches!(nothing, Err(TcpError::Command(CommandError::NothingToCommit { .. }))),
+        "{nothing:?}"
+    );
+    // The listener's channels do not use transactions.
+    let refused = b.commit(0);
+    assert!(
+        matches!(refused, Err(TcpError::Command(CommandError::TransactionsNotNegotiated))),
+        "{refused:?}"
+    );
+
+    let events: Vec<_> = (0..7).map(|_| next_event(&mut b)).collect();
+    assert_eq!(
+        events,
+        [
+            message(0, 0, b"t1"),
+            message(0, 1, b"t2"),
+            Event::Commit { channel: ch(0), seq: 1 },
+            message(0, 2, b"t3"),
+            Event::Rollback { channel: ch(0), seq: 2 },
+            message(0, 3, b"t4"),
+            Event::Commit { channel: ch(0), seq: 3 },
+        ]
+    );
+    // Outcomes in commit order; the sender waits for each by number.
+    let early = b.resolve_commit(0, 3, false);
+    assert!(
+        matches!(early, Err(TcpError::Command(CommandError::NoPendingCommit { seq: 3, .. }))),
+        "{early:?}"
+    );
+    b.consume(0, 3).unwrap();
+    b.resolve_commit(0, 1, true).unwrap();
+    b.resolve_commit(0, 3, false).unwrap();
+    assert!(!a.wait_commit(0, 3, DEADLINE).unwrap());
+    assert!(a.wait_commit(0, 1, DEADLINE).unwrap());
+    // Each outcome is taken once.
+    let again = a.wait_commit(0, 1, DEADLINE);
+    assert!(
+        matches!(again, Err(TcpError::Command(CommandError::NoPendingCommit { seq: 1, .. }))),
+        "{again:?}"
+    );
+    assert!(a.link().is_consumed(0, 3).unwrap());
+}
+
+#[test]
+fn tcp_a_message_counts_consumed_only_once_the_receiver_says_so() {
+    let (mut a, mut b) = relink::loopback_pair(ENDPOINT, &options()).unwrap();
+    let window = Limits::default().send_window;
+    assert_eq!(a.send(0, &[b"m0"]).unwrap(), 0);
+    assert_eq!(a.send(0, &[b"m1"]).unwrap(), 1);
+    let m0 = b.recv_unconsumed(DEADLINE).unwrap();
+    let m1 = b.recv_unconsumed(DEADLINE).unwrap();
+    assert_eq!((m0.seq, m0.parts), (0, vec![b"m0".to_vec()]));
+    assert_eq!((m1.channel, m1.seq), (ch(0), 1));
+    // Received, not consumed: the sender still counts both.
+    let early = a.wait_consumed(0, 0, Duration::from_millis(100));
+    assert!(matches!(early, Err(TcpError::Timeout)), "{early:?}");
+    assert_eq!(a.link().send_window(0), window - 2);
+    b.consume(0, 0).unwrap();
+    a.wait_consumed(0, 0, DEADLINE).unwrap();
+    assert!(!a.link().is_consumed(0, 1).unwrap());
+    assert_eq!(a.link().send_window(0), window - 1);
+    b.consume(0, 1).unwrap();
+    a.wait_consumed(0, 1, DEADLINE).unwrap();
+    assert_eq!(a.link().send_window(0), window);
+    // Consumption is acknowledged once, and only of messages sent.
+    let twice = b.consume(0, 1);
+    assert!(
+        matches!(twice, Err(TcpError::Command(CommandError::NoSuchMessage { seq: 1, .. }))),
+        "{twice:?}"
+    );
+    let unsent = a.wait_consumed(0, 5, DEADLINE);
+    assert!(
+        matches!(unsent, Err(TcpError::Command(CommandError::NotSent { seq: 5, .. }))),
+        "{unsent:?}"
+    );
+    // recv consumes the message it returns, and every earlier one.
+    a.send(0, &[b"m2"]).unwrap();
+    a.send(0, &[b"m3"]).unwrap();
+    b.recv_unconsumed(DEADLINE).unwrap();
+    assert_eq!(b.recv(DEADLINE).unwrap(), (ch(0), vec![b"m3".to_vec()]));
+    a.wait_consumed(0, 3, DEADLINE).unwrap();
+}
+
+// ---- the Conn's API: reconnection ----
+
+#[test]
+fn tcp_reconnect_resumes_only_the_old_link_or_starts_a_fresh_one() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut server = relink::Server::new(tcp, &[ENDPOINT], options());
+        let Incoming::New(mut first) = server.accept().unwrap() else {
+            panic!("expected a new link");
+        };
+        let mut got = vec![first.recv(DEADLINE).unwrap()];
+        let Incoming::Resume(resumption) = server.accept().unwrap() else {
+            panic!("expected a resumption");
+        };
+        first.resume(resumption).unwrap();
+        got.push(first.recv(DEADLINE).unwrap());
+        // The link is over for this side: resuming it is refused.
+        server.forget(first.link_id());
+        let refused = server.accept();
+        assert!(
+            matches!(
+                refused,
+                Err(TcpError::Handshake(HandshakeError::LinkLost(id))) if id == first.link_id()
+            ),
+            "{refused:?}"
+        );
+        let Incoming::New(mut second) = server.accept().unwrap() else {
+            panic!("expected a new link");
+        };
+        got.push(second.recv(DEADLINE).unwrap());
+        second.shutdown().unwrap();
+        (got, first.link_id(), second.link_id())
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &options()).unwrap();
+    let old = conn.link_id();
+    let seq = conn.send(0, &[b"one"]).unwrap();
+    conn.wait_consumed(0, seq, DEADLINE).unwrap();
+
+    // Resume only: the listener knows the link, and the message queued
+    // while the stream was down goes on it.
+    conn.disconnect();
+    let seq = conn.send(0, &[b"two"]).unwrap();
+    assert!(conn.reconnect_with(Reconnect::ResumeOnly).unwrap());
+    assert_eq!(conn.link_id(), old);
+    conn.wait_consumed(0, seq, DEADLINE).unwrap();
+
+    // Resume only, the listener has forgotten the link: no new one.
+    conn.disconnect();
+    let lost = conn.reconnect_with(Reconnect::ResumeOnly);
+    assert!(
+        matches!(lost, Err(TcpError::Handshake(HandshakeError::LinkLost(id))) if id == old),
+        "{lost:?}"
+    );
+    // Fresh: what the old link still held is discarded at once, and the
+    // new link numbers from 0.
+    conn.send(0, &[b"discarded"]).unwrap();
+    assert!(!conn.reconnect_with(Reconnect::Fresh).unwrap());
+    assert_ne!(conn.link_id(), old);
+    assert_eq!(conn.link().unacknowledged(), 0);
+    assert_eq!(conn.send(0, &[b"three"]).unwrap(), 0);
+    conn.shutdown().unwrap();
+    // The refused attempt opened no stream.
+    assert_eq!(conn.reconnects(), 2);
+
+    let (got, first, second) = server.join().unwrap();
+    assert_eq!((first, second), (old, conn.link_id()));
+    let payloads: Vec<_> = got.into_iter().map(|(_, parts)| parts[0].clone()).collect();
+    assert_eq!(payloads, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
+}
+
+fn auto_reconnect(attempts: u32) -> AutoReconnect {
+    AutoReconnect {
+        attempts,
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(40),
+        mode: Reconnect::Resume,
+    }
+}
+
+#[test]
+fn tcp_auto_reconnect_comes_back_by_itself_and_delivers_queued_messages_once() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let mut server = relink::Server::new(tcp.try_clone().unwrap(), &[ENDPOINT], options());
+        let (stream, _) = tcp.accept().unwrap();
+        let raw = stream.try_clone().unwrap();
+        let Incoming::New(mut conn) = server.accept_stream(stream).unwrap() else {
+            panic!("expected a new link");
+        };
+        let mut got = vec![conn.recv(DEADLINE).unwrap()];
+        // Kill the connection under both Conns.
+        raw.shutdown(Shutdown::Both).unwrap();
+        // Queued: the stream is dead.
+        conn.send(0, &[b"s0"]).unwrap();
+        conn.send(0, &[b"s1"]).unwrap();
+        // The connector comes back on its own.
+        let (stream, _) = tcp.accept().unwrap();
+        let Incoming::Resume(resumption) = server.accept_stream(stream).unwrap() else {
+            panic!("expected a resumption");
+        };
+        conn.resume(resumption).unwrap();
+        while got.len() < 4 {
+            got.push(conn.recv(DEADLINE).unwrap());
+        }
+        conn.wait_consumed(0, 1, DEADLINE).unwrap();
+        conn.shutdown().unwrap();
+        got
+    });
+    let auto = Options { auto_reconnect: Some(auto_reconnect(10)), ..options() };
+    let mut conn = relink::connect(addr, ENDPOINT, &auto).unwrap();
+    let old = conn.link_id();
+    conn.send(0, &[b"c0"]).unwrap();
+    conn.wait_consumed(0, 0, DEADLINE).unwrap();
+    // Written to a stream that may be dead already: kept until acknowledged.
+    conn.send(0, &[b"c1"]).unwrap();
+    // The Conn meets the end of the stream here, dials again, resumes, and
+    // reads what the listener queued meanwhile.
+    assert_eq!(conn.recv(DEADLINE).unwrap(), (ch(0), vec![b"s0".to_vec()]));
+    assert_eq!(conn.recv(DEADLINE).unwrap(), (ch(0), vec![b"s1".to_vec()]));
+    assert_eq!(conn.reconnects(), 1);
+    assert_eq!(conn.link_id(), old);
+    let resumed: Vec<_> =
+        std::iter::from_fn(|| conn.poll_event()).filter(|e| *e == Event::PeerResumed).collect();
+    assert_eq!(resumed.len(), 1);
+    conn.send(0, &[b"c2"]).unwrap();
+    conn.send(0, &[b"c3"]).unwrap();
+    conn.shutdown().unwrap();
+    // Nothing more, in particular no second copy of s0 or s1.
+    assert!(matches!(conn.recv(Duration::from_millis(50)), Err(TcpError::ShutDown)));
+    let got: Vec<_> = server.join().unwrap().into_iter().map(|(_, p)| p[0].clone()).collect();
+    assert_eq!(got, [b"c0".to_vec(), b"c1".to_vec(), b"c2".to_vec(), b"c3".to_vec()]);
+}
+
+#[test]
+fn tcp_auto_reconnect_backs_off_and_gives_up_after_its_attempts() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let auto = Options { auto_reconnect: Some(auto_reconnect(3)), ..options() };
+    let server_options = auto.clone();
+    let server = thread::spawn(move || {
+        let conn = relink::accept(&tcp, &[ENDPOINT], &server_options).unwrap();
+        // Nothing listens any more: every attempt is refused.
+        drop(tcp);
+        drop(conn);
+    });
+    let mut conn = relink::connect(addr, ENDPOINT, &auto).unwrap();
+    server.join().unwrap();
+    let start = Instant::now();
+    let result = conn.recv(DEADLINE);
+    // Three attempts, with 20 and 40 ms between them.
+    assert!(start.elapsed() >= Duration::from_millis(60), "{:?}", start.elapsed());
+    assert!(start.elapsed() < DEADLINE);
+    match result {
+        Err(TcpError::ReconnectFailed { attempts: 3, last }) => {
+            assert!(
+                matches!(*last, TcpError::Io(ref e) if e.kind() == ErrorKind::ConnectionRefused)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // It has given up: the next call does not try again.
+    let start = Instant::now();
+    assert!(matches!(conn.recv(DEADLINE), Err(TcpError::Disconnected)));
+    assert!(start.elapsed() < Duration::from_millis(20));
+}
+
+// ---- the Conn's API: keepalive ----
+
+fn keepalive(idle_ms: u64, pong_timeout_ms: u64) -> Option<Keepalive> {
+    Some(Keepalive {
+        idle: Duration::from_millis(idle_ms),
+        pong_timeout: Duration::from_millis(pong_timeout_ms),
+    })
+}
+
+#[test]
+fn tcp_keepalive_fails_a_silent_peer_with_pong_timeout() {
+    let watchful = Options { keepalive: keepalive(50, 100), ..options() };
+    let (mut a, b) = relink::loopback_pair(ENDPOINT, &watchful).unwrap();
+    // `b` is never called again, so it never answers.
+    let start = Instant::now();
+    let result = a.recv(Duration::from_secs(5));
+    let waited = start.elapsed();
+    assert!(
+        matches!(
+            result,
+            Err(TcpError::PongTimeout { waited }) if waited == Duration::from_millis(100)
+        ),
+        "{result:?}"
+    );
+    assert!(waited >= Duration::from_millis(150), "{waited:?}");
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    // The stream is given up; the link is kept for a reconnection.
+    assert!(matches!(a.recv(DEADLINE), Err(TcpError::Disconnected)));
+    assert!(!a.link().is_open());
+    drop(b);
+}
+
+/// A connected pair of Conns, each with its own options.
+fn pair_with(connector: Options, listener: Options) -> (relink::Conn, relink::Conn) {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let dialer = thread::spawn(move || relink::connect(addr, ENDPOINT, &connector).unwrap());
+    let listener = relink::accept(&tcp, &[ENDPOINT], &listener).unwrap();
+    (dialer.join().unwrap(), listener)
+}
+
+#[test]
+fn tcp_keepalive_pings_a_live_but_quiet_peer() {
+    let watchful = Options { keepalive: keepalive(20, 500), ..options() };
+    let (mut a, mut b) = pair_with(watchful, options());
+    // `b` answers pings while its recv drives it, until `a` speaks.
+    let echo = thread::spawn(move || b.recv(Duration::from_secs(5)).unwrap());
+    // Silent for 300 ms, but alive: the wait ends in a timeout, not a
+    // pong timeout, and every 20 ms of silence cost a ping.
+    let result = a.recv(Duration::from_millis(300));
+    assert!(matches!(result, Err(TcpError::Timeout)), "{result:?}");
+    assert!(a.pongs() >= 3, "{} pongs", a.pongs());
+    a.send(0, &[b"done"]).unwrap();
+    assert_eq!(echo.join().unwrap(), (ch(0), vec![b"done".to_vec()]));
+}
+
+// ---- the Conn's API: acknowledgement batching ----
+
+#[test]
+fn tcp_acks_wait_for_the_ack_window_or_the_ack_delay() {
+    let batching = Options {
+        limits: Limits { ack_window: 4, ..Limits::default() },
+        ack_delay: Duration::from_millis(150),
+        ..options()
+    };
+    let (mut a, mut b) = pair_with(options(), batching);
+    for i in 0..3u8 {
+        a.send(0, &[&[i]]).unwrap();
+        b.recv(DEADLINE).unwrap();
+    }
+    // Three received and consumed, fewer than the window: both
+    // acknowledgements are held.
+    let held = a.wait_consumed(0, 2, Duration::from_millis(50));
+    assert!(matches!(held, Err(TcpError::Timeout)), "{held:?}");
+    assert_eq!(a.link().unacknowledged(), 3);
+    // Driving `b` past the delay lets them go.
+    while b.poll_event().is_some() {}
+    let start = Instant::now();
+    let idle = b.next_event(Duration::from_millis(300));
+    assert!(matches!(idle, Err(TcpError::Timeout)), "{idle:?}");
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    a.wait_consumed(0, 2, DEADLINE).unwrap();
+    assert_eq!(a.link().unacknowledged(), 0);
+    // The fourth message since the last acknowledgement fills the window:
+    // acknowledged at once, without the delay.
+    for i in 3..7u8 {
+        a.send(0, &[&[i]]).unwrap();
+        b.recv(DEADLINE).unwrap();
+    }
+    a.wait_consumed(0, 6, Duration::from_millis(100)).unwrap();
+    // And release_acks sends a held one on request.
+    a.send(0, &[b"x"]).unwrap();
+    b.recv(DEADLINE).unwrap();
+    let held = a.wait_consumed(0, 7, Duration::from_millis(50));
+    assert!(matches!(held, Err(TcpError::Timeout)), "{held:?}");
+    b.release_acks().unwrap();
+    a.wait_consumed(0, 7, Duration::from_millis(100)).unwrap();
+}
+
+// ---- the Conn's API: a listener's options per endpoint name ----
+
+#[test]
+fn tcp_a_server_serves_each_name_with_its_own_options() {
+    let wide_params = Params {
+        connector_id_len: 8,
+        listener_id_len: 8,
+        connector_transactions: true,
+        ..Params::default()
+    };
+    let wide_options = Options {
+        params: wide_params,
+        limits: Limits { send_window: 3, ..Limits::default() },
+        ..options()
+    };
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let mut server = relink::Server::new(tcp, &["plain"], options());
+    server.serve(ENDPOINT, wide_options.clone());
+    assert_eq!(server.options_for(ENDPOINT), &wide_options);
+    assert_eq!(server.options_for("plain"), &options());
+
+    let client_options = wide_options.clone();
+    let clients = thread::spawn(move || {
+        let mut plain = relink::connect(addr, "plain", &options()).unwrap();
+        let mut wide = relink::connect(addr, ENDPOINT, &client_options).unwrap();
+        // The name's own parameters: 8-byte ids and our transactions.
+        let id = u64::MAX - 1;
+        wide.send(id, &[b"wide"]).unwrap();
+        let seq = wide.commit(id).unwrap();
+        let outcome = wide.wait_commit(id, seq, DEADLINE).unwrap();
+        plain.send(1, &[b"plain"]).unwrap();
+        // Another name's parameters are refused by this one.
+        let mismatch = relink::connect(addr, ENDPOINT, &options());
+        let unknown = relink::connect(addr, "other", &options());
+        plain.shutdown().unwrap();
+        wide.shutdown().unwrap();
+        (outcome, mismatch.err(), unknown.err())
+    });
+    let Incoming::New(mut plain) = server.accept().unwrap() else { panic!("a new link") };
+    let Incoming::New(mut wide) = server.accept().unwrap() else { panic!("a new link") };
+    assert_eq!(plain.link().endpoint_name(), "plain");
+    assert_eq!(*plain.link().params(), Params::default());
+    assert_eq!(wide.link().endpoint_name(), ENDPOINT);
+    assert_eq!(*wide.link().params(), wide_params);
+    // The name's limits, not the server's.
+    assert_eq!(wide.link().limits().send_window, 3);
+    assert_eq!(plain.link().limits().send_window, Limits::default().send_window);
+    assert_eq!(
+        next_event(&mut wide),
+        Event::Message { channel: ch(u64::MAX - 1), seq: 0, parts: vec![b"wide".to_vec()] }
+    );
+    assert_eq!(next_event(&mut wide), Event::Commit { channel: ch(u64::MAX - 1), seq: 0 });
+    wide.consume(u64::MAX - 1, 0).unwrap();
+    wide.resolve_commit(u64::MAX - 1, 0, true).unwrap();
+    assert_eq!(plain.recv(DEADLINE).unwrap(), (ch(1), vec![b"plain".to_vec()]));
+    let mismatch = server.accept();
+    assert!(
+        matches!(
+            mismatch,
+            Err(TcpError::Handshake(HandshakeError::ParamsMismatch { ours, theirs }))
+                if ours == wide_params && theirs == Params::default()
+        ),
+        "{mismatch:?}"
+    );
+    let unknown = server.accept();
+    assert!(
+        matches!(
+            unknown,
+            Err(TcpError::Handshake(HandshakeError::UnknownEndpoint(ref n))) if n == "other"
+        ),
+        "{unknown:?}"
+    );
+    plain.shutdown().unwrap();
+    wide.shutdown().unwrap();
+    let (outcome, mismatch, unknown) = clients.join().unwrap();
+    assert!(outcome);
+    assert!(matches!(mismatch, Some(TcpError::Disconnected)), "{mismatch:?}");
+    assert!(matches!(unknown, Some(TcpError::Disconnected)), "{unknown:?}");
 }

@@ -9,10 +9,13 @@
 //! 3. drains [`Link::poll_event`];
 //!
 //! and calls application commands ([`Link::send`], [`Link::consume`],
-//! [`Link::ping`], [`Link::shutdown`], ...) whenever it likes. When the
-//! stream breaks it calls [`Link::stream_lost`]; a connector then dials again
-//! and calls [`Link::reconnect`], a listener hands the new stream's
-//! [`Accepted`] to [`Link::resume`].
+//! [`Link::ping`], [`Link::shutdown`], ...) whenever it likes. The link
+//! keeps no time: a driver that batches acknowledgements
+//! ([`Limits::ack_window`]) calls [`Link::release_acks`] when its delay
+//! runs out. When the stream breaks it calls [`Link::stream_lost`]; a
+//! connector then dials again and calls [`Link::reconnect`] (or
+//! [`Link::reconnect_fresh`] for a new link), a listener hands the new
+//! stream's [`Accepted`] to [`Link::resume`].
 //!
 //! The listener side of a handshake runs before its link is known: an
 //! [`Acceptor`] per incoming stream asks the [`Listener`] (endpoint names,
@@ -143,6 +146,15 @@ pub struct Limits {
     /// ([`LinkError::WindowExceeded`]); what our application holds unread
     /// but has not acknowledged yet never counts against the peer.
     pub recv_window: u32,
+    /// Messages received, or consumed, on one of the peer's channels
+    /// before we acknowledge them; fewer are held back until
+    /// [`Link::release_acks`]. A driver releases them after a delay
+    /// ([`Options::ack_delay`](super::tcp::Options::ack_delay)), so one
+    /// acknowledgement may cover many messages. 0 and 1 acknowledge every
+    /// message at once. Held acknowledgements go anyway when a stream
+    /// opens (relink 3.5: before the resume packet), before a closure is
+    /// confirmed and once we shut down.
+    pub ack_window: u32,
 }
 
 impl Default for Limits {
@@ -151,6 +163,7 @@ impl Default for Limits {
             wire: WireLimits::default(),
             send_window: DEFAULT_WINDOW,
             recv_window: DEFAULT_WINDOW,
+            ack_window: 1,
         }
     }
 }
@@ -268,6 +281,8 @@ pub enum LinkError {
 pub enum CommandError {
     #[error("channel {channel} has the most unconsumed messages; wait for acknowledgements")]
     Blocked { channel: ChannelId },
+    #[error("channel {channel} is named {count} times, more than its window of {window}")]
+    BeyondWindow { channel: ChannelId, count: u32, window: u32 },
     #[error("channel id {channel:#x} does not fit in {len} bytes")]
     ChannelIdTooWide { channel: ChannelId, len: u8 },
     /// After [`Link::shutdown`] nothing more is sent: relink 3.6 forbids
@@ -287,6 +302,8 @@ pub enum CommandError {
     TooManyPendingCommits { channel: ChannelId },
     #[error("message {seq} on channel {channel} is not received or already consumed")]
     NoSuchMessage { channel: ChannelId, seq: u32 },
+    #[error("message {seq} was not sent on our channel {channel}")]
+    NotSent { channel: ChannelId, seq: u32 },
     #[error("no commit of message {seq} on channel {channel} awaits an outcome")]
     NoPendingCommit { channel: ChannelId, seq: u32 },
     #[error("message packet of {len} bytes exceeds {max}")]
@@ -477,14 +494,37 @@ impl InChannel {
         }
     }
 
+    /// Whether a received and a consumed acknowledgement are owed, and
+    /// whether each is due under `window` (see [`Limits::ack_window`]).
+    fn acks_owed(&self, window: u32, release: bool) -> [(bool, bool); 2] {
+        let owed = |any: bool, sent: Option<u32>, last: u32| {
+            let owed = any && sent != Some(last);
+            let due = release || distance(sent.unwrap_or(BEFORE_FIRST), last) >= window.max(1);
+            (owed, owed && due)
+        };
+        [
+            owed(self.any_received, self.received_sent, self.received),
+            owed(self.any_consumed, self.consumed_sent, self.consumed),
+        ]
+    }
+
     /// The received, consumed and outcome acknowledgements due on one of the
-    /// peer's channels.
-    fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes, channel: ChannelIdRef<'_>) {
-        if self.any_received && self.received_sent != Some(self.received) {
+    /// peer's channels; received and consumed ones below `window` wait
+    /// unless `release`.
+    fn transmit_acks(
+        &mut self,
+        out: &mut Vec<u8>,
+        ids: IdSizes,
+        channel: ChannelIdRef<'_>,
+        window: u32,
+        release: bool,
+    ) {
+        let [(_, received_due), (_, consumed_due)] = self.acks_owed(window, release);
+        if received_due {
             push_ack(out, ids, channel, SequenceAck::Received, self.received_sent, self.received);
             self.received_sent = Some(self.received);
         }
-        if self.any_consumed && self.consumed_sent != Some(self.consumed) {
+        if consumed_due {
             push_ack(out, ids, channel, SequenceAck::Consumed, self.consumed_sent, self.consumed);
             self.consumed_sent = Some(self.consumed);
             self.consumed_told = self.consumed;
@@ -544,6 +584,8 @@ struct StreamState {
     resume_written: bool,
     unsent: VecDeque<Unsent>,
     shutdown_written: bool,
+    /// Acknowledgements held below the ack window go at the next transmit.
+    acks_released: bool,
 }
 
 /// One Relink link, either role. See the module documentation.
@@ -646,6 +688,35 @@ impl Link {
         Ok(())
     }
 
+    /// Connector: start a handshake on a new stream for a new link,
+    /// offering no link id (relink 1). Everything of the old link is
+    /// discarded now, as a new link id would discard it: unacknowledged
+    /// messages, commits, closures, what the peer sent. Messages sent from
+    /// now on go on the new link.
+    pub fn reconnect_fresh(&mut self) -> Result<(), CommandError> {
+        if self.role != Role::Connector {
+            return Err(CommandError::NotConnector);
+        }
+        if self.phase == Phase::Done {
+            return Err(CommandError::LinkDone);
+        }
+        self.discard_link();
+        self.epoch = 0;
+        self.link_id = 0;
+        self.reset_stream();
+        self.start_handshake(false);
+        Ok(())
+    }
+
+    /// relink 1: state specific to an old link is discarded.
+    fn discard_link(&mut self) {
+        self.out.clear();
+        self.inc.clear();
+        self.shutdown_requested = false;
+        self.shutdown_sent = false;
+        self.peer_shutdown = false;
+    }
+
     /// The stream broke or was closed: forget everything about it. Unsent
     /// and unacknowledged packets go out again after a resumed handshake;
     /// pings and pongs do not (relink 3.4).
@@ -687,6 +758,8 @@ impl Link {
 
     fn open(&mut self, resumed: bool) {
         self.phase = Phase::Open;
+        // relink 3.5: everything received is told again on a new stream.
+        self.stream.acks_released = true;
         self.stream.resume_owed = resumed;
         self.stream.resume_written = !resumed;
         self.stream.peer_resumed = !resumed;
@@ -728,6 +801,10 @@ impl Link {
 
     pub fn endpoint_name(&self) -> &str {
         &self.endpoint_name
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// The link id, zero before the first handshake.
@@ -776,6 +853,31 @@ impl Link {
             .count()
     }
 
+    /// Whether an acknowledgement is owed that the next
+    /// [`poll_transmit`](Self::poll_transmit) holds back, below
+    /// [`Limits::ack_window`]: a driver calls
+    /// [`release_acks`](Self::release_acks) once it has waited long enough.
+    pub fn acks_held(&self) -> bool {
+        // A window of one holds nothing back.
+        if self.limits.ack_window <= 1 {
+            return false;
+        }
+        if self.phase != Phase::Open || self.stream.acks_released || self.shutdown_requested {
+            return false;
+        }
+        let window = self.limits.ack_window;
+        self.inc.values().any(|state| {
+            state.closure == Closure::Open
+                && state.acks_owed(window, false).iter().any(|&(owed, due)| owed && !due)
+        })
+    }
+
+    /// Lets the next [`poll_transmit`](Self::poll_transmit) write every
+    /// acknowledgement held below the ack window.
+    pub fn release_acks(&mut self) {
+        self.stream.acks_released = true;
+    }
+
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
@@ -788,25 +890,31 @@ impl Link {
         channel: impl Into<ChannelId>,
         parts: &[&[u8]],
     ) -> Result<u32, CommandError> {
-        let channel = channel.into();
-        self.send_to(vec![channel.clone()], parts)?;
-        Ok(self.out.get(&channel).map_or(0, |c| c.next_seq.wrapping_sub(1)))
+        let seqs = self.send_to(vec![channel.into()], parts)?;
+        Ok(seqs[0])
     }
 
-    /// Sends one message to several of our channels, each numbering it in
-    /// its own sequence (relink 3.1); a repeated channel gets it repeatedly
-    /// (relink 2.3). All or nothing.
+    /// Sends one message to several of our channels in one multicast
+    /// packet (relink 2.3), each channel numbering it in its own sequence
+    /// (relink 3.1); a repeated channel gets it repeatedly. Returns the
+    /// sequence numbers in the order of `channels`. All or nothing: a full
+    /// window on any of them refuses the whole message.
     pub fn send_multicast<C: Clone + Into<ChannelId>>(
         &mut self,
         channels: &[C],
         parts: &[&[u8]],
-    ) -> Result<(), CommandError> {
+    ) -> Result<Vec<u32>, CommandError> {
         self.send_to(channels.iter().cloned().map(Into::into).collect(), parts)
     }
 
-    fn send_to(&mut self, channels: Vec<ChannelId>, parts: &[&[u8]]) -> Result<(), CommandError> {
+    fn send_to(
+        &mut self,
+        channels: Vec<ChannelId>,
+        parts: &[&[u8]],
+    ) -> Result<Vec<u32>, CommandError> {
         self.check_send(&channels, parts)?;
         let data: MessageData = Arc::new(parts.iter().map(|p| p.to_vec()).collect());
+        let mut seqs = Vec::with_capacity(channels.len());
         for channel in &channels {
             let state = self.out.entry(channel.clone()).or_insert_with(OutChannel::new);
             if state.closed {
@@ -815,11 +923,35 @@ impl Link {
             let seq = state.next_seq;
             state.next_seq = seq.wrapping_add(1);
             state.log.push_back(Logged::Message { seq, data: Arc::clone(&data) });
+            seqs.push(seq);
         }
         if self.is_messaging() && !channels.is_empty() {
             self.stream.unsent.push_back(Unsent::Message { channels, data });
         }
-        Ok(())
+        Ok(seqs)
+    }
+
+    /// Whether the peer acknowledged consuming our message `seq` on
+    /// `channel` (relink 3.1: consumption is acknowledged in order, so
+    /// every earlier message too). A closure the peer confirmed covers
+    /// every message of the channel; once the channel reopens, sequence
+    /// numbers name the messages of the new opening.
+    pub fn is_consumed(
+        &self,
+        channel: impl Into<ChannelId>,
+        seq: u32,
+    ) -> Result<bool, CommandError> {
+        let channel = channel.into();
+        let Some(state) = self.out.get(&channel) else {
+            return Err(CommandError::NotSent { channel, seq });
+        };
+        // How far back `seq` lies; beyond half the number space it is
+        // ahead of the channel, not behind (serial number arithmetic).
+        let back = state.next_seq.wrapping_sub(seq);
+        if back == 0 || back > i32::MAX as u32 {
+            return Err(CommandError::NotSent { channel, seq });
+        }
+        Ok(back > state.unconsumed())
     }
 
     fn check_send(&self, channels: &[ChannelId], parts: &[&[u8]]) -> Result<(), CommandError> {
@@ -854,6 +986,14 @@ impl Link {
             let state = self.out.get(channel);
             if state.is_some_and(|s| s.closing) {
                 return Err(CommandError::ChannelClosing { channel: channel.clone() });
+            }
+            // More copies than a whole window would never fit: not a wait.
+            if count > self.limits.send_window {
+                return Err(CommandError::BeyondWindow {
+                    channel: channel.clone(),
+                    count,
+                    window: self.limits.send_window,
+                });
             }
             if self.window_left(channel) < count {
                 return Err(CommandError::Blocked { channel: channel.clone() });
@@ -961,6 +1101,25 @@ impl Link {
         Ok(())
     }
 
+    /// Whether our close of `channel` awaits the peer's confirmation.
+    pub fn is_closing(&self, channel: impl Into<ChannelId>) -> bool {
+        self.out.get(&channel.into()).is_some_and(|s| s.closing)
+    }
+
+    /// Whether the peer confirmed our close of `channel`, which has not
+    /// reopened since.
+    pub fn is_closed(&self, channel: impl Into<ChannelId>) -> bool {
+        self.out.get(&channel.into()).is_some_and(|s| s.closed)
+    }
+
+    /// Whether our commit through `seq` on `channel` awaits its outcome.
+    pub fn awaits_outcome(&self, channel: impl Into<ChannelId>, seq: u32) -> bool {
+        let Some(state) = self.out.get(&channel.into()) else {
+            return false;
+        };
+        state.log.iter().any(|item| matches!(item, Logged::Commit(pending) if *pending == seq))
+    }
+
     /// Acknowledges that the application consumed the peer's messages on
     /// `channel` through `seq` (relink 3.1).
     pub fn consume(&mut self, channel: impl Into<ChannelId>, seq: u32) -> Result<(), CommandError> {
@@ -1054,9 +1213,15 @@ impl Link {
     }
 
     fn transmit_acks(&mut self, out: &mut Vec<u8>, ids: IdSizes) {
+        let window = self.limits.ack_window;
+        // Nothing held may be left behind the shutdown packet.
+        let release = core::mem::take(&mut self.stream.acks_released) || self.shutdown_requested;
         for (channel, state) in &mut self.inc {
             if state.closure != Closure::Closed {
-                state.transmit_acks(out, ids, channel.as_id_ref());
+                // relink 3.3: a closure is confirmed right after the last
+                // acknowledgements, never before them.
+                let release = release || state.closure == Closure::Closing;
+                state.transmit_acks(out, ids, channel.as_id_ref(), window, release);
             }
             if state.closure == Closure::Closing
                 && state.consumed == state.received
@@ -1218,11 +1383,7 @@ impl Link {
         }
         if !resumed && self.link_id != 0 {
             // relink 1: a new link id or epoch discards the old link's state.
-            self.out.clear();
-            self.inc.clear();
-            self.shutdown_requested = false;
-            self.shutdown_sent = false;
-            self.peer_shutdown = false;
+            self.discard_link();
         }
         self.epoch = reply.epoch;
         self.link_id = reply.link_id;
@@ -1575,7 +1736,8 @@ fn push_op(
 #[derive(Debug, Clone)]
 pub struct Listener {
     epoch: u64,
-    names: Vec<String>,
+    /// Each name with the parameters its connectors must agree on.
+    names: Vec<(String, Params)>,
     params: Params,
     links: BTreeSet<u64>,
     next_link_id: u64,
@@ -1605,7 +1767,7 @@ impl Listener {
     pub fn new<S: Into<String>>(names: impl IntoIterator<Item = S>, params: Params) -> Self {
         Listener {
             epoch: new_epoch(),
-            names: names.into_iter().map(Into::into).collect(),
+            names: names.into_iter().map(|name| (name.into(), params)).collect(),
             params,
             links: BTreeSet::new(),
             next_link_id: 1,
@@ -1622,8 +1784,24 @@ impl Listener {
         self.epoch
     }
 
+    /// The parameters of the names given to [`new`](Self::new).
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// Serves `name` with its own `params` (relink 1: endpoint names host
+    /// several services at one address), replacing what it had.
+    pub fn serve(&mut self, name: impl Into<String>, params: Params) {
+        let name = name.into();
+        match self.names.iter_mut().find(|(known, _)| *known == name) {
+            Some(entry) => entry.1 = params,
+            None => self.names.push((name, params)),
+        }
+    }
+
+    /// The parameters `name` is served with, if it is.
+    pub fn params_for(&self, name: &str) -> Option<&Params> {
+        self.names.iter().find(|(known, _)| known == name).map(|(_, params)| params)
     }
 
     /// Whether `link_id` was issued and not forgotten.
@@ -1723,12 +1901,12 @@ impl Acceptor {
             Parsed::Complete { value, len } => (value, len),
         };
         // relink 1: unknown names and disagreements end the connection.
-        if !listener.names.iter().any(|name| name == request.name) {
+        let Some(&ours) = listener.params_for(request.name) else {
             return Err(HandshakeError::UnknownEndpoint(request.name.to_owned()));
-        }
+        };
         let theirs = Params::from_request(&request);
-        if theirs != listener.params {
-            return Err(HandshakeError::ParamsMismatch { ours: listener.params, theirs });
+        if theirs != ours {
+            return Err(HandshakeError::ParamsMismatch { ours, theirs });
         }
         let known = request.link_id != 0
             && request.epoch == listener.epoch

@@ -15,8 +15,12 @@
 //! - [`link`] is the protocol as a sans-IO state machine: bytes in, bytes
 //!   and events out, for either role.
 //! - [`tcp`] drives a link over a blocking `std::net::TcpStream` for
-//!   setup-time use: connect or accept, send, receive with a timeout, ping,
-//!   shut down.
+//!   setup-time use: connect or accept (a [`Server`] with options per
+//!   endpoint name), send and multicast, receive with a timeout and consume
+//!   now or later, close channels, commit and roll back, ping, reconnect
+//!   (by hand or automatically with backoff), shut down. Its timers (ack
+//!   delay, keepalive ping and pong timeout, reconnection backoff) run
+//!   while its calls block.
 //!
 //! Nothing received is trusted. Every length and count is checked against
 //! the bytes present and against [`WireLimits`] with arithmetic that cannot
@@ -38,8 +42,8 @@ pub use link::{
     Limits, Link, LinkError, Listener, MAX_PENDING_COMMITS, Params, Role,
 };
 pub use tcp::{
-    Conn, Incoming, Options, Resumption, Server, TcpError, accept, accept_stream, connect,
-    deadline_after,
+    AutoReconnect, Conn, Incoming, Keepalive, Message, Options, Reconnect, Resumption, Server,
+    TcpError, accept, accept_stream, connect, deadline_after, loopback_pair,
 };
 pub use wire::{
     ChannelAck, ChannelFormat, ChannelId, ChannelIdError, ChannelIdRef, ChannelIds, ChannelOp,
