@@ -418,7 +418,7 @@ mod tests {
     fn a_spread_wider_than_the_median_is_warned_of() {
         // Steady round trips: no warning.
         let quiet = aggregate(&[pingpong(64, &[1000; 100])]);
-        assert_eq!(spread_warning(&[quiet.clone()]), None);
+        assert_eq!(spread_warning(std::slice::from_ref(&quiet)), None);
         // Mostly 1 µs, a few 2 ms stalls: the deviation dwarfs the median.
         let mut times = vec![1000u64; 990];
         times.extend([2_000_000; 10]);
