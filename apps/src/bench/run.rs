@@ -605,7 +605,8 @@ fn note_windows(rows: &[Row], asked: u32) {
         .collect();
     if !fewer.is_empty() {
         eprintln!(
-            "note: -W {asked} with -c: verifying keeps a buffer per message in flight, {} MiB              at most, so these sizes ran with smaller windows: {}",
+            "note: -W {asked} with -c: verifying keeps a buffer per message in flight, {} MiB \
+             at most, so these sizes ran with smaller windows: {}",
             VERIFY_BYTES >> 20,
             fewer.join(", ")
         );
