@@ -357,6 +357,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         timeout: Duration::from_secs(b.timeout),
         json: b.json,
         plot: b.plot,
+        started: std::time::SystemTime::now(),
     }
 }
 

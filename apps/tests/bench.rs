@@ -12,7 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 static BUSY: Mutex<()> = Mutex::new(());
 
@@ -327,6 +327,138 @@ fn shm_runs_a_flow_per_lcore_pair_with_pairs_sharing_cpus() {
     }
 }
 
+/// The keys README.md's "The `--json` report" lists, each with its "in"
+/// column: the reports that have it.
+fn documented_keys() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
+    let readme = readme.unwrap();
+    let start = readme.find("### The `--json` report").expect("README lists the report's keys");
+    let section = &readme[start..];
+    let end = section[1..].find("\n#").map_or(section.len(), |e| e + 1);
+    let keys: Vec<(String, String)> = section[..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            (cells[0].trim_end_matches('`').to_owned(), cells[2].to_owned())
+        })
+        .collect();
+    assert!(keys.len() > 30, "{keys:?}");
+    keys
+}
+
+/// Every key path of a report, as README.md writes them (jq's syntax):
+/// `a.b`, `results[].x`, a name with a dot quoted. The counters' names are
+/// theirs, not the report's.
+fn key_paths(v: &Value, prefix: &str, out: &mut std::collections::BTreeSet<String>) {
+    let Some(map) = v.as_object() else { return };
+    for (key, value) in map {
+        let name = if key.contains('.') { format!("\"{key}\"") } else { key.clone() };
+        let path = if prefix.is_empty() { name } else { format!("{prefix}.{name}") };
+        match value {
+            Value::Object(_) if !key.ends_with("counters") => key_paths(value, &path, out),
+            Value::Array(items) if items.iter().any(Value::is_object) => {
+                for item in items {
+                    key_paths(item, &format!("{path}[]"), out);
+                }
+            }
+            _ => {
+                out.insert(path);
+            }
+        }
+    }
+}
+
+/// Whether a documented key with this "in" column is in the report of
+/// `app` on `device`, both sides run here.
+fn documented_in(column: &str, app: &str, device: &str) -> bool {
+    match column {
+        "all" | "both sides here" => true,
+        "pingpong" | "streaming" => column == app,
+        "`-p udp`" => device == "udp",
+        "client" => false,
+        other => panic!("README: unknown \"in\" column `{other}`"),
+    }
+}
+
+/// The report's keys are the ones README.md lists, no more, no fewer;
+/// `meta` says when, where, which build and how the run was asked for.
+#[test]
+fn the_json_report_has_every_documented_key_and_no_other() {
+    let _busy = busy();
+    let documented = documented_keys();
+    for (app, device, args) in [
+        ("pingpong", "sim", &["-S", "64,4k", "-I", "100", "-c"][..]),
+        ("streaming", "sim", &["-S", "64", "-I", "1000", "-W", "16"]),
+        ("pingpong", "udp", &["-S", "64", "-I", "100", "--udp-window", "adaptive"]),
+    ] {
+        let json = tmp(&format!("{app}-{device}-meta.json"));
+        let mut all = vec![app, "-p", device];
+        all.extend_from_slice(args);
+        all.extend(["--json", json.to_str().unwrap()]);
+        let out = run(&all);
+        assert_ok(&out, &format!("{all:?}"));
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&json);
+        let mut present = std::collections::BTreeSet::new();
+        key_paths(&v, "", &mut present);
+        for (key, column) in &documented {
+            let expect = documented_in(column, app, device);
+            assert_eq!(present.contains(key), expect, "{app} -p {device}: `{key}` ({column})");
+        }
+        let undocumented: Vec<&String> =
+            present.iter().filter(|k| !documented.iter().any(|(d, _)| d == *k)).collect();
+        assert!(undocumented.is_empty(), "{app} -p {device}: not in README: {undocumented:?}");
+
+        let meta = &v["meta"];
+        let commit = meta["commit"].as_str().unwrap();
+        assert!(
+            commit == "unknown"
+                || (commit.len() >= 7 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+            "{commit}"
+        );
+        // RFC 3339 in UTC, to the second: 2026-11-26T04:34:12Z.
+        let ts = meta["timestamp"].as_str().unwrap();
+        let shape: Vec<u8> =
+            ts.bytes().map(|b| if b.is_ascii_digit() { b'0' } else { b }).collect();
+        assert_eq!(String::from_utf8(shape).unwrap(), "0000-00-00T00:00:00Z", "{ts}");
+        assert!(ts >= "2024", "{ts}");
+        let argv: Vec<&str> =
+            meta["command_line"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(argv[1..], all[..], "the command line as given");
+        assert!(meta["cores"].as_u64().is_some_and(|n| n >= 1), "{meta}");
+        for key in ["host", "cpu", "efapoll_version"] {
+            assert!(meta[key].as_str().is_some_and(|s| !s.is_empty()), "{key}: {meta}");
+        }
+        let settings = &meta["settings"];
+        assert_eq!(settings["mode"], "self-contained");
+        assert_eq!(settings["device"], device);
+        assert_eq!(settings["op"], "send");
+        assert_eq!(settings["lcores"], v["lcores"]);
+        assert_eq!(settings["idle"], "spin");
+        assert_eq!(settings["timeout_s"], 10);
+        assert_eq!(settings["warmup"], 10);
+        let sizes = settings["sizes"].as_array().unwrap();
+        assert_eq!(sizes.len(), v["results"].as_array().unwrap().len());
+        assert_eq!(settings["iterations"].as_array().unwrap().len(), sizes.len());
+        for (r, size) in v["results"].as_array().unwrap().iter().zip(sizes) {
+            assert_eq!(&r["bytes"], size);
+            assert_eq!(&r["bw_avg_mb_s"], r.get("mb_per_s").unwrap_or(&r["bw_avg_mb_s"]));
+            if app == "pingpong" {
+                assert_eq!(r["t_p99.9_us"], r["t_p999_us"], "{r}");
+            }
+        }
+        match (app, device) {
+            ("pingpong", "sim") => {
+                assert_eq!((&settings["verify"], &settings["window"]), (&json!(true), &json!(1)));
+                assert_eq!(settings["iterations"], json!([100, 100]));
+            }
+            ("streaming", _) => assert_eq!(settings["window"], 16),
+            _ => assert_eq!(settings["udp_window"], "adaptive"),
+        }
+    }
+}
+
 /// Starts `efapoll APP --server` on `port` with `args`.
 fn server(app: &str, port: u16, args: &[&str]) -> Child {
     efapoll()
@@ -382,6 +514,11 @@ fn server_and_client(app: &str, device: &str, op: &str) {
     // The server's report: the client's rows, the server's own counters.
     let s = read_report(&srv_json, app, device, op, &sizes);
     assert_eq!(s["results"], v["results"], "{app}");
+    // Each report says which end wrote it; the client's, whom it ran against.
+    let (mine, theirs) = (&v["meta"]["settings"], &s["meta"]["settings"]);
+    assert_eq!((&mine["mode"], &mine["peer"]), (&json!("client"), &json!("127.0.0.1")));
+    assert_eq!(theirs["mode"], "server");
+    assert!(theirs.get("peer").is_none(), "{theirs}");
     let rx = |v: &Value| {
         v["counters"].as_object().unwrap().keys().filter(|k| k.starts_with("rx.")).count()
     };
