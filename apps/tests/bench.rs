@@ -975,6 +975,129 @@ fn info_lists_the_devices_and_what_is_not_built() {
     assert!(memcpy > 100.0, "a 1 MiB copy at {memcpy} MB/s: {info}");
 }
 
+/// One device's `key: value` lines of `efapoll info`'s text.
+fn info_fields<'a>(text: &'a str, device: &str) -> Vec<(&'a str, &'a str)> {
+    let start = text.find(&format!("device: {device}\n")).unwrap_or_else(|| panic!("{text}"));
+    text[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .filter_map(|l| l.trim().split_once(": "))
+        .collect()
+}
+
+/// `info --json` says what the text says, numbers as numbers and yes/no
+/// as booleans.
+#[test]
+fn info_json_has_the_texts_fields() {
+    let text = text(&run(&["info"]).stdout);
+    let out = run(&["info", "--json"]);
+    assert_ok(&out, "info --json");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = v["devices"].as_array().unwrap();
+    let names: Vec<&str> = devices.iter().map(|d| d["device"].as_str().unwrap()).collect();
+    assert_eq!(names, ["sim", "shm", "udp", "efa"]);
+    for d in devices {
+        let name = d["device"].as_str().unwrap();
+        let fields = info_fields(&text, name);
+        let about = fields.iter().find(|(k, _)| *k == "about").unwrap().1;
+        assert_eq!(d["about"], about);
+        if name == "efa" {
+            assert_eq!(
+                (&d["status"], &d["reason"]),
+                (&json!("not built"), &json!("not built yet"))
+            );
+            continue;
+        }
+        assert_eq!(d["status"], "available", "{d}");
+        // The text's keys are the JSON's, but for the address (another
+        // device each run) and where the text writes a unit after a value.
+        for (key, value) in fields {
+            let json = match key {
+                "about" | "status" | "address" => continue,
+                "device_version" => format!("{:#x}", d[key].as_u64().unwrap()),
+                "peer_timeout" => format!("{} s", d["peer_timeout_s"]),
+                "retransmission_timeout" => {
+                    let r = &d["retransmission_timeout_us"];
+                    format!("{} us to {} us, from the measured round trip", r["min"], r["max"])
+                }
+                "socket_buffers" => {
+                    let b = &d[key];
+                    format!("send {}, receive {} (asked {})", b["send"], b["receive"], b["asked"])
+                }
+                "window" => {
+                    assert_eq!(d[key], "adaptive");
+                    continue;
+                }
+                _ => match &d[key] {
+                    Value::Bool(b) => if *b { "yes" } else { "no" }.to_owned(),
+                    Value::Number(n) => n.to_string(),
+                    other => panic!("{name}: {key} is {other}, not a number or a boolean"),
+                },
+            };
+            assert_eq!(json, value, "{name}: {key}");
+        }
+        assert!(d["address"].as_str().is_some_and(|a| a.contains("/qpn ")), "{d}");
+    }
+    assert!(v["host"]["memcpy_1mib_mb_s"].as_u64().is_some_and(|m| m > 100), "{v}");
+}
+
+/// `info DEVICE` lists that device alone; a name that is none of them is
+/// a usage error naming those that are.
+#[test]
+fn info_lists_one_device_when_asked() {
+    for device in ["sim", "shm", "udp", "efa"] {
+        let out = run(&["info", device]);
+        assert_ok(&out, &format!("info {device}"));
+        let listed: Vec<String> = text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("device: ").map(str::to_owned))
+            .collect();
+        assert_eq!(listed, [device]);
+        let v: Value = serde_json::from_slice(&run(&["info", device, "--json"]).stdout).unwrap();
+        assert_eq!(v["devices"].as_array().unwrap().len(), 1);
+        assert_eq!(v["devices"][0]["device"], device);
+    }
+    let err = usage_error(&["info", "tcp"]);
+    assert!(err.contains("'tcp'") && err.contains("DEVICE"), "{err}");
+    assert!(err.contains("sim, shm, udp, efa"), "{err}");
+}
+
+/// `-v` adds each device's own limits and the address's parts to what
+/// the text and the JSON always show.
+#[test]
+fn info_verbose_adds_each_devices_own_limits() {
+    let plain = text(&run(&["info"]).stdout);
+    let out = run(&["info", "-v"]);
+    assert_ok(&out, "info -v");
+    let verbose = text(&out.stdout);
+    let keys = |text: &str, device: &str| -> Vec<String> {
+        info_fields(text, device).iter().map(|(k, _)| k.to_string()).collect()
+    };
+    let extra = [
+        ("sim", &["address_gid", "address_qpn", "address_connid", "seed", "retransmit_ns"][..]),
+        ("shm", &["address_qpn", "lanes", "ring_slots", "segment_bytes"]),
+        ("udp", &["address_qpn", "local_socket", "read_jobs", "ack_delay_us", "max_sessions"]),
+    ];
+    for (device, added) in extra {
+        let (short, long) = (keys(&plain, device), keys(&verbose, device));
+        assert!(short.iter().all(|k| long.contains(k)), "{device}: {long:?}");
+        for key in added {
+            assert!(long.iter().any(|k| k == key) && !short.contains(&key.to_string()), "{key}");
+        }
+    }
+    let shm = info_fields(&verbose, "shm");
+    let get = |k: &str| shm.iter().find(|(key, _)| *key == k).unwrap().1.parse::<u64>().unwrap();
+    assert_eq!(get("segment_bytes"), get("lanes") * get("ring_slots") * get("mtu"));
+    let v: Value = serde_json::from_slice(&run(&["info", "udp", "--json", "-v"]).stdout).unwrap();
+    let udp = &v["devices"][0];
+    for key in ["address_qpn", "read_jobs", "ack_delay_us", "max_sessions", "connected_peers"] {
+        assert!(udp[key].is_u64(), "{key}: {udp}");
+    }
+    let socket = udp["local_socket"].as_str().unwrap();
+    assert!(socket.ends_with(&format!(":{}", udp["address_qpn"])), "{udp}");
+}
+
 #[test]
 fn a_reader_that_stops_early_is_not_an_error() {
     // `efapoll info | head -1`: the reader is gone before the report is
