@@ -4,6 +4,9 @@
 //! `{"name", "header_len", "payload_offset", "fields": {...}}`, or
 //! `{"error": "..."}` (with `"line"`, its line number, when the packet came
 //! from standard input). Field names are the spec's; integers are exact.
+//! Next to the integer `flags`, `flag_names` names its set bits as the spec
+//! does for the packet's type, lowest first; a bit the type does not define
+//! is its value (`"0x0100"`).
 
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
@@ -209,7 +212,10 @@ fn dissect(packet: &Packet, bytes: &[u8]) -> Value {
     let mut f = Map::new();
     f.insert("type".into(), json!(bytes[0]));
     f.insert("version".into(), json!(bytes[1]));
-    f.insert("flags".into(), json!(u16::from_le_bytes([bytes[2], bytes[3]])));
+    let flags = u16::from_le_bytes([bytes[2], bytes[3]]);
+    f.insert("flags".into(), json!(flags));
+    let names = packet.packet_type().flag_names(flags).map(|n| json!(n.to_string()));
+    f.insert("flag_names".into(), names.collect());
     let mut put = |name: &str, v: Value| {
         f.insert(name.into(), v);
     };

@@ -72,7 +72,12 @@ enum Command {
     )]
     Streaming(StreamingArgs),
     /// The devices available here and their capabilities.
-    Info,
+    ///
+    /// Every device, or the one named; as text, or as one JSON object
+    /// (`{"devices": [...], "host": {...}}`, the text's fields with numbers
+    /// as numbers and yes/no as booleans).
+    #[command(after_help = EXIT_STATUS)]
+    Info(InfoArgs),
     /// Dissect EFA RDM v4 packets given as hex, one per argument or per
     /// line of standard input; prints one JSON object per packet.
     ///
@@ -119,6 +124,21 @@ fn op_values(app: App) -> clap::builder::ValueParser {
     let parser = clap::builder::PossibleValuesParser::new(names)
         .map(|name| OpKind::from_str(&name, false).expect("a listed name"));
     clap::builder::ValueParser::new(parser)
+}
+
+#[derive(Debug, Args)]
+struct InfoArgs {
+    /// Only this device.
+    #[arg(value_name = "DEVICE", value_enum)]
+    device: Option<Provider>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Each device's own limits too (shm's lanes and rings, udp's socket,
+    /// sessions and acknowledgement delay, the sim's seed), and the
+    /// address's parts; the caps every device reports are always shown.
+    #[arg(short = 'v', long)]
+    verbose: bool,
 }
 
 /// `-p`: the device.
@@ -375,6 +395,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         timeout: Duration::from_secs(b.timeout),
         json: b.json,
         plot: b.plot,
+        started: std::time::SystemTime::now(),
     }
 }
 
@@ -438,7 +459,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Decode { packets } => decode::run(&packets),
-        Command::Info => info::run(),
+        Command::Info(i) => info::run(&info::Options {
+            devices: i.device.map_or_else(|| Provider::value_variants().to_vec(), |d| vec![d]),
+            json: i.json,
+            verbose: i.verbose,
+        }),
         Command::Pingpong(b) => bench(resolve(App::Pingpong, b, 1)),
         Command::Streaming(s) => bench(resolve(App::Streaming, s.common, s.window)),
     }

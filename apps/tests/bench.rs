@@ -12,7 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 static BUSY: Mutex<()> = Mutex::new(());
 
@@ -327,6 +327,138 @@ fn shm_runs_a_flow_per_lcore_pair_with_pairs_sharing_cpus() {
     }
 }
 
+/// The keys README.md's "The `--json` report" lists, each with its "in"
+/// column: the reports that have it.
+fn documented_keys() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
+    let readme = readme.unwrap();
+    let start = readme.find("### The `--json` report").expect("README lists the report's keys");
+    let section = &readme[start..];
+    let end = section[1..].find("\n#").map_or(section.len(), |e| e + 1);
+    let keys: Vec<(String, String)> = section[..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            (cells[0].trim_end_matches('`').to_owned(), cells[2].to_owned())
+        })
+        .collect();
+    assert!(keys.len() > 30, "{keys:?}");
+    keys
+}
+
+/// Every key path of a report, as README.md writes them (jq's syntax):
+/// `a.b`, `results[].x`, a name with a dot quoted. The counters' names are
+/// theirs, not the report's.
+fn key_paths(v: &Value, prefix: &str, out: &mut std::collections::BTreeSet<String>) {
+    let Some(map) = v.as_object() else { return };
+    for (key, value) in map {
+        let name = if key.contains('.') { format!("\"{key}\"") } else { key.clone() };
+        let path = if prefix.is_empty() { name } else { format!("{prefix}.{name}") };
+        match value {
+            Value::Object(_) if !key.ends_with("counters") => key_paths(value, &path, out),
+            Value::Array(items) if items.iter().any(Value::is_object) => {
+                for item in items {
+                    key_paths(item, &format!("{path}[]"), out);
+                }
+            }
+            _ => {
+                out.insert(path);
+            }
+        }
+    }
+}
+
+/// Whether a documented key with this "in" column is in the report of
+/// `app` on `device`, both sides run here.
+fn documented_in(column: &str, app: &str, device: &str) -> bool {
+    match column {
+        "all" | "both sides here" => true,
+        "pingpong" | "streaming" => column == app,
+        "`-p udp`" => device == "udp",
+        "client" => false,
+        other => panic!("README: unknown \"in\" column `{other}`"),
+    }
+}
+
+/// The report's keys are the ones README.md lists, no more, no fewer;
+/// `meta` says when, where, which build and how the run was asked for.
+#[test]
+fn the_json_report_has_every_documented_key_and_no_other() {
+    let _busy = busy();
+    let documented = documented_keys();
+    for (app, device, args) in [
+        ("pingpong", "sim", &["-S", "64,4k", "-I", "100", "-c"][..]),
+        ("streaming", "sim", &["-S", "64", "-I", "1000", "-W", "16"]),
+        ("pingpong", "udp", &["-S", "64", "-I", "100", "--udp-window", "adaptive"]),
+    ] {
+        let json = tmp(&format!("{app}-{device}-meta.json"));
+        let mut all = vec![app, "-p", device];
+        all.extend_from_slice(args);
+        all.extend(["--json", json.to_str().unwrap()]);
+        let out = run(&all);
+        assert_ok(&out, &format!("{all:?}"));
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&json);
+        let mut present = std::collections::BTreeSet::new();
+        key_paths(&v, "", &mut present);
+        for (key, column) in &documented {
+            let expect = documented_in(column, app, device);
+            assert_eq!(present.contains(key), expect, "{app} -p {device}: `{key}` ({column})");
+        }
+        let undocumented: Vec<&String> =
+            present.iter().filter(|k| !documented.iter().any(|(d, _)| d == *k)).collect();
+        assert!(undocumented.is_empty(), "{app} -p {device}: not in README: {undocumented:?}");
+
+        let meta = &v["meta"];
+        let commit = meta["commit"].as_str().unwrap();
+        assert!(
+            commit == "unknown"
+                || (commit.len() >= 7 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+            "{commit}"
+        );
+        // RFC 3339 in UTC, to the second: 2026-11-26T04:34:12Z.
+        let ts = meta["timestamp"].as_str().unwrap();
+        let shape: Vec<u8> =
+            ts.bytes().map(|b| if b.is_ascii_digit() { b'0' } else { b }).collect();
+        assert_eq!(String::from_utf8(shape).unwrap(), "0000-00-00T00:00:00Z", "{ts}");
+        assert!(ts >= "2024", "{ts}");
+        let argv: Vec<&str> =
+            meta["command_line"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(argv[1..], all[..], "the command line as given");
+        assert!(meta["cores"].as_u64().is_some_and(|n| n >= 1), "{meta}");
+        for key in ["host", "cpu", "efapoll_version"] {
+            assert!(meta[key].as_str().is_some_and(|s| !s.is_empty()), "{key}: {meta}");
+        }
+        let settings = &meta["settings"];
+        assert_eq!(settings["mode"], "self-contained");
+        assert_eq!(settings["device"], device);
+        assert_eq!(settings["op"], "send");
+        assert_eq!(settings["lcores"], v["lcores"]);
+        assert_eq!(settings["idle"], "spin");
+        assert_eq!(settings["timeout_s"], 10);
+        assert_eq!(settings["warmup"], 10);
+        let sizes = settings["sizes"].as_array().unwrap();
+        assert_eq!(sizes.len(), v["results"].as_array().unwrap().len());
+        assert_eq!(settings["iterations"].as_array().unwrap().len(), sizes.len());
+        for (r, size) in v["results"].as_array().unwrap().iter().zip(sizes) {
+            assert_eq!(&r["bytes"], size);
+            assert_eq!(&r["bw_avg_mb_s"], r.get("mb_per_s").unwrap_or(&r["bw_avg_mb_s"]));
+            if app == "pingpong" {
+                assert_eq!(r["t_p99.9_us"], r["t_p999_us"], "{r}");
+            }
+        }
+        match (app, device) {
+            ("pingpong", "sim") => {
+                assert_eq!((&settings["verify"], &settings["window"]), (&json!(true), &json!(1)));
+                assert_eq!(settings["iterations"], json!([100, 100]));
+            }
+            ("streaming", _) => assert_eq!(settings["window"], 16),
+            _ => assert_eq!(settings["udp_window"], "adaptive"),
+        }
+    }
+}
+
 /// Starts `efapoll APP --server` on `port` with `args`.
 fn server(app: &str, port: u16, args: &[&str]) -> Child {
     efapoll()
@@ -382,6 +514,11 @@ fn server_and_client(app: &str, device: &str, op: &str) {
     // The server's report: the client's rows, the server's own counters.
     let s = read_report(&srv_json, app, device, op, &sizes);
     assert_eq!(s["results"], v["results"], "{app}");
+    // Each report says which end wrote it; the client's, whom it ran against.
+    let (mine, theirs) = (&v["meta"]["settings"], &s["meta"]["settings"]);
+    assert_eq!((&mine["mode"], &mine["peer"]), (&json!("client"), &json!("127.0.0.1")));
+    assert_eq!(theirs["mode"], "server");
+    assert!(theirs.get("peer").is_none(), "{theirs}");
     let rx = |v: &Value| {
         v["counters"].as_object().unwrap().keys().filter(|k| k.starts_with("rx.")).count()
     };
@@ -858,6 +995,129 @@ fn info_lists_the_devices_and_what_is_not_built() {
         .and_then(|v| v.split(' ').next()?.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no memcpy reference: {info}"));
     assert!(memcpy > 100.0, "a 1 MiB copy at {memcpy} MB/s: {info}");
+}
+
+/// One device's `key: value` lines of `efapoll info`'s text.
+fn info_fields<'a>(text: &'a str, device: &str) -> Vec<(&'a str, &'a str)> {
+    let start = text.find(&format!("device: {device}\n")).unwrap_or_else(|| panic!("{text}"));
+    text[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .filter_map(|l| l.trim().split_once(": "))
+        .collect()
+}
+
+/// `info --json` says what the text says, numbers as numbers and yes/no
+/// as booleans.
+#[test]
+fn info_json_has_the_texts_fields() {
+    let text = text(&run(&["info"]).stdout);
+    let out = run(&["info", "--json"]);
+    assert_ok(&out, "info --json");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = v["devices"].as_array().unwrap();
+    let names: Vec<&str> = devices.iter().map(|d| d["device"].as_str().unwrap()).collect();
+    assert_eq!(names, ["sim", "shm", "udp", "efa"]);
+    for d in devices {
+        let name = d["device"].as_str().unwrap();
+        let fields = info_fields(&text, name);
+        let about = fields.iter().find(|(k, _)| *k == "about").unwrap().1;
+        assert_eq!(d["about"], about);
+        if name == "efa" {
+            assert_eq!(
+                (&d["status"], &d["reason"]),
+                (&json!("not built"), &json!("not built yet"))
+            );
+            continue;
+        }
+        assert_eq!(d["status"], "available", "{d}");
+        // The text's keys are the JSON's, but for the address (another
+        // device each run) and where the text writes a unit after a value.
+        for (key, value) in fields {
+            let json = match key {
+                "about" | "status" | "address" => continue,
+                "device_version" => format!("{:#x}", d[key].as_u64().unwrap()),
+                "peer_timeout" => format!("{} s", d["peer_timeout_s"]),
+                "retransmission_timeout" => {
+                    let r = &d["retransmission_timeout_us"];
+                    format!("{} us to {} us, from the measured round trip", r["min"], r["max"])
+                }
+                "socket_buffers" => {
+                    let b = &d[key];
+                    format!("send {}, receive {} (asked {})", b["send"], b["receive"], b["asked"])
+                }
+                "window" => {
+                    assert_eq!(d[key], "adaptive");
+                    continue;
+                }
+                _ => match &d[key] {
+                    Value::Bool(b) => if *b { "yes" } else { "no" }.to_owned(),
+                    Value::Number(n) => n.to_string(),
+                    other => panic!("{name}: {key} is {other}, not a number or a boolean"),
+                },
+            };
+            assert_eq!(json, value, "{name}: {key}");
+        }
+        assert!(d["address"].as_str().is_some_and(|a| a.contains("/qpn ")), "{d}");
+    }
+    assert!(v["host"]["memcpy_1mib_mb_s"].as_u64().is_some_and(|m| m > 100), "{v}");
+}
+
+/// `info DEVICE` lists that device alone; a name that is none of them is
+/// a usage error naming those that are.
+#[test]
+fn info_lists_one_device_when_asked() {
+    for device in ["sim", "shm", "udp", "efa"] {
+        let out = run(&["info", device]);
+        assert_ok(&out, &format!("info {device}"));
+        let listed: Vec<String> = text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("device: ").map(str::to_owned))
+            .collect();
+        assert_eq!(listed, [device]);
+        let v: Value = serde_json::from_slice(&run(&["info", device, "--json"]).stdout).unwrap();
+        assert_eq!(v["devices"].as_array().unwrap().len(), 1);
+        assert_eq!(v["devices"][0]["device"], device);
+    }
+    let err = usage_error(&["info", "tcp"]);
+    assert!(err.contains("'tcp'") && err.contains("DEVICE"), "{err}");
+    assert!(err.contains("sim, shm, udp, efa"), "{err}");
+}
+
+/// `-v` adds each device's own limits and the address's parts to what
+/// the text and the JSON always show.
+#[test]
+fn info_verbose_adds_each_devices_own_limits() {
+    let plain = text(&run(&["info"]).stdout);
+    let out = run(&["info", "-v"]);
+    assert_ok(&out, "info -v");
+    let verbose = text(&out.stdout);
+    let keys = |text: &str, device: &str| -> Vec<String> {
+        info_fields(text, device).iter().map(|(k, _)| k.to_string()).collect()
+    };
+    let extra = [
+        ("sim", &["address_gid", "address_qpn", "address_connid", "seed", "retransmit_ns"][..]),
+        ("shm", &["address_qpn", "lanes", "ring_slots", "segment_bytes"]),
+        ("udp", &["address_qpn", "local_socket", "read_jobs", "ack_delay_us", "max_sessions"]),
+    ];
+    for (device, added) in extra {
+        let (short, long) = (keys(&plain, device), keys(&verbose, device));
+        assert!(short.iter().all(|k| long.contains(k)), "{device}: {long:?}");
+        for key in added {
+            assert!(long.iter().any(|k| k == key) && !short.contains(&key.to_string()), "{key}");
+        }
+    }
+    let shm = info_fields(&verbose, "shm");
+    let get = |k: &str| shm.iter().find(|(key, _)| *key == k).unwrap().1.parse::<u64>().unwrap();
+    assert_eq!(get("segment_bytes"), get("lanes") * get("ring_slots") * get("mtu"));
+    let v: Value = serde_json::from_slice(&run(&["info", "udp", "--json", "-v"]).stdout).unwrap();
+    let udp = &v["devices"][0];
+    for key in ["address_qpn", "read_jobs", "ack_delay_us", "max_sessions", "connected_peers"] {
+        assert!(udp[key].is_u64(), "{key}: {udp}");
+    }
+    let socket = udp["local_socket"].as_str().unwrap();
+    assert!(socket.ends_with(&format!(":{}", udp["address_qpn"])), "{udp}");
 }
 
 #[test]

@@ -48,7 +48,9 @@ fn every_golden_packet_decodes_from_stdin() {
         let f = &v["fields"];
         assert_eq!(f["type"], bytes[0]);
         assert_eq!(f["version"], 4);
-        assert_eq!(f["flags"], u16::from_le_bytes([bytes[2], bytes[3]]));
+        let flags = u16::from_le_bytes([bytes[2], bytes[3]]);
+        assert_eq!(f["flags"], flags);
+        assert_eq!(f["flag_names"].as_array().unwrap().len(), flags.count_ones() as usize);
         let offset = v["payload_offset"].as_u64().unwrap() as usize;
         assert!(v["header_len"].as_u64().unwrap() as usize <= offset);
         if let Some(p) = f.get("payload") {
@@ -57,6 +59,54 @@ fn every_golden_packet_decodes_from_stdin() {
         // connid appears only with CONNID_HDR.
         assert_eq!(f.get("connid").is_some(), bytes[3] & 0x80 != 0, "{name}");
     }
+}
+
+fn names(v: &Value) -> Vec<&str> {
+    v["fields"]["flag_names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect()
+}
+
+#[test]
+fn flag_bits_are_named_as_the_spec_names_them_for_the_type() {
+    let packets = [
+        golden::EAGER_TAGRTM,
+        golden::LONGCTS_MSGRTM,
+        golden::FETCH_RTA,
+        golden::CTS,
+        golden::HANDSHAKE_USER_RECV_QP,
+        golden::EOR,
+        golden::CTSDATA_NO_CONNID,
+    ];
+    let (lines, ok) = decode(&packets.map(hex).iter().map(String::as_str).collect::<Vec<_>>(), "");
+    assert!(ok);
+    assert_eq!(names(&lines[0]), ["REQ_MSG", "REQ_TAGGED", "CONNID_HDR"]);
+    assert_eq!(names(&lines[1]), ["REQ_OPT_RAW_ADDR_HDR", "REQ_OPT_CQ_DATA_HDR", "REQ_MSG"]);
+    assert_eq!(names(&lines[2]), ["REQ_ATOMIC", "CONNID_HDR"]);
+    assert_eq!(names(&lines[3]), ["CTS_EMULATED_READ", "CONNID_HDR"]);
+    assert_eq!(
+        names(&lines[4]),
+        ["HANDSHAKE_DEVICE_VERSION_HDR", "HANDSHAKE_USER_RECV_QP_HDR", "CONNID_HDR"]
+    );
+    assert_eq!(names(&lines[5]), ["CONNID_HDR"]);
+    assert!(names(&lines[6]).is_empty(), "flags 0: {}", lines[6]);
+    // The integer stays, beside its names.
+    assert_eq!(lines[0]["fields"]["flags"], 0x800c);
+}
+
+#[test]
+fn a_flag_bit_the_type_does_not_define_is_named_by_its_value() {
+    // CTS_EMULATED_READ's bit on an EOR, bit 8 on a REQ; REQ_READ_NACK's,
+    // which only the provider names, on a REQ.
+    let mut eor = golden::EOR.to_vec();
+    eor[2] |= 0x80;
+    let mut eager = golden::EAGER_TAGRTM.to_vec();
+    eager[3] |= 0x21;
+    let (lines, ok) = decode(&[&hex(&eor), &hex(&eager)], "");
+    assert!(ok, "unknown bits are kept, not rejected: {lines:?}");
+    assert_eq!(names(&lines[0]), ["0x0080", "CONNID_HDR"]);
+    assert_eq!(
+        names(&lines[1]),
+        ["REQ_MSG", "REQ_TAGGED", "0x0100", "REQ_READ_NACK", "CONNID_HDR"]
+    );
 }
 
 #[test]

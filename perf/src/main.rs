@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use efapoll_perf::gate::{self, GateArgs, GateError};
+use efapoll_perf::gate::{self, GateArgs, GateError, SummaryFiles};
 use efapoll_perf::workloads::{self, Unit};
 
 const EXIT_STATUS: &str = "\
@@ -48,6 +48,8 @@ enum Command {
         /// Overrides a measure's threshold in percent. Repeatable.
         #[arg(long = "threshold", value_name = "MEASURE=PERCENT")]
         thresholds: Vec<String>,
+        #[command(flatten)]
+        summary: SummaryFiles,
     },
 }
 
@@ -83,8 +85,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Gate(args) => gate::run(&args),
-        Command::Compare { baseline, current, thresholds } => {
-            gate::compare_files(&baseline, &current, &thresholds)
+        Command::Compare { baseline, current, thresholds, summary } => {
+            gate::compare_files(&baseline, &current, &thresholds, &summary)
         }
     };
     match result {

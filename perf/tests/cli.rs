@@ -1,8 +1,10 @@
 //! The `efapoll-perf` binary end to end: exit statuses, `exec`, `compare`,
 //! and one instruction-mode gate run on a tiny workload. Nothing timed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use serde_json::{Value, json};
 
 fn perf(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_efapoll-perf")).args(args).output().expect("runs")
@@ -72,6 +74,137 @@ fn compare_exits_3_on_a_regression_or_a_missing_metric() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `compare BASE CURRENT --summary-json J --summary-md M` in `dir`: its
+/// exit status, the JSON and the markdown.
+fn compare_with_summaries(dir: &Path, base: &str, current: &str) -> (i32, Value, String) {
+    let write = |name: &str, json: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, json).unwrap();
+        p.display().to_string()
+    };
+    let (base, current) = (write("base.json", base), write("current.json", current));
+    // In a directory not made yet, as CI names one under target/.
+    let (json, md) = (dir.join("out/summary.json"), dir.join("out/summary.md"));
+    let out = perf(&[
+        "compare",
+        &base,
+        &current,
+        "--summary-json",
+        json.to_str().unwrap(),
+        "--summary-md",
+        md.to_str().unwrap(),
+    ]);
+    // The table and the text verdict still go to stdout.
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verdict"), "{out:?}");
+    let summary = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (code(&out), summary, std::fs::read_to_string(&md).unwrap())
+}
+
+/// The markdown table's rows, cells trimmed, header and rule left out.
+fn md_rows(md: &str) -> Vec<Vec<String>> {
+    md.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l.trim_matches('|').split(" | ").map(|c| c.trim().to_owned()).collect())
+        .collect()
+}
+
+#[test]
+fn compare_writes_the_verdict_as_json_and_as_markdown() {
+    let dir = scratch("summaries");
+    let base = r#"{
+        "codec/a": {"instructions": {"value": 100}},
+        "sim/b": {"latency": {"value": 1000}, "latency-p99": {"value": 2000}},
+        "sim/c": {"throughput": {"value": 1e6}}
+    }"#;
+    let current = r#"{
+        "codec/a": {"instructions": {"value": 103}},
+        "sim/b": {"latency": {"value": 1010}},
+        "sim/c": {"throughput": {"value": 1.2e6}},
+        "sim/d": {"bandwidth": {"value": 5e9}}
+    }"#;
+    let (status, v, md) = compare_with_summaries(&dir, base, current);
+    assert_eq!(status, 3);
+    assert_eq!(v["verdict"], "fail");
+    assert_eq!(
+        v["counts"],
+        json!({"metrics": 5, "regressed": 1, "missing": 1, "improved": 1, "new": 1, "ok": 1,
+               "skipped": 0})
+    );
+    // Every metric, in name order, with what the table says of it.
+    let metrics = v["metrics"].as_array().unwrap();
+    let names: Vec<String> = metrics
+        .iter()
+        .map(|m| format!("{} {}", m["bench"], m["measure"]).replace('"', ""))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "codec/a instructions",
+            "sim/b latency",
+            "sim/b latency-p99",
+            "sim/c throughput",
+            "sim/d bandwidth"
+        ]
+    );
+    let a = &metrics[0];
+    assert_eq!(
+        (&a["baseline"], &a["current"], &a["threshold_pct"]),
+        (&json!(100.0), &json!(103.0), &json!(2.0))
+    );
+    assert!((a["change_pct"].as_f64().unwrap() - 3.0).abs() < 1e-9, "{a}");
+    assert_eq!((&a["status"], &a["better"]), (&json!("regressed"), &json!("lower")));
+    assert_eq!(metrics[1]["status"], "ok");
+    let gone = &metrics[2];
+    assert_eq!(
+        (&gone["status"], &gone["current"], &gone["change_pct"]),
+        (&json!("missing"), &Value::Null, &Value::Null)
+    );
+    assert_eq!(
+        (&metrics[3]["status"], &metrics[3]["better"]),
+        (&json!("improved"), &json!("higher"))
+    );
+    assert_eq!((&metrics[4]["status"], &metrics[4]["baseline"]), (&json!("new"), &Value::Null));
+
+    // Markdown: the verdict first, then the table, what fails first.
+    let first = md.lines().next().unwrap();
+    assert_eq!(first, "**FAIL**: 5 metrics, 1 regressed, 1 missing, 1 improved, 1 new");
+    let rows = md_rows(&md);
+    let order: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[6].as_str())).collect();
+    assert_eq!(
+        order,
+        [
+            ("`codec/a`", "REGRESSED"),
+            ("`sim/b`", "MISSING"),
+            ("`sim/c`", "IMPROVED"),
+            ("`sim/d`", "new"),
+            ("`sim/b`", "ok")
+        ]
+    );
+    assert_eq!(rows[0][1..6], ["`instructions`", "100.0", "103.0", "+3.00%", "2%"]);
+
+    // A pass says so on top, in both.
+    let (status, v, md) = compare_with_summaries(&dir, base.replace("100}", "101}").as_str(), base);
+    assert_eq!(status, 0);
+    assert_eq!(v["verdict"], "pass");
+    assert!(md.starts_with("**PASS**: 4 metrics, 0 regressed"), "{md}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_summary_that_cannot_be_written_is_an_error_naming_its_option() {
+    let dir = scratch("summary-unwritable");
+    let base = dir.join("base.json");
+    std::fs::write(&base, r#"{"a": {"instructions": {"value": 100}}}"#).unwrap();
+    let base = base.to_str().unwrap();
+    // Under a file, where no directory can be made.
+    let blocked = format!("{base}/summary.md");
+    let out = perf(&["compare", base, base, "--summary-md", &blocked]);
+    assert_eq!(code(&out), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--summary-md") && err.contains(&blocked), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn wall_and_app_modes_need_five_runs() {
     let out = perf(&["gate", "--mode", "wall", "--machine", "m", "--runs", "3"]);
@@ -113,12 +246,15 @@ fn the_instruction_gate_passes_then_fails_against_a_lower_baseline() {
         args.extend(extra);
         perf(&args)
     };
+    let summary = dir.join("summary.json");
+    let with_summary = ["--summary-json", summary.to_str().unwrap()];
     // No baseline yet: an error that says how to write one.
-    let first = gate(&[]);
+    let first = gate(&with_summary);
     assert_eq!(code(&first), 1);
     assert!(String::from_utf8_lossy(&first.stderr).contains("--update-baseline"));
     let said = String::from_utf8_lossy(&first.stdout);
     assert!(!said.contains("PASS") && !said.contains("FAIL"), "one verdict, the error: {said}");
+    assert!(!summary.exists(), "no verdict, no summary");
     assert_eq!(code(&gate(&["--update-baseline"])), 0);
     // Deterministic: the same count again.
     let again = gate(&[]);
@@ -130,9 +266,11 @@ fn the_instruction_gate_passes_then_fails_against_a_lower_baseline() {
     assert!(count > 10.0, "{count} instructions per parse");
     let lower = serde_json::json!({"codec/parse/CTS": {"instructions": {"value": count * 0.9}}});
     std::fs::write(&baseline, lower.to_string()).unwrap();
-    let regressed = gate(&[]);
+    let regressed = gate(&with_summary);
     assert_eq!(code(&regressed), 3);
     assert!(String::from_utf8_lossy(&regressed.stdout).contains("REGRESSED"));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!((&v["verdict"], &v["metrics"][0]["status"]), (&json!("fail"), &json!("regressed")));
     // The results file is Bencher Metric Format.
     let results: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();

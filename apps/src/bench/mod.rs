@@ -35,6 +35,7 @@ macro_rules! impl_side {
 }
 
 pub mod drive;
+pub mod meta;
 pub mod oob;
 pub mod op;
 pub mod pingpong;

@@ -291,6 +291,33 @@ pub fn merge_counters(into: &mut BTreeMap<String, u64>, counters: Vec<(String, u
     }
 }
 
+/// Keys a pingpong result repeats under a second name, `(key, also)`: its
+/// bandwidth under streaming's name, so that one name reads both apps, and
+/// p99.9 under the table's column name. Canonical: `bw_avg_mb_s` (both
+/// apps) and `t_p999_us` (units last, no dot to quote); `mb_per_s` and
+/// `t_p99.9_us` stay for older readers and for readers of the table.
+/// README.md's list of keys says the same.
+pub const PINGPONG_ALSO: [(&str, &str); 2] =
+    [("mb_per_s", "bw_avg_mb_s"), ("t_p999_us", "t_p99.9_us")];
+
+/// `row` with its second names, each right after the key it repeats.
+fn with_aliases(app: App, row: Value) -> Value {
+    let Value::Object(fields) = row else { return row };
+    let also: &[(&str, &str)] = match app {
+        App::Pingpong => &PINGPONG_ALSO,
+        App::Streaming => &[],
+    };
+    let mut out = Map::new();
+    for (key, value) in fields {
+        let alias = also.iter().find(|(of, _)| *of == key).map(|(_, alias)| *alias);
+        out.insert(key, value.clone());
+        if let Some(alias) = alias {
+            out.insert(alias.to_owned(), value);
+        }
+    }
+    Value::Object(out)
+}
+
 /// What `--json` writes.
 #[derive(Debug)]
 pub struct Report<'a> {
@@ -301,6 +328,9 @@ pub struct Report<'a> {
     /// Streaming: the window `-W` asked for (each result says the one it
     /// ran with, smaller where verifying capped it).
     pub window: Option<u64>,
+    /// When, where, which build, the command line and the settings
+    /// ([`super::meta`]).
+    pub meta: Value,
     pub rows: &'a [Row],
     pub counters: &'a BTreeMap<String, u64>,
     /// The answering sides' (receivers', responders', targets') when they
@@ -310,7 +340,8 @@ pub struct Report<'a> {
 
 impl Report<'_> {
     pub fn to_json(&self) -> Value {
-        let results: Vec<Value> = self.rows.iter().map(Row::to_value).collect();
+        let results: Vec<Value> =
+            self.rows.iter().map(|r| with_aliases(self.app, r.to_value())).collect();
         let map = |c: &BTreeMap<String, u64>| -> Map<String, Value> {
             c.iter().map(|(k, v)| (k.clone(), json!(v))).collect()
         };
@@ -319,6 +350,7 @@ impl Report<'_> {
             "device": self.device,
             "op": self.op,
             "lcores": self.lcores,
+            "meta": self.meta,
             "results": results,
             "counters": map(self.counters),
         });
@@ -468,11 +500,13 @@ mod tests {
             op: "send",
             lcores: "0".into(),
             window: None,
+            meta: json!({"commit": "abc1234"}),
             rows: &rows,
             counters: &counters,
             passive_counters: &BTreeMap::new(),
         };
         let v = report.to_json();
+        assert_eq!(v["meta"]["commit"], "abc1234");
         assert_eq!(v["app"], "pingpong");
         assert_eq!(v["counters"]["tx.EAGER_MSGRTM"], 5);
         assert!(v.get("passive_counters").is_none(), "only when the passive sides ran here");
@@ -495,5 +529,45 @@ mod tests {
         ] {
             assert!(r[key].is_number(), "{key}");
         }
+    }
+
+    #[test]
+    fn pingpong_results_repeat_two_keys_under_their_other_names() {
+        let rows = [aggregate(&[pingpong(64, &[1000, 3000])])];
+        let report = Report {
+            app: App::Pingpong,
+            device: "sim",
+            op: "send",
+            lcores: "0".into(),
+            window: None,
+            meta: json!({}),
+            rows: &rows,
+            counters: &BTreeMap::new(),
+            passive_counters: &BTreeMap::new(),
+        };
+        let v = report.to_json();
+        let r = v["results"][0].as_object().unwrap();
+        let keys: Vec<&str> = r.keys().map(String::as_str).collect();
+        for (key, also) in PINGPONG_ALSO {
+            assert_eq!(r[key], r[also], "{key}");
+            // Side by side, as a reader of the file looks for them.
+            let at = keys.iter().position(|k| *k == key).unwrap();
+            assert_eq!(keys[at + 1], also, "{keys:?}");
+        }
+        // The row on the control link keeps one name each: the peer's
+        // parser takes it as it is.
+        assert!(rows[0].to_value().get("bw_avg_mb_s").is_none());
+        let s = Sample::Streaming(StreamingSample {
+            bytes: 64,
+            iterations: 10,
+            window: 64,
+            messages: 10,
+            elapsed_ns: 10_000,
+            peak_bytes_per_s: 64e6,
+            busy_pct: 50.0,
+        });
+        let rows = [aggregate(&[s])];
+        let v = Report { app: App::Streaming, rows: &rows, ..report }.to_json();
+        assert_eq!(v["results"][0], rows[0].to_value(), "streaming has nothing to repeat");
     }
 }

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::{OnceLock, mpsc};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use efapoll::device::Device;
 use efapoll::device::shm::{ShmConfig, ShmDevice};
@@ -37,8 +37,8 @@ use super::op::{Io, OpKind};
 use super::report::{self, Report, Row};
 use super::target::Target;
 use super::{
-    ActiveSide, App, Params, PassiveSide, RunError, Sample, Side, VERIFY_BYTES, pingpong, plot,
-    streaming,
+    ActiveSide, App, Params, PassiveSide, RunError, Sample, Side, VERIFY_BYTES, meta, pingpong,
+    plot, streaming,
 };
 
 /// The devices the apps run on now.
@@ -80,6 +80,8 @@ pub struct RunArgs {
     pub timeout: Duration,
     pub json: Option<PathBuf>,
     pub plot: Option<PathBuf>,
+    /// When the run began: the report's `meta.timestamp`.
+    pub started: SystemTime,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -758,6 +760,7 @@ impl Outcome<'_> {
             op: &a.params.op,
             lcores: a.lcores.to_string(),
             window: (a.app == App::Streaming).then_some(u64::from(a.params.window)),
+            meta: meta::of_run(a),
             rows: &self.rows,
             counters: &self.counters,
             passive_counters: &self.passive_counters,

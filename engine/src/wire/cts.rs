@@ -17,6 +17,16 @@ bitflags! {
     }
 }
 
+impl CtsFlags {
+    /// Each flag's bit and its name in the spec (3.2; table 1.4).
+    pub const SPEC_NAMES: &'static [(u16, &'static str)] = &[
+        (CtsFlags::EMULATED_READ.bits(), "CTS_EMULATED_READ"),
+        (CtsFlags::CONNID_HDR.bits(), "CONNID_HDR"),
+    ];
+}
+
+const _: () = assert!(super::names_each_flag_once(CtsFlags::SPEC_NAMES, CtsFlags::all().bits()));
+
 mod cts_field {
     pub const CONNID: usize = 4;
     pub const SEND_ID: usize = 8;

@@ -30,7 +30,18 @@ bitflags! {
 impl HandshakeFlags {
     /// The flags that announce optional fields; `emit` derives them.
     pub const OPT_FIELDS: HandshakeFlags = HandshakeFlags::all();
+
+    /// Each flag's bit and its name in spec table 2.3.
+    pub const SPEC_NAMES: &'static [(u16, &'static str)] = &[
+        (HandshakeFlags::HOST_ID_HDR.bits(), "HANDSHAKE_HOST_ID_HDR"),
+        (HandshakeFlags::DEVICE_VERSION_HDR.bits(), "HANDSHAKE_DEVICE_VERSION_HDR"),
+        (HandshakeFlags::USER_RECV_QP_HDR.bits(), "HANDSHAKE_USER_RECV_QP_HDR"),
+        (HandshakeFlags::CONNID_HDR.bits(), "CONNID_HDR"),
+    ];
 }
+
+const _: () =
+    assert!(super::names_each_flag_once(HandshakeFlags::SPEC_NAMES, HandshakeFlags::all().bits()));
 
 /// Extra feature and request bits of `extra_info[0]` (spec table 2.1; the
 /// spec's text says "5" of them, the table and providers use 0-7, and newer

@@ -23,6 +23,9 @@
 //! * Padding and reserved bytes are ignored on receive (the provider does
 //!   not clear its buffers) and written as zero on send. Unknown flag bits
 //!   are kept, so that a packet re-emits as received.
+//!   [`PacketType::flag_names`] names a flags word's bits as the spec does,
+//!   from each flags type's `SPEC_NAMES` (one table per type, checked at
+//!   compile time to name every flag the type defines).
 //! * Parsing and emitting allocate nothing. `emit` writes exactly
 //!   `buffer_len()` bytes (application data is the caller's to copy) and
 //!   panics only if the caller's buffer is shorter than that.
@@ -55,6 +58,77 @@ bitflags::bitflags! {
     pub struct PktFlags: u16 {
         /// The packet carries the sender's connid.
         const CONNID_HDR = CONNID_HDR;
+    }
+}
+
+impl PktFlags {
+    /// Each flag's bit and its name in spec table 1.4.
+    pub const SPEC_NAMES: &'static [(u16, &'static str)] =
+        &[(PktFlags::CONNID_HDR.bits(), "CONNID_HDR")];
+}
+
+const _: () = assert!(names_each_flag_once(PktFlags::SPEC_NAMES, PktFlags::all().bits()));
+
+/// Whether `names` gives every flag of `all` exactly one name, each of one
+/// bit: checked at compile time next to each flags type, so that a flag
+/// added without its name fails the build.
+const fn names_each_flag_once(names: &[(u16, &str)], all: u16) -> bool {
+    let (mut seen, mut i) = (0u16, 0);
+    while i < names.len() {
+        let bit = names[i].0;
+        if bit.count_ones() != 1 || seen & bit != 0 {
+            return false;
+        }
+        seen |= bit;
+        i += 1;
+    }
+    seen == all
+}
+
+/// A set bit of a packet's flags word, named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagName {
+    /// The spec's name of the bit for this packet type (the provider's
+    /// where the spec has none).
+    Known(&'static str),
+    /// A bit this packet type does not define (kept on parse, not an
+    /// error): its value.
+    Unknown(u16),
+}
+
+impl core::fmt::Display for FlagName {
+    /// The name, or the bit's value as `0x0100`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            FlagName::Known(name) => f.write_str(name),
+            FlagName::Unknown(bit) => write!(f, "{bit:#06x}"),
+        }
+    }
+}
+
+impl PacketType {
+    /// The flags this type defines, `(bit, spec name)`: REQ packets share
+    /// table 3.1's (spec 3.1), CTS and HANDSHAKE have their own, every
+    /// other type only the universal CONNID_HDR (table 1.4).
+    pub fn flag_spec_names(self) -> &'static [(u16, &'static str)] {
+        match self {
+            PacketType::Cts => CtsFlags::SPEC_NAMES,
+            PacketType::Handshake => HandshakeFlags::SPEC_NAMES,
+            t if t.is_req() => ReqFlags::SPEC_NAMES,
+            _ => PktFlags::SPEC_NAMES,
+        }
+    }
+
+    /// The bits set in `flags`, lowest first, each named as this type
+    /// names it.
+    pub fn flag_names(self, flags: u16) -> impl Iterator<Item = FlagName> {
+        let names = self.flag_spec_names();
+        (0..u16::BITS).map(|i| 1u16 << i).filter(move |bit| flags & bit != 0).map(move |bit| {
+            match names.iter().find(|(b, _)| *b == bit) {
+                Some(&(_, name)) => FlagName::Known(name),
+                None => FlagName::Unknown(bit),
+            }
+        })
     }
 }
 
@@ -282,4 +356,47 @@ pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
 #[inline(always)]
 pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(ptype: PacketType, flags: u16) -> Vec<String> {
+        ptype.flag_names(flags).map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_are_named_as_their_packet_type_names_them() {
+        // golden::CTS: 0x8080.
+        assert_eq!(names(PacketType::Cts, 0x8080), ["CTS_EMULATED_READ", "CONNID_HDR"]);
+        // golden::EAGER_TAGRTM: 0x800c; golden::LONGCTS_MSGRTM (0x0007) re-sent
+        // after a READ_NACK.
+        assert_eq!(names(PacketType::EagerTagRtm, 0x800c), ["REQ_MSG", "REQ_TAGGED", "CONNID_HDR"]);
+        assert_eq!(
+            names(PacketType::LongCtsMsgRtm, 0x2007),
+            ["REQ_OPT_RAW_ADDR_HDR", "REQ_OPT_CQ_DATA_HDR", "REQ_MSG", "REQ_READ_NACK"]
+        );
+        assert_eq!(names(PacketType::FetchRta, 0x0030), ["REQ_RMA", "REQ_ATOMIC"]);
+        assert_eq!(
+            names(PacketType::Handshake, 0x8007),
+            [
+                "HANDSHAKE_HOST_ID_HDR",
+                "HANDSHAKE_DEVICE_VERSION_HDR",
+                "HANDSHAKE_USER_RECV_QP_HDR",
+                "CONNID_HDR"
+            ]
+        );
+        assert_eq!(names(PacketType::Eor, 0x8000), ["CONNID_HDR"]);
+        assert!(names(PacketType::ReadRsp, 0).is_empty());
+    }
+
+    #[test]
+    fn a_bit_its_type_does_not_define_is_its_value() {
+        // 0x80 is CTS_EMULATED_READ on a CTS only.
+        assert_eq!(names(PacketType::EagerMsgRtm, 0x0084), ["REQ_MSG", "0x0080"]);
+        assert_eq!(names(PacketType::Eor, 0x4001), ["0x0001", "0x4000"]);
+        assert_eq!(PacketType::Receipt.flag_names(0x0100).next(), Some(FlagName::Unknown(0x100)));
+        assert_eq!(names(PacketType::Cts, 0xffff).len(), 16);
+    }
 }

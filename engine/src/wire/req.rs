@@ -41,7 +41,24 @@ bitflags! {
     }
 }
 
+const _: () = assert!(super::names_each_flag_once(ReqFlags::SPEC_NAMES, ReqFlags::all().bits()));
+
 impl ReqFlags {
+    /// Each flag's bit and its name in spec table 3.1, for tools that name
+    /// the bits of a flags word ([`PacketType::flag_names`](super::PacketType::flag_names)).
+    pub const SPEC_NAMES: &'static [(u16, &'static str)] = &[
+        (ReqFlags::RAW_ADDR_HDR.bits(), "REQ_OPT_RAW_ADDR_HDR"),
+        (ReqFlags::CQ_DATA_HDR.bits(), "REQ_OPT_CQ_DATA_HDR"),
+        (ReqFlags::MSG.bits(), "REQ_MSG"),
+        (ReqFlags::TAGGED.bits(), "REQ_TAGGED"),
+        (ReqFlags::RMA.bits(), "REQ_RMA"),
+        (ReqFlags::ATOMIC.bits(), "REQ_ATOMIC"),
+        // The spec is silent on bit 13; libfabric: EFA_RDM_REQ_READ_NACK,
+        // named as the spec names the others (without EFA_RDM_).
+        (ReqFlags::READ_NACK.bits(), "REQ_READ_NACK"),
+        (ReqFlags::CONNID_HDR.bits(), "CONNID_HDR"),
+    ];
+
     /// The flags that announce optional headers; `emit` derives them from
     /// the [`ReqRepr`]'s options.
     pub const OPT_HDRS: ReqFlags =

@@ -10,9 +10,14 @@
 //! metric the baseline lacks is `new`: reported, not gated, until the
 //! baseline is updated. Baseline benches outside the run's scope (its
 //! `--filter`) are skipped.
+//!
+//! The verdict is also written for machines ([`Comparison::summary_json`])
+//! and for a pull request's comment ([`Comparison::summary_md`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+use serde::Serialize;
 
 use super::bmf::Report;
 
@@ -89,6 +94,22 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, in the order the summaries list them: what fails the
+    /// gate first, then what asks for a new baseline, then the rest.
+    pub const BY_URGENCY: [Verdict; 5] =
+        [Verdict::Regressed, Verdict::Missing, Verdict::Improved, Verdict::New, Verdict::Ok];
+
+    /// The name in `--summary-json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Improved => "improved",
+            Verdict::Regressed => "regressed",
+            Verdict::Missing => "missing",
+            Verdict::New => "new",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
@@ -297,8 +318,13 @@ impl Comparison {
         if self.skipped > 0 {
             let _ = writeln!(out, "{} baseline metrics outside --filter skipped", self.skipped);
         }
-        let _ = writeln!(
-            out,
+        let _ = writeln!(out, "{}", self.verdict_line());
+        out
+    }
+
+    /// `PASS: 3 metrics, 0 regressed, 0 missing, 1 improved, 0 new`.
+    pub fn verdict_line(&self) -> String {
+        format!(
             "{}: {} metrics, {} regressed, {} missing, {} improved, {} new",
             if self.failed() { "FAIL" } else { "PASS" },
             self.rows.len(),
@@ -306,9 +332,120 @@ impl Comparison {
             self.count(Verdict::Missing),
             self.count(Verdict::Improved),
             self.count(Verdict::New),
-        );
+        )
+    }
+
+    /// The verdict as JSON (`--summary-json`): pass or fail, the count of
+    /// each status, and every metric in name order. Values are in the
+    /// measure's unit; a change is `null` where a side is missing or the
+    /// baseline is 0 (JSON has no infinity).
+    pub fn summary_json(&self) -> String {
+        #[derive(Serialize)]
+        struct Counts {
+            metrics: usize,
+            regressed: usize,
+            missing: usize,
+            improved: usize,
+            new: usize,
+            ok: usize,
+            skipped: usize,
+        }
+        #[derive(Serialize)]
+        struct MetricJson<'a> {
+            bench: &'a str,
+            measure: &'a str,
+            better: &'static str,
+            baseline: Option<f64>,
+            current: Option<f64>,
+            change_pct: Option<f64>,
+            threshold_pct: f64,
+            status: &'static str,
+        }
+        #[derive(Serialize)]
+        struct Summary<'a> {
+            verdict: &'static str,
+            counts: Counts,
+            metrics: Vec<MetricJson<'a>>,
+        }
+        let summary = Summary {
+            verdict: if self.failed() { "fail" } else { "pass" },
+            counts: Counts {
+                metrics: self.rows.len(),
+                regressed: self.count(Verdict::Regressed),
+                missing: self.count(Verdict::Missing),
+                improved: self.count(Verdict::Improved),
+                new: self.count(Verdict::New),
+                ok: self.count(Verdict::Ok),
+                skipped: self.skipped,
+            },
+            metrics: self
+                .rows
+                .iter()
+                .map(|r| MetricJson {
+                    bench: &r.bench,
+                    measure: &r.measure,
+                    better: match direction(&r.measure) {
+                        Some(Better::Higher) => "higher",
+                        _ => "lower",
+                    },
+                    baseline: r.baseline,
+                    current: r.current,
+                    change_pct: r.change_pct.filter(|c| c.is_finite()),
+                    threshold_pct: r.threshold_pct,
+                    status: r.verdict.name(),
+                })
+                .collect(),
+        };
+        let mut text = serde_json::to_string_pretty(&summary).expect("a summary serializes");
+        text.push('\n');
+        text
+    }
+
+    /// The verdict as markdown for a pull request's comment
+    /// (`--summary-md`): the verdict line, then one table of every metric,
+    /// what fails the gate first ([`Verdict::BY_URGENCY`]).
+    pub fn summary_md(&self) -> String {
+        let mut out = String::new();
+        // `**FAIL**: 4 metrics, ...`
+        let _ = writeln!(out, "**{}", self.verdict_line().replacen(':', "**:", 1));
+        let _ = writeln!(out);
+        if self.rows.is_empty() {
+            let _ = writeln!(out, "No metrics compared.");
+        } else {
+            let _ = writeln!(
+                out,
+                "| bench | measure | baseline | current | change | threshold | status |"
+            );
+            let _ = writeln!(out, "|---|---|--:|--:|--:|--:|---|");
+            for verdict in Verdict::BY_URGENCY {
+                for r in self.rows.iter().filter(|r| r.verdict == verdict) {
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {} | {} | {} | {}% | {} |",
+                        md_code(&r.bench),
+                        md_code(&r.measure),
+                        r.baseline.map_or("-".into(), human),
+                        r.current.map_or("-".into(), human),
+                        r.change_pct.map_or("-".into(), |c| format!("{c:+.2}%")),
+                        r.threshold_pct,
+                        r.verdict.label(),
+                    );
+                }
+            }
+        }
+        if self.skipped > 0 {
+            let _ = writeln!(out);
+            let _ = writeln!(out, "{} baseline metrics outside --filter skipped.", self.skipped);
+        }
         out
     }
+}
+
+/// `text` as a markdown code span inside a table cell: a `|` would end the
+/// cell, so it is escaped (GitHub honours `\|` even in code), and a
+/// backtick would end the span, so it becomes `'`.
+fn md_code(text: &str) -> String {
+    format!("`{}`", text.replace('`', "'").replace('|', "\\|"))
 }
 
 /// A value with an SI suffix and four significant digits, for the table.
@@ -482,6 +619,69 @@ mod tests {
         let summary = c.summary();
         assert!(summary.contains("improved beyond threshold"), "{summary}");
         assert!(summary.ends_with("FAIL: 2 metrics, 1 regressed, 0 missing, 1 improved, 0 new\n"));
+    }
+
+    #[test]
+    fn the_markdown_summary_has_the_verdict_on_top_and_regressions_first() {
+        let c = compare(
+            &report(&[
+                ("a", "instructions", 100.0),
+                ("b|c", "latency", 1e3),
+                ("z", "bandwidth", 1e9),
+            ]),
+            &report(&[
+                ("a", "instructions", 100.0),
+                ("b|c", "latency", 1.1e3),
+                ("z", "bandwidth", 2e9),
+            ]),
+            &Thresholds::default(),
+            |_| true,
+        )
+        .unwrap();
+        let md = c.summary_md();
+        let lines: Vec<&str> = md.lines().collect();
+        assert_eq!(lines[0], "**FAIL**: 3 metrics, 1 regressed, 0 missing, 1 improved, 0 new");
+        assert_eq!(
+            lines[2],
+            "| bench | measure | baseline | current | change | threshold | status |"
+        );
+        assert_eq!(
+            lines[4..],
+            [
+                "| `b\\|c` | `latency` | 1000.0 | 1100.0 | +10.00% | 5% | REGRESSED |",
+                "| `z` | `bandwidth` | 1.000G | 2.000G | +100.00% | 5% | IMPROVED |",
+                "| `a` | `instructions` | 100.0 | 100.0 | +0.00% | 2% | ok |",
+            ]
+        );
+        let empty =
+            compare(&Report::default(), &Report::default(), &Thresholds::default(), |_| true)
+                .unwrap();
+        assert!(empty.summary_md().starts_with("**PASS**: 0 metrics"), "{}", empty.summary_md());
+    }
+
+    #[test]
+    fn the_json_summary_counts_each_status_and_has_no_infinity() {
+        let c = compare(
+            &report(&[("a", "instructions", 0.0), ("b", "latency", 5.0), ("gone", "latency", 1.0)]),
+            &report(&[("a", "instructions", 7.0), ("b", "latency", 5.0)]),
+            &Thresholds::default(),
+            |_| true,
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&c.summary_json()).unwrap();
+        assert_eq!(v["verdict"], "fail");
+        let counts = &v["counts"];
+        assert_eq!(
+            (&counts["regressed"], &counts["missing"], &counts["ok"]),
+            (&1.into(), &1.into(), &1.into())
+        );
+        let a = &v["metrics"][0];
+        // From 0 the change is infinite: null, as JSON has no infinity.
+        assert_eq!(
+            (&a["bench"], &a["status"], &a["change_pct"]),
+            (&"a".into(), &"regressed".into(), &serde_json::Value::Null)
+        );
+        assert_eq!(v["metrics"][2]["current"], serde_json::Value::Null, "missing");
     }
 
     #[test]

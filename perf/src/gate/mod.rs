@@ -29,6 +29,9 @@ pub enum GateError {
     Measure(#[from] UnknownMeasure),
     #[error("no baseline at {0}: write one with --update-baseline")]
     NoBaseline(PathBuf),
+    /// A summary file (`--summary-json`, `--summary-md`) could not be written.
+    #[error("{option} {}: {source}", path.display())]
+    Write { option: &'static str, path: PathBuf, source: std::io::Error },
     /// Arguments that do not fit together (exit 2, as clap's errors).
     #[error("{0}")]
     Usage(String),
@@ -61,6 +64,43 @@ pub enum Suite {
     Small,
     /// Every workload.
     Full,
+}
+
+/// Where the verdict goes besides stdout (`gate` and `compare`).
+#[derive(Debug, Args)]
+pub struct SummaryFiles {
+    /// Also write the verdict as JSON to FILE: pass or fail, the count of
+    /// each status, and per metric its bench, measure, baseline, current,
+    /// change and threshold (percent) and status.
+    #[arg(long, value_name = "FILE")]
+    pub summary_json: Option<PathBuf>,
+    /// Also write the verdict as markdown to FILE, for a pull request's
+    /// comment: the verdict line, then a table of the metrics, regressions
+    /// first.
+    #[arg(long, value_name = "FILE")]
+    pub summary_md: Option<PathBuf>,
+}
+
+impl SummaryFiles {
+    /// Writes the summaries asked for, making their directories (as the
+    /// results file's), so that CI can name a path under target/.
+    pub fn write(&self, c: &compare::Comparison) -> Result<(), GateError> {
+        let files = [
+            ("--summary-json", &self.summary_json, c.summary_json()),
+            ("--summary-md", &self.summary_md, c.summary_md()),
+        ];
+        for (option, path, text) in files {
+            let Some(path) = path else { continue };
+            let write = || -> std::io::Result<()> {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)?;
+                }
+                std::fs::write(path, text)
+            };
+            write().map_err(|source| GateError::Write { option, path: path.clone(), source })?;
+        }
+        Ok(())
+    }
 }
 
 /// The gate's options.
@@ -116,6 +156,8 @@ pub struct GateArgs {
     /// --app-arg=2,3`). Repeatable.
     #[arg(long = "app-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub app_args: Vec<String>,
+    #[command(flatten)]
+    pub summary: SummaryFiles,
 }
 
 const BASELINES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/baselines");
@@ -233,6 +275,7 @@ pub fn run(args: &GateArgs) -> Result<u8, GateError> {
     // is the error below (or the baseline written), not a PASS of "new"s.
     if baseline.is_some() || args.update_baseline {
         print!("{}", comparison.summary());
+        args.summary.write(&comparison)?;
     }
     eprintln!("gate: {:.0} s", started.elapsed().as_secs_f64());
 
@@ -260,6 +303,7 @@ pub fn compare_files(
     baseline: &Path,
     current: &Path,
     thresholds: &[String],
+    summary: &SummaryFiles,
 ) -> Result<u8, GateError> {
     let mut t = Thresholds::default();
     for s in thresholds {
@@ -268,5 +312,6 @@ pub fn compare_files(
     let c = compare::compare(&Report::read(baseline)?, &Report::read(current)?, &t, |_| true)?;
     print!("{}", c.table());
     print!("{}", c.summary());
+    summary.write(&c)?;
     Ok(c.exit_code())
 }
