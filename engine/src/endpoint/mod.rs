@@ -586,6 +586,27 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
+    /// Copies the bytes of span `src` into region `dst` at `offset`, one
+    /// registered region to another (or within one; the ranges may
+    /// overlap) without passing through the caller's memory. Read both
+    /// after the completions that say they were written.
+    pub fn copy_mem(&mut self, src: Span, dst: MrId, offset: u64) -> Result<(), Error> {
+        self.check_span(&src)?;
+        self.check_span(&Span { mr: dst, offset, len: src.len })?;
+        if src.len > 0 {
+            let n = src.len as usize;
+            self.dev.copy_region(src.mr, src.offset as usize, dst, offset as usize, n);
+        }
+        Ok(())
+    }
+
+    /// The region registered (or attached) here under remote key `key`:
+    /// what a peer names when it hands a key back, as a token to
+    /// invalidate.
+    pub fn mr_by_key(&self, key: u64) -> Option<Mr> {
+        self.mem.by_key(key).copied()
+    }
+
     /// Checks that `span` lies in a registered region.
     #[inline]
     fn check_span(&self, span: &Span) -> Result<(), Error> {

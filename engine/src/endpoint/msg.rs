@@ -106,6 +106,25 @@ impl<D: Device> Endpoint<D> {
         self.send_msg(peer, src, Some(tag), Some(data), ctx)
     }
 
+    /// Sends the concatenation of `srcs` (one to four spans, as
+    /// `fi_sendv`) to `peer` as one message: a header and a payload kept in
+    /// different regions go out without first being copied together.
+    /// [`Error::Invalid`] for no span or more than four.
+    pub fn sendv(&mut self, peer: PeerId, srcs: &[Span], ctx: u64) -> Result<(), Error> {
+        self.send_msgv(peer, srcs, None, ctx)
+    }
+
+    /// [`Endpoint::sendv`] with CQ data the receiver's completion carries.
+    pub fn sendvdata(
+        &mut self,
+        peer: PeerId,
+        srcs: &[Span],
+        data: u64,
+        ctx: u64,
+    ) -> Result<(), Error> {
+        self.send_msgv(peer, srcs, Some(data), ctx)
+    }
+
     /// Sends `data`, copied now, in one packet, with no completion.
     pub fn inject(&mut self, peer: PeerId, data: &[u8]) -> Result<(), Error> {
         self.inject_msg(peer, data, None)
@@ -145,15 +164,30 @@ impl<D: Device> Endpoint<D> {
             && self.mem.get(src.mr).is_some_and(|m| m.access.contains(Access::REMOTE_READ))
     }
 
-    /// The protocol for a message of `len` bytes to `peer` now.
-    fn choose_proto(&self, peer: u32, src: &Span, tagged: bool, cq_data: bool) -> Proto {
+    /// Whether RDMA read works between us and `peer` for a source in every
+    /// span of `src`.
+    fn can_long_read_all(&self, peer: u32, src: &Sgl) -> bool {
+        src.segs().iter().all(|s| self.can_long_read(peer, s))
+    }
+
+    /// The protocol for a message of `len` bytes to `peer` now;
+    /// `readable` says whether the peer can read its source by RDMA (asked
+    /// only of a message long enough for it).
+    #[inline(always)]
+    fn choose_proto(
+        &self,
+        peer: u32,
+        len: u64,
+        tagged: bool,
+        cq_data: bool,
+        readable: impl FnOnce() -> bool,
+    ) -> Proto {
         let ptype = if tagged { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
         let room = (self.caps.mtu - self.req_header_len(ptype, peer, cq_data)) as u64;
         let eager_max = self.cfg.eager_max.map_or(room, |m| m.min(room));
-        let len = src.len;
         if len <= eager_max {
             Proto::Eager
-        } else if len >= self.cfg.long_read_min && self.can_long_read(peer, src) {
+        } else if len >= self.cfg.long_read_min && readable() {
             let p = self.peers.get(peer).expect("live peer");
             let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight);
             if p.supports(extra::RUNTING_READ) && runt > 0 {
@@ -196,10 +230,12 @@ impl<D: Device> Endpoint<D> {
         if dc {
             self.check_dc(peer.0)?;
         }
-        let proto = self.choose_proto(peer.0, &src, tag.is_some(), cq_data.is_some());
+        let proto = self.choose_proto(peer.0, src.len, tag.is_some(), cq_data.is_some(), || {
+            self.can_long_read(peer.0, &src)
+        });
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
-            return self.send_msg_op(peer, src, proto, tag, cq_data, ctx);
+            return self.send_msg_op(peer, src, None, proto, tag, cq_data, ctx);
         }
         // The packet is the whole operation; its TX buffer remembers what
         // to report.
@@ -228,13 +264,69 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
+    /// An untagged message gathered from several spans: eager at once
+    /// when it fits a packet, each span copied into it; otherwise an
+    /// operation entry whose protocols walk the spans as they walk a
+    /// receive's.
+    fn send_msgv(
+        &mut self,
+        peer: PeerId,
+        srcs: &[Span],
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), Error> {
+        if let [one] = srcs {
+            return self.send_msg(peer, *one, None, cq_data, ctx);
+        }
+        if srcs.is_empty() || srcs.len() > MAX_IOV {
+            return Err(Error::Invalid);
+        }
+        self.check_peer(peer)?;
+        let mut sgl = Sgl::EMPTY;
+        let mut total = 0u64;
+        for s in srcs {
+            self.check_span(s)?;
+            total = total.checked_add(s.len).ok_or(Error::TooLarge)?;
+            sgl.push(*s);
+        }
+        let dc = self.cfg.delivery_complete;
+        if dc {
+            self.check_dc(peer.0)?;
+        }
+        let proto = self.choose_proto(peer.0, total, false, cq_data.is_some(), || {
+            self.can_long_read_all(peer.0, &sgl)
+        });
+        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
+        if proto != Proto::Eager || !now || dc {
+            return self.send_msg_op(peer, srcs[0], Some(&sgl), proto, None, cq_data, ctx);
+        }
+        let msg_id = self.next_msg_id(peer.0);
+        let done = EagerSend { ctx, tag: 0, len: total as u32, peer: peer.0, tagged: false };
+        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        let hdr = self.emit_eager(buf, peer.0, msg_id, None, cq_data);
+        let mut at = hdr;
+        for s in sgl.segs() {
+            let n = s.len as usize;
+            if n > 0 {
+                self.dev.copy_from_region(s.mr, s.offset as usize, buf, at, n);
+            }
+            at += n;
+        }
+        self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at, None);
+        self.maybe_post();
+        Ok(())
+    }
+
     /// A message that needs an operation entry: a protocol other than
-    /// eager, delivery complete, or no TX buffer now.
+    /// eager, delivery complete, or no TX buffer now. Its source is `src`,
+    /// or the spans of `srcv` when given.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn send_msg_op(
         &mut self,
         peer: PeerId,
         src: Span,
+        srcv: Option<&Sgl>,
         proto: Proto,
         tag: Option<u64>,
         cq_data: Option<u64>,
@@ -249,7 +341,8 @@ impl<D: Device> Endpoint<D> {
         let (granted, awaiting_peer) = match proto {
             Proto::RuntRead => {
                 let p = self.peers.get_mut(peer.0).expect("checked peer");
-                let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight).min(src.len);
+                let len = srcv.map_or(src.len, Sgl::len);
+                let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight).min(len);
                 p.runt_in_flight += runt;
                 (runt, true)
             }
@@ -261,7 +354,13 @@ impl<D: Device> Endpoint<D> {
             .tx_ops
             .insert_with(|op| {
                 op.reset(TxKind::Msg, peer.0, proto, ctx);
-                op.set_src(src);
+                match srcv {
+                    Some(v) => {
+                        op.src = *v;
+                        op.total = v.len();
+                    }
+                    None => op.set_src(src),
+                }
                 op.tagged = tag.is_some();
                 op.tag = tag.unwrap_or(0);
                 op.cq_data = cq_data;
