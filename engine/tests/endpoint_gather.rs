@@ -134,3 +134,24 @@ fn a_region_is_found_by_its_key_until_deregistered() {
     w.eps[0].deregister(a.id).unwrap();
     assert_eq!(w.eps[0].mr_by_key(a.key), None);
 }
+
+#[test]
+fn a_cancelled_receive_takes_no_message_and_frees_its_region() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 64);
+    let a = w.register(1, 64);
+    let b = w.register(1, 64);
+    w.fill(0, &src, 4);
+    w.eps[1].recv(span(&a, 0, 64), None, 1).unwrap();
+    w.eps[1].recv(span(&b, 0, 64), None, 2).unwrap();
+    assert_eq!(w.eps[1].deregister(a.id), Err(Error::Busy));
+    assert!(w.eps[1].cancel_recv(1));
+    assert!(!w.eps[1].cancel_recv(1), "withdrawn once");
+    assert!(!w.eps[1].cancel_recv(9), "never posted");
+    assert_eq!(w.eps[1].deregister(a.id), Ok(()));
+    w.eps[0].send(to_b, span(&src, 0, 64), 3).unwrap();
+    w.drive_until(10_000, |w| w.done[1].len() == 1);
+    assert_eq!((w.done[1][0].ctx, w.done[1][0].len), (2, 64), "the other receive took it");
+    assert_eq!(w.eps[1].mem(b.id), (0..64).map(|i| pattern(4, i)).collect::<Vec<_>>());
+}

@@ -152,6 +152,20 @@ impl<D: Device> Endpoint<D> {
         self.post_recv_op(dst, Some(tag), from, ctx)
     }
 
+    /// Withdraws the earliest untagged receive posted with `ctx` that no
+    /// message has matched yet (as `fi_cancel`, without a completion);
+    /// returns whether there was one. Its buffer is the caller's again, to
+    /// deregister or repost. A linear search: set-up and teardown work.
+    pub fn cancel_recv(&mut self, ctx: u64) -> bool {
+        match self.matcher.withdraw_untagged(&mut self.posted, |_, p| p.ctx == ctx) {
+            Some(id) => {
+                self.posted.free(id);
+                true
+            }
+            None => false,
+        }
+    }
+
     pub(super) fn check_peer(&self, peer: PeerId) -> Result<(), Error> {
         if (peer.0 as usize) < self.peers.len() { Ok(()) } else { Err(Error::UnknownPeer) }
     }
