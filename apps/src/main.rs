@@ -65,8 +65,9 @@ enum Command {
     Streaming(StreamingArgs),
     /// The devices available here and their capabilities.
     Info,
-    /// Dissect EFA RDM v4 packets given as hex, one per argument or per
-    /// line of standard input; prints one JSON object per packet.
+    /// Dissect EFA RDM v4 packets (or, with --smbd, SMB Direct Data
+    /// Transfer messages) given as hex, one per argument or per line of
+    /// standard input; prints one JSON object per packet.
     ///
     /// Standard input is decoded line by line (empty lines skipped). A line
     /// that fails prints `{"error": ..., "line": N}` (N counts from 1) and
@@ -78,6 +79,10 @@ enum Command {
     /// has its error object), 2 for bad arguments.
     #[command(after_help = EXIT_STATUS)]
     Decode {
+        /// The bytes are SMB Direct Data Transfer messages (MS-SMBD 2.2.3),
+        /// each a segment as one send carries it: header, padding, data.
+        #[arg(long)]
+        smbd: bool,
         /// Packets as hex; read from standard input when none is given.
         packets: Vec<String>,
     },
@@ -374,7 +379,10 @@ pub(crate) fn reader_gone_is_ok(r: std::io::Result<()>) -> std::io::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Decode { packets } => decode::run(&packets),
+        Command::Decode { smbd, packets } => {
+            let format = if smbd { decode::Format::Smbd } else { decode::Format::Efa };
+            decode::run(&packets, format)
+        }
         Command::Info => info::run(),
         Command::Pingpong(b) => bench(resolve(App::Pingpong, b, 1)),
         Command::Streaming(s) => bench(resolve(App::Streaming, s.common, s.window)),
