@@ -333,12 +333,19 @@ fn check_sizes(app: App, op: OpKind, sizes: &[u64]) -> Result<(), String> {
             list()
         ));
     }
+    if op == OpKind::Smbd && sizes.contains(&0) {
+        return Err(format!(
+            "-S {}: an empty buffer is SMB Direct's empty message, which delivers nothing to \
+             the peer's application (MS-SMBD 3.1.5.4), so -o smbd takes sizes from 1 byte",
+            list()
+        ));
+    }
     // A zero-byte read, or a write without CQ data (streaming's), completes
     // here without reaching the peer: there would be nothing to time.
     let zero_stays_here = match op {
         OpKind::Read => true,
         OpKind::Write => app == App::Streaming,
-        OpKind::Send | OpKind::Tagged | OpKind::Atomic => false,
+        OpKind::Send | OpKind::Tagged | OpKind::Atomic | OpKind::Smbd => false,
     };
     if zero_stays_here && sizes.contains(&0) {
         return Err(format!(
