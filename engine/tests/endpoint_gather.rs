@@ -155,3 +155,81 @@ fn a_cancelled_receive_takes_no_message_and_frees_its_region() {
     assert_eq!((w.done[1][0].ctx, w.done[1][0].len), (2, 64), "the other receive took it");
     assert_eq!(w.eps[1].mem(b.id), (0..64).map(|i| pattern(4, i)).collect::<Vec<_>>());
 }
+
+/// Sends `len` bytes from 0 to 1 into a receive scattered over three
+/// spans of two regions (posted before the message, or after it arrived
+/// unexpected); checks each span got its part.
+fn scattered(w: &mut World, len: u64, post_first: bool, remote_read: bool) {
+    let to_b = w.connect(0, 1);
+    let access = if remote_read { Access::REMOTE_READ } else { Access::empty() };
+    let src = w.eps[0].register(len.max(1), access).unwrap();
+    w.fill(0, &src, 7);
+    let hdr = w.register(1, 64);
+    let body = w.register(1, 2 * len + 64);
+    let head = len.min(24);
+    let cut = (len - head) / 2;
+    // Room for the message and 10 bytes more: the last span is not filled.
+    let dst =
+        [span(&hdr, 8, head), span(&body, len + 40, cut), span(&body, 0, len - head - cut + 10)];
+    let (s0, r0) = (w.done[0].len(), w.done[1].len());
+    if post_first {
+        w.eps[1].recvv(&dst, None, 5).unwrap();
+    }
+    w.eps[0].send(to_b, span(&src, 0, len), 6).unwrap();
+    if !post_first {
+        w.settle();
+        w.eps[1].recvv(&dst, None, 5).unwrap();
+    }
+    w.drive_until(1_000_000, |w| w.done[0].len() > s0 && w.done[1].len() > r0);
+    let got = w.done[1][r0];
+    assert_eq!((got.status, got.len, got.ctx), (Status::Ok, len, 5), "len {len}");
+    let want: Vec<u8> = (0..len).map(|i| pattern(7, i)).collect();
+    let (h, b) = (w.eps[1].mem(hdr.id), w.eps[1].mem(body.id));
+    let mut landed = h[8..8 + head as usize].to_vec();
+    landed.extend_from_slice(&b[(len + 40) as usize..(len + 40 + cut) as usize]);
+    landed.extend_from_slice(&b[..(len - head - cut) as usize]);
+    let first_bad = landed.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(first_bad, None, "len {len} post_first {post_first}");
+}
+
+#[test]
+fn a_scattered_receive_takes_a_message_by_every_protocol() {
+    for post_first in [true, false] {
+        for (len, remote_read) in
+            [(0, false), (5, false), (3000, false), (40_000, false), (200_000, false)]
+        {
+            let mut w = World::pair(SimConfig::default(), Config::default());
+            scattered(&mut w, len, post_first, remote_read);
+        }
+        let cfg = Config { handshake_on_insert: true, ..Config::on_host() };
+        let mut w = World::pair(SimConfig::default(), cfg);
+        w.connect(0, 1);
+        w.connect(1, 0);
+        w.settle();
+        scattered(&mut w, 300_000, post_first, true);
+        assert!(w.eps[1].counters().rdma_reads > 0, "read by RDMA");
+    }
+}
+
+#[test]
+fn a_scattered_receive_truncates_and_holds_its_regions() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 100);
+    let a = w.register(1, 64);
+    let b = w.register(1, 64);
+    assert_eq!(w.eps[1].recvv(&[], None, 1), Err(Error::Invalid));
+    assert_eq!(w.eps[1].recvv(&[span(&a, 0, 1); 5], None, 1), Err(Error::Invalid));
+    assert_eq!(w.eps[1].recvv(&[span(&a, 0, 1), span(&b, 60, 5)], None, 1), Err(Error::BadSpan));
+    w.eps[1].recvv(&[span(&a, 0, 30), span(&b, 0, 30)], None, 1).unwrap();
+    assert_eq!(w.eps[1].deregister(b.id), Err(Error::Busy), "a posted receive's span");
+    w.eps[0].send(to_b, span(&src, 0, 100), 2).unwrap();
+    w.drive_until(10_000, |w| w.done[1].len() == 1);
+    assert_eq!(w.done[1][0].status, Status::Truncated { olen: 100 });
+    assert_eq!(w.done[1][0].len, 60);
+    assert_eq!(w.eps[1].deregister(b.id), Ok(()), "free once it completed");
+    // Withdrawn, a scattered receive holds nothing either.
+    w.eps[1].recvv(&[span(&a, 0, 30), span(&a, 30, 30)], None, 3).unwrap();
+    assert!(w.eps[1].cancel_recv(3));
+    assert_eq!(w.eps[1].deregister(a.id), Ok(()));
+}

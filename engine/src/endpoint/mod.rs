@@ -298,6 +298,9 @@ pub struct Endpoint<D: Device> {
     rx_ops: Slab<RxOp>,
     /// Receives waiting for a message.
     posted: Slab<Posted>,
+    /// The spans of posted receives that scatter (`recvv`), by the
+    /// entry's slab index; empty where none is.
+    scattered: Vec<ops::Sgl>,
     matcher: Matcher,
     txq: TxQueue,
     bufs: BufLayout,
@@ -389,6 +392,7 @@ impl<D: Device> Endpoint<D> {
                 RxOp::new(ops::RxKind::Msg, ops::RxState::Unexpected),
             ),
             posted: Slab::with_capacity(rx_ops, Posted::BLANK),
+            scattered: Vec::new(),
             matcher: Matcher::with_capacity(rx_ops),
             txq: TxQueue::new(tx, tx_ops + rx_ops),
             bufs,
@@ -523,6 +527,7 @@ impl<D: Device> Endpoint<D> {
             a.is_some_and(|a| [a.result, a.compare].iter().flatten().any(|s| s.mr == mr))
         };
         self.posted.live().any(|p| p.dst.mr == mr)
+            || self.scattered.iter().any(uses)
             || self.rx_ops.live().any(|op| uses(&op.dst))
             || self.tx_ops.live().any(|op| uses(&op.src) || atomic_uses(&op.atomic))
             || self.tx_gathers_from(mr)

@@ -9,7 +9,7 @@ use super::peer::NONE;
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
-use crate::device::{Access, BufId, DataSeg, Device, Source};
+use crate::device::{Access, BufId, DataSeg, Device, MrId, Source};
 use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, EagerRtm, PacketType, extra};
 
 /// What an arriving message is, by its REQ type: protocol, tagged,
@@ -77,7 +77,22 @@ fn copy_in_span<D: Device>(
     }
 }
 
+/// The region of a posted receive's span that says its spans are in the
+/// endpoint's table of scattered receives (`recvv`).
+pub(super) const SCATTERED: MrId = MrId(u32::MAX - 1);
+
 impl<D: Device> Endpoint<D> {
+    /// The spans of scattered receive `id` (posted with `dst`), taken out of
+    /// the table.
+    #[inline(never)]
+    fn take_scattered(&mut self, id: u32, dst: &Span) -> Sgl {
+        if dst.mr != SCATTERED {
+            return Sgl::EMPTY;
+        }
+        let slot = &mut self.scattered[super::slab::index(id)];
+        std::mem::replace(slot, Sgl::EMPTY)
+    }
+
     /// Sends `src` to `peer`; completes with `ctx` once the data left (or,
     /// with delivery complete, reached the receive buffer).
     pub fn send(&mut self, peer: PeerId, src: Span, ctx: u64) -> Result<(), Error> {
@@ -138,7 +153,29 @@ impl<D: Device> Endpoint<D> {
     /// Posts a receive for the next untagged message (from `from`, or any
     /// peer); completes with `ctx`.
     pub fn recv(&mut self, dst: Span, from: Option<PeerId>, ctx: u64) -> Result<(), Error> {
-        self.post_recv_op(dst, None, from, ctx)
+        self.post_recv_op(dst, None, None, from, ctx)
+    }
+
+    /// Posts a receive for the next untagged message (from `from`, or any
+    /// peer) that scatters it over `dst`, one to four spans in order (as
+    /// `fi_recvv`): a header and a payload kept apart without a copy.
+    /// [`Error::Invalid`] for no span or more than four.
+    pub fn recvv(&mut self, dst: &[Span], from: Option<PeerId>, ctx: u64) -> Result<(), Error> {
+        if let [one] = dst {
+            return self.recv(*one, from, ctx);
+        }
+        if dst.is_empty() || dst.len() > MAX_IOV {
+            return Err(Error::Invalid);
+        }
+        let mut sgl = Sgl::EMPTY;
+        let mut total = 0u64;
+        for s in dst {
+            self.check_span(s)?;
+            total = total.checked_add(s.len).ok_or(Error::TooLarge)?;
+            sgl.push(*s);
+        }
+        let marker = Span { mr: SCATTERED, offset: 0, len: total };
+        self.post_recv_op(marker, Some(&sgl), None, from, ctx)
     }
 
     /// Posts a receive for the next tagged message whose tag matches.
@@ -149,7 +186,7 @@ impl<D: Device> Endpoint<D> {
         from: Option<PeerId>,
         ctx: u64,
     ) -> Result<(), Error> {
-        self.post_recv_op(dst, Some(tag), from, ctx)
+        self.post_recv_op(dst, None, Some(tag), from, ctx)
     }
 
     /// Withdraws the earliest untagged receive posted with `ctx` that no
@@ -159,7 +196,9 @@ impl<D: Device> Endpoint<D> {
     pub fn cancel_recv(&mut self, ctx: u64) -> bool {
         match self.matcher.withdraw_untagged(&mut self.posted, |_, p| p.ctx == ctx) {
             Some(id) => {
-                self.posted.free(id);
+                if let Some(Posted { dst, .. }) = self.posted.take(id) {
+                    self.take_scattered(id, &dst);
+                }
                 true
             }
             None => false,
@@ -420,15 +459,20 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
+    /// Posts a receive into `dst`, or, given `sgl`, into its spans (`dst`
+    /// then only marks it, [`SCATTERED`], with the total length).
     #[inline(always)]
     fn post_recv_op(
         &mut self,
         dst: Span,
+        sgl: Option<&Sgl>,
         tag: Option<TagMatch>,
         from: Option<PeerId>,
         ctx: u64,
     ) -> Result<(), Error> {
-        self.check_span(&dst)?;
+        if sgl.is_none() {
+            self.check_span(&dst)?;
+        }
         if let Some(p) = from {
             self.check_peer(p)?;
         }
@@ -441,7 +485,10 @@ impl<D: Device> Endpoint<D> {
                 let (buf, total, tagged, tag, cq_data, peer) =
                     (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
                 let from = self.rx_meta[buf as usize].payload_off as usize;
-                copy_in_span(&mut self.dev, buf, from, &dst, 0, total);
+                match sgl {
+                    Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
+                    None => copy_in_span(&mut self.dev, buf, from, &dst, 0, total),
+                }
                 self.report_rx(Op::Recv, ctx, total, dst.len, tagged, tag, cq_data, peer);
                 self.release_rx(buf);
                 self.rx_ops.free(id);
@@ -450,7 +497,7 @@ impl<D: Device> Endpoint<D> {
             }
             op.state = RxState::Matched;
             op.ctx = ctx;
-            op.dst = Sgl::one(dst);
+            op.dst = sgl.copied().unwrap_or_else(|| Sgl::one(dst));
             self.deliver_held(id);
             return Ok(());
         }
@@ -459,6 +506,16 @@ impl<D: Device> Endpoint<D> {
             .posted
             .insert(Posted { link: Link::NONE, want_peer, ctx, seq, dst })
             .ok_or(Error::Again)?;
+        if let Some(sgl) = sgl {
+            // Kept beside the entry, which is one cache line with room for
+            // one span (see `Posted`); growing the table is a cold path,
+            // as slab indices are reused.
+            let i = super::slab::index(id);
+            if self.scattered.len() <= i {
+                self.scattered.resize(i + 1, Sgl::EMPTY);
+            }
+            self.scattered[i] = *sgl;
+        }
         self.next_seq += 1;
         self.matcher.post(&mut self.posted, id, tag);
         // A message that waited for room may be an eager one this receive
@@ -532,7 +589,12 @@ impl<D: Device> Endpoint<D> {
         };
         let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
         let total = (len - e.payload_off) as u64;
-        copy_in_span(&mut self.dev, buf, e.payload_off, &dst, 0, total);
+        if dst.mr == SCATTERED {
+            let sgl = self.take_scattered(pid, &dst);
+            copy_in(&mut self.dev, buf, e.payload_off, &sgl, 0, total);
+        } else {
+            copy_in_span(&mut self.dev, buf, e.payload_off, &dst, 0, total);
+        }
         self.report_rx(Op::Recv, ctx, total, dst.len, e.tagged, e.tag, e.cq_data, peer);
         self.release_rx(buf);
         true
@@ -591,10 +653,15 @@ impl<D: Device> Endpoint<D> {
             return true;
         };
         let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
+        let sgl = (dst.mr == SCATTERED).then(|| self.take_scattered(pid, &dst));
         if !needs_entry {
             // The whole message is here and nothing answers it: land it
             // and report it without recording it in an entry.
-            copy_in_span(&mut self.dev, buf, info.payload_off as usize, &dst, 0, total);
+            let from = info.payload_off as usize;
+            match &sgl {
+                Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
+                None => copy_in_span(&mut self.dev, buf, from, &dst, 0, total),
+            }
             self.report_rx(Op::Recv, ctx, total, dst.len, tagged, info.tag, info.cq_data, peer);
             self.release_rx(buf);
             return true;
@@ -604,7 +671,10 @@ impl<D: Device> Endpoint<D> {
             .insert_with(|op| {
                 op.reset(RxKind::Msg, RxState::Matched);
                 op.ctx = ctx;
-                op.dst.set_one(dst);
+                match sgl {
+                    Some(sgl) => op.dst = sgl,
+                    None => op.dst.set_one(dst),
+                }
             })
             .expect("room checked");
         self.set_message(id, buf, peer, proto, tagged, dc, total, info);
