@@ -821,3 +821,107 @@ fn random_segments_never_panic_the_receiver() {
     }
     assert!(verdicts.len() >= 4, "the fuzz reaches several outcomes: {verdicts:?}");
 }
+
+/// With buffers posted further ahead than the receives that carry the
+/// messages, a receive is posted into the buffer of the message it will
+/// carry: single-segment messages land
+/// where they go and nothing is copied; multi-segment ones, empty messages
+/// between them and a DataOffset the receiver did not expect land
+/// elsewhere and are copied, every byte still in its place.
+#[test]
+fn receives_posted_into_the_application_buffers_land_messages_in_place() {
+    let run = |sizes: &[u64], empties_every: usize, data_offset: u32| {
+        let cfg = Config { data_offset, ..Config::default() };
+        let params = small(1364, 8);
+        let mut p = Pair::new(SimConfig::default(), [params; 2], cfg, false);
+        let total: u64 = sizes.iter().sum();
+        let src = p.w.register(0, total);
+        let dst = p.w.register(1, total);
+        let empty = p.w.register(0, 8);
+        p.w.fill(0, &src, 4);
+        let mut at = 0;
+        let mut spans = Vec::new();
+        for &len in sizes {
+            spans.push(span(&dst, at, len));
+            at += len;
+        }
+        let mut next_recv = 0;
+        let mut next_send = 0;
+        let mut at = 0;
+        while p.received(1).len() < sizes.len() {
+            // The receiver keeps buffers ahead of what it has: more than
+            // the 8 receives that carry the messages.
+            while next_recv < sizes.len() && next_recv < p.received(1).len() + 16 {
+                let (c, ep) = p.conn(1);
+                c.recv(ep, spans[next_recv], next_recv as u64).unwrap();
+                next_recv += 1;
+            }
+            if next_send < sizes.len() {
+                let (c, ep) = p.conn(0);
+                let s = span(&src, at, sizes[next_send]);
+                if c.send(ep, s, None, next_send as u64).is_ok() {
+                    at += sizes[next_send];
+                    next_send += 1;
+                    if empties_every > 0 && next_send % empties_every == 0 {
+                        c.send(ep, span(&empty, 0, 0), None, 1 << 40).unwrap();
+                    }
+                }
+            }
+            p.step();
+        }
+        let got = p.w.eps[1].mem(dst.id);
+        let bad = (0..total).find(|&i| got[i as usize] != pattern(4, i));
+        assert_eq!(bad, None, "{sizes:?} empties {empties_every} offset {data_offset}");
+        assert!(p.received(1).iter().all(|r| r.2 == RecvStatus::Ok));
+        p.conns[1].as_ref().unwrap().stats().in_place
+    };
+    let single: Vec<u64> = (0..200).map(|i| 1 + (i * 131) % 1340).collect();
+    let n = run(&single, 0, 24);
+    assert!(n > 150, "single-segment messages land in place: {n} of 200");
+    // Messages of 1 to 4 segments, empty messages, another DataOffset.
+    let mixed: Vec<u64> = (0..200).map(|i| 1 + (i * 997) % 5000).collect();
+    run(&mixed, 0, 24);
+    run(&single, 3, 24);
+    run(&mixed, 5, 24);
+    let n = run(&single, 0, 32);
+    assert!(n > 150, "once the receiver knows the peer's DataOffset: {n}");
+}
+
+/// A terminated connection gives a buffer back only once no receive is
+/// posted into it: at once for most, after `close` withdrew the receives
+/// for the ones the next messages were to land in.
+#[test]
+fn a_buffer_a_receive_is_posted_into_comes_back_after_the_receive() {
+    let mut p = Pair::raw(small(1364, 4));
+    let dst = p.w.register(0, 800);
+    for i in 0..8 {
+        let (c, ep) = p.conn(0);
+        c.recv(ep, span(&dst, i * 100, 100), i).unwrap();
+    }
+    // Two messages delivered; their receives, posted again, go into the
+    // buffers of the messages they can carry at the latest.
+    p.raw_send(&segment(0, Flags::empty(), 0, 24, &[1; 100]), None);
+    p.raw_send(&segment(0, Flags::empty(), 0, 24, &[2; 100]), None);
+    p.settle();
+    assert_eq!(p.received(0).len(), 2);
+    let mut bad = segment(0, Flags::empty(), 0, 24, b"x");
+    bad[12] = 25;
+    p.raw_send(&bad, None);
+    p.settle();
+    assert!(p.terminated(0).is_some());
+    let back = |p: &Pair| {
+        let mut v: Vec<u64> =
+            p.received(0).iter().filter(|r| r.2 == RecvStatus::Terminated).map(|r| r.0).collect();
+        v.sort_unstable();
+        v
+    };
+    let at_once = back(&p);
+    assert!(at_once.len() < 6, "some wait for their receives: {at_once:?}");
+    // Written while posted: the endpoint will not let the region go.
+    assert_eq!(p.w.eps[0].deregister(dst.id), Err(EpError::Busy));
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.close(ep), Ok(()));
+    p.step();
+    assert_eq!(back(&p), (2..8).collect::<Vec<u64>>(), "every buffer, once");
+    assert_eq!(p.w.eps[0].deregister(dst.id), Ok(()));
+}

@@ -38,8 +38,8 @@ pub enum OpKind {
     Atomic,
     /// Untagged messages framed as SMB Direct data transfer (MS-SMBD
     /// 3.1.5.4): segments of at most the largest size + 24 bytes (1 MiB +
-    /// 24 at most), credits, reassembly into the receive buffer (-c checks
-    /// the reassembled message). Sizes from 1 B.
+    /// 24 at most), a window of credits, reassembly into the receive buffer
+    /// (-c checks the reassembled message). Sizes from 1 B.
     Smbd,
 }
 
@@ -155,13 +155,16 @@ const SMBD_RECEIVE_BYTES: u64 = 64 << 20;
 /// What both sides of an smbd run negotiate, from the run's parameters
 /// alone (both sides have the same): segments that hold the largest
 /// message (1 MiB at most), messages up to the largest size, and credits
-/// for two windows of segments, 16 to 255, fewer where the receives would
-/// take over 64 MiB.
+/// for a window of segments, 16 to 255, fewer where the receives would
+/// take over 64 MiB. Streaming's receiver keeps two windows of buffers
+/// posted: more than the receives, so that each receive is posted into
+/// the buffer its message goes to and nothing is copied
+/// (`efapoll::ulp::smbd`'s direct placement).
 pub fn smbd_params(p: &Params) -> smbd::Params {
     let largest = p.max_size().max(CTL_LEN);
     let segment = (largest + smbd::DEFAULT_DATA_OFFSET as u64).min(SMBD_SEGMENT_MAX);
     let by_memory = (SMBD_RECEIVE_BYTES / segment).max(4);
-    let credits = (2 * p.window as u64).clamp(16, 255).min(by_memory) as u16;
+    let credits = (p.window as u64).clamp(16, 255).min(by_memory) as u16;
     let max_message = u32::try_from(largest).unwrap_or(u32::MAX);
     smbd::Params::symmetric(segment as u32, max_message, credits)
 }

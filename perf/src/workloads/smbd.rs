@@ -22,16 +22,18 @@ fn endpoints() -> Pair<ShmDevice> {
 }
 
 /// The parameters `efapoll streaming -o smbd` negotiates for one size and
-/// window: a segment holds a message (up to 1 MiB), two windows of
-/// credits, at most 64 MiB of receives.
+/// window: a segment holds a message (up to 1 MiB), a window of credits,
+/// at most 64 MiB of receives.
 pub fn params(len: u64, window: u64) -> Params {
     let segment = len + smbd::DEFAULT_DATA_OFFSET as u64;
-    let credits = (2 * window).clamp(16, 255).min(((64 * MIB) / segment).max(4));
+    let credits = window.clamp(16, 255).min(((64 * MIB) / segment).max(4));
     Params::symmetric(segment as u32, len as u32, credits as u16)
 }
 
 /// Messages of one size from a to b, `window` in flight, framed as SMB
-/// Direct data transfer; one operation is one message.
+/// Direct data transfer; one operation is one message. The receiver keeps
+/// two windows of buffers posted, as `efapoll streaming` does: more than
+/// its receives, so that they are posted into the buffers.
 struct SmbdStream<D: Device> {
     p: Pair<D>,
     c: [Connection; 2],
@@ -63,7 +65,7 @@ impl<D: Device> Runner for SmbdStream<D> {
         let [ca, cb] = c;
         let (mut posted, mut sent, mut recvd, mut sdone) = (0u64, 0u64, 0u64, 0u64);
         while recvd < n || sdone < n {
-            while posted < n && posted - recvd < window {
+            while posted < n && posted - recvd < 2 * window {
                 cb.recv(&mut p.b, Span::new(dst, 0, len), posted).unwrap();
                 posted += 1;
             }

@@ -83,6 +83,9 @@ pub struct Stats {
     pub responses_requested: u64,
     /// Tokens the peer had invalidated here.
     pub tokens_invalidated: u64,
+    /// Data segments that landed where their message goes, by a receive
+    /// posted into the application's buffer: no copy.
+    pub in_place: u64,
 }
 
 /// A message queued or being sent.
@@ -102,6 +105,31 @@ struct TxMsg {
 struct AppBuf {
     dst: Span,
     ctx: u64,
+    /// A posted receive scatters into it (see [`Landing`]); never twice.
+    placed: bool,
+    /// Given back to the application by a terminated connection.
+    released: bool,
+}
+
+/// Where a receive posted into an application buffer puts a segment's
+/// bytes: `head` bytes in the slot, the next `len` in the buffer of
+/// message `seq`, the rest in the slot again at their own offsets.
+///
+/// A receive is posted so only for the message it can carry at the latest:
+/// behind `q` receives not yet handled, a segment belongs at most to the
+/// message after the `q` that each of those could start, `seen + q`.
+/// Its true message is that one or an earlier one, so that buffer is
+/// handed to the application only once this receive was handled (its
+/// message's last segment comes at or after it), and what landed in a
+/// buffer that is not its message's is copied out, in order, before that
+/// buffer is written. Only a message's first segment can land in its own
+/// buffer, at offset 0 when DataOffset is `head`: then nothing is copied.
+#[derive(Debug, Clone, Copy)]
+struct Landing {
+    seq: u64,
+    dst: Span,
+    head: u64,
+    len: u64,
 }
 
 /// A receive slot's completion, waiting for the slots matched before it.
@@ -116,6 +144,7 @@ struct Arrival {
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     slot: u16,
+    landing: Option<Landing>,
     data_offset: u32,
     offset: u64,
     len: u32,
@@ -163,6 +192,15 @@ pub struct Connection {
     tx_front_seq: u64,
     next_post: usize,
     apps: VecDeque<AppBuf>,
+    /// Messages whose buffer came before the front's: the front's
+    /// sequence number.
+    apps_front_seq: u64,
+    /// Messages whose first segment was handled.
+    msgs_seen: u64,
+    /// Per receive slot: the application buffer it was posted into.
+    landings: Vec<Option<Landing>>,
+    /// The peer's DataOffset, as its last data segment said.
+    peer_data_offset: u32,
     pending: VecDeque<Pending>,
     rx_msg: Option<RxMsg>,
     /// The message arriving carried a token already.
@@ -221,6 +259,10 @@ impl Connection {
             tx_front_seq: 0,
             next_post: 0,
             apps: VecDeque::with_capacity(cfg.recv_queue as usize),
+            apps_front_seq: 0,
+            msgs_seen: 0,
+            landings: vec![None; slots],
+            peer_data_offset: super::DEFAULT_DATA_OFFSET,
             pending: VecDeque::with_capacity(slots),
             rx_msg: None,
             token_in_msg: false,
@@ -354,7 +396,7 @@ impl Connection {
         if self.apps.len() >= self.cfg.recv_queue as usize {
             return Err(RecvError::Again);
         }
-        self.apps.push_back(AppBuf { dst, ctx });
+        self.apps.push_back(AppBuf { dst, ctx, placed: false, released: false });
         self.deliver(ep);
         Ok(())
     }
@@ -415,6 +457,8 @@ impl Connection {
             let withdrawn = ep.cancel_recv(tag | KIND_RECV << KIND_SHIFT | slot as u64);
             !withdrawn
         });
+        // Buffers that withdrawn receives were posted into are free now.
+        self.release_buffers();
         if !self.rx_order.is_empty() || self.hdr_free.len() < self.hdr_owner.len() {
             return Err(EpError::Busy);
         }
@@ -592,13 +636,41 @@ impl Connection {
 
     // ---- receiving ----
 
-    /// Posts the free receive slots.
+    /// Posts the free receive slots: into the application buffer of the
+    /// message each can carry at the latest when that one is posted (see
+    /// [`Landing`]), else into the slot alone.
     fn repost<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
         let mut did = false;
         while let Some(&slot) = self.rx_free.last() {
-            let len = self.params.max_receive_size as u64;
-            let span = Span { mr: self.rx.id, offset: self.rx_slot_offset(slot), len };
-            match ep.recv(span, Some(self.peer), self.ctx(KIND_RECV, slot)) {
+            let mrs = self.params.max_receive_size as u64;
+            let at = self.rx_slot_offset(slot);
+            let whole = Span { mr: self.rx.id, offset: at, len: mrs };
+            let ctx = self.ctx(KIND_RECV, slot);
+            let seq = self.msgs_seen + self.rx_order.len() as u64;
+            let head = self.peer_data_offset as u64;
+            let i = (seq - self.apps_front_seq) as usize;
+            let landing = match self.apps.get(i) {
+                Some(b) if !b.placed && b.dst.len > 0 && head < mrs => {
+                    let len = b.dst.len.min(mrs - head);
+                    Some(Landing { seq, dst: b.dst, head, len })
+                }
+                _ => None,
+            };
+            let posted = match landing {
+                Some(l) => {
+                    let piece = Span { len: l.len, ..l.dst };
+                    let before = Span { len: head, ..whole };
+                    let end = head + l.len;
+                    let after = Span { mr: self.rx.id, offset: at + end, len: mrs - end };
+                    if after.len > 0 {
+                        ep.recvv(&[before, piece, after], Some(self.peer), ctx)
+                    } else {
+                        ep.recvv(&[before, piece], Some(self.peer), ctx)
+                    }
+                }
+                None => ep.recv(whole, Some(self.peer), ctx),
+            };
+            match posted {
                 Ok(()) => {}
                 Err(EpError::Again) => break,
                 Err(e) => {
@@ -606,6 +678,10 @@ impl Connection {
                     break;
                 }
             }
+            if landing.is_some() {
+                self.apps[i].placed = true;
+            }
+            self.landings[slot as usize] = landing;
             self.rx_free.pop();
             self.rx_order.push_back(slot);
             self.credits.on_post();
@@ -619,16 +695,21 @@ impl Connection {
         while let Some(&slot) = self.rx_order.front() {
             let Some(a) = self.arrivals[slot as usize].take() else { break };
             self.rx_order.pop_front();
+            let landing = self.landings[slot as usize].take();
             if self.error.is_some() {
                 // Not posted again: a terminated connection grants nothing.
                 continue;
             }
             self.stats.segments_received += 1;
-            if let Err(e) = self.on_segment(ep, slot, a) {
+            if let Err(e) = self.on_segment(ep, slot, a, landing) {
                 self.terminate(e);
             }
         }
-        self.deliver(ep);
+        if self.error.is_some() {
+            self.release_buffers();
+        } else {
+            self.deliver(ep);
+        }
     }
 
     /// Checks one segment against the credits, the codec and the message
@@ -639,6 +720,7 @@ impl Connection {
         ep: &mut Endpoint<D>,
         slot: u16,
         a: Arrival,
+        landing: Option<Landing>,
     ) -> Result<(), ProtocolError> {
         self.credits.on_arrival()?;
         let max = self.params.max_receive_size;
@@ -682,8 +764,12 @@ impl Connection {
                     self.invalidate(ep, token)?;
                 }
                 self.token_in_msg = (before || a.token.is_some()) && !last;
+                self.msgs_seen += first as u64;
+                // Where the next receives are posted assumes this offset.
+                self.peer_data_offset = r.data_offset;
                 self.pending.push_back(Pending {
                     slot,
+                    landing,
                     data_offset: r.data_offset,
                     offset,
                     len,
@@ -721,20 +807,17 @@ impl Connection {
             }
             if p.first {
                 let Some(buf) = self.apps.pop_front() else { return };
+                self.apps_front_seq += 1;
                 self.rx_msg = Some(RxMsg { buf, total: p.total, token: None });
             }
             let Some(m) = self.rx_msg.as_mut() else { return };
             m.token = m.token.or(p.token);
             let dst = m.buf.dst;
             let n = (p.len as u64).min(dst.len.saturating_sub(p.offset));
-            if n > 0 {
-                let at = self.rx_slot_offset(p.slot) + p.data_offset as u64;
-                let src = Span { mr: self.rx.id, offset: at, len: n };
-                if let Err(e) = ep.copy_mem(src, dst.mr, dst.offset + p.offset) {
-                    // The application deregistered its buffer meanwhile.
-                    self.terminate(ProtocolError::Endpoint(e));
-                    return;
-                }
+            if let Err(e) = self.copy_data(ep, &p, n, dst.mr, dst.offset + p.offset) {
+                // The application deregistered its buffer meanwhile.
+                self.terminate(ProtocolError::Endpoint(e));
+                return;
             }
             self.pending.pop_front();
             self.rx_free.push(p.slot);
@@ -754,6 +837,76 @@ impl Connection {
                     invalidated: m.token,
                 });
             }
+        }
+    }
+
+    /// Copies the first `n` data bytes of segment `p` from where they
+    /// landed to region `mr` at `at`; nothing for bytes already there.
+    #[inline]
+    fn copy_data<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        p: &Pending,
+        n: u64,
+        mr: crate::device::MrId,
+        at: u64,
+    ) -> Result<(), EpError> {
+        let slot_at = self.rx_slot_offset(p.slot);
+        let (from, to) = (p.data_offset as u64, p.data_offset as u64 + n);
+        let in_slot = |a: u64, b: u64| Span { mr: self.rx.id, offset: slot_at + a, len: b - a };
+        let Some(l) = p.landing else {
+            return if n > 0 { ep.copy_mem(in_slot(from, to), mr, at) } else { Ok(()) };
+        };
+        // Segment bytes [head, head + len) are in the buffer, the others in
+        // the slot at their own offsets. The buffer's first: it may be
+        // this message's own, shifted, and the slot's go where it was.
+        let (h, e) = (l.head, l.head + l.len);
+        let mut copied = false;
+        let (a, b) = (from.max(h), to.min(e));
+        if a < b {
+            let src = Span { mr: l.dst.mr, offset: l.dst.offset + (a - h), len: b - a };
+            let dst_at = at + (a - from);
+            if src.mr != mr || src.offset != dst_at {
+                ep.copy_mem(src, mr, dst_at)?;
+                copied = true;
+            }
+        }
+        if from < to.min(h) {
+            ep.copy_mem(in_slot(from, to.min(h)), mr, at)?;
+            copied = true;
+        }
+        let a = from.max(e);
+        if a < to {
+            ep.copy_mem(in_slot(a, to), mr, at + (a - from))?;
+            copied = true;
+        }
+        self.stats.in_place += (n > 0 && !copied) as u64;
+        Ok(())
+    }
+
+    /// A terminated connection gives back the application's buffers that
+    /// no posted receive still writes, in the order they were posted.
+    fn release_buffers(&mut self) {
+        for i in 0..self.apps.len() {
+            let seq = self.apps_front_seq + i as u64;
+            let landings = &self.landings;
+            let written =
+                self.rx_order.iter().any(|&s| landings[s as usize].is_some_and(|l| l.seq == seq));
+            let buf = &mut self.apps[i];
+            if written || buf.released {
+                continue;
+            }
+            buf.released = true;
+            self.events.push_back(Event::Received {
+                ctx: buf.ctx,
+                len: 0,
+                status: RecvStatus::Terminated,
+                invalidated: None,
+            });
+        }
+        while self.apps.front().is_some_and(|b| b.released) {
+            self.apps.pop_front();
+            self.apps_front_seq += 1;
         }
     }
 
@@ -779,11 +932,9 @@ impl Connection {
         if let Some(m) = self.rx_msg.take() {
             self.events.push_back(terminated(m.buf, m.token));
         }
-        while let Some(buf) = self.apps.pop_front() {
-            self.events.push_back(terminated(buf, None));
-        }
         self.pending.clear();
         self.rx_free.clear();
+        self.release_buffers();
     }
 }
 

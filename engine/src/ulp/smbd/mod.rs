@@ -37,6 +37,15 @@
 //! (deregisters the region with that key) on arrival, before the message
 //! is delivered.
 //!
+//! Direct placement: when the application has posted buffers further
+//! ahead than the receives, a receive is posted again scattered
+//! ([`Endpoint::recvv`](crate::endpoint::Endpoint::recvv)) over the
+//! header's bytes in its slot and the buffer of the message it can carry
+//! at the latest; a message of one segment at the peer's DataOffset then
+//! lands where it goes and is not copied ([`Stats::in_place`]). Any other
+//! segment is copied from where it landed, in order, before that buffer
+//! is written or handed out.
+//!
 //! # Credits
 //!
 //! A segment is sent only with a send credit, and the last credit only
