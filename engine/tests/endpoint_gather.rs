@@ -233,3 +233,30 @@ fn a_scattered_receive_truncates_and_holds_its_regions() {
     assert!(w.eps[1].cancel_recv(3));
     assert_eq!(w.eps[1].deregister(a.id), Ok(()));
 }
+
+#[test]
+fn a_head_sent_inline_goes_with_its_message_when_it_fits_one_packet() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 100_000);
+    let dst = w.register(1, 100_000);
+    w.fill(0, &src, 9);
+    let head = [0xabu8; 24];
+    w.eps[1].recv(span(&dst, 0, 100_000), None, 1).unwrap();
+    // Fits: sent at once, with the CQ data.
+    assert_eq!(w.eps[0].send_inline_head(to_b, &head, span(&src, 0, 1000), Some(5), 2), Ok(true));
+    w.drive_until(10_000, |w| w.done[0].len() == 1 && w.done[1].len() == 1);
+    let got = w.done[1][0];
+    assert_eq!((got.len, got.cq_data, w.done[0][0].ctx), (1024, Some(5), 2));
+    let mem = w.eps[1].mem(dst.id);
+    assert_eq!(&mem[..24], &head);
+    assert!((0..1000).all(|i| mem[24 + i] == pattern(9, i as u64)));
+    // Does not fit one packet: nothing sent, for the caller to send otherwise.
+    assert_eq!(w.eps[0].send_inline_head(to_b, &head, span(&src, 0, 50_000), None, 3), Ok(false));
+    w.settle();
+    assert_eq!(w.done[0].len(), 1);
+    assert_eq!(
+        w.eps[0].send_inline_head(to_b, &head, span(&src, 99_999, 2), None, 3),
+        Err(Error::BadSpan)
+    );
+}

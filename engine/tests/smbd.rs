@@ -831,7 +831,8 @@ fn random_segments_never_panic_the_receiver() {
 #[test]
 fn receives_posted_into_the_application_buffers_land_messages_in_place() {
     let run = |sizes: &[u64], empties_every: usize, data_offset: u32| {
-        let cfg = Config { data_offset, ..Config::default() };
+        // Into buffers of any size, to see it on small messages.
+        let cfg = Config { data_offset, direct_min: 1, ..Config::default() };
         let params = small(1364, 8);
         let mut p = Pair::new(SimConfig::default(), [params; 2], cfg, false);
         let total: u64 = sizes.iter().sum();
@@ -892,7 +893,8 @@ fn receives_posted_into_the_application_buffers_land_messages_in_place() {
 /// for the ones the next messages were to land in.
 #[test]
 fn a_buffer_a_receive_is_posted_into_comes_back_after_the_receive() {
-    let mut p = Pair::raw(small(1364, 4));
+    let cfg = Config { direct_min: 1, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, true);
     let dst = p.w.register(0, 800);
     for i in 0..8 {
         let (c, ep) = p.conn(0);

@@ -142,7 +142,7 @@ proptest! {
         let params = Params::symmetric(max, 1 << 20, credits);
         // The receiver's receives assume DataOffset 24 until a segment
         // says otherwise.
-        let cfg = Config { data_offset, ..Config::default() };
+        let cfg = Config { data_offset, direct_min: 1, ..Config::default() };
         let mut c: Vec<Connection> = (0..2)
             .map(|i| Connection::new(&mut w.eps[i], to[i], params, cfg).unwrap())
             .collect();
@@ -205,7 +205,7 @@ fn both_ways(sizes: [Vec<u64>; 2], max: u32, credits: u16, seed: u64) -> Result<
     let mut w = World::pair(sim, EpConfig::default());
     let to = [w.connect(0, 1), w.connect(1, 0)];
     let params = Params::symmetric(max, 1 << 20, credits);
-    let cfg = Config { send_queue: 64, recv_queue: 64, ..Config::default() };
+    let cfg = Config { send_queue: 64, recv_queue: 64, direct_min: 1, ..Config::default() };
     let mut c: Vec<Connection> =
         (0..2).map(|i| Connection::new(&mut w.eps[i], to[i], params, cfg).unwrap()).collect();
     let total = |s: &[u64]| s.iter().sum::<u64>() + 1;

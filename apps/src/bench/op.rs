@@ -155,7 +155,7 @@ const SMBD_RECEIVE_BYTES: u64 = 64 << 20;
 /// What both sides of an smbd run negotiate, from the run's parameters
 /// alone (both sides have the same): segments that hold the largest
 /// message (1 MiB at most), messages up to the largest size, and credits
-/// for a window of segments, 16 to 255, fewer where the receives would
+/// for a window of segments, 4 to 255, fewer where the receives would
 /// take over 64 MiB. Streaming's receiver keeps two windows of buffers
 /// posted: more than the receives, so that each receive is posted into
 /// the buffer its message goes to and nothing is copied
@@ -164,7 +164,7 @@ pub fn smbd_params(p: &Params) -> smbd::Params {
     let largest = p.max_size().max(CTL_LEN);
     let segment = (largest + smbd::DEFAULT_DATA_OFFSET as u64).min(SMBD_SEGMENT_MAX);
     let by_memory = (SMBD_RECEIVE_BYTES / segment).max(4);
-    let credits = (p.window as u64).clamp(16, 255).min(by_memory) as u16;
+    let credits = (p.window as u64).clamp(4, 255).min(by_memory) as u16;
     let max_message = u32::try_from(largest).unwrap_or(u32::MAX);
     smbd::Params::symmetric(segment as u32, max_message, credits)
 }

@@ -140,6 +140,51 @@ impl<D: Device> Endpoint<D> {
         self.send_msgv(peer, srcs, Some(data), ctx)
     }
 
+    /// Sends `head`, copied now, followed by `src` as one message (with
+    /// CQ data when given), if that goes in one packet at once: true, and
+    /// it completes with `ctx` as a send does. False, with nothing sent,
+    /// when it would not (too long, no packet buffer free now, delivery
+    /// complete): then send the head from registered memory with
+    /// [`Endpoint::sendv`]. For a protocol framed on top of messages whose
+    /// header is built per message: no copy of it into registered memory
+    /// first.
+    pub fn send_inline_head(
+        &mut self,
+        peer: PeerId,
+        head: &[u8],
+        src: Span,
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) -> Result<bool, Error> {
+        self.check_peer(peer)?;
+        self.check_span(&src)?;
+        let total = head.len() as u64 + src.len;
+        // The eager size: a read is never chosen below it.
+        let proto = self.choose_proto(peer.0, total, false, cq_data.is_some(), || false);
+        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
+        if proto != Proto::Eager || !now || self.cfg.delivery_complete {
+            return Ok(false);
+        }
+        let msg_id = self.next_msg_id(peer.0);
+        let done = EagerSend { ctx, tag: 0, len: total as u32, peer: peer.0, tagged: false };
+        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        let hdr = self.emit_eager(buf, peer.0, msg_id, None, cq_data);
+        let at = hdr + head.len();
+        self.dev.buf_mut(buf)[hdr..at].copy_from_slice(head);
+        let n = src.len as usize;
+        if n > 0 && self.gathers(at, n) {
+            let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
+            self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at, Some(data));
+        } else {
+            if n > 0 {
+                self.dev.copy_from_region(src.mr, src.offset as usize, buf, at, n);
+            }
+            self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at + n, None);
+        }
+        self.maybe_post();
+        Ok(true)
+    }
+
     /// Sends `data`, copied now, in one packet, with no completion.
     pub fn inject(&mut self, peer: PeerId, data: &[u8]) -> Result<(), Error> {
         self.inject_msg(peer, data, None)

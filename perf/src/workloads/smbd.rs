@@ -26,7 +26,7 @@ fn endpoints() -> Pair<ShmDevice> {
 /// at most 64 MiB of receives.
 pub fn params(len: u64, window: u64) -> Params {
     let segment = len + smbd::DEFAULT_DATA_OFFSET as u64;
-    let credits = window.clamp(16, 255).min(((64 * MIB) / segment).max(4));
+    let credits = window.clamp(4, 255).min(((64 * MIB) / segment).max(4));
     Params::symmetric(segment as u32, len as u32, credits as u16)
 }
 

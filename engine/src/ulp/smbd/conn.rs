@@ -565,9 +565,10 @@ impl Connection {
         true
     }
 
-    /// Writes `r` into header slot `slot` and sends it, followed by `body`
-    /// when given (one endpoint send gathered from both), the token as the
-    /// send's CQ data.
+    /// Sends header `r` followed by `body` when given, the token as the
+    /// send's CQ data: in one packet with the header copied in from here
+    /// when it fits now, else as one endpoint send gathered from header
+    /// slot `slot` (written first) and the body.
     #[inline]
     fn post_message<D: Device>(
         &mut self,
@@ -577,12 +578,37 @@ impl Connection {
         body: Option<Span>,
         token: Option<u64>,
     ) -> Result<(), EpError> {
-        let mut b = [0u8; MAX_DATA_OFFSET as usize];
-        let n = r.emit(&mut b);
         let at = slot as u64 * self.cfg.data_offset as u64;
-        ep.write_mem(self.hdr.id, at, &b[..n])?;
-        let h = Span { mr: self.hdr.id, offset: at, len: n as u64 };
         let ctx = self.ctx(KIND_SEND, slot);
+        // The usual header (DataOffset 24) from a small buffer: no wider
+        // one to clear for every segment.
+        if r.buffer_len() <= 24 {
+            let mut b = [0u8; 24];
+            let n = r.emit(&mut b);
+            self.send_header(ep, &b[..n], at, body, token, ctx)
+        } else {
+            let mut b = [0u8; MAX_DATA_OFFSET as usize];
+            let n = r.emit(&mut b);
+            self.send_header(ep, &b[..n], at, body, token, ctx)
+        }
+    }
+
+    #[inline(always)]
+    fn send_header<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        head: &[u8],
+        at: u64,
+        body: Option<Span>,
+        token: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), EpError> {
+        let none = Span { mr: self.hdr.id, offset: at, len: 0 };
+        if ep.send_inline_head(self.peer, head, body.unwrap_or(none), token, ctx)? {
+            return Ok(());
+        }
+        ep.write_mem(self.hdr.id, at, head)?;
+        let h = Span { mr: self.hdr.id, offset: at, len: head.len() as u64 };
         match (body, token) {
             (Some(d), None) => ep.sendv(self.peer, &[h, d], ctx),
             (Some(d), Some(t)) => ep.sendvdata(self.peer, &[h, d], t, ctx),
@@ -650,7 +676,7 @@ impl Connection {
             let head = self.peer_data_offset as u64;
             let i = (seq - self.apps_front_seq) as usize;
             let landing = match self.apps.get(i) {
-                Some(b) if !b.placed && b.dst.len > 0 && head < mrs => {
+                Some(b) if !b.placed && b.dst.len >= self.cfg.direct_min.max(1) && head < mrs => {
                     let len = b.dst.len.min(mrs - head);
                     Some(Landing { seq, dst: b.dst, head, len })
                 }

@@ -41,8 +41,9 @@
 //! ahead than the receives, a receive is posted again scattered
 //! ([`Endpoint::recvv`](crate::endpoint::Endpoint::recvv)) over the
 //! header's bytes in its slot and the buffer of the message it can carry
-//! at the latest; a message of one segment at the peer's DataOffset then
-//! lands where it goes and is not copied ([`Stats::in_place`]). Any other
+//! at the latest (if that buffer holds at least [`Config::direct_min`]
+//! bytes); a message of one segment at the peer's DataOffset then lands
+//! where it goes and is not copied ([`Stats::in_place`]). Any other
 //! segment is copied from where it landed, in order, before that buffer
 //! is written or handed out.
 //!
@@ -202,6 +203,10 @@ pub struct Config {
     /// The high 32 bits of the contexts of the connection's endpoint
     /// operations, by which it knows its completions.
     pub ctx_tag: u32,
+    /// The shortest application buffer a receive is posted into (direct
+    /// placement); shorter messages are copied out of the receive's slot,
+    /// which costs less than scattering a receive.
+    pub direct_min: u64,
 }
 
 impl Default for Config {
@@ -212,6 +217,7 @@ impl Default for Config {
             send_queue: 256,
             recv_queue: 256,
             ctx_tag: u32::from_be_bytes(*b"SMBD"),
+            direct_min: 4096,
         }
     }
 }
