@@ -1,4 +1,5 @@
-//! `efapoll decode`: a dissector for EFA RDM v4 packets.
+//! `efapoll decode`: a dissector for EFA RDM v4 packets, and with `--smbd`
+//! for SMB Direct Data Transfer messages (MS-SMBD 2.2.3).
 //!
 //! One JSON object per packet, one per line:
 //! `{"name", "header_len", "payload_offset", "fields": {...}}`, or
@@ -11,6 +12,7 @@
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
 
+use efapoll::ulp::smbd;
 use efapoll::wire::{
     AtomRspRepr, CtsRepr, HandshakeRepr, IovList, Packet, RawAddr, ReqField, ReqRepr,
 };
@@ -22,17 +24,26 @@ use serde_json::{Map, Value, json};
 /// whatever the input.
 pub const MAX_LINE: usize = 64 << 10;
 
+/// What the bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// EFA RDM v4 packets.
+    Efa,
+    /// SMB Direct Data Transfer messages.
+    Smbd,
+}
+
 /// Decodes the packets in `args`, or each non-empty line of stdin when
 /// there are none. Exit status 0 when every packet decoded, 1 otherwise.
-pub fn run(args: &[String]) -> ExitCode {
+pub fn run(args: &[String], format: Format) -> ExitCode {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let mut all_ok = true;
     let result = if args.is_empty() {
-        decode_lines(&mut io::stdin().lock(), &mut out, &mut all_ok)
+        decode_lines(&mut io::stdin().lock(), &mut out, &mut all_ok, format)
     } else {
         args.iter().filter(|a| !a.trim().is_empty()).try_for_each(|a| {
-            let (value, ok) = decode_line(a);
+            let (value, ok) = decode_line(a, format);
             all_ok &= ok;
             writeln!(out, "{value}")
         })
@@ -51,6 +62,7 @@ fn decode_lines(
     input: &mut impl BufRead,
     out: &mut impl Write,
     all_ok: &mut bool,
+    format: Format,
 ) -> io::Result<()> {
     let mut buf = Vec::new();
     let mut number = 0u64;
@@ -72,7 +84,7 @@ fn decode_lines(
             }
             LineRead::Line if buf.trim_ascii().is_empty() => continue,
             LineRead::Line => match std::str::from_utf8(&buf) {
-                Ok(line) => decode_line(line),
+                Ok(line) => decode_line(line, format),
                 Err(e) => {
                     let e = format!("not UTF-8 text: invalid byte at offset {}", e.valid_up_to());
                     (json!({ "error": e }), false)
@@ -164,15 +176,59 @@ fn skip_line(input: &mut impl BufRead) -> io::Result<()> {
 }
 
 /// One line of hex to its JSON object, and whether it decoded.
-pub fn decode_line(line: &str) -> (Value, bool) {
+pub fn decode_line(line: &str, format: Format) -> (Value, bool) {
     let bytes = match parse_hex(line) {
         Ok(b) => b,
         Err(e) => return (json!({ "error": e }), false),
     };
+    if format == Format::Smbd {
+        return match smbd::Repr::parse(&bytes) {
+            Ok((r, data)) => (dissect_smbd(&r, data, &bytes), true),
+            Err(e) => (json!({ "error": e.to_string() }), false),
+        };
+    }
     match Packet::parse(&bytes) {
         Ok(p) => (dissect(&p, &bytes), true),
         Err(e) => (json!({ "error": e.to_string() }), false),
     }
+}
+
+/// An SMB Direct Data Transfer message, fields named as in MS-SMBD 2.2.3.
+/// `payload_offset` is where Buffer starts (DataOffset; the 20-byte header
+/// for the empty message, which has no padding, `"empty": true`); bytes
+/// after Buffer, if any, are `trailing`.
+fn dissect_smbd(r: &smbd::Repr, data: &[u8], bytes: &[u8]) -> Value {
+    let mut flags = Vec::new();
+    if r.flags.contains(smbd::Flags::RESPONSE_REQUESTED) {
+        flags.push("SMB_DIRECT_RESPONSE_REQUESTED");
+    }
+    let offset = r.buffer_len();
+    let reserved = u16::from_le_bytes([bytes[6], bytes[7]]);
+    let mut f = Map::new();
+    let mut put = |name: &str, v: Value| {
+        f.insert(name.into(), v);
+    };
+    put("CreditsRequested", json!(r.credits_requested));
+    put("CreditsGranted", json!(r.credits_granted));
+    put("Flags", json!(r.flags.bits()));
+    put("flag_names", json!(flags));
+    put("Reserved", json!(reserved));
+    put("RemainingDataLength", json!(r.remaining_data_length));
+    put("DataOffset", json!(r.data_offset));
+    put("DataLength", json!(r.data_length));
+    put("Padding", json!(hex(&bytes[smbd::HEADER_LEN..offset])));
+    put("Buffer", json!(hex(data)));
+    let end = offset + data.len();
+    if bytes.len() > end {
+        put("trailing", json!(hex(&bytes[end..])));
+    }
+    json!({
+        "name": "SMBD_DATA_TRANSFER",
+        "empty": r.is_empty(),
+        "header_len": smbd::HEADER_LEN,
+        "payload_offset": offset,
+        "fields": f,
+    })
 }
 
 /// Hex digits, optionally prefixed by `0x`; spaces, colons and dashes

@@ -78,8 +78,9 @@ enum Command {
     /// as numbers and yes/no as booleans).
     #[command(after_help = EXIT_STATUS)]
     Info(InfoArgs),
-    /// Dissect EFA RDM v4 packets given as hex, one per argument or per
-    /// line of standard input; prints one JSON object per packet.
+    /// Dissect EFA RDM v4 packets (or, with --smbd, SMB Direct Data
+    /// Transfer messages) given as hex, one per argument or per line of
+    /// standard input; prints one JSON object per packet.
     ///
     /// Standard input is decoded line by line (empty lines skipped). A line
     /// that fails prints `{"error": ..., "line": N}` (N counts from 1) and
@@ -91,6 +92,10 @@ enum Command {
     /// has its error object), 2 for bad arguments.
     #[command(after_help = EXIT_STATUS)]
     Decode {
+        /// The bytes are SMB Direct Data Transfer messages (MS-SMBD 2.2.3),
+        /// each a segment as one send carries it: header, padding, data.
+        #[arg(long)]
+        smbd: bool,
         /// Packets as hex; read from standard input when none is given.
         packets: Vec<String>,
     },
@@ -118,8 +123,10 @@ fn op_values(app: App) -> clap::builder::ValueParser {
         OpKind::Read => "RDMA reads from the peer's buffer",
         OpKind::Atomic if pingpong => "Fetch-add on a u64 in the peer's buffer, timed whole (-S 8)",
         OpKind::Atomic => "Fetch-adds on a u64 in the peer's buffer (-S 8)",
+        OpKind::Smbd => "Messages framed as SMB Direct data transfer (MS-SMBD), reassembled",
     };
-    let ops = [OpKind::Send, OpKind::Tagged, OpKind::Write, OpKind::Read, OpKind::Atomic];
+    let ops =
+        [OpKind::Send, OpKind::Tagged, OpKind::Write, OpKind::Read, OpKind::Atomic, OpKind::Smbd];
     let names = ops.map(|op| clap::builder::PossibleValue::new(op.name()).help(help(op)));
     let parser = clap::builder::PossibleValuesParser::new(names)
         .map(|name| OpKind::from_str(&name, false).expect("a listed name"));
@@ -412,12 +419,19 @@ fn check_sizes(app: App, op: OpKind, sizes: &[u64]) -> Result<(), String> {
             list()
         ));
     }
+    if op == OpKind::Smbd && sizes.contains(&0) {
+        return Err(format!(
+            "-S {}: an empty buffer is SMB Direct's empty message, which delivers nothing to \
+             the peer's application (MS-SMBD 3.1.5.4), so -o smbd takes sizes from 1 byte",
+            list()
+        ));
+    }
     // A zero-byte read, or a write without CQ data (streaming's), completes
     // here without reaching the peer: there would be nothing to time.
     let zero_stays_here = match op {
         OpKind::Read => true,
         OpKind::Write => app == App::Streaming,
-        OpKind::Send | OpKind::Tagged | OpKind::Atomic => false,
+        OpKind::Send | OpKind::Tagged | OpKind::Atomic | OpKind::Smbd => false,
     };
     if zero_stays_here && sizes.contains(&0) {
         return Err(format!(
@@ -458,7 +472,10 @@ pub(crate) fn reader_gone_is_ok(r: std::io::Result<()>) -> std::io::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Decode { packets } => decode::run(&packets),
+        Command::Decode { smbd, packets } => {
+            let format = if smbd { decode::Format::Smbd } else { decode::Format::Efa };
+            decode::run(&packets, format)
+        }
         Command::Info(i) => info::run(&info::Options {
             devices: i.device.map_or_else(|| Provider::value_variants().to_vec(), |d| vec![d]),
             json: i.json,

@@ -1327,3 +1327,51 @@ fn a_signal_mid_run_prints_the_rows_done_and_says_it_was_interrupted() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("the peer failed: interrupted"), "{}", text(&out.stderr));
 }
+
+/// `-o smbd`: both apps over sim and shm, every byte verified after
+/// reassembly; the counters show SMB Direct's segments; and as server and
+/// client, two processes that each make their side of the connection.
+#[test]
+fn smbd_frames_messages_as_smb_direct_and_verifies_them() {
+    let _busy = busy();
+    for (app, device) in
+        [("pingpong", "sim"), ("streaming", "sim"), ("pingpong", "shm"), ("streaming", "shm")]
+    {
+        let json = tmp(&format!("smbd-{app}-{device}.json"));
+        let sizes = [1u64, 64, 9000, 1 << 20];
+        let out = run(&[
+            app,
+            "-p",
+            device,
+            "-o",
+            "smbd",
+            "-S",
+            "1,64,9000,1m",
+            "-I",
+            "50",
+            "-c",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert_ok(&out, &format!("{app} -p {device} -o smbd -c"));
+        let v = read_report(&json, app, device, "smbd", &sizes);
+        for r in v["results"].as_array().unwrap() {
+            if app == "pingpong" {
+                check_pingpong_row(r, 50, 1.0);
+            } else {
+                check_streaming_row(r, 50);
+            }
+        }
+        let c = &v["counters"];
+        let segments = c["smbd.segments_sent"].as_u64().unwrap_or(0);
+        // A segment per message at least (segments hold the largest size).
+        assert!(segments >= 50 * sizes.len() as u64, "{app} {device}: {c}");
+        assert!(c.get("smbd.segments_received").is_some(), "{app} {device}: {c}");
+    }
+    // An empty buffer is SMB Direct's empty message, which delivers nothing.
+    let err = usage_error(&["streaming", "-o", "smbd", "-S", "0,64"]);
+    assert!(err.contains("-o smbd takes sizes from 1 byte"), "{err}");
+    for app in ["pingpong", "streaming"] {
+        server_and_client(app, "shm", "smbd");
+    }
+}

@@ -267,3 +267,89 @@ fn an_endless_line_of_zero_bytes_ends_in_an_error_with_bounded_memory() {
     assert_eq!(lines[0]["line"], 1);
     assert!(lines[0]["error"].as_str().unwrap().contains("longer than"), "{lines:?}");
 }
+
+#[test]
+fn smbd_segments_decode_with_the_fields_of_ms_smbd() {
+    use efapoll::ulp::smbd::golden as smbd;
+    let (lines, ok) = decode(&["--smbd", &hex(smbd::FIRST), &hex(smbd::LAST_AT_32)], "");
+    assert!(ok);
+    let first = &lines[0];
+    assert_eq!(first["name"], "SMBD_DATA_TRANSFER");
+    assert_eq!(first["empty"], false);
+    assert_eq!(first["header_len"], 20);
+    assert_eq!(first["payload_offset"], 24);
+    assert_eq!(
+        first["fields"],
+        json!({
+            "CreditsRequested": smbd::CREDITS_REQUESTED,
+            "CreditsGranted": smbd::CREDITS_GRANTED,
+            "Flags": 1,
+            "flag_names": ["SMB_DIRECT_RESPONSE_REQUESTED"],
+            "Reserved": 0,
+            "RemainingDataLength": smbd::REMAINING,
+            "DataOffset": 24,
+            "DataLength": 8,
+            "Padding": "00000000",
+            "Buffer": hex(smbd::DATA),
+        })
+    );
+    let last = &lines[1];
+    assert_eq!(last["payload_offset"], 32);
+    assert_eq!(last["fields"]["RemainingDataLength"], 0);
+    assert_eq!(last["fields"]["Padding"], "00".repeat(12));
+    assert_eq!(last["fields"]["flag_names"], json!([]));
+    assert!(last["fields"].get("trailing").is_none());
+}
+
+#[test]
+fn the_smbd_empty_message_has_no_padding_and_no_buffer() {
+    use efapoll::ulp::smbd::golden as smbd;
+    // From standard input, as any packet; and bytes past the data shown.
+    let mut longer = smbd::FIRST.to_vec();
+    longer.extend_from_slice(&[0xee, 0xff]);
+    let (lines, ok) = decode(&["--smbd"], &format!("{}\n{}\n", hex(smbd::EMPTY), hex(&longer)));
+    assert!(ok);
+    let empty = &lines[0];
+    assert_eq!((empty["empty"].clone(), empty["payload_offset"].clone()), (json!(true), json!(20)));
+    assert_eq!(empty["fields"]["Padding"], "");
+    assert_eq!(empty["fields"]["Buffer"], "");
+    assert_eq!(empty["fields"]["DataOffset"], 0);
+    assert_eq!(lines[1]["fields"]["trailing"], "eeff");
+}
+
+#[test]
+fn malformed_smbd_segments_are_typed_errors_and_exit_1() {
+    use efapoll::ulp::smbd::golden as smbd;
+    let with = |at: usize, v: u8| {
+        let mut s = smbd::FIRST.to_vec();
+        s[at] = v;
+        hex(&s)
+    };
+    let (lines, ok) = decode(
+        &[
+            "--smbd",
+            &hex(&smbd::FIRST[..19]),
+            &with(12, 28),
+            &with(12, 16),
+            &with(16, 9),
+            &hex(smbd::FIRST),
+        ],
+        "",
+    );
+    assert!(!ok, "a failed segment exits 1");
+    let errors: Vec<&str> = lines.iter().map(|l| l["error"].as_str().unwrap_or("")).collect();
+    assert_eq!(
+        errors,
+        [
+            "segment cut short: need 20 bytes, have 19",
+            "DataOffset 28 is not 8-byte aligned",
+            "DataOffset 16 is inside the header",
+            "data at 24 of 9 bytes is beyond the 32-byte segment",
+            "",
+        ]
+    );
+    assert_eq!(lines[4]["name"], "SMBD_DATA_TRANSFER");
+    // Without --smbd, the same bytes are an EFA packet (and no valid one).
+    let (lines, ok) = decode(&[&hex(smbd::FIRST)], "");
+    assert!(!ok && lines[0].get("error").is_some());
+}

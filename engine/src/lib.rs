@@ -70,4 +70,5 @@ mod intmap;
 #[allow(unsafe_code)]
 pub mod mem;
 pub mod relink;
+pub mod ulp;
 pub mod wire;

@@ -458,3 +458,21 @@ fn files_planted_in_dev_shm_neither_block_nor_exhaust_nor_reach_a_device() {
     let planted_addr = RawAddr { qpn: 7, connid: 0, ..a.addr() };
     assert_eq!(a.insert_addr(&planted_addr), Err(DeviceError::BadAddress));
 }
+
+#[test]
+fn regions_copy_into_one_another_directly() {
+    let mut dev = ShmDevice::new(cfg()).unwrap();
+    let a = dev.register(10_000, Access::empty()).unwrap();
+    let b = dev.register(10_000, Access::REMOTE_READ).unwrap();
+    let p = pattern(9);
+    let src: Vec<u8> = (0..10_000).map(|i| p[i % p.len()] ^ (i / 256) as u8).collect();
+    dev.write_region(a.id, 0, &src);
+    dev.copy_region(a.id, 10, b.id, 3000, 7000);
+    let got = dev.region_vec(&b);
+    assert!(got[..3000].iter().all(|&x| x == 0));
+    assert_eq!(&got[3000..], &src[10..7010]);
+    // Within one region, overlapping: a memmove.
+    dev.copy_region(a.id, 0, a.id, 1, 9000);
+    let got = dev.region_vec(&a);
+    assert_eq!(&got[1..9001], &src[..9000]);
+}

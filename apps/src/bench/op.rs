@@ -1,7 +1,10 @@
 //! The operation a benchmark moves data with (`-o`), the endpoint calls
 //! behind it, and the byte patterns `-c` verifies.
 //!
-//! Two-sided operations (send, tagged) move messages the peer receives.
+//! Two-sided operations (send, tagged, smbd) move messages the peer
+//! receives; smbd frames each as SMB Direct data transfer (MS-SMBD) over
+//! an [`efapoll::ulp::smbd::Connection`], whose events come back here as
+//! the completions a send would have.
 //! One-sided ones (write, read, atomic) reach the peer's registered buffer,
 //! whose descriptor came with the peer's card; the peer's application
 //! hears of none of them (but of a write with CQ data), so a one-sided run
@@ -13,10 +16,11 @@ use efapoll::device::{Access, Device, Mr, MrId};
 use efapoll::endpoint::{
     AtomicOp, Completion, Config, Datatype, Endpoint, Error, Op, PeerId, Span, Status, TagMatch,
 };
+use efapoll::ulp::smbd::{self, Connection, Event, ProtocolError, RecvStatus, SendStatus};
 use efapoll::wire::RmaIov;
 
-use super::RunError;
 use super::oob::MemDesc;
+use super::{Params, RunError};
 
 /// What `-o` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -32,6 +36,11 @@ pub enum OpKind {
     Read,
     /// Fetch-add on a u64 in the peer's buffer (-S 8 only).
     Atomic,
+    /// Untagged messages framed as SMB Direct data transfer (MS-SMBD
+    /// 3.1.5.4): segments of at most the largest size + 24 bytes (1 MiB +
+    /// 24 at most), a window of credits, reassembly into the receive buffer
+    /// (-c checks the reassembled message). Sizes from 1 B.
+    Smbd,
 }
 
 /// The tag of every tagged message: one flow per endpoint, so one tag.
@@ -62,6 +71,7 @@ impl OpKind {
             OpKind::Write => "write",
             OpKind::Read => "read",
             OpKind::Atomic => "atomic",
+            OpKind::Smbd => "smbd",
         }
     }
 
@@ -98,7 +108,7 @@ impl OpKind {
     /// The completion of one of this side's data operations.
     pub fn local_op(self) -> Op {
         match self {
-            OpKind::Send | OpKind::Tagged => Op::Send,
+            OpKind::Send | OpKind::Tagged | OpKind::Smbd => Op::Send,
             OpKind::Write => Op::Write,
             OpKind::Read => Op::Read,
             OpKind::Atomic => Op::Atomic,
@@ -135,6 +145,30 @@ impl OpKind {
     }
 }
 
+/// The largest segment an smbd run sends, header included: a message of
+/// up to 1 MiB goes in one.
+const SMBD_SEGMENT_MAX: u64 = (1 << 20) + smbd::DEFAULT_DATA_OFFSET as u64;
+
+/// The most memory an smbd run's receives take, per side.
+const SMBD_RECEIVE_BYTES: u64 = 64 << 20;
+
+/// What both sides of an smbd run negotiate, from the run's parameters
+/// alone (both sides have the same): segments that hold the largest
+/// message (1 MiB at most), messages up to the largest size, and credits
+/// for a window of segments, 4 to 255, fewer where the receives would
+/// take over 64 MiB. Streaming's receiver keeps two windows of buffers
+/// posted: more than the receives, so that each receive is posted into
+/// the buffer its message goes to and nothing is copied
+/// (`efapoll::ulp::smbd`'s direct placement).
+pub fn smbd_params(p: &Params) -> smbd::Params {
+    let largest = p.max_size().max(CTL_LEN);
+    let segment = (largest + smbd::DEFAULT_DATA_OFFSET as u64).min(SMBD_SEGMENT_MAX);
+    let by_memory = (SMBD_RECEIVE_BYTES / segment).max(4);
+    let credits = (p.window as u64).clamp(4, 255).min(by_memory) as u16;
+    let max_message = u32::try_from(largest).unwrap_or(u32::MAX);
+    smbd::Params::symmetric(segment as u32, max_message, credits)
+}
+
 /// An endpoint, its one peer, and the operation to use.
 #[derive(Debug)]
 pub struct Io<D: Device> {
@@ -148,16 +182,58 @@ pub struct Io<D: Device> {
     /// Bytes of registered memory copied out to be checked, or in to be
     /// filled, with `-c` (registered memory is reached only by copies).
     staged: Vec<u8>,
+    /// `-o smbd`: what the sides negotiate, and the connection once the
+    /// peer is known.
+    smbd: Option<(smbd::Params, Option<Connection>)>,
 }
 
 impl<D: Device> Io<D> {
-    /// An endpoint whose peer is not known yet.
-    pub fn new(mut ep: Endpoint<D>, op: OpKind) -> Result<Io<D>, RunError> {
+    /// An endpoint whose peer is not known yet, for a run of `params`.
+    pub fn new(mut ep: Endpoint<D>, op: OpKind, params: &Params) -> Result<Io<D>, RunError> {
         let ctl = register(&mut ep, CTL_REGION)?;
         ep.write_mem(ctl.id, OPERAND_AT, &ATOMIC_ADD.to_le_bytes())
             .map_err(|e| RunError::Setup(format!("cannot write the atomic operand: {e}")))?;
         let remote = MemDesc { addr: 0, key: 0, len: 0 };
-        Ok(Io { ep, peer: PeerId(u32::MAX), op, remote, ctl, staged: Vec::new() })
+        let smbd = (op == OpKind::Smbd).then(|| (smbd_params(params), None));
+        Ok(Io { ep, peer: PeerId(u32::MAX), op, remote, ctl, staged: Vec::new(), smbd })
+    }
+
+    /// Progresses the endpoint, and the SMB Direct connection over it.
+    #[inline]
+    pub fn progress(&mut self) -> bool {
+        let did = self.ep.progress();
+        match &mut self.smbd {
+            Some((_, Some(conn))) => did | conn.progress(&mut self.ep),
+            _ => did,
+        }
+    }
+
+    /// Posts what was built now (see `Endpoint::flush`).
+    #[inline]
+    pub fn flush(&mut self) {
+        self.ep.flush();
+    }
+
+    /// The next completion: the endpoint's, or with `-o smbd` the
+    /// connection's events as the completions a send would have made.
+    #[inline]
+    pub fn poll_cq(&mut self) -> Result<Option<Completion>, RunError> {
+        let Some((_, Some(conn))) = &mut self.smbd else {
+            return Ok(self.ep.poll_cq());
+        };
+        loop {
+            if let Some(e) = conn.poll_event() {
+                if let Some(c) = smbd_completion(e, conn.error(), self.peer)? {
+                    return Ok(Some(c));
+                }
+                continue;
+            }
+            match self.ep.poll_cq() {
+                None => return Ok(None),
+                Some(c) if !conn.handle_completion(&mut self.ep, &c) => return Ok(Some(c)),
+                Some(_) => {}
+            }
+        }
     }
 
     /// A copy of `len` bytes of `mr` from `at`, to check.
@@ -187,6 +263,11 @@ impl<D: Device> Io<D> {
             RunError::Setup(format!("cannot insert the peer's address {addr}: {e}"))
         })?;
         self.remote = mem;
+        if let Some((params, conn)) = &mut self.smbd {
+            let c = Connection::new(&mut self.ep, self.peer, *params, smbd::Config::default())
+                .map_err(|e| RunError::Setup(format!("SMB Direct connection: {e}")))?;
+            *conn = Some(c);
+        }
         Ok(())
     }
 
@@ -211,6 +292,7 @@ impl<D: Device> Io<D> {
             key: self.remote.key,
         };
         let result = match self.op {
+            OpKind::Smbd => return self.send_smbd(local, seq),
             OpKind::Send | OpKind::Tagged => self.op.post_send(ep, peer, local, seq),
             OpKind::Write if notify => ep.writedata(peer, local, remote, seq & CQ_DATA_MASK, seq),
             OpKind::Write => ep.write(peer, local, remote, seq),
@@ -228,6 +310,13 @@ impl<D: Device> Io<D> {
     /// endpoint pushed back.
     #[inline]
     pub fn recv(&mut self, dst: Span, ctx: u64) -> Result<bool, RunError> {
+        if let Some((_, Some(conn))) = &mut self.smbd {
+            return match conn.recv(&mut self.ep, dst, ctx) {
+                Ok(()) => Ok(true),
+                Err(smbd::RecvError::Again) => Ok(false),
+                Err(e) => Err(RunError::Engine(format!("posting an SMB Direct receive: {e}"))),
+            };
+        }
         posted(self.op.post_recv(&mut self.ep, dst, ctx), "receive")
     }
 
@@ -235,7 +324,24 @@ impl<D: Device> Io<D> {
     /// pushed back.
     pub fn send_ctl(&mut self) -> Result<bool, RunError> {
         let src = Span::new(&self.ctl, CTL_TX_AT, CTL_LEN);
+        if self.op == OpKind::Smbd {
+            return self.send_smbd(src, 0);
+        }
         posted(self.op.post_send(&mut self.ep, self.peer, src, 0), "send")
+    }
+
+    /// Sends `src` as an SMB Direct message; false when the connection's
+    /// queue is full.
+    #[inline]
+    fn send_smbd(&mut self, src: Span, ctx: u64) -> Result<bool, RunError> {
+        let Some((_, Some(conn))) = &mut self.smbd else {
+            return Err(RunError::Setup("the SMB Direct connection is not set up".into()));
+        };
+        match conn.send(&mut self.ep, src, None, ctx) {
+            Ok(()) => Ok(true),
+            Err(smbd::SendError::Again) => Ok(false),
+            Err(e) => Err(RunError::Engine(format!("sending an SMB Direct message: {e}"))),
+        }
     }
 
     /// Posts a receive for a control message.
@@ -247,7 +353,7 @@ impl<D: Device> Io<D> {
     /// [`check_passive_status`].
     #[inline]
     pub fn poll_passive(&mut self, all_received: bool) -> Result<Option<Completion>, RunError> {
-        match self.ep.poll_cq() {
+        match self.poll_cq()? {
             Some(c) => check_passive_status(&c, all_received).map(|()| Some(c)),
             None => Ok(None),
         }
@@ -259,8 +365,73 @@ impl<D: Device> Io<D> {
         let mut all = self.ep.counters().nonzero();
         let device = self.ep.device().counters().into_iter().filter(|&(_, n)| n > 0);
         all.extend(device.map(|(name, n)| (format!("device.{name}"), n)));
+        if let Some((_, Some(conn))) = &self.smbd {
+            let s = conn.stats();
+            let smbd = [
+                ("segments_sent", s.segments_sent),
+                ("segments_received", s.segments_received),
+                ("empty_sent", s.empty_sent),
+                ("empty_received", s.empty_received),
+                ("credit_stalls", s.credit_stalls),
+                ("slot_stalls", s.slot_stalls),
+                ("responses_requested", s.responses_requested),
+            ];
+            let nonzero = smbd.into_iter().filter(|&(_, n)| n > 0);
+            all.extend(nonzero.map(|(name, n)| (format!("smbd.{name}"), n)));
+        }
         all
     }
+}
+
+/// An SMB Direct connection's event as the completion a plain send or
+/// receive would have made; none for what has no such completion. A
+/// termination fails the run, but for a failed send or receive, whose
+/// status the completions carry (a passive side's last send may fail once
+/// the peer is gone).
+fn smbd_completion(
+    e: Event,
+    error: Option<ProtocolError>,
+    peer: PeerId,
+) -> Result<Option<Completion>, RunError> {
+    let ended = match error {
+        Some(ProtocolError::SendFailed(s) | ProtocolError::RecvFailed(s)) => s,
+        _ => Status::DeviceError,
+    };
+    let c = |op, ctx, len, status| Completion {
+        ctx,
+        op,
+        status,
+        len,
+        tag: 0,
+        tagged: false,
+        cq_data: None,
+        peer: Some(peer),
+    };
+    Ok(Some(match e {
+        Event::Sent { ctx, status } => {
+            let status = match status {
+                SendStatus::Ok => Status::Ok,
+                SendStatus::Failed(s) => s,
+                SendStatus::Terminated => ended,
+            };
+            c(Op::Send, ctx, 0, status)
+        }
+        Event::Received { ctx, len, status, .. } => {
+            let status = match status {
+                RecvStatus::Ok => Status::Ok,
+                RecvStatus::Truncated { olen } => Status::Truncated { olen },
+                RecvStatus::Terminated => ended,
+            };
+            c(Op::Recv, ctx, len, status)
+        }
+        Event::Terminated(ProtocolError::SendFailed(_) | ProtocolError::RecvFailed(_)) => {
+            return Ok(None);
+        }
+        Event::Terminated(e) => {
+            return Err(RunError::Engine(format!("the SMB Direct connection ended: {e}")));
+        }
+        Event::Invalidated { .. } => return Ok(None),
+    }))
 }
 
 fn register<D: Device>(ep: &mut Endpoint<D>, len: u64) -> Result<Mr, RunError> {
@@ -414,7 +585,7 @@ pub fn check_cq_data(c: &Completion, seq: u64) -> Result<(), RunError> {
 /// (so a read that lands nothing is caught); nothing for an atomic.
 pub fn prepare_local(op: OpKind, buf: &mut [u8], size: u64, seq: u64) {
     match op {
-        OpKind::Send | OpKind::Tagged | OpKind::Write => fill(buf, seed(size, seq)),
+        OpKind::Send | OpKind::Tagged | OpKind::Write | OpKind::Smbd => fill(buf, seed(size, seq)),
         OpKind::Read => buf.fill(0),
         OpKind::Atomic => {}
     }

@@ -238,8 +238,8 @@ impl<D: Device> ActiveSide for Initiator<D> {
 
     #[inline]
     fn step(&mut self) -> Result<Phase, RunError> {
-        let mut worked = self.io.ep.progress();
-        while let Some(c) = self.io.ep.poll_cq() {
+        let mut worked = self.io.progress();
+        while let Some(c) = self.io.poll_cq()? {
             worked = true;
             self.complete(&c)?;
         }
@@ -274,7 +274,7 @@ impl<D: Device> ActiveSide for Initiator<D> {
                 self.io.post(local, 0, self.seq, true)?
             };
             if self.send_posted {
-                self.io.ep.flush();
+                self.io.flush();
             }
             worked |= self.send_posted;
         }
@@ -343,7 +343,7 @@ impl<D: Device> Responder<D> {
 impl<D: Device> PassiveSide for Responder<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
-        let mut worked = self.io.ep.progress();
+        let mut worked = self.io.progress();
         while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
             worked = true;
             match c.op {
@@ -379,7 +379,7 @@ impl<D: Device> PassiveSide for Responder<D> {
         if let Some((size, seq)) = self.echo
             && self.io.post(Span::new(&self.rx, 0, size), 0, seq, true)?
         {
-            self.io.ep.flush();
+            self.io.flush();
             self.echo = None;
             self.sends_posted += 1;
             worked = true;

@@ -197,7 +197,7 @@ fn sim_flow(ctx: &mut LcoreCtx, a: &RunArgs, sink: Sink<'_>, live: bool) -> Flow
     let io = || -> Result<Io<_>, RunError> {
         let ep = Endpoint::new(fabric.device(), a.op.config(Config::default()))
             .map_err(|e| RunError::Setup(format!("sim endpoint: {e}")))?;
-        Io::new(ep, a.op)
+        Io::new(ep, a.op, &a.params)
     };
     let (active, passive) = (io()?, io()?);
     match a.app {
@@ -294,7 +294,7 @@ fn side_on<D: Device>(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
-    let io = Io::new(ep, a.op)?;
+    let io = Io::new(ep, a.op, &a.params)?;
     let p = &a.params;
     match (a.app, role) {
         (App::Pingpong, Role::Active) => {

@@ -166,9 +166,9 @@ impl<D: Device> ActiveSide for Sender<D> {
 
     #[inline]
     fn step(&mut self) -> Result<Phase, RunError> {
-        let mut worked = self.io.ep.progress();
+        let mut worked = self.io.progress();
         let before = self.done;
-        while let Some(c) = self.io.ep.poll_cq() {
+        while let Some(c) = self.io.poll_cq()? {
             worked = true;
             check_status(&c)?;
             match c.op {
@@ -328,7 +328,7 @@ impl<D: Device> Receiver<D> {
 impl<D: Device> PassiveSide for Receiver<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
-        let mut worked = self.io.ep.progress();
+        let mut worked = self.io.progress();
         while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
             worked = true;
             match c.op {

@@ -107,7 +107,7 @@ impl<D: Device> Target<D> {
 impl<D: Device> PassiveSide for Target<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
-        let mut worked = self.io.ep.progress();
+        let mut worked = self.io.progress();
         while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
             worked = true;
             match c.op {
@@ -178,7 +178,7 @@ mod tests {
     fn target(op: OpKind, params: &Params) -> (SimFabric, Target<SimDevice>) {
         let fabric = SimFabric::new(SimConfig::default());
         let ep = Endpoint::new(fabric.device(), op.config(Config::default())).unwrap();
-        let t = Target::new(Io::new(ep, op).unwrap(), params).unwrap();
+        let t = Target::new(Io::new(ep, op, params).unwrap(), params).unwrap();
         (fabric, t)
     }
 

@@ -425,6 +425,21 @@ pub trait Device {
     /// [`Device::read_region`].
     fn write_region(&mut self, mr: MrId, offset: usize, src: &[u8]);
 
+    /// Copies `len` bytes of region `src` from `src_offset` into region
+    /// `dst` at `dst_offset` (the ranges may overlap). Panics as
+    /// [`Device::read_region`]. The default bounces through the stack, a
+    /// page at a time; the devices here copy directly.
+    fn copy_region(
+        &mut self,
+        src: MrId,
+        src_offset: usize,
+        dst: MrId,
+        dst_offset: usize,
+        len: usize,
+    ) {
+        copy_by_bounce(self, src, src_offset, dst, dst_offset, len);
+    }
+
     /// Copies `len` bytes of received packet `buf`, from its byte `from`,
     /// into region `mr` at `offset`.
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize);
@@ -473,6 +488,30 @@ pub trait Device {
     /// timeout test takes no wall-clock time and cannot flake; the others
     /// read the host's monotonic clock.
     fn now_ns(&self) -> u64;
+}
+
+/// [`Device::copy_region`] through `read_region` and `write_region`, a
+/// stack page at a time: for a device that cannot copy directly.
+pub(crate) fn copy_by_bounce<D: Device + ?Sized>(
+    dev: &mut D,
+    src: MrId,
+    src_offset: usize,
+    dst: MrId,
+    dst_offset: usize,
+    len: usize,
+) {
+    let mut bounce = [0u8; 4096];
+    // Front to back, unless the target starts inside the source range of
+    // the same region, where that would overwrite bytes not yet read.
+    let backwards = src == dst && dst_offset > src_offset && dst_offset < src_offset + len;
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(bounce.len());
+        let at = if backwards { len - done - n } else { done };
+        dev.read_region(src, src_offset + at, &mut bounce[..n]);
+        dev.write_region(dst, dst_offset + at, &bounce[..n]);
+        done += n;
+    }
 }
 
 /// The host's monotonic clock in nanoseconds (since boot): the clock of

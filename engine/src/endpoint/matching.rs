@@ -244,6 +244,18 @@ impl Matcher {
         }
     }
 
+    /// Withdraws the earliest untagged posted receive for which `f`
+    /// holds; returns its id (still in the slab, for the caller to free).
+    pub(crate) fn withdraw_untagged(
+        &mut self,
+        posted: &mut Slab<Posted>,
+        f: impl FnMut(u32, &Posted) -> bool,
+    ) -> Option<u32> {
+        let id = self.posted_msg.find(posted, f)?;
+        self.posted_msg.remove(posted, id);
+        Some(id)
+    }
+
     /// Queues an unexpected message.
     pub(crate) fn push_unexpected(&mut self, ops: &mut Slab<RxOp>, id: u32) {
         if ops.get(id).expect("live op").tagged {

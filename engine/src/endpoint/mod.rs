@@ -298,6 +298,9 @@ pub struct Endpoint<D: Device> {
     rx_ops: Slab<RxOp>,
     /// Receives waiting for a message.
     posted: Slab<Posted>,
+    /// The spans of posted receives that scatter (`recvv`), by the
+    /// entry's slab index; empty where none is.
+    scattered: Vec<ops::Sgl>,
     matcher: Matcher,
     txq: TxQueue,
     bufs: BufLayout,
@@ -389,6 +392,7 @@ impl<D: Device> Endpoint<D> {
                 RxOp::new(ops::RxKind::Msg, ops::RxState::Unexpected),
             ),
             posted: Slab::with_capacity(rx_ops, Posted::BLANK),
+            scattered: Vec::new(),
             matcher: Matcher::with_capacity(rx_ops),
             txq: TxQueue::new(tx, tx_ops + rx_ops),
             bufs,
@@ -523,6 +527,7 @@ impl<D: Device> Endpoint<D> {
             a.is_some_and(|a| [a.result, a.compare].iter().flatten().any(|s| s.mr == mr))
         };
         self.posted.live().any(|p| p.dst.mr == mr)
+            || self.scattered.iter().any(uses)
             || self.rx_ops.live().any(|op| uses(&op.dst))
             || self.tx_ops.live().any(|op| uses(&op.src) || atomic_uses(&op.atomic))
             || self.tx_gathers_from(mr)
@@ -584,6 +589,27 @@ impl<D: Device> Endpoint<D> {
         self.check_span(&Span { mr, offset, len: data.len() as u64 })?;
         self.dev.write_region(mr, offset as usize, data);
         Ok(())
+    }
+
+    /// Copies the bytes of span `src` into region `dst` at `offset`, one
+    /// registered region to another (or within one; the ranges may
+    /// overlap) without passing through the caller's memory. Read both
+    /// after the completions that say they were written.
+    pub fn copy_mem(&mut self, src: Span, dst: MrId, offset: u64) -> Result<(), Error> {
+        self.check_span(&src)?;
+        self.check_span(&Span { mr: dst, offset, len: src.len })?;
+        if src.len > 0 {
+            let n = src.len as usize;
+            self.dev.copy_region(src.mr, src.offset as usize, dst, offset as usize, n);
+        }
+        Ok(())
+    }
+
+    /// The region registered (or attached) here under remote key `key`:
+    /// what a peer names when it hands a key back, as a token to
+    /// invalidate.
+    pub fn mr_by_key(&self, key: u64) -> Option<Mr> {
+        self.mem.by_key(key).copied()
     }
 
     /// Checks that `span` lies in a registered region.

@@ -9,7 +9,7 @@ use super::peer::NONE;
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
-use crate::device::{Access, BufId, DataSeg, Device, Source};
+use crate::device::{Access, BufId, DataSeg, Device, MrId, Source};
 use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, EagerRtm, PacketType, extra};
 
 /// What an arriving message is, by its REQ type: protocol, tagged,
@@ -77,7 +77,22 @@ fn copy_in_span<D: Device>(
     }
 }
 
+/// The region of a posted receive's span that says its spans are in the
+/// endpoint's table of scattered receives (`recvv`).
+pub(super) const SCATTERED: MrId = MrId(u32::MAX - 1);
+
 impl<D: Device> Endpoint<D> {
+    /// The spans of scattered receive `id` (posted with `dst`), taken out of
+    /// the table.
+    #[inline(never)]
+    fn take_scattered(&mut self, id: u32, dst: &Span) -> Sgl {
+        if dst.mr != SCATTERED {
+            return Sgl::EMPTY;
+        }
+        let slot = &mut self.scattered[super::slab::index(id)];
+        std::mem::replace(slot, Sgl::EMPTY)
+    }
+
     /// Sends `src` to `peer`; completes with `ctx` once the data left (or,
     /// with delivery complete, reached the receive buffer).
     pub fn send(&mut self, peer: PeerId, src: Span, ctx: u64) -> Result<(), Error> {
@@ -106,6 +121,70 @@ impl<D: Device> Endpoint<D> {
         self.send_msg(peer, src, Some(tag), Some(data), ctx)
     }
 
+    /// Sends the concatenation of `srcs` (one to four spans, as
+    /// `fi_sendv`) to `peer` as one message: a header and a payload kept in
+    /// different regions go out without first being copied together.
+    /// [`Error::Invalid`] for no span or more than four.
+    pub fn sendv(&mut self, peer: PeerId, srcs: &[Span], ctx: u64) -> Result<(), Error> {
+        self.send_msgv(peer, srcs, None, ctx)
+    }
+
+    /// [`Endpoint::sendv`] with CQ data the receiver's completion carries.
+    pub fn sendvdata(
+        &mut self,
+        peer: PeerId,
+        srcs: &[Span],
+        data: u64,
+        ctx: u64,
+    ) -> Result<(), Error> {
+        self.send_msgv(peer, srcs, Some(data), ctx)
+    }
+
+    /// Sends `head`, copied now, followed by `src` as one message (with
+    /// CQ data when given), if that goes in one packet at once: true, and
+    /// it completes with `ctx` as a send does. False, with nothing sent,
+    /// when it would not (too long, no packet buffer free now, delivery
+    /// complete): then send the head from registered memory with
+    /// [`Endpoint::sendv`]. For a protocol framed on top of messages whose
+    /// header is built per message: no copy of it into registered memory
+    /// first.
+    pub fn send_inline_head(
+        &mut self,
+        peer: PeerId,
+        head: &[u8],
+        src: Span,
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) -> Result<bool, Error> {
+        self.check_peer(peer)?;
+        self.check_span(&src)?;
+        let total = head.len() as u64 + src.len;
+        // The eager size: a read is never chosen below it.
+        let proto = self.choose_proto(peer.0, total, false, cq_data.is_some(), || false);
+        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
+        if proto != Proto::Eager || !now || self.cfg.delivery_complete {
+            return Ok(false);
+        }
+        let msg_id = self.next_msg_id(peer.0);
+        let done = EagerSend { ctx, tag: 0, len: total as u32, peer: peer.0, tagged: false };
+        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        let hdr = self.emit_eager(buf, peer.0, msg_id, None, cq_data);
+        let at = hdr + head.len();
+        self.dev.buf_mut(buf)[hdr..at].copy_from_slice(head);
+        let n = src.len as usize;
+        if n > 0 && self.gathers(at, n) {
+            let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
+            self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at, Some(data));
+        } else {
+            if n > 0 {
+                self.dev.copy_from_region(src.mr, src.offset as usize, buf, at, n);
+            }
+            self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at + n, None);
+        }
+        self.maybe_post();
+        Ok(true)
+    }
+
     /// Sends `data`, copied now, in one packet, with no completion.
     pub fn inject(&mut self, peer: PeerId, data: &[u8]) -> Result<(), Error> {
         self.inject_msg(peer, data, None)
@@ -119,7 +198,29 @@ impl<D: Device> Endpoint<D> {
     /// Posts a receive for the next untagged message (from `from`, or any
     /// peer); completes with `ctx`.
     pub fn recv(&mut self, dst: Span, from: Option<PeerId>, ctx: u64) -> Result<(), Error> {
-        self.post_recv_op(dst, None, from, ctx)
+        self.post_recv_op(dst, None, None, from, ctx)
+    }
+
+    /// Posts a receive for the next untagged message (from `from`, or any
+    /// peer) that scatters it over `dst`, one to four spans in order (as
+    /// `fi_recvv`): a header and a payload kept apart without a copy.
+    /// [`Error::Invalid`] for no span or more than four.
+    pub fn recvv(&mut self, dst: &[Span], from: Option<PeerId>, ctx: u64) -> Result<(), Error> {
+        if let [one] = dst {
+            return self.recv(*one, from, ctx);
+        }
+        if dst.is_empty() || dst.len() > MAX_IOV {
+            return Err(Error::Invalid);
+        }
+        let mut sgl = Sgl::EMPTY;
+        let mut total = 0u64;
+        for s in dst {
+            self.check_span(s)?;
+            total = total.checked_add(s.len).ok_or(Error::TooLarge)?;
+            sgl.push(*s);
+        }
+        let marker = Span { mr: SCATTERED, offset: 0, len: total };
+        self.post_recv_op(marker, Some(&sgl), None, from, ctx)
     }
 
     /// Posts a receive for the next tagged message whose tag matches.
@@ -130,7 +231,23 @@ impl<D: Device> Endpoint<D> {
         from: Option<PeerId>,
         ctx: u64,
     ) -> Result<(), Error> {
-        self.post_recv_op(dst, Some(tag), from, ctx)
+        self.post_recv_op(dst, None, Some(tag), from, ctx)
+    }
+
+    /// Withdraws the earliest untagged receive posted with `ctx` that no
+    /// message has matched yet (as `fi_cancel`, without a completion);
+    /// returns whether there was one. Its buffer is the caller's again, to
+    /// deregister or repost. A linear search: set-up and teardown work.
+    pub fn cancel_recv(&mut self, ctx: u64) -> bool {
+        match self.matcher.withdraw_untagged(&mut self.posted, |_, p| p.ctx == ctx) {
+            Some(id) => {
+                if let Some(Posted { dst, .. }) = self.posted.take(id) {
+                    self.take_scattered(id, &dst);
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     pub(super) fn check_peer(&self, peer: PeerId) -> Result<(), Error> {
@@ -145,15 +262,30 @@ impl<D: Device> Endpoint<D> {
             && self.mem.get(src.mr).is_some_and(|m| m.access.contains(Access::REMOTE_READ))
     }
 
-    /// The protocol for a message of `len` bytes to `peer` now.
-    fn choose_proto(&self, peer: u32, src: &Span, tagged: bool, cq_data: bool) -> Proto {
+    /// Whether RDMA read works between us and `peer` for a source in every
+    /// span of `src`.
+    fn can_long_read_all(&self, peer: u32, src: &Sgl) -> bool {
+        src.segs().iter().all(|s| self.can_long_read(peer, s))
+    }
+
+    /// The protocol for a message of `len` bytes to `peer` now;
+    /// `readable` says whether the peer can read its source by RDMA (asked
+    /// only of a message long enough for it).
+    #[inline(always)]
+    fn choose_proto(
+        &self,
+        peer: u32,
+        len: u64,
+        tagged: bool,
+        cq_data: bool,
+        readable: impl FnOnce() -> bool,
+    ) -> Proto {
         let ptype = if tagged { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
         let room = (self.caps.mtu - self.req_header_len(ptype, peer, cq_data)) as u64;
         let eager_max = self.cfg.eager_max.map_or(room, |m| m.min(room));
-        let len = src.len;
         if len <= eager_max {
             Proto::Eager
-        } else if len >= self.cfg.long_read_min && self.can_long_read(peer, src) {
+        } else if len >= self.cfg.long_read_min && readable() {
             let p = self.peers.get(peer).expect("live peer");
             let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight);
             if p.supports(extra::RUNTING_READ) && runt > 0 {
@@ -196,10 +328,12 @@ impl<D: Device> Endpoint<D> {
         if dc {
             self.check_dc(peer.0)?;
         }
-        let proto = self.choose_proto(peer.0, &src, tag.is_some(), cq_data.is_some());
+        let proto = self.choose_proto(peer.0, src.len, tag.is_some(), cq_data.is_some(), || {
+            self.can_long_read(peer.0, &src)
+        });
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
-            return self.send_msg_op(peer, src, proto, tag, cq_data, ctx);
+            return self.send_msg_op(peer, src, None, proto, tag, cq_data, ctx);
         }
         // The packet is the whole operation; its TX buffer remembers what
         // to report.
@@ -228,13 +362,69 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
+    /// An untagged message gathered from several spans: eager at once
+    /// when it fits a packet, each span copied into it; otherwise an
+    /// operation entry whose protocols walk the spans as they walk a
+    /// receive's.
+    fn send_msgv(
+        &mut self,
+        peer: PeerId,
+        srcs: &[Span],
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), Error> {
+        if let [one] = srcs {
+            return self.send_msg(peer, *one, None, cq_data, ctx);
+        }
+        if srcs.is_empty() || srcs.len() > MAX_IOV {
+            return Err(Error::Invalid);
+        }
+        self.check_peer(peer)?;
+        let mut sgl = Sgl::EMPTY;
+        let mut total = 0u64;
+        for s in srcs {
+            self.check_span(s)?;
+            total = total.checked_add(s.len).ok_or(Error::TooLarge)?;
+            sgl.push(*s);
+        }
+        let dc = self.cfg.delivery_complete;
+        if dc {
+            self.check_dc(peer.0)?;
+        }
+        let proto = self.choose_proto(peer.0, total, false, cq_data.is_some(), || {
+            self.can_long_read_all(peer.0, &sgl)
+        });
+        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
+        if proto != Proto::Eager || !now || dc {
+            return self.send_msg_op(peer, srcs[0], Some(&sgl), proto, None, cq_data, ctx);
+        }
+        let msg_id = self.next_msg_id(peer.0);
+        let done = EagerSend { ctx, tag: 0, len: total as u32, peer: peer.0, tagged: false };
+        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        let hdr = self.emit_eager(buf, peer.0, msg_id, None, cq_data);
+        let mut at = hdr;
+        for s in sgl.segs() {
+            let n = s.len as usize;
+            if n > 0 {
+                self.dev.copy_from_region(s.mr, s.offset as usize, buf, at, n);
+            }
+            at += n;
+        }
+        self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at, None);
+        self.maybe_post();
+        Ok(())
+    }
+
     /// A message that needs an operation entry: a protocol other than
-    /// eager, delivery complete, or no TX buffer now.
+    /// eager, delivery complete, or no TX buffer now. Its source is `src`,
+    /// or the spans of `srcv` when given.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn send_msg_op(
         &mut self,
         peer: PeerId,
         src: Span,
+        srcv: Option<&Sgl>,
         proto: Proto,
         tag: Option<u64>,
         cq_data: Option<u64>,
@@ -249,7 +439,8 @@ impl<D: Device> Endpoint<D> {
         let (granted, awaiting_peer) = match proto {
             Proto::RuntRead => {
                 let p = self.peers.get_mut(peer.0).expect("checked peer");
-                let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight).min(src.len);
+                let len = srcv.map_or(src.len, Sgl::len);
+                let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight).min(len);
                 p.runt_in_flight += runt;
                 (runt, true)
             }
@@ -261,7 +452,13 @@ impl<D: Device> Endpoint<D> {
             .tx_ops
             .insert_with(|op| {
                 op.reset(TxKind::Msg, peer.0, proto, ctx);
-                op.set_src(src);
+                match srcv {
+                    Some(v) => {
+                        op.src = *v;
+                        op.total = v.len();
+                    }
+                    None => op.set_src(src),
+                }
                 op.tagged = tag.is_some();
                 op.tag = tag.unwrap_or(0);
                 op.cq_data = cq_data;
@@ -307,15 +504,20 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
+    /// Posts a receive into `dst`, or, given `sgl`, into its spans (`dst`
+    /// then only marks it, [`SCATTERED`], with the total length).
     #[inline(always)]
     fn post_recv_op(
         &mut self,
         dst: Span,
+        sgl: Option<&Sgl>,
         tag: Option<TagMatch>,
         from: Option<PeerId>,
         ctx: u64,
     ) -> Result<(), Error> {
-        self.check_span(&dst)?;
+        if sgl.is_none() {
+            self.check_span(&dst)?;
+        }
         if let Some(p) = from {
             self.check_peer(p)?;
         }
@@ -328,7 +530,10 @@ impl<D: Device> Endpoint<D> {
                 let (buf, total, tagged, tag, cq_data, peer) =
                     (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
                 let from = self.rx_meta[buf as usize].payload_off as usize;
-                copy_in_span(&mut self.dev, buf, from, &dst, 0, total);
+                match sgl {
+                    Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
+                    None => copy_in_span(&mut self.dev, buf, from, &dst, 0, total),
+                }
                 self.report_rx(Op::Recv, ctx, total, dst.len, tagged, tag, cq_data, peer);
                 self.release_rx(buf);
                 self.rx_ops.free(id);
@@ -337,7 +542,7 @@ impl<D: Device> Endpoint<D> {
             }
             op.state = RxState::Matched;
             op.ctx = ctx;
-            op.dst = Sgl::one(dst);
+            op.dst = sgl.copied().unwrap_or_else(|| Sgl::one(dst));
             self.deliver_held(id);
             return Ok(());
         }
@@ -346,6 +551,16 @@ impl<D: Device> Endpoint<D> {
             .posted
             .insert(Posted { link: Link::NONE, want_peer, ctx, seq, dst })
             .ok_or(Error::Again)?;
+        if let Some(sgl) = sgl {
+            // Kept beside the entry, which is one cache line with room for
+            // one span (see `Posted`); growing the table is a cold path,
+            // as slab indices are reused.
+            let i = super::slab::index(id);
+            if self.scattered.len() <= i {
+                self.scattered.resize(i + 1, Sgl::EMPTY);
+            }
+            self.scattered[i] = *sgl;
+        }
         self.next_seq += 1;
         self.matcher.post(&mut self.posted, id, tag);
         // A message that waited for room may be an eager one this receive
@@ -419,7 +634,12 @@ impl<D: Device> Endpoint<D> {
         };
         let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
         let total = (len - e.payload_off) as u64;
-        copy_in_span(&mut self.dev, buf, e.payload_off, &dst, 0, total);
+        if dst.mr == SCATTERED {
+            let sgl = self.take_scattered(pid, &dst);
+            copy_in(&mut self.dev, buf, e.payload_off, &sgl, 0, total);
+        } else {
+            copy_in_span(&mut self.dev, buf, e.payload_off, &dst, 0, total);
+        }
         self.report_rx(Op::Recv, ctx, total, dst.len, e.tagged, e.tag, e.cq_data, peer);
         self.release_rx(buf);
         true
@@ -478,10 +698,15 @@ impl<D: Device> Endpoint<D> {
             return true;
         };
         let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
+        let sgl = (dst.mr == SCATTERED).then(|| self.take_scattered(pid, &dst));
         if !needs_entry {
             // The whole message is here and nothing answers it: land it
             // and report it without recording it in an entry.
-            copy_in_span(&mut self.dev, buf, info.payload_off as usize, &dst, 0, total);
+            let from = info.payload_off as usize;
+            match &sgl {
+                Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
+                None => copy_in_span(&mut self.dev, buf, from, &dst, 0, total),
+            }
             self.report_rx(Op::Recv, ctx, total, dst.len, tagged, info.tag, info.cq_data, peer);
             self.release_rx(buf);
             return true;
@@ -491,7 +716,10 @@ impl<D: Device> Endpoint<D> {
             .insert_with(|op| {
                 op.reset(RxKind::Msg, RxState::Matched);
                 op.ctx = ctx;
-                op.dst.set_one(dst);
+                match sgl {
+                    Some(sgl) => op.dst = sgl,
+                    None => op.dst.set_one(dst),
+                }
             })
             .expect("room checked");
         self.set_message(id, buf, peer, proto, tagged, dc, total, info);

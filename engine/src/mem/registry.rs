@@ -68,6 +68,11 @@ impl Registry {
         self.by_id.get(id.0 as usize).and_then(Option::as_ref)
     }
 
+    /// The region with remote key `key`.
+    pub(crate) fn by_key(&self, key: u64) -> Option<&Mr> {
+        self.get(MrId(*self.by_key.get(&key)?))
+    }
+
     /// Whether `span` lies in a registered region.
     #[inline]
     pub(crate) fn contains(&self, span: &Span) -> bool {

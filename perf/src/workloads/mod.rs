@@ -11,6 +11,7 @@ mod relink;
 mod rma;
 mod shm;
 mod sim;
+mod smbd;
 mod udp;
 
 use std::fmt;
@@ -124,6 +125,7 @@ pub fn all() -> Vec<Workload> {
     shm::workloads(&mut v);
     udp::workloads(&mut v);
     relink::workloads(&mut v);
+    smbd::workloads(&mut v);
     v
 }
 
@@ -218,7 +220,11 @@ mod tests {
         assert_eq!(names.len(), all.len(), "unique names");
         for w in &all {
             let area = w.name.split('/').next().unwrap();
-            assert!(["codec", "sim", "rma", "shm", "udp", "relink"].contains(&area), "{}", w.name);
+            assert!(
+                ["codec", "sim", "rma", "shm", "udp", "relink", "smbd"].contains(&area),
+                "{}",
+                w.name
+            );
             assert!(w.name.matches('/').count() >= 1, "{}: area/case", w.name);
             assert!(w.counted_iters() >= 2, "{}", w.name);
         }

@@ -1056,6 +1056,13 @@ impl Device for ShmDevice {
         r.map.write_bytes(REGION_DATA + offset, src);
     }
 
+    fn copy_region(&mut self, src: MrId, src_off: usize, dst: MrId, dst_off: usize, len: usize) {
+        let (s, d) = (self.region_ref(src), self.region_ref(dst));
+        assert!(src_off.checked_add(len).is_some_and(|e| e <= s.len), "outside the region");
+        assert!(dst_off.checked_add(len).is_some_and(|e| e <= d.len), "outside the region");
+        Mapping::copy(&s.map, REGION_DATA + src_off, &d.map, REGION_DATA + dst_off, len);
+    }
+
     #[inline(always)]
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
         let r = self.region_ref(mr);

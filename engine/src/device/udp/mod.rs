@@ -1671,6 +1671,10 @@ impl Device for UdpDevice {
         self.bytes(mr).write(offset, src);
     }
 
+    fn copy_region(&mut self, src: MrId, src_off: usize, dst: MrId, dst_off: usize, len: usize) {
+        Bytes::copy(self.bytes(src), src_off, self.bytes(dst), dst_off, len);
+    }
+
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
         let r = self.regions[mr.0 as usize].as_ref().expect("a registered region");
         self.frames.copy_out(buf, from, &r.region.bytes, offset, len);

@@ -1,0 +1,971 @@
+//! The connection: segments and credits on the send side, reassembly on the
+//! receive side, over an endpoint and one of its peers.
+
+use std::collections::VecDeque;
+
+use super::credits::Credits;
+use super::header::{Flags, HEADER_LEN, Repr};
+use super::segment::{Placement, Reassembler, Segmenter};
+use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
+use crate::device::{Access, Device, Mr};
+use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, Span, Status};
+
+/// Context kinds, bits 24..32 of a context: a header slot's send, a
+/// receive slot's receive. The slot is in the low 24 bits.
+const KIND_SEND: u64 = 1;
+const KIND_RECV: u64 = 2;
+const KIND_SHIFT: u32 = 24;
+const SLOT_MASK: u64 = (1 << KIND_SHIFT) - 1;
+
+/// A header slot's owner when the slot is free, and when the message is
+/// the connection's own (an empty message granting credits).
+const FREE: u64 = u64::MAX;
+const NO_OWNER: u64 = u64::MAX - 1;
+
+/// How a message's sending ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendStatus {
+    /// Every segment left.
+    Ok,
+    /// The endpoint failed a segment's send: its result, which the spec
+    /// says the caller gets (3.1.5.4).
+    Failed(Status),
+    /// The connection was terminated before every segment was sent.
+    Terminated,
+}
+
+/// How a receive buffer was filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvStatus {
+    /// A whole message.
+    Ok,
+    /// The buffer was shorter than the message: the first `len` bytes of
+    /// `olen` are in it.
+    Truncated { olen: u64 },
+    /// The connection was terminated; the buffer holds no whole message.
+    Terminated,
+}
+
+/// What the connection reports, in the order it happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A message given to [`Connection::send`] was sent, or failed; its
+    /// buffer is the application's again.
+    Sent { ctx: u64, status: SendStatus },
+    /// A receive buffer given to [`Connection::recv`] holds a message of
+    /// `len` bytes. `invalidated`: the token one of its segments carried,
+    /// whose region was deregistered before this event.
+    Received { ctx: u64, len: u64, status: RecvStatus, invalidated: Option<u64> },
+    /// An empty message carried a token, whose region was deregistered.
+    Invalidated { token: u64 },
+    /// The connection ended, for this reason; reported once.
+    Terminated(super::ProtocolError),
+}
+
+/// What a connection counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    /// Data Transfer messages sent and received, empty ones included.
+    pub segments_sent: u64,
+    pub segments_received: u64,
+    /// Empty messages sent to grant credits, and empty messages received.
+    pub empty_sent: u64,
+    pub empty_received: u64,
+    /// Message bytes, headers not counted.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Times a segment waited for a send credit, or for a header slot.
+    pub credit_stalls: u64,
+    pub slot_stalls: u64,
+    /// Segments sent with SMB_DIRECT_RESPONSE_REQUESTED.
+    pub responses_requested: u64,
+    /// Tokens the peer had invalidated here.
+    pub tokens_invalidated: u64,
+    /// Data segments that landed where their message goes, by a receive
+    /// posted into the application's buffer: no copy.
+    pub in_place: u64,
+}
+
+/// A message queued or being sent.
+#[derive(Debug, Clone, Copy)]
+struct TxMsg {
+    src: Span,
+    token: Option<u64>,
+    ctx: u64,
+    seg: Segmenter,
+    /// Segments posted and not completed.
+    in_flight: u32,
+    status: SendStatus,
+}
+
+/// A receive buffer the application posted.
+#[derive(Debug, Clone, Copy)]
+struct AppBuf {
+    dst: Span,
+    ctx: u64,
+    /// A posted receive scatters into it (see [`Landing`]); never twice.
+    placed: bool,
+    /// Given back to the application by a terminated connection.
+    released: bool,
+}
+
+/// Where a receive posted into an application buffer puts a segment's
+/// bytes: `head` bytes in the slot, the next `len` in the buffer of
+/// message `seq`, the rest in the slot again at their own offsets.
+///
+/// A receive is posted so only for the message it can carry at the latest:
+/// behind `q` receives not yet handled, a segment belongs at most to the
+/// message after the `q` that each of those could start, `seen + q`.
+/// Its true message is that one or an earlier one, so that buffer is
+/// handed to the application only once this receive was handled (its
+/// message's last segment comes at or after it), and what landed in a
+/// buffer that is not its message's is copied out, in order, before that
+/// buffer is written. Only a message's first segment can land in its own
+/// buffer, at offset 0 when DataOffset is `head`: then nothing is copied.
+#[derive(Debug, Clone, Copy)]
+struct Landing {
+    seq: u64,
+    dst: Span,
+    head: u64,
+    len: u64,
+}
+
+/// A receive slot's completion, waiting for the slots matched before it.
+#[derive(Debug, Clone, Copy)]
+struct Arrival {
+    status: Status,
+    len: u64,
+    token: Option<u64>,
+}
+
+/// A checked data segment waiting to be copied where its message goes.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    slot: u16,
+    landing: Option<Landing>,
+    data_offset: u32,
+    offset: u64,
+    len: u32,
+    total: u64,
+    first: bool,
+    last: bool,
+    token: Option<u64>,
+}
+
+/// The message being copied into an application buffer.
+#[derive(Debug, Clone, Copy)]
+struct RxMsg {
+    buf: AppBuf,
+    total: u64,
+    token: Option<u64>,
+}
+
+/// An SMB Direct connection to one peer of an endpoint (see the module's
+/// documentation). Every method that may post takes the endpoint.
+#[derive(Debug)]
+pub struct Connection {
+    peer: PeerId,
+    params: Params,
+    cfg: Config,
+    /// `ctx_tag` in the high 32 bits.
+    tag: u64,
+    /// Header slots of `data_offset` bytes, one per segment in flight.
+    hdr: Mr,
+    hdr_free: Vec<u16>,
+    /// Per header slot: the sequence number of the message whose segment
+    /// it carries, or `NO_OWNER`.
+    hdr_owner: Vec<u64>,
+    /// Receive slots of MaxReceiveSize bytes.
+    rx: Mr,
+    /// Slots to post (again).
+    rx_free: Vec<u16>,
+    /// Posted slots in posting order: the order the endpoint fills them.
+    rx_order: VecDeque<u16>,
+    /// Per slot: its completion, until its turn.
+    arrivals: Vec<Option<Arrival>>,
+    /// Messages queued or in flight, oldest first; the front's sequence
+    /// number is `tx_front_seq`, and `next_post` indexes the first with
+    /// segments still to post.
+    tx: VecDeque<TxMsg>,
+    tx_front_seq: u64,
+    next_post: usize,
+    apps: VecDeque<AppBuf>,
+    /// Messages whose buffer came before the front's: the front's
+    /// sequence number.
+    apps_front_seq: u64,
+    /// Messages whose first segment was handled.
+    msgs_seen: u64,
+    /// Per receive slot: the application buffer it was posted into.
+    landings: Vec<Option<Landing>>,
+    /// The peer's DataOffset, as its last data segment said.
+    peer_data_offset: u32,
+    pending: VecDeque<Pending>,
+    rx_msg: Option<RxMsg>,
+    /// The message arriving carried a token already.
+    token_in_msg: bool,
+    reasm: Reassembler,
+    credits: Credits,
+    events: VecDeque<Event>,
+    error: Option<ProtocolError>,
+    closed: bool,
+    stats: Stats,
+}
+
+impl Connection {
+    /// A connection to `peer` of `ep`, with the negotiated `params`:
+    /// registers its header slots and receive slots, and posts every
+    /// receive (`params.receive_credits_granted` of them granted by the
+    /// negotiation).
+    pub fn new<D: Device>(
+        ep: &mut Endpoint<D>,
+        peer: PeerId,
+        params: Params,
+        cfg: Config,
+    ) -> Result<Connection, SetupError> {
+        params.check(cfg.data_offset)?;
+        if cfg.send_slots == 0 || cfg.send_queue == 0 || cfg.recv_queue == 0 {
+            return Err(SetupError::Params("queues and slots are at least 1"));
+        }
+        if !ep.config().ordered {
+            return Err(SetupError::Unordered);
+        }
+        ep.peer_addr(peer).ok_or(EpError::UnknownPeer)?;
+        let slots = params.receive_credit_max as usize;
+        // Headers are read by the peer when the endpoint sends by RDMA read.
+        let hdr =
+            ep.register(cfg.send_slots as u64 * cfg.data_offset as u64, Access::REMOTE_READ)?;
+        let rx = match ep.register(slots as u64 * params.max_receive_size as u64, Access::empty()) {
+            Ok(mr) => mr,
+            Err(e) => {
+                let _ = ep.deregister(hdr.id);
+                return Err(e.into());
+            }
+        };
+        let mut c = Connection {
+            peer,
+            params,
+            cfg,
+            tag: (cfg.ctx_tag as u64) << 32,
+            hdr,
+            hdr_free: (0..cfg.send_slots).rev().collect(),
+            hdr_owner: vec![FREE; cfg.send_slots as usize],
+            rx,
+            rx_free: (0..slots as u16).rev().collect(),
+            rx_order: VecDeque::with_capacity(slots),
+            arrivals: vec![None; slots],
+            tx: VecDeque::with_capacity(cfg.send_queue as usize),
+            tx_front_seq: 0,
+            next_post: 0,
+            apps: VecDeque::with_capacity(cfg.recv_queue as usize),
+            apps_front_seq: 0,
+            msgs_seen: 0,
+            landings: vec![None; slots],
+            peer_data_offset: super::DEFAULT_DATA_OFFSET,
+            pending: VecDeque::with_capacity(slots),
+            rx_msg: None,
+            token_in_msg: false,
+            reasm: Reassembler::new(params.max_fragmented_receive_size),
+            credits: Credits::new(params.send_credits, 0, 0),
+            events: VecDeque::with_capacity(cfg.send_queue as usize + cfg.recv_queue as usize + 4),
+            error: None,
+            closed: false,
+            stats: Stats::default(),
+        };
+        c.repost(ep);
+        if c.rx_free.is_empty() {
+            c.credits =
+                Credits::new(params.send_credits, slots as u16, params.receive_credits_granted);
+            return Ok(c);
+        }
+        // The endpoint took fewer receives than the credits promise.
+        let error = match c.error {
+            Some(ProtocolError::Endpoint(e)) => e,
+            _ => EpError::Again,
+        };
+        let _ = c.close(ep);
+        Err(SetupError::Endpoint(error))
+    }
+
+    /// The peer.
+    pub fn peer(&self) -> PeerId {
+        self.peer
+    }
+
+    /// The negotiated parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The local settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The credits now.
+    pub fn credits(&self) -> Credits {
+        self.credits
+    }
+
+    /// What the connection counted.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Why the connection was terminated, once it was.
+    pub fn error(&self) -> Option<ProtocolError> {
+        self.error
+    }
+
+    /// The region of its header slots, which the peer may read (to keep
+    /// its key out of tokens and the like).
+    pub fn header_region(&self) -> &Mr {
+        &self.hdr
+    }
+
+    /// The region of its receive slots.
+    pub fn receive_region(&self) -> &Mr {
+        &self.rx
+    }
+
+    /// Whether `c` is one of this connection's endpoint completions.
+    #[inline]
+    pub fn owns(&self, c: &Completion) -> bool {
+        c.ctx & !0xffff_ffff == self.tag
+            && matches!((c.ctx >> KIND_SHIFT) & 0xff, KIND_SEND | KIND_RECV)
+    }
+
+    #[inline(always)]
+    fn ctx(&self, kind: u64, slot: u16) -> u64 {
+        self.tag | kind << KIND_SHIFT | slot as u64
+    }
+
+    #[inline(always)]
+    fn rx_slot_offset(&self, slot: u16) -> u64 {
+        slot as u64 * self.params.max_receive_size as u64
+    }
+
+    /// Queues `src` for sending, with `token` for the peer to invalidate;
+    /// [`Event::Sent`] with `ctx` says when its memory is the
+    /// application's again. Segments go at once as far as credits allow,
+    /// the rest from [`Connection::progress`].
+    pub fn send<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        src: Span,
+        token: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), SendError> {
+        if let Some(e) = self.error {
+            return Err(SendError::Terminated(e));
+        }
+        // Spec 3.1.5.4: longer than MaxFragmentedSendSize is a local error,
+        // and nothing is sent.
+        let max = self.params.max_fragmented_send_size;
+        if src.len > max as u64 {
+            return Err(SendError::TooLong { len: src.len, max });
+        }
+        if !registered(ep, &src) {
+            return Err(SendError::BadSpan);
+        }
+        if self.tx.len() >= self.cfg.send_queue as usize {
+            return Err(SendError::Again);
+        }
+        let seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
+        self.tx.push_back(TxMsg { src, token, ctx, seg, in_flight: 0, status: SendStatus::Ok });
+        self.post_segments(ep);
+        Ok(())
+    }
+
+    /// Posts `dst` for the next message; [`Event::Received`] with `ctx`
+    /// reports it. A message waiting for a buffer holds its receives, and
+    /// so the peer's credits: the flow control of SMB Direct.
+    pub fn recv<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        dst: Span,
+        ctx: u64,
+    ) -> Result<(), RecvError> {
+        if let Some(e) = self.error {
+            return Err(RecvError::Terminated(e));
+        }
+        if !registered(ep, &dst) {
+            return Err(RecvError::BadSpan);
+        }
+        if self.apps.len() >= self.cfg.recv_queue as usize {
+            return Err(RecvError::Again);
+        }
+        self.apps.push_back(AppBuf { dst, ctx, placed: false, released: false });
+        self.deliver(ep);
+        Ok(())
+    }
+
+    /// Takes an endpoint completion; returns false if it is not this
+    /// connection's (it is left to its owner).
+    #[inline]
+    pub fn handle_completion<D: Device>(&mut self, ep: &mut Endpoint<D>, c: &Completion) -> bool {
+        if !self.owns(c) {
+            return false;
+        }
+        let slot = (c.ctx & SLOT_MASK) as usize;
+        match (c.ctx >> KIND_SHIFT) & 0xff {
+            KIND_SEND if slot < self.hdr_owner.len() => self.on_send_done(slot as u16, c.status),
+            KIND_RECV if slot < self.arrivals.len() => {
+                self.arrivals[slot] =
+                    Some(Arrival { status: c.status, len: c.len, token: c.cq_data });
+                self.on_arrivals(ep);
+            }
+            _ => {}
+        }
+        true
+    }
+
+    /// Reposts free receives, posts the segments credits allow, and an
+    /// empty message when the peer asked for credits and nothing else
+    /// carries them; returns whether it did anything.
+    pub fn progress<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        // Receives first, so that the segments below grant them.
+        let mut did = self.repost(ep);
+        did |= self.post_segments(ep);
+        if self.credits.response_due() {
+            did |= self.post_empty(ep);
+        }
+        did
+    }
+
+    /// The next event.
+    #[inline]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Ends the connection (with [`ProtocolError::Closed`] if it was still
+    /// up), withdraws its receives and deregisters its regions;
+    /// [`EpError::Busy`] while segments are in flight or arriving: progress
+    /// the endpoint, hand the connection its completions, and call again.
+    pub fn close<D: Device>(&mut self, ep: &mut Endpoint<D>) -> Result<(), EpError> {
+        self.terminate(ProtocolError::Closed);
+        if self.closed {
+            return Ok(());
+        }
+        let tag = self.tag;
+        self.rx_order.retain(|&slot| {
+            let withdrawn = ep.cancel_recv(tag | KIND_RECV << KIND_SHIFT | slot as u64);
+            !withdrawn
+        });
+        // Buffers that withdrawn receives were posted into are free now.
+        self.release_buffers();
+        if !self.rx_order.is_empty() || self.hdr_free.len() < self.hdr_owner.len() {
+            return Err(EpError::Busy);
+        }
+        ep.deregister(self.hdr.id)?;
+        ep.deregister(self.rx.id)?;
+        self.closed = true;
+        Ok(())
+    }
+
+    // ---- sending ----
+
+    /// Posts segments while credits, slots and the endpoint allow.
+    fn post_segments<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        let mut did = false;
+        while self.post_segment(ep) {
+            did = true;
+        }
+        did
+    }
+
+    /// Posts the next segment of the first message with some to go.
+    #[inline]
+    fn post_segment<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        let Some(m) = self.tx.get(self.next_post) else { return false };
+        let Some(seg) = m.seg.peek() else {
+            self.next_post += 1;
+            return true;
+        };
+        let Some(&slot) = self.hdr_free.last() else {
+            self.stats.slot_stalls += 1;
+            return false;
+        };
+        let grants = self.credits.to_grant();
+        if !self.credits.may_send(grants) {
+            self.stats.credit_stalls += 1;
+            return false;
+        }
+        let data = !seg.repr.is_empty();
+        let mut r = seg.repr;
+        r.credits_requested = self.params.send_credit_target;
+        r.credits_granted = grants;
+        // The application's empty message too: it uses a credit as a
+        // segment does, and the peer, owing nothing, would grant none.
+        if self.credits.asks_response() {
+            r.flags |= Flags::RESPONSE_REQUESTED;
+        }
+        let src = m.src;
+        let body = Span { mr: src.mr, offset: src.offset + seg.offset, len: r.data_length as u64 };
+        // The token rides with exactly one segment, the first (see the
+        // module's documentation).
+        let token = if seg.is_first() { m.token } else { None };
+        match self.post_message(ep, slot, &r, data.then_some(body), token) {
+            Ok(()) => {}
+            Err(EpError::Again) => return false,
+            Err(e) => {
+                self.terminate(ProtocolError::Endpoint(e));
+                return false;
+            }
+        }
+        self.hdr_free.pop();
+        self.hdr_owner[slot as usize] = self.tx_front_seq + self.next_post as u64;
+        let m = &mut self.tx[self.next_post];
+        m.seg.advance();
+        m.in_flight += 1;
+        if m.seg.is_done() {
+            self.next_post += 1;
+        }
+        self.credits.on_send(grants);
+        self.stats.segments_sent += 1;
+        self.stats.bytes_sent += r.data_length as u64;
+        self.stats.responses_requested += r.flags.contains(Flags::RESPONSE_REQUESTED) as u64;
+        true
+    }
+
+    /// An empty message that grants the receives posted since the last
+    /// message: the answer to a peer that asked for credits.
+    fn post_empty<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        let Some(&slot) = self.hdr_free.last() else { return false };
+        let grants = self.credits.to_grant();
+        if grants == 0 || !self.credits.may_send(grants) {
+            return false;
+        }
+        let r = Repr {
+            credits_requested: self.params.send_credit_target,
+            credits_granted: grants,
+            ..Repr::default()
+        };
+        match self.post_message(ep, slot, &r, None, None) {
+            Ok(()) => {}
+            Err(EpError::Again) => return false,
+            Err(e) => {
+                self.terminate(ProtocolError::Endpoint(e));
+                return false;
+            }
+        }
+        self.hdr_free.pop();
+        self.hdr_owner[slot as usize] = NO_OWNER;
+        self.credits.on_send(grants);
+        self.stats.segments_sent += 1;
+        self.stats.empty_sent += 1;
+        true
+    }
+
+    /// Sends header `r` followed by `body` when given, the token as the
+    /// send's CQ data: in one packet with the header copied in from here
+    /// when it fits now, else as one endpoint send gathered from header
+    /// slot `slot` (written first) and the body.
+    #[inline]
+    fn post_message<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        slot: u16,
+        r: &Repr,
+        body: Option<Span>,
+        token: Option<u64>,
+    ) -> Result<(), EpError> {
+        let at = slot as u64 * self.cfg.data_offset as u64;
+        let ctx = self.ctx(KIND_SEND, slot);
+        // The usual header (DataOffset 24) from a small buffer: no wider
+        // one to clear for every segment.
+        if r.buffer_len() <= 24 {
+            let mut b = [0u8; 24];
+            let n = r.emit(&mut b);
+            self.send_header(ep, &b[..n], at, body, token, ctx)
+        } else {
+            let mut b = [0u8; MAX_DATA_OFFSET as usize];
+            let n = r.emit(&mut b);
+            self.send_header(ep, &b[..n], at, body, token, ctx)
+        }
+    }
+
+    #[inline(always)]
+    fn send_header<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        head: &[u8],
+        at: u64,
+        body: Option<Span>,
+        token: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), EpError> {
+        let none = Span { mr: self.hdr.id, offset: at, len: 0 };
+        if ep.send_inline_head(self.peer, head, body.unwrap_or(none), token, ctx)? {
+            return Ok(());
+        }
+        ep.write_mem(self.hdr.id, at, head)?;
+        let h = Span { mr: self.hdr.id, offset: at, len: head.len() as u64 };
+        match (body, token) {
+            (Some(d), None) => ep.sendv(self.peer, &[h, d], ctx),
+            (Some(d), Some(t)) => ep.sendvdata(self.peer, &[h, d], t, ctx),
+            (None, None) => ep.send(self.peer, h, ctx),
+            (None, Some(t)) => ep.senddata(self.peer, h, t, ctx),
+        }
+    }
+
+    /// A segment's send completed.
+    fn on_send_done(&mut self, slot: u16, status: Status) {
+        let seq = std::mem::replace(&mut self.hdr_owner[slot as usize], FREE);
+        if seq == FREE {
+            return; // not in flight: not a completion of ours to count
+        }
+        self.hdr_free.push(slot);
+        let msg = if seq == NO_OWNER { None } else { seq.checked_sub(self.tx_front_seq) };
+        if let Some(m) = msg.and_then(|i| self.tx.get_mut(i as usize)) {
+            m.in_flight = m.in_flight.saturating_sub(1);
+            if !status.is_ok() {
+                m.status = SendStatus::Failed(status);
+            }
+        }
+        if !status.is_ok() {
+            // Spec 3.1.5.4: a failed send means the RDMA layer initiated
+            // the connection's termination.
+            self.terminate(ProtocolError::SendFailed(status));
+        }
+        self.finish_sent();
+    }
+
+    /// Reports the messages at the front that are done, in order.
+    fn finish_sent(&mut self) {
+        while let Some(m) = self.tx.front() {
+            let posted = m.seg.is_done() || self.error.is_some();
+            if !posted || m.in_flight > 0 {
+                return;
+            }
+            let mut status = m.status;
+            if status == SendStatus::Ok && !m.seg.is_done() {
+                status = SendStatus::Terminated;
+            }
+            if status == SendStatus::Ok {
+                self.stats.messages_sent += 1;
+            }
+            self.events.push_back(Event::Sent { ctx: m.ctx, status });
+            self.tx.pop_front();
+            self.tx_front_seq += 1;
+            self.next_post = self.next_post.saturating_sub(1);
+        }
+    }
+
+    // ---- receiving ----
+
+    /// Posts the free receive slots: into the application buffer of the
+    /// message each can carry at the latest when that one is posted (see
+    /// [`Landing`]), else into the slot alone.
+    fn repost<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        let mut did = false;
+        while let Some(&slot) = self.rx_free.last() {
+            let mrs = self.params.max_receive_size as u64;
+            let at = self.rx_slot_offset(slot);
+            let whole = Span { mr: self.rx.id, offset: at, len: mrs };
+            let ctx = self.ctx(KIND_RECV, slot);
+            let seq = self.msgs_seen + self.rx_order.len() as u64;
+            let head = self.peer_data_offset as u64;
+            let i = (seq - self.apps_front_seq) as usize;
+            let landing = match self.apps.get(i) {
+                Some(b) if !b.placed && b.dst.len >= self.cfg.direct_min.max(1) && head < mrs => {
+                    let len = b.dst.len.min(mrs - head);
+                    Some(Landing { seq, dst: b.dst, head, len })
+                }
+                _ => None,
+            };
+            let posted = match landing {
+                Some(l) => {
+                    let piece = Span { len: l.len, ..l.dst };
+                    let before = Span { len: head, ..whole };
+                    let end = head + l.len;
+                    let after = Span { mr: self.rx.id, offset: at + end, len: mrs - end };
+                    if after.len > 0 {
+                        ep.recvv(&[before, piece, after], Some(self.peer), ctx)
+                    } else {
+                        ep.recvv(&[before, piece], Some(self.peer), ctx)
+                    }
+                }
+                None => ep.recv(whole, Some(self.peer), ctx),
+            };
+            match posted {
+                Ok(()) => {}
+                Err(EpError::Again) => break,
+                Err(e) => {
+                    self.terminate(ProtocolError::Endpoint(e));
+                    break;
+                }
+            }
+            if landing.is_some() {
+                self.apps[i].placed = true;
+            }
+            self.landings[slot as usize] = landing;
+            self.rx_free.pop();
+            self.rx_order.push_back(slot);
+            self.credits.on_post();
+            did = true;
+        }
+        did
+    }
+
+    /// Handles the completed slots in the order they were matched.
+    fn on_arrivals<D: Device>(&mut self, ep: &mut Endpoint<D>) {
+        while let Some(&slot) = self.rx_order.front() {
+            let Some(a) = self.arrivals[slot as usize].take() else { break };
+            self.rx_order.pop_front();
+            let landing = self.landings[slot as usize].take();
+            if self.error.is_some() {
+                // Not posted again: a terminated connection grants nothing.
+                continue;
+            }
+            self.stats.segments_received += 1;
+            if let Err(e) = self.on_segment(ep, slot, a, landing) {
+                self.terminate(e);
+            }
+        }
+        if self.error.is_some() {
+            self.release_buffers();
+        } else {
+            self.deliver(ep);
+        }
+    }
+
+    /// Checks one segment against the credits, the codec and the message
+    /// so far; invalidates its token; queues its data.
+    #[inline]
+    fn on_segment<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        slot: u16,
+        a: Arrival,
+        landing: Option<Landing>,
+    ) -> Result<(), ProtocolError> {
+        self.credits.on_arrival()?;
+        let max = self.params.max_receive_size;
+        match a.status {
+            Status::Ok => {}
+            // The receive is MaxReceiveSize long: a longer segment did not
+            // fit.
+            Status::Truncated { olen } => {
+                return Err(ProtocolError::SegmentTooLong { len: olen, max });
+            }
+            s => return Err(ProtocolError::RecvFailed(s)),
+        }
+        if a.len > max as u64 {
+            return Err(ProtocolError::SegmentTooLong { len: a.len, max });
+        }
+        let mut h = [0u8; HEADER_LEN];
+        let n = (a.len as usize).min(HEADER_LEN);
+        ep.read_mem(self.rx.id, self.rx_slot_offset(slot), &mut h[..n])
+            .map_err(ProtocolError::Endpoint)?;
+        let r = Repr::parse_header(&h[..n], a.len as usize).map_err(ProtocolError::Malformed)?;
+        self.credits.on_header(r.credits_granted, r.flags.contains(Flags::RESPONSE_REQUESTED));
+        let placement = self.reasm.accept(&r)?;
+        match placement {
+            Placement::Empty => {
+                self.stats.empty_received += 1;
+                if let Some(token) = a.token {
+                    self.invalidate(ep, token)?;
+                    self.events.push_back(Event::Invalidated { token });
+                }
+                self.rx_free.push(slot);
+            }
+            Placement::Data { offset, len, total, first, last } => {
+                let before = self.token_in_msg && !first;
+                if let Some(token) = a.token {
+                    // The spec puts a token in exactly one segment.
+                    if before {
+                        return Err(ProtocolError::TokenTwice { token });
+                    }
+                    // Before the message can be delivered, as soon as it
+                    // is known.
+                    self.invalidate(ep, token)?;
+                }
+                self.token_in_msg = (before || a.token.is_some()) && !last;
+                self.msgs_seen += first as u64;
+                // Where the next receives are posted assumes this offset.
+                self.peer_data_offset = r.data_offset;
+                self.pending.push_back(Pending {
+                    slot,
+                    landing,
+                    data_offset: r.data_offset,
+                    offset,
+                    len,
+                    total,
+                    first,
+                    last,
+                    token: a.token,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Deregisters the region whose key the peer sent as a token.
+    fn invalidate<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        token: u64,
+    ) -> Result<(), ProtocolError> {
+        // The connection's own regions are not the peer's to end.
+        let own = token == self.hdr.key || token == self.rx.key;
+        let mr =
+            ep.mr_by_key(token).filter(|_| !own).ok_or(ProtocolError::UnknownToken { token })?;
+        ep.deregister(mr.id).map_err(|error| ProtocolError::Invalidate { token, error })?;
+        self.stats.tokens_invalidated += 1;
+        Ok(())
+    }
+
+    /// Copies checked segments into the application's buffers, in order,
+    /// and reports each message with its last segment.
+    fn deliver<D: Device>(&mut self, ep: &mut Endpoint<D>) {
+        while let Some(&p) = self.pending.front() {
+            if self.error.is_some() {
+                return;
+            }
+            if p.first {
+                let Some(buf) = self.apps.pop_front() else { return };
+                self.apps_front_seq += 1;
+                self.rx_msg = Some(RxMsg { buf, total: p.total, token: None });
+            }
+            let Some(m) = self.rx_msg.as_mut() else { return };
+            m.token = m.token.or(p.token);
+            let dst = m.buf.dst;
+            let n = (p.len as u64).min(dst.len.saturating_sub(p.offset));
+            if let Err(e) = self.copy_data(ep, &p, n, dst.mr, dst.offset + p.offset) {
+                // The application deregistered its buffer meanwhile.
+                self.terminate(ProtocolError::Endpoint(e));
+                return;
+            }
+            self.pending.pop_front();
+            self.rx_free.push(p.slot);
+            self.stats.bytes_received += p.len as u64;
+            if let Some(m) = self.rx_msg.take_if(|_| p.last) {
+                let status = if m.total > dst.len {
+                    RecvStatus::Truncated { olen: m.total }
+                } else {
+                    RecvStatus::Ok
+                };
+                let len = m.total.min(dst.len);
+                self.stats.messages_received += 1;
+                self.events.push_back(Event::Received {
+                    ctx: m.buf.ctx,
+                    len,
+                    status,
+                    invalidated: m.token,
+                });
+            }
+        }
+    }
+
+    /// Copies the first `n` data bytes of segment `p` from where they
+    /// landed to region `mr` at `at`; nothing for bytes already there.
+    #[inline]
+    fn copy_data<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        p: &Pending,
+        n: u64,
+        mr: crate::device::MrId,
+        at: u64,
+    ) -> Result<(), EpError> {
+        let slot_at = self.rx_slot_offset(p.slot);
+        let (from, to) = (p.data_offset as u64, p.data_offset as u64 + n);
+        let in_slot = |a: u64, b: u64| Span { mr: self.rx.id, offset: slot_at + a, len: b - a };
+        let Some(l) = p.landing else {
+            return if n > 0 { ep.copy_mem(in_slot(from, to), mr, at) } else { Ok(()) };
+        };
+        // Segment bytes [head, head + len) are in the buffer, the others in
+        // the slot at their own offsets. The buffer's first: it may be
+        // this message's own, shifted, and the slot's go where it was.
+        let (h, e) = (l.head, l.head + l.len);
+        let mut copied = false;
+        let (a, b) = (from.max(h), to.min(e));
+        if a < b {
+            let src = Span { mr: l.dst.mr, offset: l.dst.offset + (a - h), len: b - a };
+            let dst_at = at + (a - from);
+            if src.mr != mr || src.offset != dst_at {
+                ep.copy_mem(src, mr, dst_at)?;
+                copied = true;
+            }
+        }
+        if from < to.min(h) {
+            ep.copy_mem(in_slot(from, to.min(h)), mr, at)?;
+            copied = true;
+        }
+        let a = from.max(e);
+        if a < to {
+            ep.copy_mem(in_slot(a, to), mr, at + (a - from))?;
+            copied = true;
+        }
+        self.stats.in_place += (n > 0 && !copied) as u64;
+        Ok(())
+    }
+
+    /// A terminated connection gives back the application's buffers that
+    /// no posted receive still writes, in the order they were posted.
+    fn release_buffers(&mut self) {
+        for i in 0..self.apps.len() {
+            let seq = self.apps_front_seq + i as u64;
+            let landings = &self.landings;
+            let written =
+                self.rx_order.iter().any(|&s| landings[s as usize].is_some_and(|l| l.seq == seq));
+            let buf = &mut self.apps[i];
+            if written || buf.released {
+                continue;
+            }
+            buf.released = true;
+            self.events.push_back(Event::Received {
+                ctx: buf.ctx,
+                len: 0,
+                status: RecvStatus::Terminated,
+                invalidated: None,
+            });
+        }
+        while self.apps.front().is_some_and(|b| b.released) {
+            self.apps.pop_front();
+            self.apps_front_seq += 1;
+        }
+    }
+
+    // ---- termination ----
+
+    /// Ends the connection for `e` (the first reason stays): nothing more
+    /// is sent, granted or reposted; messages and buffers go back to the
+    /// application once the endpoint no longer uses them.
+    fn terminate(&mut self, e: ProtocolError) {
+        if self.error.is_some() {
+            return;
+        }
+        self.error = Some(e);
+        self.events.push_back(Event::Terminated(e));
+        self.next_post = self.tx.len();
+        self.finish_sent();
+        let terminated = |buf: AppBuf, invalidated| Event::Received {
+            ctx: buf.ctx,
+            len: 0,
+            status: RecvStatus::Terminated,
+            invalidated,
+        };
+        if let Some(m) = self.rx_msg.take() {
+            self.events.push_back(terminated(m.buf, m.token));
+        }
+        self.pending.clear();
+        self.rx_free.clear();
+        self.release_buffers();
+    }
+}
+
+/// Whether `span` lies in a region registered on `ep`.
+fn registered<D: Device>(ep: &Endpoint<D>, span: &Span) -> bool {
+    ep.mr(span.mr)
+        .is_some_and(|mr| span.offset.checked_add(span.len).is_some_and(|end| end <= mr.len))
+}

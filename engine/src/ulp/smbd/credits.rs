@@ -1,0 +1,211 @@
+//! Credit accounting of one connection: pure counters, so that each rule
+//! is tested alone.
+
+use super::ProtocolError;
+
+/// The credits of one connection, both ways.
+///
+/// * Send credits are receives the peer posted for us: one per segment
+///   sent, empty messages included. The peer grants more in
+///   CreditsGranted.
+/// * Receive credits are the receives this side posted: `granted` of them
+///   the peer was told of (it may fill those), the rest go out in the next
+///   message's CreditsGranted. A segment that arrives when the peer holds
+///   none ends the connection.
+///
+/// Two rules keep both sides from waiting on each other forever (the
+/// spec text this module follows, 3.1.5.4, leaves credits to 3.1.5.1):
+///
+/// * the last send credit goes only to a message that grants credits, so
+///   that the peer, which then holds one, can always answer: were both
+///   sides out of credits, the last message sent would have granted the
+///   other one some;
+/// * a segment of the application's (its empty message included) that
+///   leaves its sender with `low` credits, or 1 or 0, sets
+///   SMB_DIRECT_RESPONSE_REQUESTED; the peer owes an answer that grants
+///   credits, and sends an empty message for it when it has nothing else
+///   to send. Those empty messages ask for nothing, so that two peers do
+///   not answer each other's answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Credits {
+    send: u32,
+    posted: u32,
+    granted: u32,
+    /// Send credits at which a segment asks for a response.
+    low: u32,
+    response_owed: bool,
+}
+
+impl Credits {
+    /// Credits as negotiation leaves them: `send` granted by the peer,
+    /// `posted` receives of which `granted` were granted to it.
+    pub fn new(send: u16, posted: u16, granted: u16) -> Credits {
+        Credits {
+            send: send as u32,
+            posted: posted as u32,
+            granted: (granted as u32).min(posted as u32),
+            low: (send as u32 / 2).max(1),
+            response_owed: false,
+        }
+    }
+
+    /// Send credits held.
+    pub fn send(&self) -> u32 {
+        self.send
+    }
+
+    /// Receives posted.
+    pub fn posted(&self) -> u32 {
+        self.posted
+    }
+
+    /// Receives the peer was granted and has not filled.
+    pub fn granted(&self) -> u32 {
+        self.granted
+    }
+
+    /// What the next message grants: receives posted and not yet granted.
+    #[inline]
+    pub fn to_grant(&self) -> u16 {
+        (self.posted - self.granted).min(u16::MAX as u32) as u16
+    }
+
+    /// Whether a message granting `grants` credits may go now.
+    #[inline]
+    pub fn may_send(&self, grants: u16) -> bool {
+        self.send > 1 || (self.send == 1 && grants > 0)
+    }
+
+    /// Whether a segment of the application's sent now asks for a
+    /// response.
+    #[inline]
+    pub fn asks_response(&self) -> bool {
+        let after = self.send.saturating_sub(1);
+        after == self.low || after <= 1
+    }
+
+    /// A message went, granting `grants`: a send credit is used, the
+    /// grants are the peer's, and a response owed is given if it granted.
+    #[inline]
+    pub fn on_send(&mut self, grants: u16) {
+        debug_assert!(self.may_send(grants) && grants <= self.to_grant());
+        self.send -= 1;
+        self.granted += grants as u32;
+        if grants > 0 {
+            self.response_owed = false;
+        }
+    }
+
+    /// A segment filled a posted receive: the peer must have held a credit.
+    #[inline]
+    pub fn on_arrival(&mut self) -> Result<(), ProtocolError> {
+        if self.granted == 0 {
+            return Err(ProtocolError::CreditsExceeded);
+        }
+        self.granted -= 1;
+        self.posted -= 1;
+        Ok(())
+    }
+
+    /// The arrived segment's header: its grants, and whether it asks for a
+    /// response.
+    #[inline]
+    pub fn on_header(&mut self, credits_granted: u16, response_requested: bool) {
+        self.send = self.send.saturating_add(credits_granted as u32);
+        self.response_owed |= response_requested;
+    }
+
+    /// A receive was posted (again).
+    #[inline]
+    pub fn on_post(&mut self) {
+        self.posted += 1;
+    }
+
+    /// A posted receive was withdrawn (the connection is closing).
+    pub fn on_withdraw(&mut self) {
+        self.posted -= 1;
+        self.granted = self.granted.min(self.posted);
+    }
+
+    /// Whether an empty message should answer the peer now: it asked, and
+    /// there are credits to grant.
+    #[inline]
+    pub fn response_due(&self) -> bool {
+        self.response_owed && self.to_grant() > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sender_never_sends_without_a_credit() {
+        let mut c = Credits::new(2, 4, 4);
+        assert!(c.may_send(0));
+        c.on_send(0);
+        assert_eq!(c.send(), 1);
+        assert!(!c.may_send(0), "the last credit is kept for a message that grants");
+        assert_eq!(c.to_grant(), 0, "all posted were granted at negotiation");
+        // A segment of the peer arrives and its receive is posted again.
+        c.on_arrival().unwrap();
+        c.on_post();
+        assert_eq!(c.to_grant(), 1);
+        assert!(c.may_send(1));
+        c.on_send(1);
+        assert_eq!(c.send(), 0);
+        assert!(!c.may_send(0) && !c.may_send(1), "no credit, no send");
+        c.on_header(3, false);
+        assert_eq!(c.send(), 3);
+    }
+
+    #[test]
+    fn a_receiver_refuses_a_segment_beyond_the_credits_it_granted() {
+        let mut c = Credits::new(2, 3, 2);
+        assert_eq!(c.to_grant(), 1);
+        c.on_arrival().unwrap();
+        c.on_arrival().unwrap();
+        // One receive is still posted, but the peer was never granted it.
+        assert_eq!((c.posted(), c.granted()), (1, 0));
+        assert_eq!(c.on_arrival(), Err(ProtocolError::CreditsExceeded));
+    }
+
+    #[test]
+    fn credits_are_granted_as_receives_are_reposted() {
+        let mut c = Credits::new(10, 4, 4);
+        for _ in 0..3 {
+            c.on_arrival().unwrap();
+        }
+        assert_eq!(c.to_grant(), 0, "nothing reposted yet");
+        c.on_post();
+        c.on_post();
+        assert_eq!(c.to_grant(), 2);
+        c.on_send(2);
+        assert_eq!((c.granted(), c.to_grant()), (3, 0));
+    }
+
+    #[test]
+    fn a_response_is_asked_when_credits_run_low_and_owed_until_credits_go() {
+        let mut c = Credits::new(8, 4, 4);
+        let asks: Vec<bool> = (0..7)
+            .map(|_| {
+                let a = c.asks_response();
+                c.on_send(0);
+                a
+            })
+            .collect();
+        // 8 credits: asks when it leaves 4 (half), then 1 (and would at 0).
+        assert_eq!(asks, [false, false, false, true, false, false, true]);
+        let mut c = Credits::new(8, 4, 4);
+        c.on_header(0, true);
+        assert!(!c.response_due(), "nothing to grant yet");
+        c.on_arrival().unwrap();
+        c.on_post();
+        assert!(c.response_due());
+        c.on_send(0);
+        assert!(c.response_due(), "a message without grants answers nothing");
+        c.on_header(0, true);
+        c.on_send(1);
+        assert!(!c.response_due(), "answered");
+    }
+}

@@ -1,0 +1,283 @@
+//! Property round trips of SMB Direct framing: segmentation then
+//! reassembly gives the message back, for sizes on either side of
+//! multiples of a segment's data (and 0 and 1); headers emit and parse
+//! back; and the same end to end over two connections on the sim device.
+
+mod common;
+
+use common::{Mem, World, pattern, span};
+use efapoll::device::fault::Faults;
+use efapoll::device::sim::SimConfig;
+use efapoll::endpoint::Config as EpConfig;
+use efapoll::ulp::smbd::{
+    Config, Connection, Event, Flags, HEADER_LEN, Params, Placement, Reassembler, RecvStatus, Repr,
+    Segmenter, SendStatus,
+};
+use proptest::prelude::*;
+
+/// A DataOffset and a MaxSendSize past it.
+fn layout() -> impl Strategy<Value = (u32, u32)> {
+    (3u32..=32).prop_flat_map(|o8| {
+        let offset = o8 * 8;
+        (Just(offset), offset + 1..offset + 70_000)
+    })
+}
+
+/// A message length near `k` segments' worth of `per` bytes: one less,
+/// exactly, one more; or 0, or 1.
+fn near_multiple(per: u32) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        1 => Just(0u64),
+        1 => Just(1u64),
+        8 => (1u64..40, -1i64..=1).prop_map(move |(k, d)| (k * per as u64).saturating_add_signed(d)),
+    ]
+}
+
+/// Segments `msg` into whole segments' bytes, as they go on the wire.
+fn wire_segments(msg: &[u8], offset: u32, max: u32) -> Vec<Vec<u8>> {
+    Segmenter::new(msg.len() as u64, offset, max)
+        .map(|s| {
+            let mut b = vec![0xa5u8; s.repr.segment_len()];
+            let at = s.repr.emit(&mut b);
+            let n = s.repr.data_length as usize;
+            b[at..at + n].copy_from_slice(&msg[s.offset as usize..][..n]);
+            b
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn segmentation_then_reassembly_gives_the_message_back(
+        ((offset, max), len) in layout().prop_flat_map(|(o, m)| ((Just(o), Just(m)), near_multiple(m - o))),
+        seed in any::<u64>(),
+    ) {
+        let msg: Vec<u8> = (0..len).map(|i| pattern(seed, i)).collect();
+        let segs = wire_segments(&msg, offset, max);
+        let per = (max - offset) as u64;
+        let want_count = if len == 0 { 1 } else { len.div_ceil(per) };
+        prop_assert_eq!(segs.len() as u64, want_count);
+        let mut r = Reassembler::new(u32::MAX);
+        let mut out = vec![0u8; len as usize];
+        let mut delivered = false;
+        let mut sent = 0u64;
+        for (i, bytes) in segs.iter().enumerate() {
+            // The receiver copies only the header out of the segment.
+            let h = Repr::parse_header(&bytes[..HEADER_LEN], bytes.len()).unwrap();
+            let (full, data) = Repr::parse(bytes).unwrap();
+            prop_assert_eq!(h, full);
+            prop_assert!(bytes.len() <= max as usize, "DataOffset + DataLength <= MaxSendSize");
+            prop_assert!(bytes[HEADER_LEN..h.buffer_len()].iter().all(|&b| b == 0), "padding zero");
+            sent += h.data_length as u64;
+            prop_assert_eq!(h.remaining_data_length as u64, len - sent);
+            match r.accept(&h).unwrap() {
+                Placement::Empty => {
+                    prop_assert_eq!(len, 0);
+                    prop_assert_eq!(bytes.len(), HEADER_LEN);
+                    delivered = true;
+                }
+                Placement::Data { offset: at, len: n, total, first, last } => {
+                    prop_assert_eq!(data.len(), n as usize);
+                    prop_assert_eq!((first, last, total), (i == 0, i + 1 == segs.len(), len));
+                    prop_assert_eq!(h.data_offset, offset);
+                    out[at as usize..][..n as usize].copy_from_slice(data);
+                    delivered |= last;
+                }
+            }
+        }
+        prop_assert!(delivered);
+        prop_assert!(!r.in_progress());
+        prop_assert_eq!(out, msg);
+    }
+
+    #[test]
+    fn headers_emit_and_parse_back(
+        credits_requested in any::<u16>(),
+        credits_granted in any::<u16>(),
+        flags in any::<u16>(),
+        (remaining, offset, length) in prop_oneof![
+            Just((0u32, 0u32, 0u32)),
+            (any::<u32>(), 3u32..64, 1u32..5000).prop_map(|(r, o, l)| (r, o * 8, l)),
+        ],
+    ) {
+        let r = Repr {
+            credits_requested,
+            credits_granted,
+            flags: Flags::from_bits_retain(flags),
+            remaining_data_length: remaining,
+            data_offset: offset,
+            data_length: length,
+        };
+        let mut seg = vec![0x5au8; r.segment_len()];
+        let at = r.emit(&mut seg);
+        prop_assert_eq!(at, r.buffer_len());
+        let (back, data) = Repr::parse(&seg).unwrap();
+        prop_assert_eq!(back, r);
+        prop_assert_eq!(data.len(), length as usize);
+    }
+}
+
+proptest! {
+    // Each case runs two endpoints: fewer of them.
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn messages_cross_two_connections_byte_exact(
+        max in prop_oneof![Just(96u32), Just(200), Just(1364), Just(9000), Just(70_000)],
+        credits in 2u16..12,
+        seed in any::<u64>(),
+        picks in proptest::collection::vec((0u64..6, -1i64..=1), 1..12),
+        data_offset in prop_oneof![Just(24u32), Just(32), Just(64)],
+    ) {
+        let per = (max - data_offset) as u64;
+        let sizes: Vec<u64> = picks
+            .iter()
+            .map(|&(k, d)| (k * per).saturating_add_signed(d).min(1 << 20))
+            .collect();
+        let sim = SimConfig { seed, faults: Faults::reorder(seed, 4), ..SimConfig::default() };
+        let mut w = World::pair(sim, EpConfig::default());
+        let to = [w.connect(0, 1), w.connect(1, 0)];
+        let params = Params::symmetric(max, 1 << 20, credits);
+        // The receiver's receives assume DataOffset 24 until a segment
+        // says otherwise.
+        let cfg = Config { data_offset, direct_min: 1, ..Config::default() };
+        let mut c: Vec<Connection> = (0..2)
+            .map(|i| Connection::new(&mut w.eps[i], to[i], params, cfg).unwrap())
+            .collect();
+        let total: u64 = sizes.iter().sum::<u64>() + 1;
+        let src = w.register(0, total);
+        let dst = w.register(1, total);
+        w.fill(0, &src, seed);
+        let mut at = 0;
+        let mut want = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            if len > 0 {
+                c[1].recv(&mut w.eps[1], span(&dst, at, len), i as u64).unwrap();
+                want.push((i as u64, at, len));
+            }
+            c[0].send(&mut w.eps[0], span(&src, at, len), None, i as u64).unwrap();
+            at += len;
+        }
+        let (mut sent, mut got) = (Vec::new(), Vec::new());
+        for _ in 0..200_000 {
+            if sent.len() == sizes.len() && got.len() == want.len() {
+                break;
+            }
+            let mut did = false;
+            for (ep, c) in w.eps.iter_mut().zip(c.iter_mut()) {
+                did |= ep.progress();
+                while let Some(comp) = ep.poll_cq() {
+                    prop_assert!(c.handle_completion(ep, &comp));
+                }
+                did |= c.progress(ep);
+                while let Some(e) = c.poll_event() {
+                    match e {
+                        Event::Sent { ctx, status } => sent.push((ctx, status)),
+                        Event::Received { ctx, len, status, .. } => got.push((ctx, len, status)),
+                        other => prop_assert!(false, "{:?}", other),
+                    }
+                }
+            }
+            if !did {
+                w.fabric.skip_to_next_due();
+            }
+        }
+        prop_assert_eq!(sent.len(), sizes.len());
+        prop_assert!(sent.iter().enumerate().all(|(i, &(ctx, s))| ctx == i as u64 && s == SendStatus::Ok));
+        prop_assert_eq!(got.len(), want.len());
+        let mem = w.eps[1].mem(dst.id);
+        for (&(ctx, len, status), &(i, at, l)) in got.iter().zip(&want) {
+            prop_assert_eq!((ctx, len, status), (i, l, RecvStatus::Ok));
+            for j in at..at + l {
+                prop_assert_eq!(mem[j as usize], pattern(seed, j), "message {} byte {}", i, j - at);
+            }
+        }
+    }
+}
+
+/// Both sides send each other `sizes[i]`, all queued at once; every
+/// message must arrive byte-exact whatever the credits (none may wait on
+/// the other forever).
+fn both_ways(sizes: [Vec<u64>; 2], max: u32, credits: u16, seed: u64) -> Result<(), TestCaseError> {
+    let sim = SimConfig { seed, faults: Faults::reorder(seed, 4), ..SimConfig::default() };
+    let mut w = World::pair(sim, EpConfig::default());
+    let to = [w.connect(0, 1), w.connect(1, 0)];
+    let params = Params::symmetric(max, 1 << 20, credits);
+    let cfg = Config { send_queue: 64, recv_queue: 64, direct_min: 1, ..Config::default() };
+    let mut c: Vec<Connection> =
+        (0..2).map(|i| Connection::new(&mut w.eps[i], to[i], params, cfg).unwrap()).collect();
+    let total = |s: &[u64]| s.iter().sum::<u64>() + 1;
+    let src: Vec<_> = (0..2).map(|i| w.register(i, total(&sizes[i]))).collect();
+    let dst: Vec<_> = (0..2).map(|i| w.register(i, total(&sizes[1 - i]))).collect();
+    for (i, mr) in src.iter().enumerate() {
+        w.fill(i, mr, seed ^ i as u64);
+    }
+    let mut want: [Vec<(u64, u64, u64)>; 2] = [vec![], vec![]];
+    for i in 0..2 {
+        let mut at = 0;
+        for (k, &len) in sizes[i].iter().enumerate() {
+            if len > 0 {
+                c[1 - i].recv(&mut w.eps[1 - i], span(&dst[1 - i], at, len), k as u64).unwrap();
+                want[1 - i].push((k as u64, at, len));
+            }
+            c[i].send(&mut w.eps[i], span(&src[i], at, len), None, k as u64).unwrap();
+            at += len;
+        }
+    }
+    let mut sent = [0usize; 2];
+    let mut got: [Vec<(u64, u64)>; 2] = [vec![], vec![]];
+    for _ in 0..200_000 {
+        if (0..2).all(|i| sent[i] == sizes[i].len() && got[i].len() == want[i].len()) {
+            break;
+        }
+        let mut did = false;
+        for i in 0..2 {
+            did |= w.eps[i].progress();
+            while let Some(comp) = w.eps[i].poll_cq() {
+                prop_assert!(c[i].handle_completion(&mut w.eps[i], &comp));
+            }
+            did |= c[i].progress(&mut w.eps[i]);
+            while let Some(e) = c[i].poll_event() {
+                match e {
+                    Event::Sent { status: SendStatus::Ok, .. } => sent[i] += 1,
+                    Event::Received { ctx, len, status: RecvStatus::Ok, .. } => {
+                        got[i].push((ctx, len))
+                    }
+                    other => prop_assert!(false, "{:?}", other),
+                }
+            }
+        }
+        if !did {
+            w.fabric.skip_to_next_due();
+        }
+    }
+    for i in 0..2 {
+        prop_assert_eq!(sent[i], sizes[i].len(), "side {} sent; credits {:?}", i, c[i].credits());
+        prop_assert_eq!(got[i].len(), want[i].len(), "side {} received", i);
+        let mem = w.eps[i].mem(dst[i].id);
+        for (&(ctx, len), &(k, at, l)) in got[i].iter().zip(&want[i]) {
+            prop_assert_eq!((ctx, len), (k, l));
+            for j in at..at + l {
+                prop_assert_eq!(mem[j as usize], pattern(seed ^ (1 - i) as u64, j));
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn both_ways_at_once_with_few_credits_nothing_waits_forever(
+        max in prop_oneof![Just(32u32), Just(100), Just(1364)],
+        credits in 2u16..6,
+        seed in any::<u64>(),
+        a in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..3000], 0..40),
+        b in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..3000], 0..40),
+    ) {
+        both_ways([a, b], max, credits, seed)?;
+    }
+}

@@ -1,0 +1,151 @@
+//! SMB Direct framing (`efapoll::ulp::smbd`) against plain sends: the same
+//! stream over shm in one thread, once as endpoint messages and once as
+//! SMB Direct data transfer over a connection each way; and the Data
+//! Transfer header's codec on the unit tests' golden segments.
+
+use std::hint::black_box;
+
+use efapoll::device::Device;
+use efapoll::device::shm::{ShmConfig, ShmDevice};
+use efapoll::endpoint::{Config, Endpoint, Span};
+use efapoll::ulp::smbd::{self, Connection, Event, Packet, Params, Repr, golden};
+
+use super::sim::{MIB, Pair, Stream, region};
+use super::{Kind, Runner, Unit, Workload};
+
+/// Two endpoints over shm that know each other, as the apps make them
+/// (`Config::on_host`: what exceeds a packet is read, one copy).
+fn endpoints() -> Pair<ShmDevice> {
+    let cfg = Config { handshake_on_insert: true, ..Config::on_host() };
+    let dev = || ShmDevice::new(ShmConfig::default()).unwrap();
+    Pair::connect(Endpoint::new(dev(), cfg).unwrap(), Endpoint::new(dev(), cfg).unwrap(), None)
+}
+
+/// The parameters `efapoll streaming -o smbd` negotiates for one size and
+/// window: a segment holds a message (up to 1 MiB), a window of credits,
+/// at most 64 MiB of receives.
+pub fn params(len: u64, window: u64) -> Params {
+    let segment = len + smbd::DEFAULT_DATA_OFFSET as u64;
+    let credits = window.clamp(4, 255).min(((64 * MIB) / segment).max(4));
+    Params::symmetric(segment as u32, len as u32, credits as u16)
+}
+
+/// Messages of one size from a to b, `window` in flight, framed as SMB
+/// Direct data transfer; one operation is one message. The receiver keeps
+/// two windows of buffers posted, as `efapoll streaming` does: more than
+/// its receives, so that they are posted into the buffers.
+struct SmbdStream<D: Device> {
+    p: Pair<D>,
+    c: [Connection; 2],
+    len: u64,
+    window: u64,
+    src: efapoll::device::Mr,
+    dst: efapoll::device::Mr,
+}
+
+impl<D: Device> SmbdStream<D> {
+    fn new(mut p: Pair<D>, len: u64, window: u64) -> Self {
+        let params = params(len, window);
+        let cfg = smbd::Config::default();
+        let ca = Connection::new(&mut p.a, p.to_b, params, cfg).unwrap();
+        let cb = Connection::new(&mut p.b, p.to_a, params, cfg).unwrap();
+        let src = region(&mut p.a, len);
+        let dst = region(&mut p.b, len);
+        let mut s = SmbdStream { p, c: [ca, cb], len, window, src, dst };
+        // Warm-up: every receive slot and header slot used at least once.
+        s.run(4 * params.receive_credit_max as u64 + 2 * window);
+        s
+    }
+}
+
+impl<D: Device> Runner for SmbdStream<D> {
+    fn run(&mut self, n: u64) {
+        let SmbdStream { p, c, len, window, src, dst } = self;
+        let (len, window) = (*len, *window);
+        let [ca, cb] = c;
+        let (mut posted, mut sent, mut recvd, mut sdone) = (0u64, 0u64, 0u64, 0u64);
+        while recvd < n || sdone < n {
+            while posted < n && posted - recvd < 2 * window {
+                cb.recv(&mut p.b, Span::new(dst, 0, len), posted).unwrap();
+                posted += 1;
+            }
+            while sent < n
+                && sent - sdone < window
+                && ca.send(&mut p.a, Span::new(src, 0, len), None, sent).is_ok()
+            {
+                sent += 1;
+            }
+            for (ep, c) in [(&mut p.a, &mut *ca), (&mut p.b, &mut *cb)] {
+                ep.progress();
+                while let Some(comp) = ep.poll_cq() {
+                    c.handle_completion(ep, &comp);
+                }
+                c.progress(ep);
+                while let Some(e) = c.poll_event() {
+                    match e {
+                        Event::Sent { .. } => sdone += 1,
+                        Event::Received { .. } => {
+                            black_box(e);
+                            recvd += 1;
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    fn packets_sent(&self) -> Vec<u64> {
+        self.p.packets_sent()
+    }
+}
+
+pub(super) fn workloads(v: &mut Vec<Workload>) {
+    // The header on its own: the checks and fields a receiver reads, and
+    // what a sender writes for each segment.
+    v.push(
+        Workload::new("smbd/header/parse", Unit::Ops, Kind::Rate, 6_000_000, || {
+            Box::new(|n| {
+                for _ in 0..n {
+                    let seg = black_box(golden::FIRST);
+                    black_box(Repr::parse_header(&seg[..smbd::HEADER_LEN], seg.len()).unwrap());
+                }
+            })
+        })
+        .small(),
+    );
+    v.push(Workload::new("smbd/header/parse_view", Unit::Ops, Kind::Rate, 6_000_000, || {
+        Box::new(|n| {
+            for _ in 0..n {
+                let p = Packet::new_checked(black_box(golden::FIRST)).unwrap();
+                black_box((p.remaining_data_length(), p.data_length(), p.data()));
+            }
+        })
+    }));
+    v.push(
+        Workload::new("smbd/header/emit", Unit::Ops, Kind::Rate, 10_000_000, || {
+            let (repr, _) = Repr::parse(golden::FIRST).unwrap();
+            let mut buf = [0u8; 64];
+            Box::new(move |n| {
+                for _ in 0..n {
+                    black_box(black_box(&repr).emit(black_box(&mut buf)));
+                }
+            })
+        })
+        .small(),
+    );
+    // The comparison, side by side: 64-byte messages (window 64,
+    // as `efapoll streaming -S 64`) and 1 MiB ones (window 8), plain and
+    // framed, over shm in one thread.
+    for (size, len, window, iters) in [("64B", 64u64, 64u64, 200_000u64), ("1MiB", MIB, 8, 2000)] {
+        let unit = if len <= 64 { Unit::Ops } else { Unit::Bytes(len) };
+        let plain = Workload::new(format!("smbd/stream_{size}/plain"), unit, Kind::Rate, iters, {
+            move || Box::new(Stream::new(endpoints(), len, window))
+        });
+        let framed = Workload::new(format!("smbd/stream_{size}/smbd"), unit, Kind::Rate, iters, {
+            move || Box::new(SmbdStream::new(endpoints(), len, window))
+        });
+        v.push(if len <= 64 { plain.small() } else { plain });
+        v.push(if len <= 64 { framed.small() } else { framed });
+    }
+}
