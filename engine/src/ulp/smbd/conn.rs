@@ -243,6 +243,16 @@ impl Connection {
                 return Err(e.into());
             }
         };
+        // Every page of the receives touched now, at set-up: a segment that
+        // lands in one first would fault it in on the receive path (a
+        // 1 MiB one, 256 faults).
+        let zeros = vec![0u8; 64 << 10];
+        let mut at = 0;
+        while at < rx.len {
+            let n = (rx.len - at).min(zeros.len() as u64);
+            ep.write_mem(rx.id, at, &zeros[..n as usize])?;
+            at += n;
+        }
         let mut c = Connection {
             peer,
             params,
@@ -779,6 +789,7 @@ impl Connection {
                 self.rx_free.push(slot);
             }
             Placement::Data { offset, len, total, first, last } => {
+                self.credits.on_data();
                 let before = self.token_in_msg && !first;
                 if let Some(token) = a.token {
                     // The spec puts a token in exactly one segment.

@@ -55,7 +55,8 @@
 //! Every message grants the receives posted since the last one said; a
 //! sender running low sets SMB_DIRECT_RESPONSE_REQUESTED, and its peer,
 //! with nothing of its own to send, answers with an empty message that
-//! grants what it reposted. A segment that arrives when the peer held no
+//! grants what it reposted (and answers so unasked once the sender holds
+//! fewer than half its receives). A segment that arrives when the peer held no
 //! credit ends the connection.
 //!
 //! # What ends a connection
