@@ -684,7 +684,8 @@ impl Connection {
             let ctx = self.ctx(KIND_RECV, slot);
             let seq = self.msgs_seen + self.rx_order.len() as u64;
             let head = self.peer_data_offset as u64;
-            let i = (seq - self.apps_front_seq) as usize;
+            // Buffers are taken only by messages seen: never below the front.
+            let i = seq.saturating_sub(self.apps_front_seq) as usize;
             let landing = match self.apps.get(i) {
                 Some(b) if !b.placed && b.dst.len >= self.cfg.direct_min.max(1) && head < mrs => {
                     let len = b.dst.len.min(mrs - head);
