@@ -375,6 +375,7 @@ impl<D: Device> Io<D> {
                 ("credit_stalls", s.credit_stalls),
                 ("slot_stalls", s.slot_stalls),
                 ("responses_requested", s.responses_requested),
+                ("in_place", s.in_place),
             ];
             let nonzero = smbd.into_iter().filter(|&(_, n)| n > 0);
             all.extend(nonzero.map(|(name, n)| (format!("smbd.{name}"), n)));

@@ -243,6 +243,16 @@ impl Connection {
                 return Err(e.into());
             }
         };
+        // Every page of the receives touched now, at set-up: a segment that
+        // lands in one first would fault it in on the receive path (a
+        // 1 MiB one, 256 faults).
+        let zeros = vec![0u8; 64 << 10];
+        let mut at = 0;
+        while at < rx.len {
+            let n = (rx.len - at).min(zeros.len() as u64);
+            ep.write_mem(rx.id, at, &zeros[..n as usize])?;
+            at += n;
+        }
         let mut c = Connection {
             peer,
             params,
@@ -674,7 +684,8 @@ impl Connection {
             let ctx = self.ctx(KIND_RECV, slot);
             let seq = self.msgs_seen + self.rx_order.len() as u64;
             let head = self.peer_data_offset as u64;
-            let i = (seq - self.apps_front_seq) as usize;
+            // Buffers are taken only by messages seen: never below the front.
+            let i = seq.saturating_sub(self.apps_front_seq) as usize;
             let landing = match self.apps.get(i) {
                 Some(b) if !b.placed && b.dst.len >= self.cfg.direct_min.max(1) && head < mrs => {
                     let len = b.dst.len.min(mrs - head);
@@ -779,6 +790,7 @@ impl Connection {
                 self.rx_free.push(slot);
             }
             Placement::Data { offset, len, total, first, last } => {
+                self.credits.on_data();
                 let before = self.token_in_msg && !first;
                 if let Some(token) = a.token {
                     // The spec puts a token in exactly one segment.

@@ -20,6 +20,8 @@ use super::ProtocolError;
 ///   that the peer, which then holds one, can always answer: were both
 ///   sides out of credits, the last message sent would have granted the
 ///   other one some;
+/// * a data segment that arrives when the peer holds fewer than half the
+///   receives makes an answer owed as if asked;
 /// * a segment of the application's (its empty message included) that
 ///   leaves its sender with `low` credits, or 1 or 0, sets
 ///   SMB_DIRECT_RESPONSE_REQUESTED; the peer owes an answer that grants
@@ -33,6 +35,9 @@ pub struct Credits {
     granted: u32,
     /// Send credits at which a segment asks for a response.
     low: u32,
+    /// Receives granted under which a data segment's arrival makes an
+    /// answer owed unasked.
+    refill_below: u32,
     response_owed: bool,
 }
 
@@ -45,6 +50,7 @@ impl Credits {
             posted: posted as u32,
             granted: (granted as u32).min(posted as u32),
             low: (send as u32 / 2).max(1),
+            refill_below: (posted as u32 / 2).max(1),
             response_owed: false,
         }
     }
@@ -115,6 +121,16 @@ impl Credits {
         self.response_owed |= response_requested;
     }
 
+    /// A data segment arrived: when the peer holds fewer than half the
+    /// receives, an answer is owed unasked, so that a peer that streams is
+    /// granted credits before it runs out rather than after it asked. Only
+    /// data does this, never an empty message, so that two peers do not
+    /// answer each other's answers.
+    #[inline]
+    pub fn on_data(&mut self) {
+        self.response_owed |= self.granted < self.refill_below;
+    }
+
     /// A receive was posted (again).
     #[inline]
     pub fn on_post(&mut self) {
@@ -182,6 +198,23 @@ mod tests {
         assert_eq!(c.to_grant(), 2);
         c.on_send(2);
         assert_eq!((c.granted(), c.to_grant()), (3, 0));
+    }
+
+    #[test]
+    fn data_arriving_when_the_peer_holds_under_half_the_receives_is_answered_unasked() {
+        let mut c = Credits::new(8, 4, 4);
+        for _ in 0..2 {
+            c.on_arrival().unwrap();
+            c.on_post();
+            c.on_data();
+        }
+        assert!(!c.response_due(), "the peer still holds half");
+        c.on_arrival().unwrap();
+        c.on_post();
+        c.on_data();
+        assert!(c.response_due(), "under half: owed");
+        c.on_send(c.to_grant());
+        assert!(!c.response_due() && c.granted() == 4);
     }
 
     #[test]

@@ -15,9 +15,12 @@
 //! [`Config::data_offset`] sets another), DataLength the smaller of what
 //! is left and MaxSendSize - DataOffset, RemainingDataLength the bytes not
 //! yet sent after the segment, padding zero. Segments go in strict order,
-//! each an endpoint send gathered from the header (in a region of the
-//! connection's) and the caller's bytes, which are never copied by the
-//! connection. The token goes with the first segment only, as the CQ data
+//! each one endpoint send of the header and the caller's bytes: the
+//! header copied into the packet when the segment fits one packet at once
+//! ([`Endpoint::send_inline_head`](crate::endpoint::Endpoint::send_inline_head)),
+//! else gathered from a header slot of the connection's and the caller's
+//! span, which the connection never copies. The token goes with the first
+//! segment only, as the CQ data
 //! of its endpoint send: the spec has the RDMA provider carry it with
 //! exactly one segment (Send with Invalidate) and names no field for it;
 //! the endpoint's CQ data is the provider's word that travels with one
@@ -55,8 +58,9 @@
 //! Every message grants the receives posted since the last one said; a
 //! sender running low sets SMB_DIRECT_RESPONSE_REQUESTED, and its peer,
 //! with nothing of its own to send, answers with an empty message that
-//! grants what it reposted. A segment that arrives when the peer held no
-//! credit ends the connection.
+//! grants what it reposted (and answers so unasked once the sender holds
+//! fewer than half its receives). A segment that arrives when the peer
+//! held no credit ends the connection.
 //!
 //! # What ends a connection
 //!
@@ -93,7 +97,8 @@
 //! are [`Config::ctx_tag`], by which it knows its completions.
 //!
 //! Segmenting a send and parsing a received segment allocate nothing: the
-//! queues are sized at [`Connection::new`].
+//! queues are sized at [`Connection::new`] (events wait in a queue that
+//! grows only if the application never polls them).
 
 mod conn;
 mod credits;
