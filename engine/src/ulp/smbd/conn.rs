@@ -523,13 +523,8 @@ impl Connection {
         // The token rides with exactly one segment, the first (see the
         // module's documentation).
         let token = if seg.is_first() { m.token } else { None };
-        match self.post_message(ep, slot, &r, data.then_some(body), token) {
-            Ok(()) => {}
-            Err(EpError::Again) => return false,
-            Err(e) => {
-                self.terminate(ProtocolError::Endpoint(e));
-                return false;
-            }
+        if !self.posted(ep, slot, &r, data.then_some(body), token) {
+            return false;
         }
         self.hdr_free.pop();
         self.hdr_owner[slot as usize] = self.tx_front_seq + self.next_post as u64;
@@ -559,13 +554,8 @@ impl Connection {
             credits_granted: grants,
             ..Repr::default()
         };
-        match self.post_message(ep, slot, &r, None, None) {
-            Ok(()) => {}
-            Err(EpError::Again) => return false,
-            Err(e) => {
-                self.terminate(ProtocolError::Endpoint(e));
-                return false;
-            }
+        if !self.posted(ep, slot, &r, None, None) {
+            return false;
         }
         self.hdr_free.pop();
         self.hdr_owner[slot as usize] = NO_OWNER;
@@ -573,6 +563,26 @@ impl Connection {
         self.stats.segments_sent += 1;
         self.stats.empty_sent += 1;
         true
+    }
+
+    /// [`Self::post_message`]: whether it went; back-pressure leaves it
+    /// for later, any other endpoint error terminates the connection.
+    fn posted<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        slot: u16,
+        r: &Repr,
+        body: Option<Span>,
+        token: Option<u64>,
+    ) -> bool {
+        match self.post_message(ep, slot, r, body, token) {
+            Ok(()) => true,
+            Err(EpError::Again) => false,
+            Err(e) => {
+                self.terminate(ProtocolError::Endpoint(e));
+                false
+            }
+        }
     }
 
     /// Sends header `r` followed by `body` when given, the token as the
