@@ -220,6 +220,21 @@ struct BenchArgs {
     #[arg(short = 'I', long = "iterations", short_alias = 'n', alias = "iters",
           value_parser = clap::value_parser!(u64).range(1..))]
     iterations: Option<u64>,
+    /// Duration mode, as perftest's -D: measure each size for SECS seconds
+    /// (a decimal number, e.g. 0.5) instead of a count of iterations; the
+    /// rows say how many fit.
+    #[arg(short = 'D', long = "duration", value_name = "SECS", conflicts_with = "iterations",
+          value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// perftest's -t (TX queue depth) and fabtests' -t (completion type)
+    /// have no meaning here: streaming's -W is the window in flight, and
+    /// -D SECS a timed run.
+    #[arg(short = 't', value_name = "N", hide = true)]
+    perftest_t: Option<String>,
+    /// Bandwidth in Gbit/s (10^9 bits/s) instead of MB/s in the table, as
+    /// perftest's --report_gbits (the JSON and CSV have both).
+    #[arg(long = "report_gbits", alias = "report-gbits")]
+    report_gbits: bool,
     /// Unmeasured iterations before each size.
     #[arg(short = 'w', long = "warmup", default_value_t = 10)]
     warmup: u64,
@@ -239,6 +254,14 @@ struct BenchArgs {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Write the results as CSV to FILE: a header line (app, device, op
+    /// and the JSON results' keys), then a line per size.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+    /// Write the results to FILE in the format its extension names:
+    /// .json (as --json) or .csv (as --csv).
+    #[arg(long, value_name = "FILE.json|FILE.csv", value_parser = parse_output)]
+    output: Option<Output>,
     /// Draw latency or bandwidth against size into FILE.svg.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
@@ -276,6 +299,33 @@ struct BenchArgs {
     #[arg(long = "udp-window", value_name = "PACKETS|adaptive", default_value = "64",
           value_parser = parse_udp_window)]
     udp_window: Window,
+}
+
+/// `-D`'s value: seconds, whole or decimal, from a millisecond to a year.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("expected seconds, a number like 2 or 0.5, not `{text}`"))?;
+    if !(0.001..=MAX_TIMEOUT_SECS as f64).contains(&secs) {
+        return Err(format!("expected from 0.001 to {MAX_TIMEOUT_SECS} seconds"));
+    }
+    Ok(Duration::from_millis((secs * 1e3).round() as u64))
+}
+
+/// `--output`'s file, by its format.
+#[derive(Debug, Clone)]
+enum Output {
+    Json(PathBuf),
+    Csv(PathBuf),
+}
+
+fn parse_output(text: &str) -> Result<Output, String> {
+    let path = PathBuf::from(text);
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("json") => Ok(Output::Json(path)),
+        Some("csv") => Ok(Output::Csv(path)),
+        _ => Err("expected a file name ending in .json or .csv (the format)".into()),
+    }
 }
 
 fn parse_udp_window(text: &str) -> Result<Window, String> {
@@ -356,6 +406,15 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
             ),
         );
     }
+    if let Some(t) = &b.perftest_t {
+        usage_error(
+            app,
+            format!(
+                "-t {t}: efapoll has no -t; perftest's -t (TX queue depth) is streaming's -W \
+                 (operations in flight), and a timed run is -D SECS"
+            ),
+        );
+    }
     if let Some(ep) = b.ep_type.as_deref().filter(|&ep| ep != "rdm") {
         usage_error(
             app,
@@ -373,7 +432,11 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         (App::Streaming, _) => sizes::default_streaming(),
     });
     check_sizes(app, b.op, &sizes).unwrap_or_else(|e| usage_error(app, e));
-    let iterations = sizes.iter().map(|&s| sizes::iterations(s, b.iterations, streaming)).collect();
+    // Duration mode: counts are what fits in the time, decided as it runs.
+    let iterations = match b.duration {
+        Some(_) => vec![0; sizes.len()],
+        None => sizes.iter().map(|&s| sizes::iterations(s, b.iterations, streaming)).collect(),
+    };
     let n = lcores.lcores().len();
     let flows = if device == DeviceKind::Sim { n } else { n / 2 };
     let params = Params {
@@ -386,7 +449,14 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         window,
         verify: b.check,
         flows,
+        duration_ms: b.duration.map(|d| d.as_millis() as u64),
     };
+    let (mut json, mut csv) = (b.json, b.csv);
+    match b.output {
+        Some(Output::Json(path)) => json = Some(path),
+        Some(Output::Csv(path)) => csv = Some(path),
+        None => {}
+    }
     RunArgs {
         app,
         mode,
@@ -400,8 +470,10 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         udp_ip: std::net::Ipv4Addr::LOCALHOST.into(),
         udp_window: b.udp_window,
         timeout: Duration::from_secs(b.timeout),
-        json: b.json,
+        json,
+        csv,
         plot: b.plot,
+        gbits: b.report_gbits,
         started: std::time::SystemTime::now(),
     }
 }

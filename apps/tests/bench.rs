@@ -178,9 +178,12 @@ fn sim_pingpong_and_streaming_print_a_row_per_size() {
     assert_ok(&out, "pingpong -p sim");
     let table = rows(&out);
     assert_eq!(table.len(), 3, "{}", text(&out.stdout));
-    assert!(table.iter().all(|r| r.len() == 11 && r[1] == "200"));
+    assert!(table.iter().all(|r| r.len() == 12 && r[1] == "200"));
     assert_eq!(table[1][0], "4096");
-    assert!(text(&out.stdout).contains("t_p99.9") && text(&out.stdout).contains("t_stddev"));
+    let header = text(&out.stdout);
+    assert!(header.contains("t_p99.9") && header.contains("t_stddev batch\n"), "{header}");
+    // 100 KiB round trips take microseconds: each is timed.
+    assert_eq!(table[2][11], "1");
 
     let out = run(&["streaming", "-p", "sim", "-o", "tagged", "-c", "-S", "64,70000", "-I", "300"]);
     assert_ok(&out, "streaming -p sim -o tagged -c");
@@ -376,7 +379,8 @@ fn documented_in(column: &str, app: &str, device: &str) -> bool {
         "all" | "both sides here" => true,
         "pingpong" | "streaming" => column == app,
         "`-p udp`" => device == "udp",
-        "client" => false,
+        // The duration test reads `meta.settings.duration_s`.
+        "client" | "`-D`" => false,
         other => panic!("README: unknown \"in\" column `{other}`"),
     }
 }
@@ -499,7 +503,7 @@ fn server_and_client(app: &str, device: &str, op: &str) {
     assert!(text(&srv.stderr).contains("served 1 flow(s)"), "{}", text(&srv.stderr));
     // And says, as the client does, which sizes were timed in batches.
     let note = |o: &Output| {
-        text(&o.stderr).lines().find(|l| l.starts_with("note: round trips")).map(str::to_owned)
+        text(&o.stderr).lines().find(|l| l.starts_with("note: batch")).map(str::to_owned)
     };
     assert_eq!(note(&srv), note(&out), "{app} server: {}", text(&srv.stderr));
     let sizes = [64, 9000, 102_400];
@@ -895,6 +899,104 @@ fn fabtests_and_perftest_options_are_understood() {
     assert!(err.contains("-e msg") && err.contains("-e rdm"), "{err}");
     let err = usage_error(&["pingpong", "-a", "-S", "64"]);
     assert!(err.contains("--all-sizes") && err.contains("--size"), "{err}");
+}
+
+/// The measured time of a result, s: its iterations at its average (a
+/// pingpong's times are of half round trips, but for reads and atomics).
+fn measured_secs(app: &str, op: &str, r: &Value) -> f64 {
+    let n = number(r, "iterations");
+    match app {
+        "pingpong" if matches!(op, "read" | "atomic") => n * number(r, "t_avg_us") / 1e6,
+        "pingpong" => 2.0 * n * number(r, "t_avg_us") / 1e6,
+        _ => n * number(r, "usec_per_xfer") / 1e6,
+    }
+}
+
+/// Duration mode (perftest's -D): each size measures for the time given,
+/// its row says how many iterations fit, and both sides agree on the count
+/// however it ended (checked with -c, here and across processes).
+#[test]
+fn a_duration_run_measures_each_size_for_its_time() {
+    let _busy = busy();
+    let runs: [(&str, &str, &str, &[u64]); 5] = [
+        ("pingpong", "sim", "send", &[64, 4096]),
+        ("streaming", "sim", "tagged", &[64, 65_536]),
+        ("pingpong", "shm", "read", &[64]),
+        ("streaming", "shm", "write", &[64, 9000]),
+        ("streaming", "shm", "atomic", &[8]),
+    ];
+    for (app, device, op, sizes) in runs {
+        let json = tmp(&format!("duration-{app}-{device}-{op}.json"));
+        let list = sizes.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        let args = [app, "-p", device, "-o", op, "-S", &list, "-D", "0.2", "-c", "--json"];
+        let out = run(&[&args[..], &[json.to_str().unwrap()]].concat());
+        assert_ok(&out, &format!("{app} -p {device} -o {op} -D 0.2 -c"));
+        let v = read_report(&json, app, device, op, sizes);
+        assert_eq!(v["meta"]["settings"]["duration_s"], 0.2, "{v}");
+        for r in v["results"].as_array().unwrap() {
+            let secs = measured_secs(app, op, r);
+            // Time decides when a size ends, so at least the time given
+            // was measured; 4 significant digits of rounding aside.
+            assert!(secs >= 0.199, "{app} -o {op}: {secs} s measured: {r}");
+            assert!(number(r, "iterations") >= 100.0, "{r}");
+        }
+    }
+    // Across processes the count crosses the control link before the
+    // size's last message: both ends verify every byte of every message.
+    let port = free_port();
+    let args = ["-S", "64,9000", "-D", "0.2", "-c"];
+    let srv = server("streaming", port, &args);
+    let out = client("streaming", port, &args);
+    let srv = wait(srv, &["--server"]);
+    assert_ok(&out, "streaming -D client");
+    assert_ok(&srv, "streaming -D server");
+    assert_eq!(rows(&srv), rows(&out), "{}", text(&srv.stdout));
+    assert_eq!(rows(&out).len(), 2, "{}", text(&out.stdout));
+    let err = usage_error(&["pingpong", "-D", "1", "-I", "10"]);
+    assert!(err.contains("--duration") && err.contains("--iterations"), "{err}");
+    let err = usage_error(&["pingpong", "-D", "0"]);
+    assert!(err.contains("--duration") && err.contains("0.001"), "{err}");
+}
+
+/// perftest's --report_gbits turns the table's bandwidth into Gbit/s;
+/// --csv and --output write the results for spreadsheets and scripts.
+#[test]
+fn results_in_gbits_and_as_csv() {
+    let _busy = busy();
+    let csv = tmp("results.csv");
+    let args = ["streaming", "-p", "sim", "-S", "64,4k", "-I", "2000", "--report_gbits"];
+    let out = run(&[&args[..], &["--output", csv.to_str().unwrap()]].concat());
+    assert_ok(&out, "streaming --report_gbits --output FILE.csv");
+    assert!(text(&out.stdout).contains("peak_Gb/s") && !text(&out.stdout).contains("MB/s"));
+    let table = rows(&out);
+    let text_csv = std::fs::read_to_string(&csv).unwrap();
+    let _ = std::fs::remove_file(&csv);
+    let lines: Vec<Vec<&str>> = text_csv.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(lines.len(), 3, "a header and a line per size: {text_csv}");
+    let column = |name: &str| lines[0].iter().position(|c| *c == name).expect(name);
+    assert_eq!(&lines[0][..4], ["app", "device", "op", "bytes"]);
+    for (line, row) in lines[1..].iter().zip(&table) {
+        assert_eq!(&line[..3], ["streaming", "sim", "send"]);
+        assert_eq!(line[column("bytes")], row[0]);
+        let mb: f64 = line[column("bw_avg_mb_s")].parse().unwrap();
+        let gbit: f64 = line[column("bw_avg_gbit_s")].parse().unwrap();
+        assert!((gbit - mb * 8.0 / 1e3).abs() <= gbit * 1e-3, "{line:?}");
+        // The table's avg column is the same figure in Gbit/s.
+        let shown: f64 = row[4].parse().unwrap();
+        assert!((shown - gbit).abs() <= gbit * 1e-3 + 1e-4, "{row:?} {line:?}");
+    }
+    let json = tmp("results-gbit.json");
+    let args = ["pingpong", "-p", "sim", "-S", "4k", "-I", "200", "--output"];
+    let out = run(&[&args[..], &[json.to_str().unwrap()]].concat());
+    assert_ok(&out, "pingpong --output FILE.json");
+    let v = read_report(&json, "pingpong", "sim", "send", &[4096]);
+    let r = &v["results"][0];
+    let gbit = number(r, "bw_avg_gbit_s");
+    assert!((gbit - number(r, "bw_avg_mb_s") * 8.0 / 1e3).abs() <= gbit * 1e-3, "{r}");
+    let err = usage_error(&["pingpong", "--output", "results.txt"]);
+    assert!(err.contains("--output") && err.contains(".json or .csv"), "{err}");
+    let err = usage_error(&["streaming", "-t", "128"]);
+    assert!(err.contains("-t 128") && err.contains("-W") && err.contains("-D SECS"), "{err}");
 }
 
 /// Each subcommand's help and errors speak of it, not of the other.

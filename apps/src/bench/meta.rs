@@ -38,6 +38,9 @@ pub fn of_run(a: &RunArgs) -> Value {
     if let Mode::Client(host) = &a.mode {
         settings["peer"] = json!(host);
     }
+    if let Some(ms) = p.duration_ms {
+        settings["duration_s"] = json!(ms as f64 / 1e3);
+    }
     if a.device == DeviceKind::Udp {
         settings["udp_window"] = match a.udp_window {
             Window::Fixed(n) => json!(n),

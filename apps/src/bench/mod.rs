@@ -34,6 +34,7 @@ macro_rules! impl_side {
     };
 }
 
+pub mod counts;
 pub mod drive;
 pub mod meta;
 pub mod oob;
@@ -102,6 +103,10 @@ pub struct Params {
     pub window: u32,
     pub verify: bool,
     pub flows: usize,
+    /// Duration mode (`-D`): each size's measured phase runs this long and
+    /// its count is whatever fit ([`counts`]); `iterations` are then 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
 }
 
 impl Params {
@@ -117,9 +122,15 @@ impl Params {
         self.warmup.max(PRIME_PACKETS.div_ceil(packets_per_message))
     }
 
-    /// Iterations of size `k`, warmup included.
+    /// Iterations of size `k`, warmup included (not known in advance in
+    /// duration mode: see [`counts::Counts::total`]).
     pub fn total(&self, k: usize) -> u64 {
         self.warmup_for(k) + self.iterations[k]
+    }
+
+    /// Duration mode's measured time per size.
+    pub fn duration(&self) -> Option<std::time::Duration> {
+        self.duration_ms.map(std::time::Duration::from_millis)
     }
 
     /// The largest size.
@@ -167,6 +178,9 @@ impl Params {
         field("-w", self.warmup.to_string(), peer.warmup.to_string());
         field("-W", self.window.to_string(), peer.window.to_string());
         field("-c", self.verify.to_string(), peer.verify.to_string());
+        let secs =
+            |ms: Option<u64>| ms.map_or("none".into(), |ms| format!("{} s", ms as f64 / 1e3));
+        field("-D", secs(self.duration_ms), secs(peer.duration_ms));
         field("-l (flows)", self.flows.to_string(), peer.flows.to_string());
         out
     }

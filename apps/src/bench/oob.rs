@@ -11,11 +11,14 @@
 //! the link shuts down; a peer that fails or vanishes mid-run stops this
 //! side's lcores. While a client measures, it sends each size's row on
 //! channel 0 (`row`, the row's JSON) and the server prints it: both ends
-//! show the table, as fabtests do.
+//! show the table, as fabtests do. In duration mode (`-D`) the client
+//! tells each size's count as its time is up (`count`: flow, size index,
+//! count, each a u64 LE) and the server answers once its side has it
+//! (`counted`: flow, size index), see [`super::counts`].
 
 use std::io::{self, Write};
 use std::net::{TcpListener, ToSocketAddrs};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -24,7 +27,9 @@ use efapoll::relink::{self, Conn, Options, TcpError};
 use efapoll::wire::RawAddr;
 use efapoll_lcores::StopFlag;
 
+use super::counts::Counts;
 use super::report::{self, Row};
+use super::run::RunArgs;
 use super::{App, Params, RunError};
 
 /// A registered region as a peer reaches it.
@@ -269,6 +274,8 @@ pub enum ToPeer {
     /// A size's row as measured here (by the active side), for the peer's
     /// table.
     Row(Row),
+    /// Duration mode: flow `flow`'s size `k` has `n` measured iterations.
+    Count { flow: usize, k: usize, n: u64 },
     /// How our side ended; the last message.
     End(Result<(), String>),
 }
@@ -292,13 +299,22 @@ impl Control {
     /// sender); prints the rows the peer measured, under our header. Once
     /// our side ended, the peer has `timeout` to end too; a peer that ended
     /// gets a graceful shutdown, a silent one only the closed stream.
+    /// `counts`: each flow's, which the peer's `count` and `counted`
+    /// messages fill in and confirm.
     pub fn spawn(
         mut conn: Conn,
         stop: StopFlag,
-        timeout: Duration,
-        app: App,
+        a: &RunArgs,
+        counts: Vec<Arc<Counts>>,
         (outbox, from_main): (mpsc::Sender<ToPeer>, mpsc::Receiver<ToPeer>),
     ) -> Control {
+        let (timeout, app, gbits) = (a.timeout, a.app, a.gbits);
+        // A count waits here for the next look at `from_main`, with an
+        // active side idle until it is confirmed: look often then.
+        let look_every = match a.params.duration_ms {
+            Some(_) => Duration::from_millis(1),
+            None => Duration::from_millis(50),
+        };
         let thread = thread::spawn(move || {
             let ping_every = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
             let mut sent: Option<Instant> = None;
@@ -310,6 +326,9 @@ impl Control {
                 while sent.is_none() {
                     let (parts, is_end) = match from_main.try_recv() {
                         Ok(ToPeer::Row(row)) => (row_parts(&row), false),
+                        Ok(ToPeer::Count { flow, k, n }) => {
+                            (vec![b"count".to_vec(), words(&[flow as u64, k as u64, n])], false)
+                        }
                         Ok(ToPeer::End(result)) => (end_parts(result), true),
                         Err(mpsc::TryRecvError::Empty) => break,
                         Err(mpsc::TryRecvError::Disconnected) => {
@@ -349,13 +368,47 @@ impl Control {
                     let _ = conn.send_ping();
                     pinged = Instant::now();
                 }
-                match conn.recv(Duration::from_millis(50)) {
+                match conn.recv(look_every) {
+                    Ok((_, parts)) if parts.first().is_some_and(|p| p == b"count") => {
+                        heard = Instant::now();
+                        let stored = match parts.get(1).and_then(|w| read_words::<3>(w)) {
+                            Some([flow, k, n]) => counts
+                                .get(flow as usize)
+                                .filter(|c| c.store(k as usize, n))
+                                .map(|_| [flow, k]),
+                            None => None,
+                        };
+                        match stored {
+                            Some(fk) => {
+                                let _ = conn.send(0, &[b"counted", &words(&fk)]);
+                            }
+                            None if peer.is_some() => {}
+                            None => {
+                                let e = RunError::Setup("the peer sent a malformed count".into());
+                                peer = Some(Err(e));
+                                stop.stop();
+                            }
+                        }
+                    }
+                    Ok((_, parts)) if parts.first().is_some_and(|p| p == b"counted") => {
+                        heard = Instant::now();
+                        let confirmed = parts.get(1).and_then(|w| read_words::<2>(w)).is_some_and(
+                            |[flow, k]| {
+                                counts.get(flow as usize).is_some_and(|c| c.confirm(k as usize))
+                            },
+                        );
+                        if !confirmed && peer.is_none() {
+                            let e = RunError::Setup("the peer confirmed an unknown count".into());
+                            peer = Some(Err(e));
+                            stop.stop();
+                        }
+                    }
                     Ok((_, parts)) if parts.first().is_some_and(|p| p == b"row") => {
                         heard = Instant::now();
                         match parts.get(1).map(|json| Row::from_json(app, json)) {
                             Some(Ok(row)) => {
-                                let _ =
-                                    writeln!(io::stdout().lock(), "{}", report::format_row(&row));
+                                let line = report::format_row(&row, gbits);
+                                let _ = writeln!(io::stdout().lock(), "{line}");
                                 rows.push(row);
                             }
                             _ if peer.is_some() => {}
@@ -387,7 +440,8 @@ impl Control {
                         }
                         if sent.is_none() {
                             // Nobody to tell any more; wait for our side's end.
-                            while let Ok(ToPeer::Row(_)) = from_main.recv() {}
+                            while let Ok(ToPeer::Row(_) | ToPeer::Count { .. }) = from_main.recv() {
+                            }
                         }
                         return (peer.expect("set above"), rows);
                     }
@@ -417,6 +471,21 @@ impl Control {
 fn row_parts(row: &Row) -> Vec<Vec<u8>> {
     let json = serde_json::to_vec(&row.to_value()).expect("rows serialize");
     vec![b"row".to_vec(), json]
+}
+
+/// `values` as u64 LE words, one part.
+fn words(values: &[u64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// A part of exactly `N` u64 LE words.
+fn read_words<const N: usize>(part: &[u8]) -> Option<[u64; N]> {
+    if part.len() != N * 8 {
+        return None;
+    }
+    Some(std::array::from_fn(|i| {
+        u64::from_le_bytes(part[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+    }))
 }
 
 /// The `end` message for an outcome.

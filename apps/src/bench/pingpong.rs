@@ -18,13 +18,14 @@
 //! of batch means (the batch is in the JSON rows and noted on stderr).
 
 use std::hint::black_box;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use efapoll::device::{Device, Mr};
 use efapoll::endpoint::{Completion, Op, Span};
 use hdrhistogram::Histogram;
 
+use super::counts::{Counts, UNKNOWN};
 use super::op::{self, CTL_LEN, Io, check_cq_data, check_len, check_status};
 use super::report::{HIST_MAX_NS, PingpongSample, new_histogram};
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
@@ -80,6 +81,12 @@ pub struct Initiator<D: Device> {
     fencing: bool,
     /// Warmup round trips, ns, to size the batch.
     warm_ns: Vec<u64>,
+    counts: Arc<Counts>,
+    /// Duration mode: when the measured phase's time is up.
+    deadline: Option<Instant>,
+    /// Duration mode: the count is announced, and the size's last round
+    /// trip waits until the peer has it.
+    announced: bool,
     batch: u64,
     in_batch: u64,
     stamp: Instant,
@@ -88,7 +95,11 @@ pub struct Initiator<D: Device> {
 }
 
 impl<D: Device> Initiator<D> {
-    pub fn new(mut io: Io<D>, params: &Params) -> Result<Initiator<D>, RunError> {
+    pub fn new(
+        mut io: Io<D>,
+        params: &Params,
+        counts: Arc<Counts>,
+    ) -> Result<Initiator<D>, RunError> {
         let tx = io.register(params.max_size())?;
         let rx = io.register(params.max_size())?;
         let now = Instant::now();
@@ -109,6 +120,9 @@ impl<D: Device> Initiator<D> {
             measuring: false,
             fencing: false,
             warm_ns: Vec::new(),
+            counts,
+            deadline: None,
+            announced: false,
             batch: 1,
             in_batch: 0,
             stamp: now,
@@ -141,7 +155,30 @@ impl<D: Device> Initiator<D> {
             self.hist.record_n(t, self.in_batch).expect("value within bounds");
             self.stamp = now;
             self.in_batch = 0;
+            if self.deadline.is_some_and(|d| now >= d) && !self.announced {
+                // One round trip more, once the peer knows it is the last.
+                let n = self.seq + 1 - self.params.warmup_for(self.k);
+                self.counts.announce(self.k, n);
+                self.announced = true;
+            }
         }
+    }
+
+    /// Duration mode: whether the size's count is still to reach the peer.
+    /// Once it has, the last round trip may go: the wait is left out of
+    /// the measured time.
+    fn awaiting_count(&mut self) -> bool {
+        if !self.announced || self.end != UNKNOWN {
+            return false;
+        }
+        if !self.counts.confirmed(self.k) {
+            return true;
+        }
+        let now = Instant::now();
+        self.start += now - self.stamp;
+        self.stamp = now;
+        self.end = self.seq + 1;
+        false
     }
 
     fn begin_iteration(&mut self) {
@@ -224,7 +261,11 @@ impl<D: Device> ActiveSide for Initiator<D> {
     }
 
     fn start_measured(&mut self) {
-        self.end = self.seq + self.params.iterations[self.k];
+        self.end = match self.counts.measured(self.k) {
+            UNKNOWN => UNKNOWN,
+            n => self.seq + n,
+        };
+        self.announced = false;
         self.measuring = true;
         // The fastest warmup round trip: the handshake and preemptions
         // only ever slow one down.
@@ -234,6 +275,7 @@ impl<D: Device> ActiveSide for Initiator<D> {
         self.hist.reset();
         self.start = Instant::now();
         self.stamp = self.start;
+        self.deadline = self.params.duration().map(|d| self.start + d);
     }
 
     #[inline]
@@ -250,6 +292,9 @@ impl<D: Device> ActiveSide for Initiator<D> {
         } else {
             if self.in_flight && self.recv_done && self.send_done {
                 self.finish_iteration();
+            }
+            if !self.in_flight && self.awaiting_count() {
+                return Ok(worked.into());
             }
             if !self.in_flight {
                 if self.seq < self.end {
@@ -291,11 +336,12 @@ impl<D: Device> ActiveSide for Initiator<D> {
 
     fn progress(&self) -> (u64, u64) {
         let warmup = if self.measuring { self.params.warmup_for(self.k) } else { 0 };
-        (self.seq - warmup, self.end - warmup)
+        let total = if self.end == UNKNOWN { 0 } else { self.end - warmup };
+        (self.seq - warmup, total)
     }
 
     fn sample(&mut self, _busy_pct: f64) -> Sample {
-        let iterations = self.params.iterations[self.k];
+        let iterations = self.seq - self.params.warmup_for(self.k);
         Sample::Pingpong(PingpongSample {
             bytes: self.size,
             iterations,
@@ -313,9 +359,12 @@ pub struct Responder<D: Device> {
     io: Io<D>,
     rx: Mr,
     params: Params,
-    /// The next message to receive: size index and iteration.
+    /// The next message to receive: size index and iteration, and the
+    /// size's iterations ([`UNKNOWN`] until a duration run's count comes).
     k: usize,
     i: u64,
+    total: u64,
+    counts: Arc<Counts>,
     recv_posted: bool,
     /// The echo to send: its size and sequence number.
     echo: Option<(u64, u64)>,
@@ -324,7 +373,11 @@ pub struct Responder<D: Device> {
 }
 
 impl<D: Device> Responder<D> {
-    pub fn new(mut io: Io<D>, params: &Params) -> Result<Responder<D>, RunError> {
+    pub fn new(
+        mut io: Io<D>,
+        params: &Params,
+        counts: Arc<Counts>,
+    ) -> Result<Responder<D>, RunError> {
         let rx = io.register(params.max_size())?;
         Ok(Responder {
             io,
@@ -332,6 +385,8 @@ impl<D: Device> Responder<D> {
             params: params.clone(),
             k: 0,
             i: 0,
+            total: counts.total(params, 0),
+            counts,
             recv_posted: false,
             echo: None,
             sends_posted: 0,
@@ -362,9 +417,16 @@ impl<D: Device> PassiveSide for Responder<D> {
                     self.echo = Some((size, self.i));
                     self.recv_posted = false;
                     self.i += 1;
-                    if self.i == self.params.total(self.k) {
+                    if self.total == UNKNOWN {
+                        self.total = self.counts.total(&self.params, self.k);
+                    }
+                    if self.i == self.total {
                         self.k += 1;
                         self.i = 0;
+                        self.total = match self.k < self.params.sizes.len() {
+                            true => self.counts.total(&self.params, self.k),
+                            false => UNKNOWN,
+                        };
                     }
                 }
                 Op::Send | Op::Write => self.sends_done += 1,

@@ -229,11 +229,19 @@ pub fn spread_warning(rows: &[Row]) -> Option<String> {
     })
 }
 
-/// The table's column header.
-pub fn header(app: App) -> String {
+/// Gbit/s (10^9 bits per second) of `mb_s` MB/s, perftest's
+/// `--report_gbits` unit.
+pub fn gbit_s(mb_s: f64) -> f64 {
+    r3(mb_s * 8.0 / 1e3)
+}
+
+/// The table's column header; `gbits`: bandwidth in Gbit/s rather than
+/// MB/s (`--report_gbits`).
+pub fn header(app: App, gbits: bool) -> String {
+    let bw = |name: &str| if gbits { format!("{name}Gb/s") } else { format!("{name}MB/s") };
     match app {
         App::Pingpong => format!(
-            "{:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9}",
+            "{:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>5}",
             "bytes",
             "iterations",
             "t_min",
@@ -242,22 +250,32 @@ pub fn header(app: App) -> String {
             "t_p99",
             "t_p99.9",
             "t_max",
-            "MB/s",
+            bw(""),
             "Mmsg/s",
-            "t_stddev"
+            "t_stddev",
+            "batch"
         ),
         App::Streaming => format!(
             "{:>9} {:>10} {:>6} {:>10} {:>10} {:>8} {:>9} {:>6}",
-            "bytes", "iterations", "window", "peak_MB/s", "avg_MB/s", "Mmsg/s", "us/xfer", "busy%"
+            "bytes",
+            "iterations",
+            "window",
+            bw("peak_"),
+            bw("avg_"),
+            "Mmsg/s",
+            "us/xfer",
+            "busy%"
         ),
     }
 }
 
-/// A table row, aligned under [`header`].
-pub fn format_row(row: &Row) -> String {
+/// A table row, aligned under [`header`] with the same `gbits`.
+pub fn format_row(row: &Row, gbits: bool) -> String {
+    // MB/s with two decimals; Gbit/s, a thousandth of the figure, with four.
+    let bw = |mb_s: f64| if gbits { format!("{:.4}", gbit_s(mb_s)) } else { format!("{mb_s:.2}") };
     match row {
         Row::Pingpong(r) => format!(
-            "{:>9} {:>10} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8.4} {:>9.2}",
+            "{:>9} {:>10} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10} {:>8.4} {:>9.2} {:>5}",
             r.bytes,
             r.iterations,
             r.t_min_us,
@@ -266,17 +284,18 @@ pub fn format_row(row: &Row) -> String {
             r.t_p99_us,
             r.t_p999_us,
             r.t_max_us,
-            r.mb_per_s,
+            bw(r.mb_per_s),
             r.mmsg_per_s,
-            r.t_stddev_us
+            r.t_stddev_us,
+            r.batch
         ),
         Row::Streaming(r) => format!(
-            "{:>9} {:>10} {:>6} {:>10.2} {:>10.2} {:>8.4} {:>9.3} {:>6.1}",
+            "{:>9} {:>10} {:>6} {:>10} {:>10} {:>8.4} {:>9.3} {:>6.1}",
             r.bytes,
             r.iterations,
             r.window,
-            r.bw_peak_mb_s,
-            r.bw_avg_mb_s,
+            bw(r.bw_peak_mb_s),
+            bw(r.bw_avg_mb_s),
             r.mmsg_per_s,
             r.usec_per_xfer,
             r.busy_pct
@@ -300,7 +319,13 @@ pub fn merge_counters(into: &mut BTreeMap<String, u64>, counters: Vec<(String, u
 pub const PINGPONG_ALSO: [(&str, &str); 2] =
     [("mb_per_s", "bw_avg_mb_s"), ("t_p999_us", "t_p99.9_us")];
 
-/// `row` with its second names, each right after the key it repeats.
+/// Bandwidths a result also gives in Gbit/s, `(key in MB/s, key in
+/// Gbit/s)`, each after the MB/s key it converts (or its alias).
+pub const GBIT_KEYS: [(&str, &str); 2] =
+    [("bw_avg_mb_s", "bw_avg_gbit_s"), ("bw_peak_mb_s", "bw_peak_gbit_s")];
+
+/// `row` as the report's results hold it: each second name right after
+/// the key it repeats, each Gbit/s figure after its MB/s one.
 fn with_aliases(app: App, row: Value) -> Value {
     let Value::Object(fields) = row else { return row };
     let also: &[(&str, &str)] = match app {
@@ -308,11 +333,20 @@ fn with_aliases(app: App, row: Value) -> Value {
         App::Streaming => &[],
     };
     let mut out = Map::new();
+    let add = |out: &mut Map<String, Value>, key: &str, value: Value| {
+        if let Some((_, gbit)) = GBIT_KEYS.iter().find(|(mb, _)| *mb == key) {
+            let gbits = gbit_s(value.as_f64().unwrap_or(0.0));
+            out.insert(key.to_owned(), value);
+            out.insert((*gbit).to_owned(), json!(gbits));
+        } else {
+            out.insert(key.to_owned(), value);
+        }
+    };
     for (key, value) in fields {
         let alias = also.iter().find(|(of, _)| *of == key).map(|(_, alias)| *alias);
-        out.insert(key, value.clone());
+        add(&mut out, &key, value.clone());
         if let Some(alias) = alias {
-            out.insert(alias.to_owned(), value);
+            add(&mut out, alias, value);
         }
     }
     Value::Object(out)
@@ -367,6 +401,36 @@ impl Report<'_> {
         let mut text = serde_json::to_string_pretty(&self.to_json()).map_err(io::Error::other)?;
         text.push('\n');
         std::fs::File::create(path)?.write_all(text.as_bytes())
+    }
+
+    /// The results as CSV: a header line of `app`, `device`, `op` and the
+    /// results' keys (as the JSON names them), then a line per size.
+    pub fn to_csv(&self) -> String {
+        let results: Vec<Value> =
+            self.rows.iter().map(|r| with_aliases(self.app, r.to_value())).collect();
+        let keys: Vec<&str> = match results.first() {
+            Some(Value::Object(first)) => first.keys().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
+        let mut out = String::from("app,device,op");
+        for key in &keys {
+            out.push(',');
+            out.push_str(key);
+        }
+        out.push('\n');
+        for result in &results {
+            out.push_str(&format!("{},{},{}", self.app.name(), self.device, self.op));
+            for key in &keys {
+                out.push(',');
+                out.push_str(&result[*key].to_string());
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    pub fn write_csv(&self, path: &Path) -> io::Result<()> {
+        std::fs::File::create(path)?.write_all(self.to_csv().as_bytes())
     }
 }
 
@@ -462,15 +526,20 @@ mod tests {
     #[test]
     fn rows_line_up_under_the_header() {
         let row = aggregate(&[pingpong(1 << 20, &[123_456, 234_567])]);
-        let line = format_row(&row);
-        assert_eq!(line.len(), header(App::Pingpong).len());
+        let line = format_row(&row, false);
+        assert_eq!(line.len(), header(App::Pingpong, false).len());
         assert_eq!(
             line.split_whitespace().collect::<Vec<_>>(),
             [
                 "1048576", "2", "123.50", "123.50", "179.00", "234.60", "234.60", "234.60",
-                "5858.00", "0.0056", "55.54"
+                "5858.00", "0.0056", "55.54", "1"
             ]
         );
+        // In Gbit/s, a thousandth of MB/s times 8, under its own header.
+        let gbits = format_row(&row, true);
+        assert_eq!(gbits.len(), header(App::Pingpong, true).len());
+        assert_eq!(gbits.split_whitespace().nth(8), Some("46.8600"));
+        assert!(header(App::Pingpong, true).contains(" Gb/s "));
         let s = Sample::Streaming(StreamingSample {
             bytes: 64,
             iterations: 10,
@@ -480,8 +549,8 @@ mod tests {
             peak_bytes_per_s: 64e6,
             busy_pct: 99.94,
         });
-        let line = format_row(&aggregate(&[s]));
-        assert_eq!(line.len(), header(App::Streaming).len());
+        let line = format_row(&aggregate(&[s]), false);
+        assert_eq!(line.len(), header(App::Streaming, false).len());
         assert_eq!(
             line.split_whitespace().collect::<Vec<_>>(),
             ["64", "10", "64", "64.00", "64.00", "1.0000", "1.000", "99.9"]
@@ -568,6 +637,16 @@ mod tests {
         });
         let rows = [aggregate(&[s])];
         let v = Report { app: App::Streaming, rows: &rows, ..report }.to_json();
-        assert_eq!(v["results"][0], rows[0].to_value(), "streaming has nothing to repeat");
+        // Streaming repeats nothing; both apps add Gbit/s after MB/s.
+        let r = v["results"][0].as_object().unwrap();
+        let keys: Vec<&str> = r.keys().map(String::as_str).collect();
+        for (mb, gbit) in GBIT_KEYS {
+            let at = keys.iter().position(|k| *k == mb).unwrap();
+            assert_eq!(keys[at + 1], gbit, "{keys:?}");
+            assert_eq!(r[gbit], json!(gbit_s(r[mb].as_f64().unwrap())));
+        }
+        let row = rows[0].to_value();
+        assert_eq!(keys.len(), row.as_object().unwrap().len() + GBIT_KEYS.len());
+        assert!(row.as_object().unwrap().iter().all(|(k, v)| r[k] == *v), "{r:?}");
     }
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::{OnceLock, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use efapoll::device::Device;
@@ -31,6 +31,7 @@ use efapoll_lcores::{
     StopFlag, install_ctrlc_handler,
 };
 
+use super::counts::Counts;
 use super::drive::{Nobody, drive_active, drive_passive};
 use super::oob::{self, Card, Control, ToPeer};
 use super::op::{Io, OpKind};
@@ -79,7 +80,11 @@ pub struct RunArgs {
     /// No progress for this long fails the run.
     pub timeout: Duration,
     pub json: Option<PathBuf>,
+    /// The results as CSV.
+    pub csv: Option<PathBuf>,
     pub plot: Option<PathBuf>,
+    /// Bandwidth columns in Gbit/s (`--report_gbits`).
+    pub gbits: bool,
     /// When the run began: the report's `meta.timestamp`.
     pub started: SystemTime,
 }
@@ -179,21 +184,28 @@ fn run_sim(a: &RunArgs) -> Result<(), RunError> {
     for (flow, lcore) in a.lcores.lcores().iter().enumerate().skip(1) {
         let (args, tx) = (a.clone(), sample_tx.clone());
         launch(&mut lcores, lcore, move |ctx| {
-            sim_flow(ctx, &args, &mut |k, s| send_sample(&tx, flow, k, s), false)
+            sim_flow(ctx, &args, flow, &mut |k, s| send_sample(&tx, flow, k, s), false)
         })?;
     }
     drop(sample_tx);
     let mut out = Collector::new(a, a.lcores.lcores().len(), sample_rx, lcores.stop_flag().clone());
     let main = lcores
-        .run_on_main(|ctx| sim_flow(ctx, a, &mut |k, s| out.add(k, s), true))
+        .run_on_main(|ctx| sim_flow(ctx, a, 0, &mut |k, s| out.add(k, s), true))
         .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
     let rest = lcores.wait_all();
     out.finish(main, rest, Role::Active)
 }
 
 /// One flow with both endpoints on a sim fabric of its own.
-fn sim_flow(ctx: &mut LcoreCtx, a: &RunArgs, sink: Sink<'_>, live: bool) -> FlowResult {
+fn sim_flow(
+    ctx: &mut LcoreCtx,
+    a: &RunArgs,
+    flow: usize,
+    sink: Sink<'_>,
+    live: bool,
+) -> FlowResult {
     let fabric = SimFabric::new(SimConfig::default());
+    let counts = Arc::new(Counts::new(&a.params, flow));
     let io = || -> Result<Io<_>, RunError> {
         let ep = Endpoint::new(fabric.device(), a.op.config(Config::default()))
             .map_err(|e| RunError::Setup(format!("sim endpoint: {e}")))?;
@@ -202,12 +214,12 @@ fn sim_flow(ctx: &mut LcoreCtx, a: &RunArgs, sink: Sink<'_>, live: bool) -> Flow
     let (active, passive) = (io()?, io()?);
     match a.app {
         App::Pingpong => {
-            let active = pingpong::Initiator::new(active, &a.params)?;
-            sim_with(ctx, a, active, passive, sink, live)
+            let active = pingpong::Initiator::new(active, &a.params, counts.clone())?;
+            sim_with(ctx, a, active, passive, counts, sink, live)
         }
         App::Streaming => {
-            let active = streaming::Sender::new(active, &a.params)?;
-            sim_with(ctx, a, active, passive, sink, live)
+            let active = streaming::Sender::new(active, &a.params, counts.clone())?;
+            sim_with(ctx, a, active, passive, counts, sink, live)
         }
     }
 }
@@ -227,14 +239,15 @@ fn sim_with<A: ActiveSide + Side>(
     a: &RunArgs,
     active: A,
     io: Io<SimDevice>,
+    counts: Arc<Counts>,
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
-    let p = &a.params;
+    let (p, c) = (&a.params, counts);
     match a.app {
-        _ if passive_is_target(a) => sim_pair(ctx, a, active, Target::new(io, p)?, sink, live),
-        App::Pingpong => sim_pair(ctx, a, active, pingpong::Responder::new(io, p)?, sink, live),
-        App::Streaming => sim_pair(ctx, a, active, streaming::Receiver::new(io, p)?, sink, live),
+        _ if passive_is_target(a) => sim_pair(ctx, a, active, Target::new(io, p, c)?, sink, live),
+        App::Pingpong => sim_pair(ctx, a, active, pingpong::Responder::new(io, p, c)?, sink, live),
+        App::Streaming => sim_pair(ctx, a, active, streaming::Receiver::new(io, p, c)?, sink, live),
     }
 }
 
@@ -258,6 +271,7 @@ fn device_side(
     ctx: &mut LcoreCtx,
     a: &RunArgs,
     role: Role,
+    counts: Arc<Counts>,
     exchange: impl FnOnce(Card) -> Result<Card, RunError>,
     sink: Sink<'_>,
     live: bool,
@@ -272,7 +286,7 @@ fn device_side(
         // Across hosts, as EFA: the provider's thresholds.
         let ep = Endpoint::new(dev, a.op.config(Config::default()))
             .map_err(|e| RunError::Setup(format!("udp endpoint: {e}")))?;
-        return side_on(ctx, a, ep, role, exchange, sink, live);
+        return side_on(ctx, a, ep, role, counts, exchange, sink, live);
     }
     // One peer sends to each device: two lanes (one spare for a peer that
     // restarts) instead of the default sixteen, 2 MiB of rings a device.
@@ -281,36 +295,38 @@ fn device_side(
     // Large messages by one copy out of the peer's mapping: shm's read.
     let ep = Endpoint::new(dev, a.op.config(Config::on_host()))
         .map_err(|e| RunError::Setup(format!("shm endpoint: {e}")))?;
-    side_on(ctx, a, ep, role, exchange, sink, live)
+    side_on(ctx, a, ep, role, counts, exchange, sink, live)
 }
 
 /// Runs one side of a flow on endpoint `ep`.
+#[allow(clippy::too_many_arguments)]
 fn side_on<D: Device>(
     ctx: &mut LcoreCtx,
     a: &RunArgs,
     ep: Endpoint<D>,
     role: Role,
+    counts: Arc<Counts>,
     exchange: impl FnOnce(Card) -> Result<Card, RunError>,
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
     let io = Io::new(ep, a.op, &a.params)?;
-    let p = &a.params;
+    let (p, c) = (&a.params, counts);
     match (a.app, role) {
         (App::Pingpong, Role::Active) => {
-            active_side(ctx, a, pingpong::Initiator::new(io, p)?, exchange, sink, live)
+            active_side(ctx, a, pingpong::Initiator::new(io, p, c)?, exchange, sink, live)
         }
         (App::Streaming, Role::Active) => {
-            active_side(ctx, a, streaming::Sender::new(io, p)?, exchange, sink, live)
+            active_side(ctx, a, streaming::Sender::new(io, p, c)?, exchange, sink, live)
         }
         (_, Role::Passive) if passive_is_target(a) => {
-            passive_side(ctx, a, Target::new(io, p)?, exchange)
+            passive_side(ctx, a, Target::new(io, p, c)?, exchange)
         }
         (App::Pingpong, Role::Passive) => {
-            passive_side(ctx, a, pingpong::Responder::new(io, p)?, exchange)
+            passive_side(ctx, a, pingpong::Responder::new(io, p, c)?, exchange)
         }
         (App::Streaming, Role::Passive) => {
-            passive_side(ctx, a, streaming::Receiver::new(io, p)?, exchange)
+            passive_side(ctx, a, streaming::Receiver::new(io, p, c)?, exchange)
         }
     }
 }
@@ -395,14 +411,17 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
     ctrlc(lcores.stop_flag());
     let (sample_tx, sample_rx) = mpsc::channel();
     let mut main_link = None;
+    let mut main_counts = None;
     for (flow, &(active, passive)) in pairs.iter().enumerate() {
         let (mine, theirs) = CardLink::pair(a.timeout, active, passive);
-        let args = a.clone();
+        let (args, counts) = (a.clone(), Arc::new(Counts::new(&a.params, flow)));
+        let passive_counts = counts.clone();
         launch(&mut lcores, passive, move |ctx| {
             device_side(
                 ctx,
                 &args,
                 Role::Passive,
+                passive_counts,
                 |c| theirs.exchange(c),
                 &mut |_, _| Ok(()),
                 false,
@@ -410,20 +429,23 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
         })?;
         if flow == 0 {
             main_link = Some(mine);
+            main_counts = Some(counts);
             continue;
         }
         let (args, tx) = (a.clone(), sample_tx.clone());
         launch(&mut lcores, active, move |ctx| {
             let mut sink = |k, s| send_sample(&tx, flow, k, s);
-            device_side(ctx, &args, Role::Active, |c| mine.exchange(c), &mut sink, false)
+            let exchange = |c| mine.exchange(c);
+            device_side(ctx, &args, Role::Active, counts, exchange, &mut sink, false)
         })?;
     }
     drop(sample_tx);
-    let link = main_link.expect("at least one pair");
+    let (link, counts) = main_link.zip(main_counts).expect("at least one pair");
     let mut out = Collector::new(a, pairs.len(), sample_rx, lcores.stop_flag().clone());
     let main = lcores
         .run_on_main(|ctx| {
-            device_side(ctx, a, Role::Active, |c| link.exchange(c), &mut |k, s| out.add(k, s), true)
+            let (exchange, mut sink) = (|c| link.exchange(c), |k, s| out.add(k, s));
+            device_side(ctx, a, Role::Active, counts, exchange, &mut sink, true)
         })
         .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
     let rest = lcores.wait_all();
@@ -464,25 +486,35 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
     ctrlc(&stop);
     let (card_tx, card_rx) = mpsc::channel::<(usize, Card)>();
     let (sample_tx, sample_rx) = mpsc::channel();
+    let (to_peer, from_main) = mpsc::channel();
+    // Duration mode: the active sides' counts cross the control link; the
+    // control thread fills the passive sides' in.
+    let counts: Vec<Arc<Counts>> = (0..flows)
+        .map(|flow| match role {
+            Role::Active => Counts::remote(&a.params, flow, to_peer.clone()),
+            Role::Passive => Counts::new(&a.params, flow),
+        })
+        .map(Arc::new)
+        .collect();
     let mut replies = Vec::new();
     for (flow, &lcore) in cores.iter().enumerate().skip(1) {
         let (reply_tx, reply_rx) = mpsc::channel();
         replies.push(reply_tx);
         let (args, cards, samples) = (a.clone(), card_tx.clone(), sample_tx.clone());
+        let flow_counts = counts[flow].clone();
         launch(&mut lcores, lcore, move |ctx| {
             let exchange = |c| {
                 cards.send((flow, c)).map_err(|_| RunError::Stopped)?;
                 reply_rx.recv().map_err(|_| RunError::Stopped)
             };
             let mut sink = |k, s| send_sample(&samples, flow, k, s);
-            device_side(ctx, &args, role, exchange, &mut sink, false)
+            device_side(ctx, &args, role, flow_counts, exchange, &mut sink, false)
         })?;
     }
     drop((card_tx, sample_tx));
     let mut conn = Some(conn);
     let mut control = None;
     let mut out = Collector::new(a, flows, sample_rx, stop.clone());
-    let (to_peer, from_main) = mpsc::channel();
     if role == Role::Active {
         out.to_peer = Some(to_peer.clone());
     }
@@ -513,13 +545,14 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
             let _ = reply.send(card);
         }
         let link = conn.take().expect("unused until now");
-        control = Some(Control::spawn(link, stop.clone(), a.timeout, a.app, (to_peer, from_main)));
+        let outbox = (to_peer, from_main);
+        control = Some(Control::spawn(link, stop.clone(), a, counts.clone(), outbox));
         Ok(first)
     };
     let main = lcores
         .run_on_main(|ctx| {
             let mut sink = |k, s| out.add(k, s);
-            device_side(ctx, a, role, relay, &mut sink, role == Role::Active)
+            device_side(ctx, a, role, counts[0].clone(), relay, &mut sink, role == Role::Active)
         })
         .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
     if main.is_err() {
@@ -567,19 +600,21 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
     ours.write()
 }
 
-/// Says which sizes were timed in batches, once, after the table.
+/// Says, after the table, what its `batch` column means for the sizes
+/// timed in batches, each with its batch.
 fn note_batches(rows: &[Row]) {
     let batched: Vec<String> = rows
         .iter()
         .filter_map(|row| match row {
-            Row::Pingpong(r) if r.batch > 1 => Some(format!("{} B x{}", r.bytes, r.batch)),
+            Row::Pingpong(r) if r.batch > 1 => Some(format!("{} B: {}", r.bytes, r.batch)),
             _ => None,
         })
         .collect();
     if !batched.is_empty() {
         eprintln!(
-            "note: round trips under 100 clock reads long were timed in batches, so their \
-             percentiles are of batch means: {}",
+            "note: batch (last column) is round trips timed per clock read. A clock read costs \
+             over 1% of these sizes' round trips, so they were timed in batches ({}): their \
+             t_min to t_max are of batch means, t_avg is exact",
             batched.join(", ")
         );
     }
@@ -659,7 +694,12 @@ impl<'a> Collector<'a> {
             App::Pingpong => {
                 format!("; times in µs, whole round trips (each {} is one)", a.op.name())
             }
+            App::Streaming if a.gbits => "; Gb/s = 10^9 bits/s".to_owned(),
             App::Streaming => "; MB/s = 10^6 bytes/s".to_owned(),
+        };
+        let unit = match a.params.duration_ms {
+            Some(ms) => format!("; {} s per size{unit}", ms as f64 / 1e3),
+            None => unit,
         };
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
@@ -671,7 +711,7 @@ impl<'a> Collector<'a> {
             a.lcores,
             self.flows
         );
-        let _ = writeln!(out, "{}", report::header(a.app));
+        let _ = writeln!(out, "{}", report::header(a.app, a.gbits));
     }
 
     /// Our own sample of size `k`: waits for the other flows' and prints.
@@ -692,7 +732,8 @@ impl<'a> Collector<'a> {
             }
         }
         let row = report::aggregate(&std::mem::take(&mut self.pending[k]));
-        let _ = writeln!(std::io::stdout().lock(), "{}", report::format_row(&row));
+        let line = report::format_row(&row, self.a.gbits);
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
         if let Some(to_peer) = &self.to_peer {
             // A peer gone is the control link's to report.
             let _ = to_peer.send(ToPeer::Row(row.clone()));
@@ -765,10 +806,13 @@ impl Outcome<'_> {
             counters: &self.counters,
             passive_counters: &self.passive_counters,
         };
+        let cannot =
+            |path: &PathBuf, e| RunError::Setup(format!("cannot write {}: {e}", path.display()));
         if let Some(path) = &a.json {
-            report
-                .write(path)
-                .map_err(|e| RunError::Setup(format!("cannot write {}: {e}", path.display())))?;
+            report.write(path).map_err(|e| cannot(path, e))?;
+        }
+        if let Some(path) = &a.csv {
+            report.write_csv(path).map_err(|e| cannot(path, e))?;
         }
         if let Some(path) = &a.plot
             && !self.rows.is_empty()

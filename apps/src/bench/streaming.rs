@@ -16,11 +16,13 @@
 //! checked in the target at the end of the size, a read's on completion,
 //! and the counter the fetch-adds hit by the target at the end.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use efapoll::device::{Device, Mr};
 use efapoll::endpoint::{Completion, Op, Span};
 
+use super::counts::{Counts, UNKNOWN};
 use super::op::{self, CTL_LEN, Io, OpKind, check_len, check_status};
 use super::report::StreamingSample;
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
@@ -58,10 +60,17 @@ pub struct Sender<D: Device> {
     interval_done: u64,
     checked_done: u64,
     peak: f64,
+    counts: Arc<Counts>,
+    /// Duration mode: when the measured phase's time is up; when the
+    /// count was announced, and how long sending waited for the peer to
+    /// have it (left out of the measured time).
+    deadline: Option<Instant>,
+    announced: Option<Instant>,
+    waited: Duration,
 }
 
 impl<D: Device> Sender<D> {
-    pub fn new(mut io: Io<D>, params: &Params) -> Result<Sender<D>, RunError> {
+    pub fn new(mut io: Io<D>, params: &Params, counts: Arc<Counts>) -> Result<Sender<D>, RunError> {
         let src = io.register(params.buffer_len(|s| params.window_for(s)))?;
         let now = Instant::now();
         Ok(Sender {
@@ -87,6 +96,10 @@ impl<D: Device> Sender<D> {
             interval_done: 0,
             checked_done: 0,
             peak: 0.0,
+            counts,
+            deadline: None,
+            announced: None,
+            waited: Duration::ZERO,
         })
     }
 
@@ -103,6 +116,9 @@ impl<D: Device> Sender<D> {
         }
         self.checked_done = self.done;
         let now = Instant::now();
+        if self.deadline.is_some_and(|d| now >= d) && self.announced.is_none() {
+            self.announce(now);
+        }
         let dt = now - self.interval_start;
         if dt >= PEAK_INTERVAL {
             let bytes = (self.done - self.interval_done) * self.size;
@@ -110,6 +126,36 @@ impl<D: Device> Sender<D> {
             self.interval_start = now;
             self.interval_done = self.done;
         }
+    }
+
+    /// Duration mode, time up: fixes the size's count and tells the peer.
+    /// A receiver keeps up to its depth of receives posted past what it
+    /// got, so a send run ends that many messages later, sent once the
+    /// receiver knows (it posts none past the count); a one-sided run ends
+    /// with what is out.
+    fn announce(&mut self, now: Instant) {
+        self.total = match self.io.op.is_one_sided() {
+            true => self.sent,
+            false => self.sent + self.params.depth_for(self.size),
+        };
+        self.counts.announce(self.k, self.total - self.params.warmup_for(self.k));
+        self.announced = Some(now);
+        if self.done == self.total {
+            self.end = now;
+        }
+    }
+
+    /// Duration mode: whether sending waits for the peer to have the
+    /// count.
+    fn awaiting_count(&mut self) -> bool {
+        let Some(at) = self.announced else { return false };
+        if !self.counts.confirmed(self.k) {
+            return true;
+        }
+        if self.waited.is_zero() && !self.io.op.is_one_sided() {
+            self.waited = at.elapsed().max(Duration::from_nanos(1));
+        }
+        false
     }
 
     /// One of our data operations completed; with `-c`, checks what a read
@@ -130,7 +176,8 @@ impl<D: Device> Sender<D> {
         let got = self.io.copy_out(self.src.id, at as u64, size);
         match op {
             OpKind::Read => op::verify_read(got, size, c.ctx, slot)?,
-            OpKind::Atomic => op::verify_fetched(op::fetched(got), c.ctx, self.total, false)?,
+            // No more adds than were posted (the count may not be fixed yet).
+            OpKind::Atomic => op::verify_fetched(op::fetched(got), c.ctx, self.sent, false)?,
             _ => {}
         }
         self.slot_busy[slot as usize] = false;
@@ -142,7 +189,7 @@ impl<D: Device> ActiveSide for Sender<D> {
     fn start(&mut self, k: usize) {
         self.k = k;
         self.size = self.params.sizes[k];
-        self.total = self.params.total(k);
+        self.total = self.counts.total(&self.params, k);
         self.window = self.params.window_for(self.size);
         self.sent = 0;
         self.done = 0;
@@ -162,6 +209,9 @@ impl<D: Device> ActiveSide for Sender<D> {
         self.interval_done = self.done;
         self.checked_done = self.done;
         self.peak = 0.0;
+        self.deadline = self.params.duration().map(|d| self.start + d);
+        self.announced = None;
+        self.waited = Duration::ZERO;
     }
 
     #[inline]
@@ -190,7 +240,13 @@ impl<D: Device> ActiveSide for Sender<D> {
         // phase times exactly the measured ones (a window may outnumber
         // them).
         let warmup = self.params.warmup_for(self.k).min(self.total);
-        let limit = if self.measuring { self.total } else { warmup };
+        let limit = if !self.measuring {
+            warmup
+        } else if self.awaiting_count() {
+            self.sent
+        } else {
+            self.total
+        };
         while self.sent < limit && self.sent - self.done < self.window {
             let seq = self.sent;
             let slot = self.slot(seq);
@@ -227,8 +283,9 @@ impl<D: Device> ActiveSide for Sender<D> {
         if self.done < self.total {
             return Ok(worked.into());
         }
-        // One-sided: a fence asks the target for the ack.
-        if self.io.op.is_one_sided() && !self.fence_sent {
+        // One-sided: a fence asks the target for the ack (which checks
+        // against the count: it must have it first).
+        if self.io.op.is_one_sided() && !self.fence_sent && self.counts.confirmed(self.k) {
             self.fence_sent = self.io.send_ctl()?;
             worked |= self.fence_sent;
         }
@@ -244,18 +301,20 @@ impl<D: Device> ActiveSide for Sender<D> {
 
     fn progress(&self) -> (u64, u64) {
         let warmup = self.params.warmup_for(self.k);
-        (self.done.saturating_sub(warmup), self.total - warmup)
+        let total = if self.total == UNKNOWN { 0 } else { self.total - warmup };
+        (self.done.saturating_sub(warmup), total)
     }
 
     fn sample(&mut self, busy_pct: f64) -> Sample {
-        let elapsed_ns = ((self.end - self.start).as_nanos() as u64).max(1);
+        let elapsed = (self.end - self.start).saturating_sub(self.waited);
+        let elapsed_ns = (elapsed.as_nanos() as u64).max(1);
         let messages = self.total - self.done_at_start;
         let avg = (messages * self.size) as f64 / (elapsed_ns as f64 / 1e9);
         // A run shorter than one interval has no peak but its average.
         let peak = if self.peak > 0.0 { self.peak.max(avg) } else { avg };
         Sample::Streaming(StreamingSample {
             bytes: self.size,
-            iterations: self.params.iterations[self.k],
+            iterations: self.total - self.params.warmup_for(self.k),
             window: self.window,
             messages,
             elapsed_ns,
@@ -282,10 +341,15 @@ pub struct Receiver<D: Device> {
     slot_busy: Vec<bool>,
     sends_posted: u64,
     sends_done: u64,
+    counts: Arc<Counts>,
 }
 
 impl<D: Device> Receiver<D> {
-    pub fn new(mut io: Io<D>, params: &Params) -> Result<Receiver<D>, RunError> {
+    pub fn new(
+        mut io: Io<D>,
+        params: &Params,
+        counts: Arc<Counts>,
+    ) -> Result<Receiver<D>, RunError> {
         let dst = io.register(params.buffer_len(|s| params.depth_for(s)))?;
         let mut r = Receiver {
             io,
@@ -300,6 +364,7 @@ impl<D: Device> Receiver<D> {
             slot_busy: Vec::new(),
             sends_posted: 0,
             sends_done: 0,
+            counts,
         };
         r.start_size(0);
         Ok(r)
@@ -311,7 +376,7 @@ impl<D: Device> Receiver<D> {
             return;
         }
         self.size = self.params.sizes[k];
-        self.total = self.params.total(k);
+        self.total = self.counts.total(&self.params, k);
         self.depth = self.params.depth_for(self.size);
         self.posted = 0;
         self.received = 0;
@@ -349,6 +414,11 @@ impl<D: Device> PassiveSide for Receiver<D> {
         }
         if self.k == self.params.sizes.len() {
             return Ok(worked);
+        }
+        if self.total == UNKNOWN {
+            // Duration mode: the sender sends the count before it sends
+            // past our depth, so none is posted beyond it.
+            self.total = self.counts.total(&self.params, self.k);
         }
         while self.posted < self.total && self.posted - self.received < self.depth {
             let slot = self.slot(self.posted);

@@ -12,9 +12,12 @@
 //! `-c` the initiator's operation `seq` uses slot `seq % window`, and
 //! without it slot 0.
 
+use std::sync::Arc;
+
 use efapoll::device::{Device, Mr};
 use efapoll::endpoint::Op;
 
+use super::counts::Counts;
 use super::op::{self, ATOMIC_ADD, CTL_LEN, Io, OpKind, check_len};
 use super::{Params, PassiveSide, RunError};
 
@@ -29,10 +32,12 @@ pub struct Target<D: Device> {
     ack_due: bool,
     acks_posted: u64,
     acks_done: u64,
+    /// Each size's count: known before its fence comes.
+    counts: Arc<Counts>,
 }
 
 impl<D: Device> Target<D> {
-    pub fn new(mut io: Io<D>, params: &Params) -> Result<Target<D>, RunError> {
+    pub fn new(mut io: Io<D>, params: &Params, counts: Arc<Counts>) -> Result<Target<D>, RunError> {
         let buf = io.register(params.buffer_len(|s| params.window_for(s)))?;
         let mut t = Target {
             io,
@@ -43,6 +48,7 @@ impl<D: Device> Target<D> {
             ack_due: false,
             acks_posted: 0,
             acks_done: 0,
+            counts,
         };
         // Before the card goes out: the initiator may start at once.
         t.prepare(0);
@@ -71,7 +77,7 @@ impl<D: Device> Target<D> {
         if !self.params.verify {
             return Ok(());
         }
-        let (size, total) = (self.params.sizes[k], self.params.total(k));
+        let (size, total) = (self.params.sizes[k], self.counts.total(&self.params, k));
         let buf = self.buf.id;
         match self.io.op {
             OpKind::Write => {
@@ -171,6 +177,7 @@ mod tests {
             window,
             verify: true,
             flows: 1,
+            duration_ms: None,
         }
     }
 
@@ -178,7 +185,8 @@ mod tests {
     fn target(op: OpKind, params: &Params) -> (SimFabric, Target<SimDevice>) {
         let fabric = SimFabric::new(SimConfig::default());
         let ep = Endpoint::new(fabric.device(), op.config(Config::default())).unwrap();
-        let t = Target::new(Io::new(ep, op, params).unwrap(), params).unwrap();
+        let counts = Arc::new(Counts::new(params, 0));
+        let t = Target::new(Io::new(ep, op, params).unwrap(), params, counts).unwrap();
         (fabric, t)
     }
 
