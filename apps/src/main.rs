@@ -475,6 +475,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         plot: b.plot,
         gbits: b.report_gbits,
         started: std::time::SystemTime::now(),
+        probe: None,
     }
 }
 

@@ -8,13 +8,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use efapoll::device::udp::Window;
 use serde_json::{Value, json};
 
+use super::probe::CoreToCore;
 use super::run::{DeviceKind, Mode, RunArgs};
 
 /// The git commit the binary was built from (apps/build.rs), or "unknown".
 pub const COMMIT: &str = env!("EFAPOLL_COMMIT");
 
-/// The report's `meta` object for the run `a`.
-pub fn of_run(a: &RunArgs) -> Value {
+/// The report's `meta` object for the run `a`, with the core-to-core
+/// looks around it where there were.
+pub fn of_run(a: &RunArgs, probe: Option<&CoreToCore>) -> Value {
     let p = &a.params;
     let mode = match &a.mode {
         Mode::SelfContained => "self-contained",
@@ -48,7 +50,7 @@ pub fn of_run(a: &RunArgs) -> Value {
         };
     }
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    json!({
+    let mut meta = json!({
         "timestamp": rfc3339_utc(a.started),
         "host": host_name(),
         "cpu": cpu_model(&cpuinfo).unwrap_or_else(|| "unknown".into()),
@@ -59,7 +61,16 @@ pub fn of_run(a: &RunArgs) -> Value {
             .map(|arg| arg.to_string_lossy().into_owned())
             .collect::<Vec<_>>(),
         "settings": settings,
-    })
+    });
+    if let Some(p) = probe {
+        let round = |ns: f64| (ns * 10.0).round() / 10.0;
+        meta["core_to_core"] = json!({
+            "cpus": [p.cpus.0, p.cpus.1],
+            "before_ns": round(p.before_ns),
+            "after_ns": p.after_ns.map(round),
+        });
+    }
+    meta
 }
 
 /// This host's name, as the kernel has it (no libc call for one string).

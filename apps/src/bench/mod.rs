@@ -41,6 +41,7 @@ pub mod oob;
 pub mod op;
 pub mod pingpong;
 pub mod plot;
+pub mod probe;
 pub mod report;
 pub mod run;
 pub mod sizes;

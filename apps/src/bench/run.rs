@@ -35,6 +35,7 @@ use super::counts::Counts;
 use super::drive::{Nobody, drive_active, drive_passive};
 use super::oob::{self, Card, Control, ToPeer};
 use super::op::{Io, OpKind};
+use super::probe::CoreToCore;
 use super::report::{self, Report, Row};
 use super::target::Target;
 use super::{
@@ -87,6 +88,8 @@ pub struct RunArgs {
     pub gbits: bool,
     /// When the run began: the report's `meta.timestamp`.
     pub started: SystemTime,
+    /// The core-to-core look before the run (both sides here only).
+    pub probe: Option<CoreToCore>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +116,14 @@ pub fn pairs(lcores: &CoreList) -> Vec<(LcoreId, LcoreId)> {
 /// it wherever it is, with [`RunError::Interrupted`].
 pub fn run(a: &RunArgs) -> Result<(), RunError> {
     ctrlc(interrupt());
+    let probe = probe_cpus(a).and_then(CoreToCore::before);
+    if let Some(p) = &probe {
+        let (cpus, ns) = (p.cpus, p.before_ns);
+        let line =
+            format!("# core-to-core: {ns:.0} ns one way between CPUs {} and {}", cpus.0, cpus.1);
+        let _ = writeln!(std::io::stdout().lock(), "{line} (a cache line, before the run)");
+    }
+    let a = &RunArgs { probe, ..a.clone() };
     let result = match (&a.mode, a.device) {
         (Mode::SelfContained, DeviceKind::Sim) => run_sim(a),
         (Mode::SelfContained, DeviceKind::Shm | DeviceKind::Udp) => run_local(a),
@@ -122,6 +133,25 @@ pub fn run(a: &RunArgs) -> Result<(), RunError> {
     };
     // Whatever the lcores or the peer made of it, the signal is the cause.
     if interrupted() { Err(RunError::Interrupted) } else { result }
+}
+
+/// The CPUs whose core-to-core time says whether a run's cores kept
+/// still: the first flow's two, or with `-p sim` its one and another this
+/// process may use. None across processes (the peer's are elsewhere), or
+/// where the flow's lcores share a CPU.
+fn probe_cpus(a: &RunArgs) -> Option<(LcoreId, LcoreId)> {
+    if a.mode != Mode::SelfContained {
+        return None;
+    }
+    let lcores = a.lcores.lcores().as_slice();
+    let first = a.lcores.cpu_of(lcores[0])?;
+    let second = match a.device {
+        DeviceKind::Sim => {
+            efapoll_lcores::available_cores().ok()?.iter().find(|&cpu| cpu != first)?
+        }
+        DeviceKind::Shm | DeviceKind::Udp => a.lcores.cpu_of(*lcores.get(1)?)?,
+    };
+    (first != second).then_some((first, second))
 }
 
 /// Raised by a signal only (the lcores' flags also by failures).
@@ -672,6 +702,8 @@ struct Outcome<'a> {
     /// The counters of the passive sides that ran in this process, when
     /// active ones report (empty otherwise).
     passive_counters: BTreeMap<String, u64>,
+    /// The core-to-core looks before and after.
+    probe: Option<CoreToCore>,
 }
 
 impl<'a> Collector<'a> {
@@ -777,7 +809,12 @@ impl<'a> Collector<'a> {
         note_batches(&self.rows);
         note_windows(&self.rows, self.a.params.window);
         warn_spread(&self.rows);
-        Ok(Outcome { a: self.a, rows: self.rows, counters, passive_counters })
+        // Every lcore has stopped: the look after disturbs nothing.
+        let probe = self.a.probe.map(CoreToCore::after);
+        if let Some(w) = probe.as_ref().and_then(CoreToCore::warning) {
+            eprintln!("{w}");
+        }
+        Ok(Outcome { a: self.a, rows: self.rows, counters, passive_counters, probe })
     }
 
     /// [`Collector::conclude`], then the files.
@@ -801,7 +838,7 @@ impl Outcome<'_> {
             op: &a.params.op,
             lcores: a.lcores.to_string(),
             window: (a.app == App::Streaming).then_some(u64::from(a.params.window)),
-            meta: meta::of_run(a),
+            meta: meta::of_run(a, self.probe.as_ref()),
             rows: &self.rows,
             counters: &self.counters,
             passive_counters: &self.passive_counters,
