@@ -476,6 +476,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         gbits: b.report_gbits,
         started: std::time::SystemTime::now(),
         probe: None,
+        gate: bench::run::SetupGate::new(1, 1),
     }
 }
 

@@ -999,6 +999,92 @@ fn results_in_gbits_and_as_csv() {
     assert!(err.contains("-t 128") && err.contains("-W") && err.contains("-D SECS"), "{err}");
 }
 
+/// A set-up slower than `--timeout` (1,024 lcores on two CPUs in a
+/// second) fails at once, saying how far it got and what to do.
+#[test]
+fn a_set_up_slower_than_the_timeout_says_how_far_it_got() {
+    let _busy = busy();
+    let started = Instant::now();
+    let args = ["pingpong", "-l", "0-511@0,512-1023@1", "--idle", "yield", "--timeout", "1"];
+    let out = run(&[&args[..], &["-S", "64"]].concat());
+    let err = text(&out.stderr);
+    if err.contains("does not exist") {
+        return; // a one-core machine
+    }
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("of 1024 sides had made their device and endpoint after 1 s"), "{err}");
+    assert!(err.contains("raise it"), "{err}");
+    // Not after every lcore has set up anyway: the others stop at their
+    // next step (the bound is generous, not a speed target).
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    // The header names the lcores as they were given, not one by one.
+    assert!(text(&out.stdout).contains("lcores 0-511@0,512-1023@1,"), "{}", text(&out.stdout));
+}
+
+/// `--bind` is where the server listens, no other address; and it turns
+/// away at most 16 connections that are not its clients, then gives up
+/// saying so.
+#[test]
+fn a_server_listens_where_bind_says_and_gives_up_after_16_bad_connections() {
+    let port = free_port();
+    let args = ["-S", "64", "--timeout", "30", "--bind", "127.0.0.1"];
+    let srv = Reap::new(server("pingpong", port, &args));
+    let listening = Instant::now() + Duration::from_secs(10);
+    let connect = |ip: &str| std::net::TcpStream::connect((ip, port));
+    while connect("127.0.0.1").map(drop).is_err() {
+        assert!(Instant::now() < listening, "the server does not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // That first connection was the first bad one: it sent nothing and
+    // closed. Another loopback address of this host is not the one bound.
+    let elsewhere = connect("127.0.0.2");
+    assert!(elsewhere.is_err(), "127.0.0.2 reached a server bound to 127.0.0.1");
+    for _ in 1..16 {
+        connect("127.0.0.1").unwrap().write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    }
+    let out = wait_within(srv.take(), Duration::from_secs(20), "the server");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().filter(|l| l.contains("rejected a connection")).count(), 16, "{err}");
+    assert!(err.contains("gave up after 16 connections"), "{err}");
+}
+
+/// A signal ends a run within a second wherever it is: during the set-up
+/// of 512 lcores, and in a server whose handshake a silent connection
+/// holds.
+#[test]
+fn a_signal_ends_set_up_and_a_held_handshake_within_a_second() {
+    let _busy = busy();
+    let args = ["pingpong", "-l", "0-255@0,256-511@1", "--idle", "yield", "-S", "64"];
+    let child = Reap::new(
+        efapoll().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    signal(child.id(), "-TERM");
+    let out = wait_within(child.take(), Duration::from_secs(1), "512 lcores setting up");
+    let err = text(&out.stderr);
+    if !err.contains("does not exist") {
+        assert_eq!(out.status.code(), Some(130), "{err}");
+        assert!(err.contains("interrupted by a signal"), "{err}");
+        assert!(rows(&out).is_empty(), "set-up was not over: {}", text(&out.stdout));
+    }
+
+    let port = free_port();
+    let srv = Reap::new(server("pingpong", port, &["-S", "64"]));
+    let listening = Instant::now() + Duration::from_secs(10);
+    let _silent = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > listening => panic!("the server does not listen: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    signal(srv.id(), "-INT");
+    let out = wait_within(srv.take(), Duration::from_secs(1), "a server in a handshake");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+}
+
 /// Each subcommand's help and errors speak of it, not of the other.
 #[test]
 fn help_and_usage_errors_are_the_subcommands_own() {
@@ -1330,7 +1416,13 @@ fn a_one_sided_target_times_out_when_its_client_stops() {
     let _busy = busy();
     // The target sees none of the operations: only the control link can
     // tell it that the initiator stopped.
-    for (app, op) in [("pingpong", "read"), ("streaming", "write"), ("streaming", "atomic")] {
+    let runs = [
+        ("pingpong", "read"),
+        ("streaming", "write"),
+        ("streaming", "read"),
+        ("streaming", "atomic"),
+    ];
+    for (app, op) in runs {
         let port = free_port();
         let args = ["-o", op, "-I", "1000000000", "--timeout", "2"];
         let srv = server(app, port, &args);
@@ -1372,7 +1464,7 @@ fn a_signal_ends_a_waiting_server_at_once_and_says_so() {
         let srv = Reap::new(server("pingpong", port, &["-S", "64"]));
         std::thread::sleep(Duration::from_millis(500));
         signal(srv.id(), sig);
-        let out = wait_within(srv.take(), Duration::from_secs(2), "the waiting server");
+        let out = wait_within(srv.take(), Duration::from_secs(1), "the waiting server");
         assert_eq!(out.status.code(), Some(130), "{sig}: {}", text(&out.stderr));
         assert!(text(&out.stderr).contains("interrupted by a signal"), "{}", text(&out.stderr));
     }
@@ -1392,7 +1484,7 @@ fn a_signal_ends_a_client_whose_server_accepts_and_never_answers() {
     let _held = silent.join().unwrap().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     signal(child.id(), "-TERM");
-    let out = wait_within(child.take(), Duration::from_secs(2), "the client in its handshake");
+    let out = wait_within(child.take(), Duration::from_secs(1), "the client in its handshake");
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("interrupted by a signal"), "{}", text(&out.stderr));
 }
@@ -1408,7 +1500,7 @@ fn a_signal_mid_run_prints_the_rows_done_and_says_it_was_interrupted() {
     );
     std::thread::sleep(Duration::from_millis(1500));
     signal(child.id(), "-TERM");
-    let out = wait_within(child.take(), Duration::from_secs(2), "pingpong -p sim");
+    let out = wait_within(child.take(), Duration::from_secs(1), "pingpong -p sim");
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
     assert_eq!(rows(&out).len(), 1, "{}", text(&out.stdout));
     assert!(text(&out.stderr).contains("interrupted by a signal"), "{}", text(&out.stderr));
@@ -1421,7 +1513,7 @@ fn a_signal_mid_run_prints_the_rows_done_and_says_it_was_interrupted() {
     let cl = spawn_client("pingpong", port, &args);
     std::thread::sleep(Duration::from_millis(1000));
     signal(srv.id(), "-TERM");
-    let srv = wait_within(srv.take(), Duration::from_secs(2), "the server");
+    let srv = wait_within(srv.take(), Duration::from_secs(1), "the server");
     let out = wait_within(cl, Duration::from_secs(15), "the client");
     assert_eq!(srv.status.code(), Some(130), "{}", text(&srv.stderr));
     let err = text(&srv.stderr);

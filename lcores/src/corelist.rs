@@ -315,16 +315,27 @@ impl FromStr for LcoreMap {
 }
 
 impl fmt::Display for LcoreMap {
-    /// The plain core list when every lcore runs on its own number, else `lcore@cpu` items.
+    /// The plain core list when every lcore runs on its own number, else `lcores@cpu` items,
+    /// each a run of consecutive lcores on one CPU: `0-511@0,512-1023@1`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.lcores.as_slice() == self.cpus.as_slice() {
             return self.lcores.fmt(f);
         }
-        for (i, (lcore, cpu)) in self.lcores.iter().zip(&self.cpus).enumerate() {
-            if i > 0 {
+        let lcores = self.lcores.as_slice();
+        let mut at = 0;
+        while at < lcores.len() {
+            let (start, cpu) = (lcores[at], self.cpus[at]);
+            let run = (at..lcores.len())
+                .take_while(|&i| lcores[i] == start + (i - at) && self.cpus[i] == cpu)
+                .count();
+            if at > 0 {
                 f.write_str(",")?;
             }
-            write!(f, "{lcore}@{cpu}")?;
+            match run {
+                1 => write!(f, "{start}@{cpu}")?,
+                _ => write!(f, "{start}-{}@{cpu}", start + run - 1)?,
+            }
+            at += run;
         }
         Ok(())
     }
@@ -483,10 +494,13 @@ mod tests {
 
     #[test]
     fn lcore_maps_print_as_they_parse() {
-        for text in ["0-3", "0@0,1@1,2@0,3@1", "1@5"] {
+        for text in ["0-3", "0@0,1@1,2@0,3@1", "1@5", "0-511@0,512-1023@1", "0-1@0,2@1,3-4@0"] {
             let m: LcoreMap = text.parse().unwrap();
             assert_eq!(m.to_string(), text);
             assert_eq!(m.to_string().parse::<LcoreMap>().unwrap(), m);
         }
+        // A run of lcores on one CPU is one item, however it was written.
+        let m: LcoreMap = "0@1,1@1,2@1,3@2".parse().unwrap();
+        assert_eq!(m.to_string(), "0-2@1,3@2");
     }
 }

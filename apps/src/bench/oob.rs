@@ -130,24 +130,12 @@ fn connect_or_signal(
     name: &str,
     timeout: Duration,
 ) -> Result<Result<Conn, TcpError>, RunError> {
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx, rx) = mpsc::channel();
     let (addrs, name) = (addrs.to_vec(), name.to_owned());
     thread::spawn(move || {
         let _ = tx.send(relink::connect(&addrs[..], &name, &options(timeout)));
     });
-    loop {
-        match rx.recv_timeout(super::run::WAIT_SLICE) {
-            Ok(r) => return Ok(r),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if super::run::interrupted() {
-                    return Err(RunError::Interrupted);
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(RunError::Setup("the connecting thread died".into()));
-            }
-        }
-    }
+    wait_or_signal(&rx, "the connecting thread died")
 }
 
 /// Connections that are not a client of ours a server turns away before
@@ -185,7 +173,7 @@ pub fn accept(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(setup(e)),
         };
-        match relink::accept_stream(stream, &[name], &handshake) {
+        match handshake_or_signal(stream, name, &handshake)? {
             Ok(mut conn) => {
                 conn.set_timeout(timeout);
                 return Ok(conn);
@@ -209,6 +197,39 @@ pub fn accept(
                     )));
                 }
             }
+        }
+    }
+}
+
+/// `relink::accept_stream` in a thread of its own, so that a signal ends
+/// a server's wait at once even while a silent connection holds its
+/// handshake (up to [`HANDSHAKE_LIMIT`]); the abandoned handshake ends
+/// with the process.
+fn handshake_or_signal(
+    stream: std::net::TcpStream,
+    name: &'static str,
+    options: &Options,
+) -> Result<Result<Conn, TcpError>, RunError> {
+    let (tx, rx) = mpsc::channel();
+    let options = options.clone();
+    thread::spawn(move || {
+        let _ = tx.send(relink::accept_stream(stream, &[name], &options));
+    });
+    wait_or_signal(&rx, "the handshake's thread died")
+}
+
+/// The value `rx` brings, waited for in slices so that a signal ends the
+/// wait at once.
+fn wait_or_signal<T>(rx: &mpsc::Receiver<T>, died: &str) -> Result<T, RunError> {
+    loop {
+        match rx.recv_timeout(super::run::WAIT_SLICE) {
+            Ok(r) => return Ok(r),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if super::run::interrupted() {
+                    return Err(RunError::Interrupted);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(RunError::Setup(died.into())),
         }
     }
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock, mpsc};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use efapoll::device::Device;
@@ -90,6 +90,101 @@ pub struct RunArgs {
     pub started: SystemTime,
     /// The core-to-core look before the run (both sides here only).
     pub probe: Option<CoreToCore>,
+    /// Where this process's sides wait for each other before polling.
+    pub gate: Arc<SetupGate>,
+}
+
+/// How this process's lcores set up. The costly part (devices and
+/// endpoints: rings, pools, slabs) is done by as many at a time as there
+/// are CPUs, each holding a permit, so that with many lcores a CPU each
+/// finishes its set-up at once instead of all of them sharing the CPUs to
+/// the end (a signal then ends set-up within a step). Then every side
+/// waits, set up and connected, until all are: none polls while others
+/// still set up (polling sides would take turns with those setting up,
+/// and set-up would grow with the square of the lcores).
+#[derive(Debug, Default)]
+pub struct SetupGate {
+    sides: usize,
+    ready: Mutex<usize>,
+    all_ready: Condvar,
+    permits: Mutex<usize>,
+    permit_free: Condvar,
+    /// Sides whose device and endpoint are made, for the error of a
+    /// set-up slower than `--timeout`.
+    set_up: std::sync::atomic::AtomicUsize,
+}
+
+/// A permit to set up a device and an endpoint, given back when dropped.
+#[derive(Debug)]
+pub struct SetupPermit<'a>(&'a SetupGate);
+
+impl Drop for SetupPermit<'_> {
+    fn drop(&mut self) {
+        self.0.set_up.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self.0.permits.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.0.permit_free.notify_one();
+    }
+}
+
+impl SetupGate {
+    /// A gate for `sides` sides set up `cpus` at a time.
+    pub fn new(sides: usize, cpus: usize) -> Arc<SetupGate> {
+        let permits = Mutex::new(cpus.max(1));
+        Arc::new(SetupGate { sides, permits, ..SetupGate::default() })
+    }
+
+    /// Waits for a permit to set up; the run's end ends the wait.
+    fn permit(&self, ctx: &LcoreCtx) -> Result<SetupPermit<'_>, RunError> {
+        let mut free = self.permits.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            still_running(ctx)?;
+            free = self
+                .permit_free
+                .wait_timeout(free, WAIT_SLICE)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        still_running(ctx)?;
+        *free -= 1;
+        Ok(SetupPermit(self))
+    }
+
+    /// What a side that waited too long for another says: how far set-up
+    /// got, which is why.
+    fn too_slow(&self, timeout: Duration) -> String {
+        let done = self.set_up.load(std::sync::atomic::Ordering::Relaxed);
+        format!(
+            "{done} of {} sides had made their device and endpoint after {} s (one per CPU at a \
+             time): setting up this many lcores takes longer than --timeout; raise it",
+            self.sides,
+            timeout.as_secs_f64()
+        )
+    }
+
+    /// Counts this side ready and waits for the others, up to `timeout`;
+    /// `stop` (another side's failure, a signal) ends the wait.
+    fn pass(&self, timeout: Duration, stop: &StopFlag) -> Result<(), RunError> {
+        let start = Instant::now();
+        let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+        *ready += 1;
+        if *ready >= self.sides {
+            self.all_ready.notify_all();
+            return Ok(());
+        }
+        while *ready < self.sides {
+            if stop.is_stopped() || interrupted() {
+                return Err(RunError::Stopped);
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                stop.stop();
+                return Err(RunError::Timeout(self.too_slow(timeout)));
+            }
+            let slice = left.min(WAIT_SLICE);
+            ready = self.all_ready.wait_timeout(ready, slice).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +218,9 @@ pub fn run(a: &RunArgs) -> Result<(), RunError> {
             format!("# core-to-core: {ns:.0} ns one way between CPUs {} and {}", cpus.0, cpus.1);
         let _ = writeln!(std::io::stdout().lock(), "{line} (a cache line, before the run)");
     }
-    let a = &RunArgs { probe, ..a.clone() };
+    // Both sides here: every lcore runs a side (or with -p sim a pair).
+    let gate = SetupGate::new(a.lcores.lcores().len(), a.lcores.cpus().len());
+    let a = &RunArgs { probe, gate, ..a.clone() };
     let result = match (&a.mode, a.device) {
         (Mode::SelfContained, DeviceKind::Sim) => run_sim(a),
         (Mode::SelfContained, DeviceKind::Shm | DeviceKind::Udp) => run_local(a),
@@ -193,12 +290,28 @@ fn new_lcores(lcores: LcoreMap, idle: IdleStrategy) -> Result<Lcores<FlowResult>
         .map_err(|e| RunError::Setup(format!("lcores: {e}")))
 }
 
+/// Runs `work` on `lcore`; its failure stops the other lcores, wherever
+/// they are (set-up included).
 fn launch(
     lcores: &mut Lcores<FlowResult>,
     lcore: LcoreId,
     work: impl FnOnce(&mut LcoreCtx) -> FlowResult + Send + 'static,
 ) -> Result<(), RunError> {
+    let work = move |ctx: &mut LcoreCtx| {
+        let result = work(ctx);
+        if result.is_err() {
+            ctx.stop_flag().stop();
+        }
+        result
+    };
     lcores.remote_launch(lcore, work).map_err(|e| RunError::Setup(format!("launch: {e}")))
+}
+
+/// Fails with [`RunError::Stopped`] once the run is ending: set-up steps
+/// look before each costly one, so that a signal or another lcore's
+/// failure ends a large set-up at once.
+fn still_running(ctx: &LcoreCtx) -> Result<(), RunError> {
+    if ctx.should_stop() || interrupted() { Err(RunError::Stopped) } else { Ok(()) }
 }
 
 fn ctrlc(stop: &StopFlag) {
@@ -234,6 +347,7 @@ fn sim_flow(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
+    let permit = a.gate.permit(ctx)?;
     let fabric = SimFabric::new(SimConfig::default());
     let counts = Arc::new(Counts::new(&a.params, flow));
     let io = || -> Result<Io<_>, RunError> {
@@ -242,6 +356,7 @@ fn sim_flow(
         Io::new(ep, a.op, &a.params)
     };
     let (active, passive) = (io()?, io()?);
+    drop(permit);
     match a.app {
         App::Pingpong => {
             let active = pingpong::Initiator::new(active, &a.params, counts.clone())?;
@@ -291,6 +406,7 @@ fn sim_pair<A: ActiveSide + Side, P: PassiveSide + Side>(
 ) -> FlowResult {
     active.connect(&passive.addr(), passive.data_mem())?;
     passive.connect(&active.addr(), active.data_mem())?;
+    a.gate.pass(a.timeout, ctx.stop_flag())?;
     drive_active(ctx, &a.params, a.timeout, &mut active, &mut passive, live, sink)?;
     Ok(vec![(Role::Active, active.counters()), (Role::Passive, passive.counters())])
 }
@@ -306,6 +422,7 @@ fn device_side(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
+    let permit = a.gate.permit(ctx)?;
     if a.device == DeviceKind::Udp {
         let cfg = UdpConfig {
             bind: SocketAddr::new(a.udp_ip, 0),
@@ -313,18 +430,22 @@ fn device_side(
             ..UdpConfig::default()
         };
         let dev = UdpDevice::new(cfg).map_err(|e| RunError::Setup(format!("udp device: {e}")))?;
+        still_running(ctx)?;
         // Across hosts, as EFA: the provider's thresholds.
         let ep = Endpoint::new(dev, a.op.config(Config::default()))
             .map_err(|e| RunError::Setup(format!("udp endpoint: {e}")))?;
+        drop(permit);
         return side_on(ctx, a, ep, role, counts, exchange, sink, live);
     }
     // One peer sends to each device: two lanes (one spare for a peer that
     // restarts) instead of the default sixteen, 2 MiB of rings a device.
     let dev = ShmDevice::new(ShmConfig { lanes: 2, ..ShmConfig::default() })
         .map_err(|e| RunError::Setup(format!("shm device: {e}")))?;
+    still_running(ctx)?;
     // Large messages by one copy out of the peer's mapping: shm's read.
     let ep = Endpoint::new(dev, a.op.config(Config::on_host()))
         .map_err(|e| RunError::Setup(format!("shm endpoint: {e}")))?;
+    drop(permit);
     side_on(ctx, a, ep, role, counts, exchange, sink, live)
 }
 
@@ -340,6 +461,7 @@ fn side_on<D: Device>(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
+    still_running(ctx)?;
     let io = Io::new(ep, a.op, &a.params)?;
     let (p, c) = (&a.params, counts);
     match (a.app, role) {
@@ -375,6 +497,7 @@ fn active_side<A: ActiveSide + Side>(
 ) -> FlowResult {
     let peer = exchange(card_of(&side, &a.params))?;
     side.connect(&peer.addr, peer.mem)?;
+    a.gate.pass(a.timeout, ctx.stop_flag())?;
     drive_active(ctx, &a.params, a.timeout, &mut side, &mut Nobody, live, sink)?;
     Ok(vec![(Role::Active, side.counters())])
 }
@@ -387,6 +510,7 @@ fn passive_side<P: PassiveSide + Side>(
 ) -> FlowResult {
     let peer = exchange(card_of(&side, &a.params))?;
     side.connect(&peer.addr, peer.mem)?;
+    a.gate.pass(a.timeout, ctx.stop_flag())?;
     drive_passive(ctx, a.timeout, &mut side)?;
     Ok(vec![(Role::Passive, side.counters())])
 }
@@ -412,14 +536,15 @@ impl CardLink {
         )
     }
 
-    fn exchange(self, mine: Card) -> Result<Card, RunError> {
+    fn exchange(self, mine: Card, gate: &SetupGate) -> Result<Card, RunError> {
         // A peer gone before its card failed its setup, and says so itself.
         self.to_peer.send(mine).map_err(|_| RunError::Stopped)?;
         recv_or_stop(&self.from_peer, self.timeout, None).map_err(|e| match e {
             mpsc::RecvTimeoutError::Timeout => RunError::Timeout(format!(
-                "lcore {}: no card from lcore {} within {:?}: its device and endpoint were not \
-                 set up in time (lcores sharing a CPU set up in turn; raise --timeout)",
-                self.lcores.0, self.lcores.1, self.timeout
+                "lcore {}: no card from lcore {}: {}",
+                self.lcores.0,
+                self.lcores.1,
+                gate.too_slow(self.timeout)
             )),
             mpsc::RecvTimeoutError::Disconnected => RunError::Stopped,
         })
@@ -452,7 +577,7 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
                 &args,
                 Role::Passive,
                 passive_counts,
-                |c| theirs.exchange(c),
+                |c| theirs.exchange(c, &args.gate),
                 &mut |_, _| Ok(()),
                 false,
             )
@@ -465,7 +590,7 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
         let (args, tx) = (a.clone(), sample_tx.clone());
         launch(&mut lcores, active, move |ctx| {
             let mut sink = |k, s| send_sample(&tx, flow, k, s);
-            let exchange = |c| mine.exchange(c);
+            let exchange = |c| mine.exchange(c, &args.gate);
             device_side(ctx, &args, Role::Active, counts, exchange, &mut sink, false)
         })?;
     }
@@ -474,7 +599,7 @@ fn run_local(a: &RunArgs) -> Result<(), RunError> {
     let mut out = Collector::new(a, pairs.len(), sample_rx, lcores.stop_flag().clone());
     let main = lcores
         .run_on_main(|ctx| {
-            let (exchange, mut sink) = (|c| link.exchange(c), |k, s| out.add(k, s));
+            let (exchange, mut sink) = (|c| link.exchange(c, &a.gate), |k, s| out.add(k, s));
             device_side(ctx, a, Role::Active, counts, exchange, &mut sink, true)
         })
         .map_err(|e| RunError::Setup(format!("main lcore: {e}")))?;
@@ -505,7 +630,8 @@ fn run_client(a: &RunArgs, host: &str) -> Result<(), RunError> {
 fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Result<(), RunError> {
     // The udp devices listen where the peer reached us (or we it).
     let udp_ip = conn.local_addr().map(|at| at.ip().to_canonical()).unwrap_or(a.udp_ip);
-    let a = &RunArgs { udp_ip, ..a.clone() };
+    let gate = SetupGate::new(cores.len(), a.lcores.cpus().len());
+    let a = &RunArgs { udp_ip, gate, ..a.clone() };
     let flows = cores.len();
     let list = CoreList::from_cores(cores.iter().copied())
         .ok()
