@@ -239,7 +239,8 @@ struct BenchArgs {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Draw latency or bandwidth against size into FILE.svg.
+    /// Draw the results against message size into FILE.svg: pingpong's
+    /// latency; streaming's bandwidth above its message rate.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
     /// What a poll loop does when it finds no work.
