@@ -6,6 +6,7 @@ pub mod app;
 pub mod bmf;
 pub mod compare;
 pub mod instructions;
+pub mod table;
 pub mod wall;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +28,9 @@ pub enum GateError {
     Bmf(#[from] BmfError),
     #[error(transparent)]
     Measure(#[from] UnknownMeasure),
+    /// A README's baseline table (`baseline-table --write`).
+    #[error(transparent)]
+    Table(#[from] table::TableError),
     #[error("no baseline at {0}: write one with --update-baseline")]
     NoBaseline(PathBuf),
     /// A summary file (`--summary-json`, `--summary-md`) could not be written.
@@ -162,6 +166,12 @@ pub struct GateArgs {
 
 const BASELINES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/baselines");
 
+/// The committed baseline of the instruction gate, which perf/README.md's
+/// figures table shows.
+pub fn instructions_baseline() -> PathBuf {
+    Path::new(BASELINES).join("instructions.json")
+}
+
 /// Where results go by default: target/perf-gate in the workspace.
 fn out_dir() -> PathBuf {
     let perf = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -205,7 +215,7 @@ pub fn run(args: &GateArgs) -> Result<u8, GateError> {
     let mode = args.mode.name();
     let baseline_path = match (&args.baseline, args.mode, &args.machine) {
         (Some(path), _, _) => path.clone(),
-        (None, Mode::Instructions, _) => Path::new(BASELINES).join("instructions.json"),
+        (None, Mode::Instructions, _) => instructions_baseline(),
         (None, _, Some(machine)) => Path::new(BASELINES).join(format!("{mode}-{machine}.json")),
         (None, _, None) => {
             return Err(GateError::Usage(format!(
