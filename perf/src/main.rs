@@ -40,7 +40,7 @@ enum Command {
     Exec { name: String, iters: u64 },
     /// Measure a suite, compare with the baseline, fail on a regression.
     #[command(after_help = EXIT_STATUS)]
-    Gate(GateArgs),
+    Gate(Box<GateArgs>),
     /// Compare two result files (Bencher Metric Format) as the gate does.
     #[command(after_help = EXIT_STATUS)]
     Compare {

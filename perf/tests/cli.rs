@@ -255,7 +255,16 @@ fn the_instruction_gate_passes_then_fails_against_a_lower_baseline() {
     let said = String::from_utf8_lossy(&first.stdout);
     assert!(!said.contains("PASS") && !said.contains("FAIL"), "one verdict, the error: {said}");
     assert!(!summary.exists(), "no verdict, no summary");
-    assert_eq!(code(&gate(&["--update-baseline"])), 0);
+    // The baseline's table goes into a README's markers as it is written.
+    let readme = dir.join("README.md");
+    let prose = "# figures\n\n<!-- baseline-table:begin -->\n<!-- baseline-table:end -->\nmore\n";
+    std::fs::write(&readme, prose).unwrap();
+    let written = gate(&["--update-baseline", "--readme", readme.to_str().unwrap()]);
+    assert_eq!(code(&written), 0);
+    assert!(String::from_utf8_lossy(&written.stdout).contains("its table rewritten"));
+    let table = std::fs::read_to_string(&readme).unwrap();
+    assert!(table.contains("| `codec/parse/CTS` | "), "{table}");
+    assert!(table.starts_with("# figures\n") && table.ends_with("end -->\nmore\n"), "{table}");
     // Deterministic: the same count again.
     let again = gate(&[]);
     assert_eq!(code(&again), 0, "{}", String::from_utf8_lossy(&again.stdout));

@@ -28,7 +28,7 @@ pub enum GateError {
     Bmf(#[from] BmfError),
     #[error(transparent)]
     Measure(#[from] UnknownMeasure),
-    /// A README's baseline table (`baseline-table --write`).
+    /// A README's baseline table (`baseline-table --write`, `--readme`).
     #[error(transparent)]
     Table(#[from] table::TableError),
     #[error("no baseline at {0}: write one with --update-baseline")]
@@ -135,6 +135,11 @@ pub struct GateArgs {
     /// instead of failing on a difference.
     #[arg(long)]
     pub update_baseline: bool,
+    /// With --update-baseline: rewrite the baseline's table between
+    /// FILE's `<!-- baseline-table:begin -->` and `end` lines [default:
+    /// perf/README.md for perf/baselines/instructions.json, else none].
+    #[arg(long, value_name = "FILE", requires = "update_baseline")]
+    pub readme: Option<PathBuf>,
     /// Samples per metric, the median kept [default: instructions 1, wall
     /// and app 5; at least 5 for wall and app].
     #[arg(long)]
@@ -300,12 +305,26 @@ pub fn run(args: &GateArgs) -> Result<u8, GateError> {
         updated.0.extend(current.0);
         updated.write(&baseline_path)?;
         println!("baseline written: {}", baseline_path.display());
+        let readme = args
+            .readme
+            .clone()
+            .or_else(|| same_file(&baseline_path, &instructions_baseline()).then(table::readme));
+        if let Some(readme) = readme
+            && table::write_into(&readme, &updated)?
+        {
+            println!("its table rewritten: {}", readme.display());
+        }
         return Ok(0);
     }
     if baseline.is_none() {
         return Err(GateError::NoBaseline(baseline_path));
     }
     Ok(comparison.exit_code())
+}
+
+/// Whether `a` and `b` name one file (both exist).
+fn same_file(a: &Path, b: &Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
 }
 
 /// Compares two result files as the gate does.

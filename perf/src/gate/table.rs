@@ -1,8 +1,8 @@
 //! The committed baseline as a markdown table, and perf/README.md's copy
 //! of it: the README's figures table is this table, between two marker
 //! lines, so that it says what the baseline says (`efapoll-perf
-//! baseline-table --write perf/README.md` rewrites it; a test fails when
-//! they differ).
+//! baseline-table --write perf/README.md`, and every `--update-baseline`
+//! of the default baseline, rewrite it; a test fails when they differ).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -200,7 +200,7 @@ mod tests {
         assert!(
             text == expected,
             "perf/README.md's table differs from {}: run `efapoll-perf baseline-table --write \
-             perf/README.md`",
+             perf/README.md` (scripts/perf-gate.sh --update-baseline does it too)",
             baseline.display()
         );
     }
