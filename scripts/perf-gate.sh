@@ -6,6 +6,7 @@
 #                                                 against perf/baselines/instructions.json
 #   scripts/perf-gate.sh --mode instructions --update-baseline
 #                                                 write that baseline (after a deliberate change)
+#                                                 and its table in perf/README.md
 #   scripts/perf-gate.sh --mode wall --machine c7gn.metal
 #   scripts/perf-gate.sh --mode app --machine c7gn.metal
 #                                                 efapoll pingpong/streaming --json

@@ -262,7 +262,8 @@ struct BenchArgs {
     /// .json (as --json) or .csv (as --csv).
     #[arg(long, value_name = "FILE.json|FILE.csv", value_parser = parse_output)]
     output: Option<Output>,
-    /// Draw latency or bandwidth against size into FILE.svg.
+    /// Draw the results against message size into FILE.svg: pingpong's
+    /// latency; streaming's bandwidth above its message rate.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
     /// What a poll loop does when it finds no work.

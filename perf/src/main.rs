@@ -4,11 +4,12 @@
 
 use std::fmt::Write as _;
 use std::io::{self, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use efapoll_perf::gate::{self, GateArgs, GateError, SummaryFiles};
+use efapoll_perf::gate::bmf::Report;
+use efapoll_perf::gate::{self, GateArgs, GateError, SummaryFiles, table};
 use efapoll_perf::workloads::{self, Unit};
 
 const EXIT_STATUS: &str = "\
@@ -39,7 +40,7 @@ enum Command {
     Exec { name: String, iters: u64 },
     /// Measure a suite, compare with the baseline, fail on a regression.
     #[command(after_help = EXIT_STATUS)]
-    Gate(GateArgs),
+    Gate(Box<GateArgs>),
     /// Compare two result files (Bencher Metric Format) as the gate does.
     #[command(after_help = EXIT_STATUS)]
     Compare {
@@ -50,6 +51,18 @@ enum Command {
         thresholds: Vec<String>,
         #[command(flatten)]
         summary: SummaryFiles,
+    },
+    /// Print a baseline as a markdown table (a row per workload, a column
+    /// per measure), or write it into a README between the lines
+    /// `<!-- baseline-table:begin -->` and `<!-- baseline-table:end -->`.
+    BaselineTable {
+        /// The baseline [default: perf/baselines/instructions.json].
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Rewrite the table in FILE (perf/README.md's is the default
+        /// baseline's) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        write: Option<PathBuf>,
     },
 }
 
@@ -88,6 +101,9 @@ fn main() -> ExitCode {
         Command::Compare { baseline, current, thresholds, summary } => {
             gate::compare_files(&baseline, &current, &thresholds, &summary)
         }
+        Command::BaselineTable { baseline, write } => {
+            baseline_table(&baseline.unwrap_or_else(gate::instructions_baseline), write)
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -96,4 +112,18 @@ fn main() -> ExitCode {
             ExitCode::from(if matches!(e, GateError::Usage(_)) { 2 } else { 1 })
         }
     }
+}
+
+/// `baseline-table`: the table on stdout, or into `write`'s markers.
+fn baseline_table(baseline: &Path, write: Option<PathBuf>) -> Result<u8, GateError> {
+    let report = Report::read(baseline)?;
+    match write {
+        None => print!("{}", table::markdown(&report)),
+        Some(readme) => {
+            let changed = table::write_into(&readme, &report)?;
+            let what = if changed { "rewritten" } else { "already the baseline's" };
+            println!("{}: table {what} ({})", readme.display(), baseline.display());
+        }
+    }
+    Ok(0)
 }

@@ -255,7 +255,16 @@ fn the_instruction_gate_passes_then_fails_against_a_lower_baseline() {
     let said = String::from_utf8_lossy(&first.stdout);
     assert!(!said.contains("PASS") && !said.contains("FAIL"), "one verdict, the error: {said}");
     assert!(!summary.exists(), "no verdict, no summary");
-    assert_eq!(code(&gate(&["--update-baseline"])), 0);
+    // The baseline's table goes into a README's markers as it is written.
+    let readme = dir.join("README.md");
+    let prose = "# figures\n\n<!-- baseline-table:begin -->\n<!-- baseline-table:end -->\nmore\n";
+    std::fs::write(&readme, prose).unwrap();
+    let written = gate(&["--update-baseline", "--readme", readme.to_str().unwrap()]);
+    assert_eq!(code(&written), 0);
+    assert!(String::from_utf8_lossy(&written.stdout).contains("its table rewritten"));
+    let table = std::fs::read_to_string(&readme).unwrap();
+    assert!(table.contains("| `codec/parse/CTS` | "), "{table}");
+    assert!(table.starts_with("# figures\n") && table.ends_with("end -->\nmore\n"), "{table}");
     // Deterministic: the same count again.
     let again = gate(&[]);
     assert_eq!(code(&again), 0, "{}", String::from_utf8_lossy(&again.stdout));
@@ -275,5 +284,43 @@ fn the_instruction_gate_passes_then_fails_against_a_lower_baseline() {
     let results: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(results["codec/parse/CTS"]["instructions"]["value"].as_f64(), Some(count));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn baseline_table_prints_a_baseline_and_writes_it_between_markers() {
+    let dir = scratch("table");
+    let baseline = dir.join("base.json");
+    std::fs::write(
+        &baseline,
+        r#"{"sim/pingpong_64B": {"instructions": {"value": 2357.6}},
+            "codec/parse/CTS": {"instructions": {"value": 169}}}"#,
+    )
+    .unwrap();
+    let table = "| workload | instructions / op |\n|---|--:|\n\
+                 | `codec/parse/CTS` | 169.0 |\n| `sim/pingpong_64B` | 2,357.6 |\n";
+    let base = baseline.to_str().unwrap();
+    let printed = perf(&["baseline-table", "--baseline", base]);
+    assert_eq!((code(&printed), String::from_utf8_lossy(&printed.stdout)), (0, table.into()));
+
+    let readme = dir.join("README.md");
+    let old = "| workload | instructions / op |\n|---|--:|\n| `sim/pingpong_64B` | 4,032.9 |\n";
+    let text = |table: &str| {
+        format!("prose\n<!-- baseline-table:begin -->\n{table}<!-- baseline-table:end -->\nrest\n")
+    };
+    std::fs::write(&readme, text(old)).unwrap();
+    let write =
+        || perf(&["baseline-table", "--baseline", base, "--write", readme.to_str().unwrap()]);
+    let out = write();
+    assert_eq!(code(&out), 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("table rewritten"));
+    assert_eq!(std::fs::read_to_string(&readme).unwrap(), text(table));
+    assert!(String::from_utf8_lossy(&write().stdout).contains("already the baseline's"));
+
+    std::fs::write(&readme, "no markers here\n").unwrap();
+    let out = write();
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("baseline-table:begin"));
+    assert_eq!(std::fs::read_to_string(&readme).unwrap(), "no markers here\n");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -980,7 +980,7 @@ impl Outcome<'_> {
         if let Some(path) = &a.plot
             && !self.rows.is_empty()
         {
-            plot::draw(path, a.app, a.op, &self.rows)
+            plot::draw(path, a.app, a.op, &a.params, &self.rows)
                 .map_err(|e| RunError::Setup(format!("cannot draw {}: {e}", path.display())))?;
         }
         Ok(())

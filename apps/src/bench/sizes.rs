@@ -82,14 +82,33 @@ pub fn iterations(size: u64, explicit: Option<u64>, streaming: bool) -> u64 {
     }
 }
 
+/// Binary units, largest first: the shift, `-S`'s suffix, the unit's name.
+const UNITS: [(u32, &str, &str); 3] = [(30, "g", "GiB"), (20, "m", "MiB"), (10, "k", "KiB")];
+
+/// `size` in the largest unit that divides it: the count, the suffix and
+/// the unit's name.
+fn exact_unit(size: u64) -> Option<(u64, &'static str, &'static str)> {
+    UNITS
+        .iter()
+        .find(|(shift, ..)| size >= 1 << shift && size.is_multiple_of(1 << shift))
+        .map(|&(shift, suffix, name)| (size >> shift, suffix, name))
+}
+
 /// `size` as people write it: 64, 4k, 1m, 1g when exact, else bytes.
 pub fn human(size: u64) -> String {
-    for (shift, suffix) in [(30, "g"), (20, "m"), (10, "k")] {
-        if size >= 1 << shift && size.is_multiple_of(1 << shift) {
-            return format!("{}{suffix}", size >> shift);
-        }
+    match exact_unit(size) {
+        Some((n, suffix, _)) => format!("{n}{suffix}"),
+        None => size.to_string(),
     }
-    size.to_string()
+}
+
+/// `size` as a label with its unit: 64 B, 4 KiB, 1 MiB when exact, else
+/// bytes (1500 B).
+pub fn with_unit(size: u64) -> String {
+    match exact_unit(size) {
+        Some((n, _, unit)) => format!("{n} {unit}"),
+        None => format!("{size} B"),
+    }
 }
 
 #[cfg(test)]
@@ -166,5 +185,16 @@ mod tests {
         assert_eq!(human(3 << 20), "3m");
         assert_eq!(human(1500), "1500");
         assert_eq!(human(0), "0");
+    }
+
+    #[test]
+    fn sizes_with_units() {
+        assert_eq!(with_unit(1), "1 B");
+        assert_eq!(with_unit(64), "64 B");
+        assert_eq!(with_unit(4096), "4 KiB");
+        assert_eq!(with_unit(1 << 20), "1 MiB");
+        assert_eq!(with_unit(3 << 30), "3 GiB");
+        assert_eq!(with_unit(1500), "1500 B");
+        assert_eq!(with_unit(0), "0 B");
     }
 }

@@ -444,7 +444,7 @@ impl Comparison {
 /// `text` as a markdown code span inside a table cell: a `|` would end the
 /// cell, so it is escaped (GitHub honours `\|` even in code), and a
 /// backtick would end the span, so it becomes `'`.
-fn md_code(text: &str) -> String {
+pub(super) fn md_code(text: &str) -> String {
     format!("`{}`", text.replace('`', "'").replace('|', "\\|"))
 }
 

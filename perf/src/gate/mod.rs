@@ -6,6 +6,7 @@ pub mod app;
 pub mod bmf;
 pub mod compare;
 pub mod instructions;
+pub mod table;
 pub mod wall;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +28,9 @@ pub enum GateError {
     Bmf(#[from] BmfError),
     #[error(transparent)]
     Measure(#[from] UnknownMeasure),
+    /// A README's baseline table (`baseline-table --write`, `--readme`).
+    #[error(transparent)]
+    Table(#[from] table::TableError),
     #[error("no baseline at {0}: write one with --update-baseline")]
     NoBaseline(PathBuf),
     /// A summary file (`--summary-json`, `--summary-md`) could not be written.
@@ -131,6 +135,11 @@ pub struct GateArgs {
     /// instead of failing on a difference.
     #[arg(long)]
     pub update_baseline: bool,
+    /// With --update-baseline: rewrite the baseline's table between
+    /// FILE's `<!-- baseline-table:begin -->` and `end` lines [default:
+    /// perf/README.md for perf/baselines/instructions.json, else none].
+    #[arg(long, value_name = "FILE", requires = "update_baseline")]
+    pub readme: Option<PathBuf>,
     /// Samples per metric, the median kept [default: instructions 1, wall
     /// and app 5; at least 5 for wall and app].
     #[arg(long)]
@@ -161,6 +170,12 @@ pub struct GateArgs {
 }
 
 const BASELINES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/baselines");
+
+/// The committed baseline of the instruction gate, which perf/README.md's
+/// figures table shows.
+pub fn instructions_baseline() -> PathBuf {
+    Path::new(BASELINES).join("instructions.json")
+}
 
 /// Where results go by default: target/perf-gate in the workspace.
 fn out_dir() -> PathBuf {
@@ -205,7 +220,7 @@ pub fn run(args: &GateArgs) -> Result<u8, GateError> {
     let mode = args.mode.name();
     let baseline_path = match (&args.baseline, args.mode, &args.machine) {
         (Some(path), _, _) => path.clone(),
-        (None, Mode::Instructions, _) => Path::new(BASELINES).join("instructions.json"),
+        (None, Mode::Instructions, _) => instructions_baseline(),
         (None, _, Some(machine)) => Path::new(BASELINES).join(format!("{mode}-{machine}.json")),
         (None, _, None) => {
             return Err(GateError::Usage(format!(
@@ -290,12 +305,26 @@ pub fn run(args: &GateArgs) -> Result<u8, GateError> {
         updated.0.extend(current.0);
         updated.write(&baseline_path)?;
         println!("baseline written: {}", baseline_path.display());
+        let readme = args
+            .readme
+            .clone()
+            .or_else(|| same_file(&baseline_path, &instructions_baseline()).then(table::readme));
+        if let Some(readme) = readme
+            && table::write_into(&readme, &updated)?
+        {
+            println!("its table rewritten: {}", readme.display());
+        }
         return Ok(0);
     }
     if baseline.is_none() {
         return Err(GateError::NoBaseline(baseline_path));
     }
     Ok(comparison.exit_code())
+}
+
+/// Whether `a` and `b` name one file (both exist).
+fn same_file(a: &Path, b: &Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
 }
 
 /// Compares two result files as the gate does.
