@@ -157,7 +157,9 @@ impl Frames {
     /// Buffer `id`, whole. Panics if `id` is out of range.
     ///
     /// # Safety
-    /// As [`Bytes::slice`]: no writer of the frame while the slice lives.
+    /// Nothing writes the frame while the slice lives: it is not posted
+    /// (the contract of [`super::Device::buf`]), and no `slice_mut` of it
+    /// is alive.
     #[inline(always)]
     pub(crate) unsafe fn slice(&self, id: u32) -> &[u8] {
         // SAFETY: a frame is `mtu` bytes inside a live pool; no writer,
@@ -168,7 +170,8 @@ impl Frames {
     /// Buffer `id`, writable. Panics if `id` is out of range.
     ///
     /// # Safety
-    /// As [`Bytes::slice_mut`]: no other slice of the frame while it lives.
+    /// As [`Frames::slice`], and no other slice of the frame is alive
+    /// while this one lives.
     #[inline(always)]
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice_mut(&self, id: u32) -> &mut [u8] {
@@ -225,6 +228,24 @@ impl Frames {
                 self.at(id).as_ptr().add(offset),
                 dst.ptr.as_ptr().add(dst_offset),
                 len,
+            )
+        }
+    }
+
+    /// Copies `out.len()` bytes of buffer `id` from `offset` into `out`: a
+    /// received payload read. Panics if the range is outside the frame.
+    #[inline(always)]
+    pub(crate) fn read(&self, id: u32, offset: usize, out: &mut [u8]) {
+        assert!(offset.checked_add(out.len()).is_some_and(|end| end <= self.mtu), "frame range");
+        // SAFETY: inside a live frame (checked above); `out` is a Rust
+        // borrow, so not a frame. Only the device's own calls (and, for a
+        // posted frame, its fabric inside some device's call) write a
+        // frame, and this is one of them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.at(id).as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
             )
         }
     }

@@ -33,7 +33,9 @@
 //! * **packet buffers**: `Caps::bufs` buffers of `mtu` bytes, named by a
 //!   [`BufId`]. The endpoint writes a packet into a buffer and posts it;
 //!   it posts empty buffers for receiving and reads them on completion.
-//!   A posted buffer belongs to the device until its completion.
+//!   A posted buffer belongs to the device until its completion; a
+//!   buffer is lent as a slice ([`Device::buf`], `unsafe`) only while it
+//!   is not posted.
 //! * **registered regions** ([`Mr`]): memory that local operations read
 //!   and write and that peers may reach by RDMA, with the access rights
 //!   given at registration. A region's `addr` and `key` are what a peer
@@ -380,13 +382,34 @@ pub trait Device {
     /// its headers here and its payload through [`Device::copy_to_region`]
     /// or [`Device::read_payload`]: a device may place a payload only when
     /// it is copied out (the sim does, as a NIC's DMA costs the host's CPU
-    /// nothing). A buffer is lent out only while it is not posted: the
-    /// device (or its NIC) writes only posted buffers.
-    fn buf(&self, id: BufId) -> &[u8];
+    /// nothing).
+    ///
+    /// # Safety
+    /// Buffer `id` is not posted: a receive buffer is the caller's from its
+    /// completion until it is posted again, a send's from its completion
+    /// on. A posted buffer is written by the device's NIC at any time, and
+    /// by the sim during another device's calls (a peer's `post_send`
+    /// lands in it), which a slice would forbid. While the slice lives the
+    /// buffer cannot be posted (the slice borrows the device).
+    ///
+    /// Safe code cannot reach a buffer, even through
+    /// `Endpoint::device()`:
+    ///
+    /// ```compile_fail,E0133
+    /// use efapoll::device::Device;
+    /// use efapoll::device::sim::{SimConfig, SimFabric};
+    ///
+    /// let dev = SimFabric::new(SimConfig::default()).device();
+    /// let bytes = dev.buf(0);
+    /// ```
+    unsafe fn buf(&self, id: BufId) -> &[u8];
 
     /// Packet buffer `id`, to write a packet into. Once a send from it
     /// completes, its bytes are unspecified: write every packet whole.
-    fn buf_mut(&mut self, id: BufId) -> &mut [u8];
+    ///
+    /// # Safety
+    /// As [`Device::buf`]: buffer `id` is not posted.
+    unsafe fn buf_mut(&mut self, id: BufId) -> &mut [u8];
 
     /// Allocates and registers a region of `len` bytes, zeroed.
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError>;
@@ -449,10 +472,8 @@ pub trait Device {
     fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize);
 
     /// Copies `out.len()` bytes of received packet `buf`, from its byte
-    /// `from`, into `out`.
-    fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
-        out.copy_from_slice(&self.buf(buf)[from..from + out.len()]);
-    }
+    /// `from`, into `out`. Panics if the range is outside the buffer.
+    fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]);
 
     /// Makes a region usable as the local side of an RDMA read the
     /// endpoint is about to post, as EFA registers a receive buffer on
@@ -489,6 +510,30 @@ pub trait Device {
     /// read the host's monotonic clock.
     fn now_ns(&self) -> u64;
 }
+
+/// The packet buffers the engine holds, lent as slices: [`Device::buf`]
+/// and [`Device::buf_mut`] for the endpoint, which keeps their contract by
+/// construction, and for the devices' tests. Crate-private, so that the
+/// only way to a buffer from outside is the `unsafe` one.
+pub(crate) trait HeldBufs: Device {
+    /// Buffer `id`, which the caller holds (it is not posted).
+    #[inline(always)]
+    fn held(&self, id: BufId) -> &[u8] {
+        // SAFETY: callers pass only buffers they hold: the endpoint, a
+        // receive it polled and has not posted again, or a send buffer
+        // from its free list, not posted yet or whose send completed.
+        unsafe { self.buf(id) }
+    }
+
+    /// Buffer `id`, which the caller holds, to write.
+    #[inline(always)]
+    fn held_mut(&mut self, id: BufId) -> &mut [u8] {
+        // SAFETY: as in `held`.
+        unsafe { self.buf_mut(id) }
+    }
+}
+
+impl<D: Device + ?Sized> HeldBufs for D {}
 
 /// [`Device::copy_region`] through `read_region` and `write_region`, a
 /// stack page at a time: for a device that cannot copy directly.

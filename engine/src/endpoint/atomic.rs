@@ -11,7 +11,7 @@ use super::ops::{AtomicReq, MAX_IOV, Proto, Sgl, TxKind};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, Owner};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
-use crate::device::{Access, BufId, Device};
+use crate::device::{Access, BufId, Device, HeldBufs};
 use crate::wire::{AtomRspRepr, PacketType, PktFlags, RmaIov, WireItem};
 
 /// libfabric's `enum fi_datatype`: the ones the provider accepts.
@@ -468,7 +468,7 @@ impl<D: Device> Endpoint<D> {
                 &mut values_big[..len]
             };
             self.dev.read_region(t.mr, t.offset as usize, values);
-            let fetched = rsp.map(|b| &mut self.dev.buf_mut(b)[rsp_hdr + at..rsp_hdr + at + len]);
+            let fetched = rsp.map(|b| &mut self.dev.held_mut(b)[rsp_hdr + at..rsp_hdr + at + len]);
             apply(dt, op, values, o, c, fetched);
             self.dev.write_region(t.mr, t.offset as usize, values);
             at += len;
@@ -486,7 +486,7 @@ impl<D: Device> Endpoint<D> {
                 recv_id: info.recv_id,
                 seg_length: total,
             };
-            let hdr = r.emit(self.dev.buf_mut(b));
+            let hdr = r.emit(self.dev.held_mut(b));
             self.push_packet(peer, PacketType::AtomRsp, b, hdr + n, None);
         }
         if info.ptype == PacketType::DcWriteRta {
