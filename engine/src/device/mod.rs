@@ -46,8 +46,9 @@
 //! A region is never lent out as a Rust reference: a peer (shm) or the NIC
 //! (EFA) may write it at any time, which a `&[u8]` or `&mut [u8]` would
 //! forbid. It is read and written only through copies
-//! ([`Device::read_region`], [`Device::write_region`], and the packet
-//! copies), over raw pointers in `mem`. A region that a posted operation
+//! ([`Device::read_region`], [`Device::write_region`], the packet copies,
+//! and [`Device::update_region`]'s read, combine and write back), over
+//! raw pointers in `mem`. A region that a posted operation
 //! still uses cannot be deregistered ([`DeviceError::Busy`]; the endpoint
 //! checks its own operations first), so no DMA reaches freed memory; an
 //! endpoint drains before it closes (`Endpoint::drain`, `close`).
@@ -463,6 +464,24 @@ pub trait Device {
         copy_by_bounce(self, src, src_offset, dst, dst_offset, len);
     }
 
+    /// Reads `len` bytes of region `mr` at `offset`, lets `combine` change
+    /// them, and writes them back, in one call: an emulated atomic's read,
+    /// combine and write. With `fetch` (a packet buffer and a byte in it),
+    /// the bytes as they were are also copied there first: what a fetching
+    /// atomic answers. `combine` works on a copy, never on the region (see
+    /// [`Device::read_region`]), [`UPDATE_CHUNK`] bytes at a time, each
+    /// chunk given with its offset from `offset`. Panics as
+    /// [`Device::read_region`], or if the fetched bytes overrun the buffer.
+    fn update_region<F: FnMut(usize, &mut [u8])>(
+        &mut self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        fetch: Option<(BufId, usize)>,
+        combine: F,
+    ) where
+        Self: Sized;
+
     /// Copies `len` bytes of received packet `buf`, from its byte `from`,
     /// into region `mr` at `offset`.
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize);
@@ -510,6 +529,10 @@ pub trait Device {
     /// read the host's monotonic clock.
     fn now_ns(&self) -> u64;
 }
+
+/// How many bytes of a region [`Device::update_region`] hands its function
+/// at a time: a cache line, a multiple of every atomic element's size.
+pub const UPDATE_CHUNK: usize = 64;
 
 /// The packet buffers the engine holds, lent as slices: [`Device::buf`]
 /// and [`Device::buf_mut`] for the endpoint, which keeps their contract by
@@ -580,4 +603,34 @@ pub(crate) fn random_u64() -> u64 {
     h.write_u128(t.unwrap_or_default().as_nanos());
     h.write_u32(std::process::id());
     h.finish()
+}
+
+/// Checks of the `Device` contract that each device's tests run.
+#[cfg(test)]
+pub(crate) mod checks {
+    use super::{Access, Device, HeldBufs};
+
+    /// [`Device::update_region`] on a region of `dev`: the range, fetched
+    /// into a packet buffer as it was, combined a chunk at a time and
+    /// written back; nothing outside it moves.
+    pub(crate) fn update_region_fetches_combines_and_writes_back<D: Device>(dev: &mut D) {
+        let mr = dev.register(256, Access::LOCAL).unwrap();
+        let before: Vec<u8> = (0..256).map(|i| (i * 7 + 1) as u8).collect();
+        dev.write_region(mr.id, 0, &before);
+        let mut chunks = Vec::new();
+        dev.update_region(mr.id, 10, 150, Some((3, 20)), |at, bytes| {
+            chunks.push((at, bytes.len()));
+            bytes.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+        });
+        assert_eq!(chunks, [(0, 64), (64, 64), (128, 22)]);
+        let after = dev.region_vec(&mr);
+        let want: Vec<u8> = (0..256)
+            .map(|i| if (10..160).contains(&i) { before[i].wrapping_add(1) } else { before[i] })
+            .collect();
+        assert_eq!(after, want);
+        assert_eq!(&dev.held(3)[20..170], &before[10..160], "fetched as it was");
+        // One element, without a fetch.
+        dev.update_region(mr.id, 0, 8, None, |_, bytes| bytes.fill(9));
+        assert_eq!(&dev.region_vec(&mr)[..9], &[9, 9, 9, 9, 9, 9, 9, 9, before[8]]);
+    }
 }

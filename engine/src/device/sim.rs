@@ -1332,6 +1332,27 @@ impl Device for SimDevice {
     }
 
     #[inline(always)]
+    fn update_region<F: FnMut(usize, &mut [u8])>(
+        &mut self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        fetch: Option<(BufId, usize)>,
+        combine: F,
+    ) {
+        if let Some((buf, _)) = fetch {
+            self.settle(buf);
+        }
+        let frames = &self.frames;
+        let fetch = |at, old: &[u8]| {
+            if let Some((buf, to)) = fetch {
+                frames.write(buf, to + at, old);
+            }
+        };
+        self.region_bytes(mr).update(offset, len, fetch, combine);
+    }
+
+    #[inline(always)]
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
         if self.unplaced.get() != 0 && self.copy_unplaced(buf, from, mr, offset, len) {
             return;
@@ -1939,5 +1960,11 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert_eq!(&b.held(got[1].wr_id as u32)[..5], b"twice");
         assert_eq!(poll_all(&mut a).len(), 1, "one send completion");
+    }
+
+    #[test]
+    fn update_region_fetches_combines_and_writes_back() {
+        let (_f, mut a, _b) = pair(SimConfig::default());
+        crate::device::checks::update_region_fetches_combines_and_writes_back(&mut a);
     }
 }

@@ -1056,6 +1056,28 @@ impl Device for ShmDevice {
         r.map.write_bytes(REGION_DATA + offset, src);
     }
 
+    fn update_region<F: FnMut(usize, &mut [u8])>(
+        &mut self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        fetch: Option<(BufId, usize)>,
+        combine: F,
+    ) {
+        let r = self.regions.get(mr.0 as usize).and_then(Option::as_ref);
+        let r = r.unwrap_or_else(|| panic!("{mr:?} is not registered"));
+        assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
+        let mtu = self.cfg.mtu;
+        let pool = &mut self.pool;
+        let fetch = |at: usize, old: &[u8]| {
+            if let Some((buf, to)) = fetch {
+                let pkt = &mut pool[buf as usize * mtu..][..mtu];
+                pkt[to + at..to + at + old.len()].copy_from_slice(old);
+            }
+        };
+        r.map.update(REGION_DATA + offset, len, fetch, combine);
+    }
+
     fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
         let pkt = &self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
         out.copy_from_slice(&pkt[from..from + out.len()]);

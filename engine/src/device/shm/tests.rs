@@ -679,3 +679,10 @@ fn a_process_cannot_take_a_lane_as_another_and_another_user_gets_nothing() {
         None => eprintln!("skipped the other user's part: uid 65534 cannot run the test binary"),
     }
 }
+
+#[test]
+fn update_region_fetches_combines_and_writes_back() {
+    crate::device::checks::update_region_fetches_combines_and_writes_back(
+        &mut ShmDevice::new(small()).unwrap(),
+    );
+}

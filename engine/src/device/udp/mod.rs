@@ -1675,6 +1675,23 @@ impl Device for UdpDevice {
         Bytes::copy(self.bytes(src), src_off, self.bytes(dst), dst_off, len);
     }
 
+    fn update_region<F: FnMut(usize, &mut [u8])>(
+        &mut self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        fetch: Option<(BufId, usize)>,
+        combine: F,
+    ) {
+        let frames = &self.frames;
+        let fetch = |at, old: &[u8]| {
+            if let Some((buf, to)) = fetch {
+                frames.write(buf, to + at, old);
+            }
+        };
+        self.bytes(mr).update(offset, len, fetch, combine);
+    }
+
     fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
         self.frames.read(buf, from, out);
     }

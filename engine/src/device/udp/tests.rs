@@ -443,3 +443,10 @@ fn a_domain_registration_serves_every_queue_that_attached_it() {
     b.deregister(mr.id).unwrap();
     assert_eq!(dom.deregister(&mr), Ok(()));
 }
+
+#[test]
+fn update_region_fetches_combines_and_writes_back() {
+    crate::device::checks::update_region_fetches_combines_and_writes_back(
+        &mut UdpDevice::new(cfg()).unwrap(),
+    );
+}
