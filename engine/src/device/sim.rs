@@ -1685,6 +1685,49 @@ mod tests {
     }
 
     #[test]
+    fn a_region_a_send_still_reads_cannot_be_deregistered() {
+        let fabric = SimFabric::new(SimConfig::default());
+        let domain = fabric.domain();
+        let (mut a, mut b) = (domain.device().unwrap(), fabric.device());
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        // The device's own region and one the domain holds, attached.
+        let own = a.register(8192, Access::LOCAL).unwrap();
+        let held = domain.register(8192, Access::LOCAL).unwrap();
+        a.attach(&held).unwrap();
+        for (buf, mr) in [(1, own), (2, held)] {
+            let data = Some(DataSeg { mr: mr.id, offset: 0, len: 64 });
+            let wr = SendWr { ah, buf, len: 16, data, wr_id: buf as u64 };
+            assert_eq!(a.post_send(&[wr]), 1);
+        }
+        // No receive posted at `b`: both wait on the wire, gathering from
+        // the regions when they land. (The domain refuses while a queue
+        // uses the region, and a queue cannot stop while a flight does.)
+        assert_eq!(a.deregister(own.id), Err(DeviceError::Busy));
+        assert_eq!(a.deregister(held.id), Err(DeviceError::Busy));
+        assert_eq!(domain.deregister(&held), Err(DeviceError::Busy));
+        b.post_recv(&[10, 11]);
+        assert_eq!(poll_all(&mut b).len(), 2);
+        assert_eq!(poll_all(&mut a).len(), 2);
+        assert_eq!(a.deregister(own.id), Ok(()));
+        assert_eq!(a.deregister(held.id), Ok(()));
+        assert_eq!(domain.deregister(&held), Ok(()));
+
+        // A large payload lands unplaced: its region is still read until
+        // the receiver copies the payload out.
+        let mr = a.register(8192, Access::LOCAL).unwrap();
+        b.post_recv(&[12]);
+        let data = Some(DataSeg { mr: mr.id, offset: 0, len: UNPLACED_MIN });
+        assert_eq!(a.post_send(&[SendWr { ah, buf: 3, len: 16, data, wr_id: 3 }]), 1);
+        let mut got = [Cqe::default(); 4];
+        assert_eq!(b.poll(&mut got), 1);
+        assert_eq!(a.deregister(mr.id), Err(DeviceError::Busy));
+        let dst = b.register(8192, Access::LOCAL).unwrap();
+        b.copy_to_region(12, 16, dst.id, 0, UNPLACED_MIN as usize);
+        assert_eq!(poll_all(&mut a), [Cqe { wr_id: 3, ..SENT }]);
+        assert_eq!(a.deregister(mr.id), Ok(()));
+    }
+
+    #[test]
     fn a_small_gathered_payload_is_copied_at_delivery() {
         let (_f, mut a, mut b) = pair(SimConfig::default());
         b.post_recv(&[10]);
