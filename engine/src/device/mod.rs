@@ -111,9 +111,10 @@ pub struct Caps {
     /// The EFA device version reported in HANDSHAKE packets.
     pub device_version: u32,
     /// Memory the caller owns can be registered on the device's domain
-    /// (`register_external`, like `fi_mr_reg`: [`sim::SimDomain`]). Not on
-    /// shm, where a peer process must map a region, so the device
-    /// allocates it in shared memory.
+    /// (`register_external`, like `fi_mr_reg`): on the sim's
+    /// ([`sim::SimDomain`]) and udp's ([`udp::UdpDomain`]). Not on shm,
+    /// where a peer process must map a region, so the device allocates it
+    /// in shared memory.
     pub external_memory: bool,
 }
 

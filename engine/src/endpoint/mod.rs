@@ -265,7 +265,7 @@ struct BufLayout {
 /// per core is the compiler's to enforce. Even over a device that could
 /// move between threads, it cannot:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use efapoll::device::Device;
 /// use efapoll::endpoint::Endpoint;
 ///
