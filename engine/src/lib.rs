@@ -8,8 +8,9 @@
 //!
 //! An [`endpoint::Endpoint`] runs over a [`device::Device`], one lcore's
 //! half of a NIC, whose [`device::Domain`] (registrations, keys) all of a
-//! process's lcores share: [`device::sim`] (in-process, deterministic) or
-//! [`device::shm`] (processes or threads of one host). Create it on the
+//! process's lcores share: [`device::sim`] (in-process, deterministic),
+//! [`device::shm`] (processes or threads of one host) or [`device::udp`]
+//! (across hosts without EFA). Create it on the
 //! thread (lcore) that will poll it, insert
 //! the peer's raw address (exchanged out of band, e.g. with [`relink`]),
 //! register the memory operations use, post, and call
@@ -56,12 +57,21 @@
 //! pushing it through the rings twice; `efapoll-lcores` pins
 //! the threads and runs their poll loops; the `efapoll` apps (crate
 //! `efapoll-apps`) are complete examples of both.
+//!
+//! A region can also be registered once on the domain, by every lcore's
+//! device attached ([`Endpoint::attach`](endpoint::Endpoint::attach)), and
+//! can be memory the caller owns
+//! ([`Domain::register_external`](device::Domain::register_external)); an
+//! endpoint [`drain`](endpoint::Endpoint::drain)s before its regions are
+//! deregistered and it [`close`](endpoint::Endpoint::close)s. The
+//! README's [embedding example](readme#embedding-the-engine) goes through
+//! all of it, and the [`device`] module says what a device promises.
 #![deny(unsafe_code)]
 
-// The README's Rust examples are compiled and run with the doc tests.
-#[cfg(doctest)]
+/// The project's README, here so that its embedding example sits beside
+/// the API it uses; its Rust examples run with the doc tests.
 #[doc = include_str!("../../README.md")]
-struct ReadmeExamples;
+pub mod readme {}
 
 #[allow(unsafe_code)]
 pub mod device;

@@ -1,6 +1,7 @@
 //! Fault injection at the datagram layer, seeded and replayable, for every
 //! device that has a wire: the sim's fabric and the udp device's sockets
-//! take their faults from here, so both are tested against one model.
+//! take their faults from here, so both are tested against one model, by
+//! one set of endpoint scenarios (`engine/tests/endpoint_wire.rs`).
 //!
 //! Three pieces:
 //!

@@ -9,6 +9,8 @@
 
 use std::ptr::NonNull;
 
+use super::UPDATE_CHUNK;
+
 /// A zeroed heap allocation of fixed length, shared by reference counting
 /// between a device and its fabric.
 #[derive(Debug)]
@@ -89,6 +91,22 @@ impl Bytes {
         }
     }
 
+    /// [`update`] of `len` bytes at `offset`. Panics if the range is
+    /// outside.
+    #[inline(always)]
+    pub(crate) fn update(
+        &self,
+        offset: usize,
+        len: usize,
+        fetch: impl FnMut(usize, &[u8]),
+        combine: impl FnMut(usize, &mut [u8]),
+    ) {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len), "range outside");
+        // SAFETY: inside the allocation (checked above), which lives as long
+        // as `self` and is never lent out as a reference.
+        unsafe { update(self.ptr.as_ptr().add(offset), len, fetch, combine) }
+    }
+
     /// Copies `len` bytes from `src` at `src_offset` into `dst` at
     /// `dst_offset`: the fabric moving data between two devices' memory.
     /// Panics if either range is outside its allocation.
@@ -115,6 +133,58 @@ impl Drop for Bytes {
         // `zeroed` and are dropped once, here.
         unsafe {
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)));
+        }
+    }
+}
+
+/// Reads `len` bytes at `at`, hands them to `fetch`, lets `combine`
+/// change them and writes them back, through a copy on the stack of
+/// [`UPDATE_CHUNK`] bytes at a time (each function gets the chunk's offset
+/// from `at`): a region's read, combine and write in one pass, the region
+/// never lent as a reference.
+///
+/// # Safety
+/// `[at, at + len)` is valid for reads and writes until this returns and
+/// is reached only through raw pointers (no reference to it is alive).
+#[inline(always)]
+pub(crate) unsafe fn update(
+    at: *mut u8,
+    len: usize,
+    mut fetch: impl FnMut(usize, &[u8]),
+    mut combine: impl FnMut(usize, &mut [u8]),
+) {
+    let mut chunk = [0u8; UPDATE_CHUNK];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(UPDATE_CHUNK);
+        // SAFETY: inside the range (the caller's contract); `chunk` is a
+        // local, not that memory.
+        unsafe { copy_short(at.add(done), chunk.as_mut_ptr(), n) };
+        fetch(done, &chunk[..n]);
+        // The functions may reach the range through a device call of their
+        // own, but only by copies: the write back below wins.
+        combine(done, &mut chunk[..n]);
+        // SAFETY: as the read above.
+        unsafe { copy_short(chunk.as_ptr(), at.add(done), n) };
+        done += n;
+    }
+}
+
+/// `copy_nonoverlapping`, inline for the common atomic elements (2, 4 or
+/// 8 bytes), which a call to `memcpy` would cost several times over.
+///
+/// # Safety
+/// As `copy_nonoverlapping`.
+#[inline(always)]
+unsafe fn copy_short(src: *const u8, dst: *mut u8, n: usize) {
+    // SAFETY: the caller's contract; unaligned reads and writes of `n`
+    // bytes at most.
+    unsafe {
+        match n {
+            8 => dst.cast::<u64>().write_unaligned(src.cast::<u64>().read_unaligned()),
+            4 => dst.cast::<u32>().write_unaligned(src.cast::<u32>().read_unaligned()),
+            2 => dst.cast::<u16>().write_unaligned(src.cast::<u16>().read_unaligned()),
+            _ => std::ptr::copy_nonoverlapping(src, dst, n),
         }
     }
 }
@@ -157,7 +227,9 @@ impl Frames {
     /// Buffer `id`, whole. Panics if `id` is out of range.
     ///
     /// # Safety
-    /// As [`Bytes::slice`]: no writer of the frame while the slice lives.
+    /// Nothing writes the frame while the slice lives: it is not posted
+    /// (the contract of [`super::Device::buf`]), and no `slice_mut` of it
+    /// is alive.
     #[inline(always)]
     pub(crate) unsafe fn slice(&self, id: u32) -> &[u8] {
         // SAFETY: a frame is `mtu` bytes inside a live pool; no writer,
@@ -168,7 +240,8 @@ impl Frames {
     /// Buffer `id`, writable. Panics if `id` is out of range.
     ///
     /// # Safety
-    /// As [`Bytes::slice_mut`]: no other slice of the frame while it lives.
+    /// As [`Frames::slice`], and no other slice of the frame is alive
+    /// while this one lives.
     #[inline(always)]
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice_mut(&self, id: u32) -> &mut [u8] {
@@ -227,6 +300,30 @@ impl Frames {
                 len,
             )
         }
+    }
+
+    /// Copies `src` into buffer `id` at `offset`: a packet's bytes built
+    /// elsewhere (a few, as a fetching atomic's old values). Panics if the
+    /// range is outside the frame.
+    #[inline(always)]
+    pub(crate) fn write(&self, id: u32, offset: usize, src: &[u8]) {
+        assert!(offset.checked_add(src.len()).is_some_and(|end| end <= self.mtu), "frame range");
+        // SAFETY: inside a live frame (checked above); `src` is a Rust
+        // borrow, so not a frame. The caller is the device, inside one of
+        // its `&mut self` calls: no slice of the frame is alive.
+        unsafe { copy_short(src.as_ptr(), self.at(id).as_ptr().add(offset), src.len()) }
+    }
+
+    /// Copies `out.len()` bytes of buffer `id` from `offset` into `out`: a
+    /// received payload read. Panics if the range is outside the frame.
+    #[inline(always)]
+    pub(crate) fn read(&self, id: u32, offset: usize, out: &mut [u8]) {
+        assert!(offset.checked_add(out.len()).is_some_and(|end| end <= self.mtu), "frame range");
+        // SAFETY: inside a live frame (checked above); `out` is a Rust
+        // borrow, so not a frame. Only the device's own calls (and, for a
+        // posted frame, its fabric inside some device's call) write a
+        // frame, and this is one of them.
+        unsafe { copy_short(self.at(id).as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
     }
 
     /// Copies the first `len` bytes of `src`'s buffer `sid` into `dst`'s

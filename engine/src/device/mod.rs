@@ -33,7 +33,9 @@
 //! * **packet buffers**: `Caps::bufs` buffers of `mtu` bytes, named by a
 //!   [`BufId`]. The endpoint writes a packet into a buffer and posts it;
 //!   it posts empty buffers for receiving and reads them on completion.
-//!   A posted buffer belongs to the device until its completion.
+//!   A posted buffer belongs to the device until its completion; a
+//!   buffer is lent as a slice ([`Device::buf`], `unsafe`) only while it
+//!   is not posted.
 //! * **registered regions** ([`Mr`]): memory that local operations read
 //!   and write and that peers may reach by RDMA, with the access rights
 //!   given at registration. A region's `addr` and `key` are what a peer
@@ -44,8 +46,9 @@
 //! A region is never lent out as a Rust reference: a peer (shm) or the NIC
 //! (EFA) may write it at any time, which a `&[u8]` or `&mut [u8]` would
 //! forbid. It is read and written only through copies
-//! ([`Device::read_region`], [`Device::write_region`], and the packet
-//! copies), over raw pointers in `mem`. A region that a posted operation
+//! ([`Device::read_region`], [`Device::write_region`], the packet copies,
+//! and [`Device::update_region`]'s read, combine and write back), over
+//! raw pointers in `mem`. A region that a posted operation
 //! still uses cannot be deregistered ([`DeviceError::Busy`]; the endpoint
 //! checks its own operations first), so no DMA reaches freed memory; an
 //! endpoint drains before it closes (`Endpoint::drain`, `close`).
@@ -108,9 +111,10 @@ pub struct Caps {
     /// The EFA device version reported in HANDSHAKE packets.
     pub device_version: u32,
     /// Memory the caller owns can be registered on the device's domain
-    /// (`register_external`, like `fi_mr_reg`: [`sim::SimDomain`]). Not on
-    /// shm, where a peer process must map a region, so the device
-    /// allocates it in shared memory.
+    /// (`register_external`, like `fi_mr_reg`): on the sim's
+    /// ([`sim::SimDomain`]) and udp's ([`udp::UdpDomain`]). Not on shm,
+    /// where a peer process must map a region, so the device allocates it
+    /// in shared memory.
     pub external_memory: bool,
 }
 
@@ -380,13 +384,34 @@ pub trait Device {
     /// its headers here and its payload through [`Device::copy_to_region`]
     /// or [`Device::read_payload`]: a device may place a payload only when
     /// it is copied out (the sim does, as a NIC's DMA costs the host's CPU
-    /// nothing). A buffer is lent out only while it is not posted: the
-    /// device (or its NIC) writes only posted buffers.
-    fn buf(&self, id: BufId) -> &[u8];
+    /// nothing).
+    ///
+    /// # Safety
+    /// Buffer `id` is not posted: a receive buffer is the caller's from its
+    /// completion until it is posted again, a send's from its completion
+    /// on. A posted buffer is written by the device's NIC at any time, and
+    /// by the sim during another device's calls (a peer's `post_send`
+    /// lands in it), which a slice would forbid. While the slice lives the
+    /// buffer cannot be posted (the slice borrows the device).
+    ///
+    /// Safe code cannot reach a buffer, even through
+    /// `Endpoint::device()`:
+    ///
+    /// ```compile_fail,E0133
+    /// use efapoll::device::Device;
+    /// use efapoll::device::sim::{SimConfig, SimFabric};
+    ///
+    /// let dev = SimFabric::new(SimConfig::default()).device();
+    /// let bytes = dev.buf(0);
+    /// ```
+    unsafe fn buf(&self, id: BufId) -> &[u8];
 
     /// Packet buffer `id`, to write a packet into. Once a send from it
     /// completes, its bytes are unspecified: write every packet whole.
-    fn buf_mut(&mut self, id: BufId) -> &mut [u8];
+    ///
+    /// # Safety
+    /// As [`Device::buf`]: buffer `id` is not posted.
+    unsafe fn buf_mut(&mut self, id: BufId) -> &mut [u8];
 
     /// Allocates and registers a region of `len` bytes, zeroed.
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError>;
@@ -440,6 +465,24 @@ pub trait Device {
         copy_by_bounce(self, src, src_offset, dst, dst_offset, len);
     }
 
+    /// Reads `len` bytes of region `mr` at `offset`, lets `combine` change
+    /// them, and writes them back, in one call: an emulated atomic's read,
+    /// combine and write. With `fetch` (a packet buffer and a byte in it),
+    /// the bytes as they were are also copied there first: what a fetching
+    /// atomic answers. `combine` works on a copy, never on the region (see
+    /// [`Device::read_region`]), [`UPDATE_CHUNK`] bytes at a time, each
+    /// chunk given with its offset from `offset`. Panics as
+    /// [`Device::read_region`], or if the fetched bytes overrun the buffer.
+    fn update_region<F: FnMut(usize, &mut [u8])>(
+        &mut self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        fetch: Option<(BufId, usize)>,
+        combine: F,
+    ) where
+        Self: Sized;
+
     /// Copies `len` bytes of received packet `buf`, from its byte `from`,
     /// into region `mr` at `offset`.
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize);
@@ -449,10 +492,8 @@ pub trait Device {
     fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize);
 
     /// Copies `out.len()` bytes of received packet `buf`, from its byte
-    /// `from`, into `out`.
-    fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
-        out.copy_from_slice(&self.buf(buf)[from..from + out.len()]);
-    }
+    /// `from`, into `out`. Panics if the range is outside the buffer.
+    fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]);
 
     /// Makes a region usable as the local side of an RDMA read the
     /// endpoint is about to post, as EFA registers a receive buffer on
@@ -489,6 +530,34 @@ pub trait Device {
     /// read the host's monotonic clock.
     fn now_ns(&self) -> u64;
 }
+
+/// How many bytes of a region [`Device::update_region`] hands its function
+/// at a time: a cache line, a multiple of every atomic element's size.
+pub const UPDATE_CHUNK: usize = 64;
+
+/// The packet buffers the engine holds, lent as slices: [`Device::buf`]
+/// and [`Device::buf_mut`] for the endpoint, which keeps their contract by
+/// construction, and for the devices' tests. Crate-private, so that the
+/// only way to a buffer from outside is the `unsafe` one.
+pub(crate) trait HeldBufs: Device {
+    /// Buffer `id`, which the caller holds (it is not posted).
+    #[inline(always)]
+    fn held(&self, id: BufId) -> &[u8] {
+        // SAFETY: callers pass only buffers they hold: the endpoint, a
+        // receive it polled and has not posted again, or a send buffer
+        // from its free list, not posted yet or whose send completed.
+        unsafe { self.buf(id) }
+    }
+
+    /// Buffer `id`, which the caller holds, to write.
+    #[inline(always)]
+    fn held_mut(&mut self, id: BufId) -> &mut [u8] {
+        // SAFETY: as in `held`.
+        unsafe { self.buf_mut(id) }
+    }
+}
+
+impl<D: Device + ?Sized> HeldBufs for D {}
 
 /// [`Device::copy_region`] through `read_region` and `write_region`, a
 /// stack page at a time: for a device that cannot copy directly.
@@ -535,4 +604,34 @@ pub(crate) fn random_u64() -> u64 {
     h.write_u128(t.unwrap_or_default().as_nanos());
     h.write_u32(std::process::id());
     h.finish()
+}
+
+/// Checks of the `Device` contract that each device's tests run.
+#[cfg(test)]
+pub(crate) mod checks {
+    use super::{Access, Device, HeldBufs};
+
+    /// [`Device::update_region`] on a region of `dev`: the range, fetched
+    /// into a packet buffer as it was, combined a chunk at a time and
+    /// written back; nothing outside it moves.
+    pub(crate) fn update_region_fetches_combines_and_writes_back<D: Device>(dev: &mut D) {
+        let mr = dev.register(256, Access::LOCAL).unwrap();
+        let before: Vec<u8> = (0..256).map(|i| (i * 7 + 1) as u8).collect();
+        dev.write_region(mr.id, 0, &before);
+        let mut chunks = Vec::new();
+        dev.update_region(mr.id, 10, 150, Some((3, 20)), |at, bytes| {
+            chunks.push((at, bytes.len()));
+            bytes.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+        });
+        assert_eq!(chunks, [(0, 64), (64, 64), (128, 22)]);
+        let after = dev.region_vec(&mr);
+        let want: Vec<u8> = (0..256)
+            .map(|i| if (10..160).contains(&i) { before[i].wrapping_add(1) } else { before[i] })
+            .collect();
+        assert_eq!(after, want);
+        assert_eq!(&dev.held(3)[20..170], &before[10..160], "fetched as it was");
+        // One element, without a fetch.
+        dev.update_region(mr.id, 0, 8, None, |_, bytes| bytes.fill(9));
+        assert_eq!(&dev.region_vec(&mr)[..9], &[9, 9, 9, 9, 9, 9, 9, 9, before[8]]);
+    }
 }

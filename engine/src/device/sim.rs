@@ -1264,19 +1264,17 @@ impl Device for SimDevice {
     }
 
     #[inline(always)]
-    fn buf(&self, id: BufId) -> &[u8] {
-        // SAFETY: the endpoint reads buffers only while they are not posted
-        // (the fabric writes only posted buffers); `&self` excludes this
-        // device's own writers.
+    unsafe fn buf(&self, id: BufId) -> &[u8] {
+        // SAFETY: the caller's contract: the buffer is not posted, and the
+        // fabric writes only posted buffers (placing an unplaced payload
+        // takes `&mut self`); `&self` excludes this device's own writers.
         unsafe { self.frames.slice(id) }
     }
 
     #[inline(always)]
-    fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
+    unsafe fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
         self.settle(id);
-        // SAFETY: `&mut self` is the only way to this pool's slices, and
-        // the fabric touches only posted buffers, which the endpoint does
-        // not write.
+        // SAFETY: as `buf`; `&mut self` makes the loan exclusive.
         unsafe { self.frames.slice_mut(id) }
     }
 
@@ -1334,6 +1332,27 @@ impl Device for SimDevice {
     }
 
     #[inline(always)]
+    fn update_region<F: FnMut(usize, &mut [u8])>(
+        &mut self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        fetch: Option<(BufId, usize)>,
+        combine: F,
+    ) {
+        if let Some((buf, _)) = fetch {
+            self.settle(buf);
+        }
+        let frames = &self.frames;
+        let fetch = |at, old: &[u8]| {
+            if let Some((buf, to)) = fetch {
+                frames.write(buf, to + at, old);
+            }
+        };
+        self.region_bytes(mr).update(offset, len, fetch, combine);
+    }
+
+    #[inline(always)]
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
         if self.unplaced.get() != 0 && self.copy_unplaced(buf, from, mr, offset, len) {
             return;
@@ -1351,7 +1370,7 @@ impl Device for SimDevice {
     #[inline(always)]
     fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
         self.settle(buf);
-        out.copy_from_slice(&self.buf(buf)[from..from + out.len()]);
+        self.frames.read(buf, from, out);
     }
 
     fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError> {
@@ -1495,7 +1514,7 @@ impl Device for SimDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::DataSeg;
+    use crate::device::{DataSeg, HeldBufs};
 
     fn pair(cfg: SimConfig) -> (SimFabric, SimDevice, SimDevice) {
         let fabric = SimFabric::new(cfg);
@@ -1505,7 +1524,7 @@ mod tests {
     }
 
     fn send(dev: &mut SimDevice, ah: Ah, buf: BufId, bytes: &[u8], wr_id: u64) {
-        dev.buf_mut(buf)[..bytes.len()].copy_from_slice(bytes);
+        dev.held_mut(buf)[..bytes.len()].copy_from_slice(bytes);
         let wr = SendWr { ah, buf, len: bytes.len() as u32, data: None, wr_id };
         assert_eq!(dev.post_send(&[wr]), 1);
     }
@@ -1564,7 +1583,7 @@ mod tests {
         assert_eq!(got[0].wr_id, 11, "the newest posted buffer fills first");
         assert_eq!(got[0].len, 5);
         assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
-        assert_eq!(&b.buf(11)[..5], b"hello");
+        assert_eq!(&b.held(11)[..5], b"hello");
         let sent = poll_all(&mut a);
         assert_eq!(sent, [Cqe { op: CqOp::Send, wr_id: 7, ..Cqe::default() }]);
 
@@ -1585,13 +1604,13 @@ mod tests {
         let mr = a.register(8192, Access::LOCAL).unwrap();
         let payload: Vec<u8> = (0..len).map(|i| (i + 3) as u8).collect();
         a.write_region(mr.id, 100, &payload);
-        a.buf_mut(0)[..16].copy_from_slice(&[0xab; 16]);
+        a.held_mut(0)[..16].copy_from_slice(&[0xab; 16]);
         let data = Some(DataSeg { mr: mr.id, offset: 100, len });
         assert_eq!(a.post_send(&[SendWr { ah, buf: 0, len: 16, data, wr_id: 7 }]), 1);
         let mut got = [Cqe::default(); 4];
         assert_eq!(b.poll(&mut got), 1);
         assert_eq!(got[0].len, 16 + len);
-        assert_eq!(&b.buf(got[0].wr_id as BufId)[..16], &[0xab; 16], "headers are in place");
+        assert_eq!(&b.held(got[0].wr_id as BufId)[..16], &[0xab; 16], "headers are in place");
         (got[0], payload)
     }
 
@@ -1608,7 +1627,7 @@ mod tests {
         let dst = b.register(8192, Access::LOCAL).unwrap();
         b.copy_to_region(cqe.wr_id as BufId, 16, dst.id, 50, 4000);
         assert_eq!(&b.region_vec(&dst)[50..4050], &payload[..]);
-        assert_ne!(&b.buf(10)[16..4016], &payload[..], "straight to the region, not the buffer");
+        assert_ne!(&b.held(10)[16..4016], &payload[..], "straight to the region, not the buffer");
         assert_eq!(poll_all(&mut a), [SENT]);
         assert_eq!(fabric.pending_total(), 0);
     }
@@ -1622,7 +1641,7 @@ mod tests {
         let mut out = vec![0; 2000];
         b.read_payload(10, 16, &mut out);
         assert_eq!(out, payload);
-        assert_eq!(&b.buf(10)[16..2016], &payload[..]);
+        assert_eq!(&b.held(10)[16..2016], &payload[..]);
         assert_eq!(poll_all(&mut a), [SENT]);
 
         // Held through a round of handling: placed as the receiver polls
@@ -1632,7 +1651,7 @@ mod tests {
         let (_, payload) = send_gathered(&mut a, &mut b, 2000);
         assert!(poll_all(&mut a).is_empty());
         b.poll(&mut [Cqe::default(); 4]);
-        assert_eq!(&b.buf(10)[16..2016], &payload[..]);
+        assert_eq!(&b.held(10)[16..2016], &payload[..]);
         assert_eq!(poll_all(&mut a), [SENT]);
 
         // The same when it landed during a poll (it waited for a buffer).
@@ -1646,7 +1665,7 @@ mod tests {
         assert_eq!(b.poll(&mut [Cqe::default(); 4]), 1, "delivered by this poll");
         assert!(poll_all(&mut a).is_empty());
         b.poll(&mut [Cqe::default(); 4]);
-        assert_eq!(&b.buf(10)[16..2016], &[9; 2000]);
+        assert_eq!(&b.held(10)[16..2016], &[9; 2000]);
         assert_eq!(poll_all(&mut a), [SENT]);
 
         // Reposted unread (the endpoint dropped the packet): delivered all
@@ -1666,11 +1685,54 @@ mod tests {
     }
 
     #[test]
+    fn a_region_a_send_still_reads_cannot_be_deregistered() {
+        let fabric = SimFabric::new(SimConfig::default());
+        let domain = fabric.domain();
+        let (mut a, mut b) = (domain.device().unwrap(), fabric.device());
+        let ah = a.insert_addr(&b.addr()).unwrap();
+        // The device's own region and one the domain holds, attached.
+        let own = a.register(8192, Access::LOCAL).unwrap();
+        let held = domain.register(8192, Access::LOCAL).unwrap();
+        a.attach(&held).unwrap();
+        for (buf, mr) in [(1, own), (2, held)] {
+            let data = Some(DataSeg { mr: mr.id, offset: 0, len: 64 });
+            let wr = SendWr { ah, buf, len: 16, data, wr_id: buf as u64 };
+            assert_eq!(a.post_send(&[wr]), 1);
+        }
+        // No receive posted at `b`: both wait on the wire, gathering from
+        // the regions when they land. (The domain refuses while a queue
+        // uses the region, and a queue cannot stop while a flight does.)
+        assert_eq!(a.deregister(own.id), Err(DeviceError::Busy));
+        assert_eq!(a.deregister(held.id), Err(DeviceError::Busy));
+        assert_eq!(domain.deregister(&held), Err(DeviceError::Busy));
+        b.post_recv(&[10, 11]);
+        assert_eq!(poll_all(&mut b).len(), 2);
+        assert_eq!(poll_all(&mut a).len(), 2);
+        assert_eq!(a.deregister(own.id), Ok(()));
+        assert_eq!(a.deregister(held.id), Ok(()));
+        assert_eq!(domain.deregister(&held), Ok(()));
+
+        // A large payload lands unplaced: its region is still read until
+        // the receiver copies the payload out.
+        let mr = a.register(8192, Access::LOCAL).unwrap();
+        b.post_recv(&[12]);
+        let data = Some(DataSeg { mr: mr.id, offset: 0, len: UNPLACED_MIN });
+        assert_eq!(a.post_send(&[SendWr { ah, buf: 3, len: 16, data, wr_id: 3 }]), 1);
+        let mut got = [Cqe::default(); 4];
+        assert_eq!(b.poll(&mut got), 1);
+        assert_eq!(a.deregister(mr.id), Err(DeviceError::Busy));
+        let dst = b.register(8192, Access::LOCAL).unwrap();
+        b.copy_to_region(12, 16, dst.id, 0, UNPLACED_MIN as usize);
+        assert_eq!(poll_all(&mut a), [Cqe { wr_id: 3, ..SENT }]);
+        assert_eq!(a.deregister(mr.id), Ok(()));
+    }
+
+    #[test]
     fn a_small_gathered_payload_is_copied_at_delivery() {
         let (_f, mut a, mut b) = pair(SimConfig::default());
         b.post_recv(&[10]);
         let (_, payload) = send_gathered(&mut a, &mut b, UNPLACED_MIN - 1);
-        assert_eq!(&b.buf(10)[16..16 + payload.len()], &payload[..]);
+        assert_eq!(&b.held(10)[16..16 + payload.len()], &payload[..]);
         assert_eq!(poll_all(&mut a), [SENT]);
     }
 
@@ -1707,9 +1769,9 @@ mod tests {
         let got = poll_all(&mut b);
         let bufs: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
         assert_eq!(bufs, [10, 12, 11], "newest posted buffer first");
-        assert_eq!(&b.buf(10)[..3], b"now");
-        assert_eq!(&b.buf(12)[..4], b"held");
-        assert_eq!(&b.buf(11)[..5], b"after");
+        assert_eq!(&b.held(10)[..3], b"now");
+        assert_eq!(&b.held(12)[..4], b"held");
+        assert_eq!(&b.held(11)[..5], b"after");
         assert_eq!(poll_all(&mut a).len(), 2);
     }
 
@@ -1718,7 +1780,7 @@ mod tests {
         let (fabric, mut a, mut b) = pair(SimConfig::default());
         let ah = a.insert_addr(&b.addr()).unwrap();
         let addrs = |a: &SimDevice, b: &SimDevice| {
-            [a.buf(3).as_ptr(), b.buf(20).as_ptr(), b.buf(21).as_ptr()]
+            [a.held(3).as_ptr(), b.held(20).as_ptr(), b.held(21).as_ptr()]
         };
         let home = addrs(&a, &b);
         b.post_recv(&[20, 21]);
@@ -1726,12 +1788,12 @@ mod tests {
         assert_eq!(poll_all(&mut a).len(), 1);
         // The packet was copied: what the sender writes in its buffer for
         // its next send never reaches the packet already delivered.
-        a.buf_mut(3)[..5].copy_from_slice(b"XXXXX");
+        a.held_mut(3)[..5].copy_from_slice(b"XXXXX");
         send(&mut a, ah, 3, b"second", 1);
         let got = poll_all(&mut b);
         assert_eq!(got.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [21, 20]);
-        assert_eq!(&b.buf(21)[..5], b"first");
-        assert_eq!(&b.buf(20)[..6], b"second");
+        assert_eq!(&b.held(21)[..5], b"first");
+        assert_eq!(&b.held(20)[..6], b"second");
         // Every buffer is where it was: a receiver's buffers stay in its
         // own memory, as a NIC writes a host's posted buffers.
         assert_eq!(addrs(&a, &b), home);
@@ -1741,11 +1803,11 @@ mod tests {
         // the same id keeps what that device wrote in it.
         send(&mut a, ah, 4, b"from the old a", 2);
         let mut a2 = fabric.restart(&a.addr());
-        a2.buf_mut(4)[..3].copy_from_slice(b"new");
+        a2.held_mut(4)[..3].copy_from_slice(b"new");
         b.post_recv(&[22]);
         assert_eq!(poll_all(&mut b).len(), 1);
-        assert_eq!(&b.buf(22)[..14], b"from the old a");
-        assert_eq!(&a2.buf(4)[..3], b"new");
+        assert_eq!(&b.held(22)[..14], b"from the old a");
+        assert_eq!(&a2.held(4)[..3], b"new");
     }
 
     #[test]
@@ -1758,7 +1820,7 @@ mod tests {
                 send(&mut a, ah, i as u32, &[i], i as u64);
             }
             b.post_recv(&(100..132).collect::<Vec<_>>());
-            poll_all(&mut b).iter().map(|c| b.buf(c.wr_id as u32)[0]).collect::<Vec<_>>()
+            poll_all(&mut b).iter().map(|c| b.held(c.wr_id as u32)[0]).collect::<Vec<_>>()
         };
         let first = order(3);
         assert_eq!(first, order(3));
@@ -1855,7 +1917,7 @@ mod tests {
         fabric.inject(&b.addr(), 77, b"\x40\x04");
         let got = poll_all(&mut b);
         assert_eq!(got[0].src, Source::Unknown { qpn: 77 });
-        assert_eq!(&b.buf(1)[..2], b"\x40\x04");
+        assert_eq!(&b.held(1)[..2], b"\x40\x04");
 
         send(&mut a, ah, 1, b"doomed", 2);
         fabric.kill(&b.addr());
@@ -1887,7 +1949,7 @@ mod tests {
         assert_eq!(fabric.now_ns(), SimConfig::default().retransmit_ns);
         let got = poll_all(&mut b);
         assert_eq!(got.len(), 1, "delivered once");
-        assert_eq!(&b.buf(got[0].wr_id as BufId)[..9], b"lost once");
+        assert_eq!(&b.held(got[0].wr_id as BufId)[..9], b"lost once");
         assert_eq!(poll_all(&mut a).len(), 1, "and its send completes");
         assert!(!fabric.skip_to_next_due(), "nothing held");
 
@@ -1898,7 +1960,7 @@ mod tests {
         send(&mut a, ah, 1, &[0u8; 100], 2);
         let got = poll_all(&mut b);
         assert!(got[0].len < 100, "truncated: {}", got[0].len);
-        let flipped: u32 = b.buf(6)[..got[0].len as usize].iter().map(|x| x.count_ones()).sum();
+        let flipped: u32 = b.held(6)[..got[0].len as usize].iter().map(|x| x.count_ones()).sum();
         assert!(flipped <= 1, "one bit at most (it may have been cut off)");
         assert_eq!(fabric.stats(&b.addr()).damaged, 1);
         let s = fabric.fault_stats();
@@ -1939,7 +2001,13 @@ mod tests {
         let mut got = vec![out[0]];
         got.extend(poll_all(&mut b));
         assert_eq!(got.len(), 2);
-        assert_eq!(&b.buf(got[1].wr_id as u32)[..5], b"twice");
+        assert_eq!(&b.held(got[1].wr_id as u32)[..5], b"twice");
         assert_eq!(poll_all(&mut a).len(), 1, "one send completion");
+    }
+
+    #[test]
+    fn update_region_fetches_combines_and_writes_back() {
+        let (_f, mut a, _b) = pair(SimConfig::default());
+        crate::device::checks::update_region_fetches_combines_and_writes_back(&mut a);
     }
 }

@@ -11,7 +11,7 @@ use super::ops::{AtomicReq, MAX_IOV, Proto, Sgl, TxKind};
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, Owner};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
-use crate::device::{Access, BufId, Device};
+use crate::device::{Access, BufId, Device, HeldBufs};
 use crate::wire::{AtomRspRepr, PacketType, PktFlags, RmaIov, WireItem};
 
 /// libfabric's `enum fi_datatype`: the ones the provider accepts.
@@ -447,34 +447,22 @@ impl<D: Device> Endpoint<D> {
         let compare = &rest[..if class == RtaClass::Compare { n } else { 0 }];
         let rsp_hdr = AtomRspRepr::default().buffer_len();
         // The target's values are read, combined and written back through
-        // copies: a region is never lent as a reference (a peer or the NIC
-        // may write it), and the emulated atomic is the responder's
-        // progress thread's alone, as in the provider.
-        let mut values_small = [0u8; 64];
-        let mut values_big: Box<[u8]> = Box::default();
+        // a copy (a region is never lent as a reference: a peer or the NIC
+        // may write it), in one device call; the emulated atomic is the
+        // responder's progress thread's alone, as in the provider.
         let mut at = 0usize;
         for t in targets {
             let len = t.len as usize;
-            let (o, c) = (
-                &operand[at..at + len],
-                if compare.is_empty() { &[][..] } else { &compare[at..at + len] },
-            );
-            let values: &mut [u8] = if len <= values_small.len() {
-                &mut values_small[..len]
-            } else {
-                if values_big.is_empty() {
-                    values_big = std::mem::take(&mut self.atomic_values);
-                }
-                &mut values_big[..len]
-            };
-            self.dev.read_region(t.mr, t.offset as usize, values);
-            let fetched = rsp.map(|b| &mut self.dev.buf_mut(b)[rsp_hdr + at..rsp_hdr + at + len]);
-            apply(dt, op, values, o, c, fetched);
-            self.dev.write_region(t.mr, t.offset as usize, values);
+            let o = &operand[at..at + len];
+            let c = if compare.is_empty() { compare } else { &compare[at..at + len] };
+            // A fetch answers with the values before the operation.
+            let fetch = rsp.map(|b| (b, rsp_hdr + at));
+            self.dev.update_region(t.mr, t.offset as usize, len, fetch, |i, values| {
+                let end = i + values.len();
+                let c = if c.is_empty() { c } else { &c[i..end] };
+                apply(dt, op, values, &o[i..end], c, None);
+            });
             at += len;
-        }
-        if !values_big.is_empty() {
-            self.atomic_values = values_big;
         }
         if !big.is_empty() {
             self.scratch = big;
@@ -486,7 +474,7 @@ impl<D: Device> Endpoint<D> {
                 recv_id: info.recv_id,
                 seg_length: total,
             };
-            let hdr = r.emit(self.dev.buf_mut(b));
+            let hdr = r.emit(self.dev.held_mut(b));
             self.push_packet(peer, PacketType::AtomRsp, b, hdr + n, None);
         }
         if info.ptype == PacketType::DcWriteRta {

@@ -265,7 +265,7 @@ struct BufLayout {
 /// per core is the compiler's to enforce. Even over a device that could
 /// move between threads, it cannot:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use efapoll::device::Device;
 /// use efapoll::endpoint::Endpoint;
 ///
@@ -334,9 +334,6 @@ pub struct Endpoint<D: Device> {
     /// A packet's worth of memory for copies that need it (atomic
     /// operands).
     scratch: Box<[u8]>,
-    /// A packet's worth of memory for an atomic's target values, copied
-    /// out of the region and back.
-    atomic_values: Box<[u8]>,
 }
 
 /// Completions polled per device call (DPDK's burst).
@@ -418,7 +415,6 @@ impl<D: Device> Endpoint<D> {
             stalled_bufs: VecDeque::with_capacity(64),
             timer: timer::Timer::new(cfg.response_timeout, tx_ops + rx_ops),
             scratch: vec![0u8; caps.mtu].into_boxed_slice(),
-            atomic_values: vec![0u8; caps.mtu].into_boxed_slice(),
             dev,
             _one_core: std::marker::PhantomData,
         };

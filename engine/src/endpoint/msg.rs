@@ -9,7 +9,7 @@ use super::peer::NONE;
 use super::rx::ReqInfo;
 use super::tx::{Ctrl, EagerSend, Owner};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
-use crate::device::{Access, BufId, DataSeg, Device, MrId, Source};
+use crate::device::{Access, BufId, DataSeg, Device, HeldBufs, MrId, Source};
 use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, EagerRtm, PacketType, extra};
 
 /// What an arriving message is, by its REQ type: protocol, tagged,
@@ -170,7 +170,7 @@ impl<D: Device> Endpoint<D> {
         let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
         let hdr = self.emit_eager(buf, peer.0, msg_id, None, cq_data);
         let at = hdr + head.len();
-        self.dev.buf_mut(buf)[hdr..at].copy_from_slice(head);
+        self.dev.held_mut(buf)[hdr..at].copy_from_slice(head);
         let n = src.len as usize;
         if n > 0 && self.gathers(at, n) {
             let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
@@ -497,7 +497,7 @@ impl<D: Device> Endpoint<D> {
         let Some(buf) = self.take_tx_buf(Owner::Ctrl) else { return Err(Error::Again) };
         let msg_id = self.next_msg_id(peer.0);
         let hdr = self.emit_eager(buf, peer.0, msg_id, tag, None);
-        self.dev.buf_mut(buf)[hdr..hdr + data.len()].copy_from_slice(data);
+        self.dev.held_mut(buf)[hdr..hdr + data.len()].copy_from_slice(data);
         let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
         self.push_packet(peer.0, ptype, buf, hdr + data.len(), None);
         self.maybe_post();
@@ -579,7 +579,7 @@ impl<D: Device> Endpoint<D> {
     #[inline(always)]
     pub(super) fn recv_predicted(&mut self, buf: BufId, len: usize, src: Source) -> bool {
         let Source::Known(ah) = src else { return false };
-        let Some(e) = EagerRtm::predict(&self.dev.buf(buf)[..len]) else { return false };
+        let Some(e) = EagerRtm::predict(&self.dev.held(buf)[..len]) else { return false };
         let Some(peer) = self.peers.by_ah(ah) else { return false };
         let p = self.peers.get(peer).expect("live peer");
         // A connid that is not the peer's, and our HANDSHAKE still owed,

@@ -4,7 +4,7 @@
 use super::ops::{Iovs, MAX_IOV};
 use super::peer::{NONE, ReorderBuf};
 use super::{DropReason, Endpoint, Error, NO_BUF, PeerId};
-use crate::device::{BufId, CqStatus, Cqe, Device, Source};
+use crate::device::{BufId, CqStatus, Cqe, Device, HeldBufs, Source};
 use crate::wire::{
     AtomRspRepr, CtsDataRepr, CtsRepr, EagerRtm, EorRepr, Packet, PacketType, RawAddr,
     ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqClass, ReqFlags, ReqPacket, RmaIov, WireItem,
@@ -211,7 +211,7 @@ impl<D: Device> Endpoint<D> {
         if self.recv_predicted(buf, len, cqe.src) {
             return;
         }
-        let bytes = &self.dev.buf(buf)[..len];
+        let bytes = &self.dev.held(buf)[..len];
         // REQs, the common case, skip the enum of the other types.
         if bytes.first().is_some_and(|&t| PacketType::is_req_id(t)) {
             let info = match ReqInfo::parse(bytes) {
@@ -291,7 +291,7 @@ impl<D: Device> Endpoint<D> {
         connid: Option<u32>,
         raw_at: Option<u32>,
     ) -> Option<u32> {
-        let ptype = self.dev.buf(buf)[0];
+        let ptype = self.dev.held(buf)[0];
         self.counters.rx_by_type[ptype as usize] += 1;
         let peer = match self.resolve_sender(buf, src, connid, raw_at) {
             Ok(p) => p,
@@ -339,7 +339,7 @@ impl<D: Device> Endpoint<D> {
         }
         // The codec checked the address is there and at least 24 bytes.
         let addr = raw_at
-            .and_then(|at| RawAddr::from_bytes(&self.dev.buf(buf)[at as usize..]).ok())
+            .and_then(|at| RawAddr::from_bytes(&self.dev.held(buf)[at as usize..]).ok())
             .ok_or(DropReason::UnknownSender)?;
         if let Source::Unknown { qpn } = src
             && qpn != addr.qpn
@@ -528,7 +528,7 @@ impl<D: Device> Endpoint<D> {
             return false;
         }
         let len = meta.len as usize;
-        let Some(e) = EagerRtm::predict(&self.dev.buf(head)[..len]) else { return false };
+        let Some(e) = EagerRtm::predict(&self.dev.held(head)[..len]) else { return false };
         if !self.land_eager(head, len, peer, &e) {
             return false;
         }
@@ -566,13 +566,13 @@ impl<D: Device> Endpoint<D> {
     /// The iovs `at` names in REQ packet `buf`, which its parse checked.
     pub(super) fn req_iovs(&self, buf: BufId, at: IovAt) -> Iovs {
         let from = at.at as usize;
-        let bytes = &self.dev.buf(buf)[from..from + at.n as usize * RmaIov::LEN];
+        let bytes = &self.dev.held(buf)[from..from + at.n as usize * RmaIov::LEN];
         Iovs::from_list(crate::wire::IovList::Wire(bytes))
     }
 
     pub(super) fn held_info(&self, buf: BufId) -> Option<ReqInfo> {
         let len = self.rx_meta[buf as usize].len as usize;
-        ReqInfo::parse(&self.dev.buf(buf)[..len]).ok()
+        ReqInfo::parse(&self.dev.held(buf)[..len]).ok()
     }
 
     /// Marks a peer whose next message waits for resources.

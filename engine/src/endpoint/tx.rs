@@ -13,7 +13,7 @@ use super::atomic::RtaClass;
 use super::cq::{Completion, Op, Status};
 use super::ops::{MAX_IOV, Proto, Sgl, TxKind};
 use super::{DropReason, Endpoint, PeerId, Span};
-use crate::device::{BufId, CqStatus, Cqe, DataSeg, Device, MrId, SendWr};
+use crate::device::{BufId, CqStatus, Cqe, DataSeg, Device, HeldBufs, MrId, SendWr};
 use crate::wire::{
     CtsDataRepr, CtsFlags, CtsRepr, EorRepr, HandshakeFlags, HandshakeRepr, IovList, PacketType,
     PktFlags, ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqFlags, ReqLayout, ReqRepr, RmaIov,
@@ -405,7 +405,7 @@ impl<D: Device> Endpoint<D> {
                     user_recv_qp: None,
                 };
                 self.counters.handshakes_sent += 1;
-                (peer, PacketType::Handshake, repr.emit(self.dev.buf_mut(buf)))
+                (peer, PacketType::Handshake, repr.emit(self.dev.held_mut(buf)))
             }
             Ctrl::HandshakeTrigger { peer } => {
                 let mut r = ReqRepr::new(PacketType::EagerRtw);
@@ -414,7 +414,7 @@ impl<D: Device> Endpoint<D> {
                     r.raw_addr = Some(&self.addr_hdr);
                 }
                 r.connid = connid;
-                (peer, PacketType::EagerRtw, r.emit(self.dev.buf_mut(buf)))
+                (peer, PacketType::EagerRtw, r.emit(self.dev.held_mut(buf)))
             }
             Ctrl::Cts { peer, send_id, recv_id, recv_length, read } => {
                 let flags = if read { CtsFlags::EMULATED_READ } else { CtsFlags::empty() };
@@ -425,7 +425,7 @@ impl<D: Device> Endpoint<D> {
                     recv_id,
                     recv_length,
                 };
-                (peer, PacketType::Cts, repr.emit(self.dev.buf_mut(buf)))
+                (peer, PacketType::Cts, repr.emit(self.dev.held_mut(buf)))
             }
             Ctrl::Receipt { peer, send_id, msg_id } => {
                 let repr = ReceiptRepr {
@@ -434,7 +434,7 @@ impl<D: Device> Endpoint<D> {
                     msg_id,
                     connid: self.ctrl_connid(peer),
                 };
-                (peer, PacketType::Receipt, repr.emit(self.dev.buf_mut(buf)))
+                (peer, PacketType::Receipt, repr.emit(self.dev.held_mut(buf)))
             }
             Ctrl::Eor { peer, send_id, recv_id } => {
                 let repr = EorRepr {
@@ -443,7 +443,7 @@ impl<D: Device> Endpoint<D> {
                     recv_id,
                     connid: self.ctrl_connid(peer),
                 };
-                (peer, PacketType::Eor, repr.emit(self.dev.buf_mut(buf)))
+                (peer, PacketType::Eor, repr.emit(self.dev.held_mut(buf)))
             }
             Ctrl::ReadNack { peer, send_id, recv_id } => {
                 let repr = ReadNackRepr {
@@ -453,7 +453,7 @@ impl<D: Device> Endpoint<D> {
                     connid: self.ctrl_connid(peer),
                 };
                 self.counters.read_nacks += 1;
-                (peer, PacketType::ReadNack, repr.emit(self.dev.buf_mut(buf)))
+                (peer, PacketType::ReadNack, repr.emit(self.dev.held_mut(buf)))
             }
             Ctrl::Rtr { rx } => {
                 let Some(op) = self.rx_ops.get(rx) else {
@@ -480,7 +480,7 @@ impl<D: Device> Endpoint<D> {
                     r.raw_addr = Some(&self.addr_hdr);
                 }
                 r.connid = connid;
-                (peer, ptype, r.emit(self.dev.buf_mut(buf)))
+                (peer, ptype, r.emit(self.dev.held_mut(buf)))
             }
         };
         self.push_packet(peer, ptype, buf, len, None);
@@ -524,7 +524,7 @@ impl<D: Device> Endpoint<D> {
             r.raw_addr = Some(&self.addr_hdr);
         }
         r.connid = connid;
-        r.emit(self.dev.buf_mut(buf))
+        r.emit(self.dev.held_mut(buf))
     }
 
     /// The extra features and requests this endpoint advertises: only what
@@ -590,7 +590,7 @@ impl<D: Device> Endpoint<D> {
                 };
                 let room = (self.caps.mtu - r.buffer_len()) as u64;
                 r.recv_length = (op.granted - op.sent).min(room);
-                (PacketType::ReadRsp, r.emit(self.dev.buf_mut(buf)), r.recv_length)
+                (PacketType::ReadRsp, r.emit(self.dev.held_mut(buf)), r.recv_length)
             }
             (TxKind::Msg | TxKind::Write | TxKind::ReadRsp, Proto::LongCts, false)
             | (TxKind::ReadRsp, _, false) => {
@@ -603,7 +603,7 @@ impl<D: Device> Endpoint<D> {
                 };
                 let room = (self.caps.mtu - d.buffer_len()) as u64;
                 d.seg_length = (op.granted - op.sent).min(room);
-                (PacketType::CtsData, d.emit(self.dev.buf_mut(buf)), d.seg_length)
+                (PacketType::CtsData, d.emit(self.dev.held_mut(buf)), d.seg_length)
             }
             (kind, proto, _) => {
                 let proto = if op.after_nack { Proto::LongCts } else { proto };
@@ -675,7 +675,7 @@ impl<D: Device> Endpoint<D> {
             r.raw_addr = Some(&self.addr_hdr);
         }
         r.connid = connid;
-        let hdr = r.emit(self.dev.buf_mut(buf));
+        let hdr = r.emit(self.dev.held_mut(buf));
         let mut at = self.copy_operand(buf, hdr, &src);
         if let Some(c) = a.compare {
             at = self.copy_operand(buf, at, &c);
@@ -731,7 +731,7 @@ impl<D: Device> Endpoint<D> {
             Proto::RuntRead => (op.granted - op.sent).min(room),
             _ => (op.total - op.sent).min(room),
         };
-        (ptype, r.emit(self.dev.buf_mut(buf)), data_len)
+        (ptype, r.emit(self.dev.held_mut(buf)), data_len)
     }
 
     /// Whether `len` payload bytes behind a `hdr`-byte header go as a

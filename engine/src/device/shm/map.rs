@@ -199,6 +199,26 @@ impl Mapping {
         }
     }
 
+    /// Reads `len` bytes at `offset`, hands them to `fetch`, lets `combine`
+    /// change them and writes them back ([`crate::device::mem::update`]).
+    pub(crate) fn update(
+        &self,
+        offset: usize,
+        len: usize,
+        fetch: impl FnMut(usize, &[u8]),
+        combine: impl FnMut(usize, &mut [u8]),
+    ) {
+        self.check(offset, len);
+        assert!(self.writable, "read-only mapping");
+        // SAFETY: inside a writable mapping (checked), which lives as long
+        // as `&self` and hands out no slices of regions. A peer may write
+        // the range meanwhile, as it may during any copy: garbage, never
+        // unsound memory.
+        let at = unsafe { self.ptr.as_ptr().add(offset) };
+        // SAFETY: as above.
+        unsafe { crate::device::mem::update(at, len, fetch, combine) }
+    }
+
     /// Asks the CPU to take the `lines` cache lines from byte `offset` on
     /// for writing (PREFETCHW): a hint, no access.
     #[inline(always)]

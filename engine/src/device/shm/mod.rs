@@ -1009,14 +1009,14 @@ impl Device for ShmDevice {
     }
 
     #[inline(always)]
-    fn buf(&self, id: BufId) -> &[u8] {
+    unsafe fn buf(&self, id: BufId) -> &[u8] {
         assert!(id < self.caps.bufs, "buffer {id} out of range");
         let at = id as usize * self.cfg.mtu;
         &self.pool[at..at + self.cfg.mtu]
     }
 
     #[inline(always)]
-    fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
+    unsafe fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
         assert!(id < self.caps.bufs, "buffer {id} out of range");
         let at = id as usize * self.cfg.mtu;
         &mut self.pool[at..at + self.cfg.mtu]
@@ -1054,6 +1054,33 @@ impl Device for ShmDevice {
         let r = self.region_ref(mr);
         assert!(offset.checked_add(src.len()).is_some_and(|e| e <= r.len), "outside the region");
         r.map.write_bytes(REGION_DATA + offset, src);
+    }
+
+    fn update_region<F: FnMut(usize, &mut [u8])>(
+        &mut self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        fetch: Option<(BufId, usize)>,
+        combine: F,
+    ) {
+        let r = self.regions.get(mr.0 as usize).and_then(Option::as_ref);
+        let r = r.unwrap_or_else(|| panic!("{mr:?} is not registered"));
+        assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
+        let mtu = self.cfg.mtu;
+        let pool = &mut self.pool;
+        let fetch = |at: usize, old: &[u8]| {
+            if let Some((buf, to)) = fetch {
+                let pkt = &mut pool[buf as usize * mtu..][..mtu];
+                pkt[to + at..to + at + old.len()].copy_from_slice(old);
+            }
+        };
+        r.map.update(REGION_DATA + offset, len, fetch, combine);
+    }
+
+    fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
+        let pkt = &self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
+        out.copy_from_slice(&pkt[from..from + out.len()]);
     }
 
     fn copy_region(&mut self, src: MrId, src_off: usize, dst: MrId, dst_off: usize, len: usize) {

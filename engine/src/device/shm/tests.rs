@@ -1,4 +1,5 @@
 use super::*;
+use crate::device::HeldBufs;
 
 fn small() -> ShmConfig {
     ShmConfig { bufs: 256, tx_depth: 64, rx_depth: 64, ring_slots: 64, ..ShmConfig::default() }
@@ -9,7 +10,7 @@ fn pair(cfg: ShmConfig) -> (ShmDevice, ShmDevice) {
 }
 
 fn send(dev: &mut ShmDevice, ah: Ah, buf: BufId, bytes: &[u8], wr_id: u64) {
-    dev.buf_mut(buf)[..bytes.len()].copy_from_slice(bytes);
+    dev.held_mut(buf)[..bytes.len()].copy_from_slice(bytes);
     let wr = SendWr { ah, buf, len: bytes.len() as u32, data: None, wr_id };
     assert_eq!(dev.post_send(&[wr]), 1);
 }
@@ -72,7 +73,7 @@ fn every_packet_size_arrives_in_order_with_its_content() {
             if wrs.iter().any(|w: &SendWr| w.buf == buf) {
                 break;
             }
-            a.buf_mut(buf)[..next_send].copy_from_slice(&pattern(next_send, next_send));
+            a.held_mut(buf)[..next_send].copy_from_slice(&pattern(next_send, next_send));
             wrs.push(SendWr {
                 ah,
                 buf,
@@ -87,7 +88,7 @@ fn every_packet_size_arrives_in_order_with_its_content() {
         for c in &out[..n] {
             assert_eq!((c.op, c.status), (CqOp::Recv, CqStatus::Ok));
             assert_eq!(c.len as usize, next_recv, "in order");
-            assert_eq!(b.buf(c.wr_id as u32)[..next_recv], pattern(next_recv, next_recv)[..]);
+            assert_eq!(b.held(c.wr_id as u32)[..next_recv], pattern(next_recv, next_recv)[..]);
             assert_eq!(b.post_recv(&[c.wr_id as u32]), 1);
             next_recv += 1;
         }
@@ -118,7 +119,7 @@ fn delivery_reports_unknown_sender_until_inserted() {
     let rx = got[0].wr_id as BufId;
     assert_eq!((got[0].op, rx, got[0].len), (CqOp::Recv, 11, 5));
     assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
-    assert_eq!(&b.buf(rx)[..5], b"hello");
+    assert_eq!(&b.held(rx)[..5], b"hello");
     assert_eq!(poll_all(&mut a), [Cqe { op: CqOp::Send, wr_id: 7, ..Cqe::default() }]);
 
     let ah_a = b.insert_addr(&a.addr()).unwrap();
@@ -195,11 +196,11 @@ fn no_posted_buffer_holds_packets_in_the_ring() {
     b.post_recv(&[5]);
     let got = poll_all(&mut b);
     assert_eq!((got.len(), got[0].wr_id), (1, 5));
-    assert_eq!(b.buf(5)[0], b'x');
+    assert_eq!(b.held(5)[0], b'x');
     assert_eq!(poll_all(&mut a).len(), 1);
     b.post_recv(&[6]);
     let got = poll_all(&mut b);
-    assert_eq!(b.buf(got[0].wr_id as u32)[0], b'y');
+    assert_eq!(b.held(got[0].wr_id as u32)[0], b'y');
     assert_eq!(poll_all(&mut a)[0].wr_id, 1);
 }
 
@@ -388,7 +389,7 @@ fn malformed_slots_are_dropped_and_counted() {
     b.post_recv(&[0]);
     let got = poll_all(&mut b);
     assert_eq!(got.len(), 1);
-    assert_eq!((got[0].len, &b.buf(0)[..3]), (3, &b"abc"[..]));
+    assert_eq!((got[0].len, &b.held(0)[..3]), (3, &b"abc"[..]));
     assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
     assert_eq!(b.stats().malformed, 2);
     assert!(b.counters().contains(&("malformed", 2)), "reported with the device's counters");
@@ -409,7 +410,7 @@ fn two_threads_move_sequenced_packets_without_loss() {
             let n = dev.poll(&mut out);
             for c in &out[..n] {
                 assert_eq!((c.op, c.status), (CqOp::Recv, CqStatus::Ok));
-                let bytes = &dev.buf(c.wr_id as u32)[..c.len as usize];
+                let bytes = &dev.held(c.wr_id as u32)[..c.len as usize];
                 let seq = u64::from_le_bytes(bytes[..8].try_into().unwrap());
                 assert_eq!(seq, expect, "no loss, no duplicate, in order");
                 assert_eq!(c.len as u64, 8 + seq % 300);
@@ -434,7 +435,7 @@ fn two_threads_move_sequenced_packets_without_loss() {
             let seq = next + k as u64;
             let buf = free.pop().unwrap();
             let len = 8 + (seq % 300) as usize;
-            let b = dev.buf_mut(buf);
+            let b = dev.held_mut(buf);
             b[..8].copy_from_slice(&seq.to_le_bytes());
             b[8..len].fill(seq as u8);
             wrs[k] = SendWr { ah, buf, len: len as u32, data: None, wr_id: buf as u64 };
@@ -480,7 +481,7 @@ fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
     send(&mut a, ah, 0, b"alive", 1);
     b.post_recv(&[0, 1]);
     let got = poll_n(&mut b, 2);
-    let texts: Vec<&[u8]> = got.iter().map(|c| &b.buf(c.wr_id as u32)[..c.len as usize]).collect();
+    let texts: Vec<&[u8]> = got.iter().map(|c| &b.held(c.wr_id as u32)[..c.len as usize]).collect();
     assert!(texts.contains(&&b"alive"[..]), "the live sender is not stalled");
     assert!(texts.contains(&&b"dead"[..]), "what the dead sender published arrives");
     assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
@@ -495,7 +496,7 @@ fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
     send(&mut c, ah_c, 0, b"new", 2);
     b.post_recv(&[2]);
     let got = poll_n(&mut b, 1);
-    assert_eq!(&b.buf(got[0].wr_id as u32)[..3], b"new");
+    assert_eq!(&b.held(got[0].wr_id as u32)[..3], b"new");
 }
 
 #[test]
@@ -507,7 +508,7 @@ fn a_closed_senders_lane_is_freed_for_the_next() {
     drop(a);
     b.post_recv(&[0]);
     let got = poll_n(&mut b, 1);
-    assert_eq!(&b.buf(got[0].wr_id as u32)[..4], b"last", "published before closing: delivered");
+    assert_eq!(&b.held(got[0].wr_id as u32)[..4], b"last", "published before closing: delivered");
     let mut c = ShmDevice::new(cfg).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while b.stats().lanes_reclaimed == 0 && Instant::now() < deadline {
@@ -517,7 +518,7 @@ fn a_closed_senders_lane_is_freed_for_the_next() {
     send(&mut c, ah_c, 0, b"next", 2);
     b.post_recv(&[1]);
     let got = poll_n(&mut b, 1);
-    assert_eq!(&b.buf(got[0].wr_id as u32)[..4], b"next");
+    assert_eq!(&b.held(got[0].wr_id as u32)[..4], b"next");
 }
 
 #[test]
@@ -564,7 +565,7 @@ fn sixteen_senders_reach_one_receiver_by_default_and_the_next_is_told_again() {
     let got = poll_n(&mut b, 16);
     assert_eq!(got.len(), 16);
     let mut seen: Vec<Vec<u8>> =
-        got.iter().map(|c| b.buf(c.wr_id as u32)[..100].to_vec()).collect();
+        got.iter().map(|c| b.held(c.wr_id as u32)[..100].to_vec()).collect();
     seen.sort();
     let mut want: Vec<Vec<u8>> = (0..16).map(|i| pattern(i, 100)).collect();
     want.sort();
@@ -677,4 +678,11 @@ fn a_process_cannot_take_a_lane_as_another_and_another_user_gets_nothing() {
         Some(got) => assert_eq!(got, format!("{refused} {refused} {refused} false")),
         None => eprintln!("skipped the other user's part: uid 65534 cannot run the test binary"),
     }
+}
+
+#[test]
+fn update_region_fetches_combines_and_writes_back() {
+    crate::device::checks::update_region_fetches_combines_and_writes_back(
+        &mut ShmDevice::new(small()).unwrap(),
+    );
 }

@@ -1621,13 +1621,13 @@ impl Device for UdpDevice {
         }
     }
 
-    fn buf(&self, id: BufId) -> &[u8] {
-        // SAFETY: a buffer is lent only while not posted (the contract of
-        // `Device::buf`), and the device writes only posted buffers.
+    unsafe fn buf(&self, id: BufId) -> &[u8] {
+        // SAFETY: the buffer is not posted (the caller's contract), and the
+        // device writes only posted buffers, inside its own calls.
         unsafe { self.frames.slice(id) }
     }
 
-    fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
+    unsafe fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
         // SAFETY: as `buf`; `&mut self` makes the loan exclusive.
         unsafe { self.frames.slice_mut(id) }
     }
@@ -1673,6 +1673,27 @@ impl Device for UdpDevice {
 
     fn copy_region(&mut self, src: MrId, src_off: usize, dst: MrId, dst_off: usize, len: usize) {
         Bytes::copy(self.bytes(src), src_off, self.bytes(dst), dst_off, len);
+    }
+
+    fn update_region<F: FnMut(usize, &mut [u8])>(
+        &mut self,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+        fetch: Option<(BufId, usize)>,
+        combine: F,
+    ) {
+        let frames = &self.frames;
+        let fetch = |at, old: &[u8]| {
+            if let Some((buf, to)) = fetch {
+                frames.write(buf, to + at, old);
+            }
+        };
+        self.bytes(mr).update(offset, len, fetch, combine);
+    }
+
+    fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
+        self.frames.read(buf, from, out);
     }
 
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {

@@ -2,6 +2,7 @@ use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::device::HeldBufs;
 
 fn cfg() -> UdpConfig {
     UdpConfig { bufs: 256, tx_depth: 128, rx_depth: 128, ..UdpConfig::default() }
@@ -36,7 +37,7 @@ fn drive(
 }
 
 fn send(dev: &mut UdpDevice, ah: Ah, buf: BufId, bytes: &[u8], wr_id: u64) {
-    dev.buf_mut(buf)[..bytes.len()].copy_from_slice(bytes);
+    dev.held_mut(buf)[..bytes.len()].copy_from_slice(bytes);
     let wr = SendWr { ah, buf, len: bytes.len() as u32, data: None, wr_id };
     assert_eq!(dev.post_send(&[wr]), 1);
 }
@@ -61,7 +62,7 @@ fn every_packet_size_arrives_with_its_content_and_its_sender() {
         assert_eq!(c.op, CqOp::Recv);
         // Unordered: find the size by length and content.
         let i = sizes.iter().position(|&l| l == c.len as usize).unwrap();
-        assert_eq!(&b.buf(c.wr_id as u32)[..c.len as usize], &pattern(i, sizes[i])[..]);
+        assert_eq!(&b.held(c.wr_id as u32)[..c.len as usize], &pattern(i, sizes[i])[..]);
         assert_eq!(c.src, Source::Unknown { qpn: a.addr().qpn }, "not in b's book yet");
         assert!(!seen[i], "delivered twice");
         seen[i] = true;
@@ -205,7 +206,7 @@ fn scripted_drops_are_resent_and_delivered_once() {
     assert!(ca.iter().all(|c| c.status == CqStatus::Ok));
     let mut got: Vec<u32> = cb
         .iter()
-        .map(|c| u32::from_le_bytes(b.buf(c.wr_id as u32)[..4].try_into().unwrap()))
+        .map(|c| u32::from_le_bytes(b.held(c.wr_id as u32)[..4].try_into().unwrap()))
         .collect();
     got.sort();
     assert_eq!(got, (0..20).collect::<Vec<_>>(), "each exactly once");
@@ -308,7 +309,7 @@ fn a_restarted_peer_is_told_apart_and_the_old_work_fails() {
     send(&mut a, to_new, 0, b"new", 2);
     let (ca, cb) = drive(&mut a, &mut b2, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
     assert_eq!(ca[0].status, CqStatus::Ok);
-    assert_eq!(&b2.buf(cb[0].wr_id as u32)[..3], b"new");
+    assert_eq!(&b2.held(cb[0].wr_id as u32)[..3], b"new");
 }
 
 #[test]
@@ -396,7 +397,7 @@ fn faults_on_the_wire_lose_nothing_and_duplicate_nothing() {
             let k = b.poll(&mut out);
             for c in &out[..k] {
                 let buf = c.wr_id as u32;
-                got.push(u32::from_le_bytes(b.buf(buf)[..4].try_into().unwrap()));
+                got.push(u32::from_le_bytes(b.held(buf)[..4].try_into().unwrap()));
                 b.post_recv(&[buf]);
             }
         }
@@ -441,4 +442,11 @@ fn a_domain_registration_serves_every_queue_that_attached_it() {
     a.deregister(mr.id).unwrap();
     b.deregister(mr.id).unwrap();
     assert_eq!(dom.deregister(&mr), Ok(()));
+}
+
+#[test]
+fn update_region_fetches_combines_and_writes_back() {
+    crate::device::checks::update_region_fetches_combines_and_writes_back(
+        &mut UdpDevice::new(cfg()).unwrap(),
+    );
 }
