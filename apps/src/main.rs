@@ -451,6 +451,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         verify: b.check,
         flows,
         duration_ms: b.duration.map(|d| d.as_millis() as u64),
+        prime: mode != Mode::SelfContained || lcores.cpus().len() == lcores.lcores().len(),
     };
     let (mut json, mut csv) = (b.json, b.csv);
     match b.output {
@@ -477,7 +478,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         gbits: b.report_gbits,
         started: std::time::SystemTime::now(),
         probe: None,
-        gate: bench::run::SetupGate::new(1, 1),
+        gate: bench::run::SetupGate::new(1),
     }
 }
 

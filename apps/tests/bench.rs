@@ -277,12 +277,12 @@ fn shm_streaming_verifies_every_byte_and_writes_json() {
 #[test]
 fn five_hundred_and_twelve_lcores_on_two_cpus_set_up_and_run() {
     let _busy = busy();
-    // 256 flows sharing two CPUs, in turn (yield): each device is made
-    // without looking at the others' (set-up grew with the square of the
-    // lcores, and peers set up late timed out: "no card from the peer").
-    // The bound is set-up's, not a speed target: 256 threads a CPU each
-    // clear ~12 MiB of rings and slabs, in turn with the spinners already
-    // set up (29 s here, longer on a slower CI machine).
+    // 256 flows sharing two CPUs, in turn (yield): each CPU's lcores make
+    // their devices one at a time, and none polls before all are set up
+    // (set-up grew with the square of the lcores, and peers set up late
+    // timed out: "no card from the peer"). Lcores sharing CPUs warm up
+    // over -w only. The bound is set-up's, not a speed target: 256
+    // threads a CPU each clear ~12 MiB of rings and slabs (8 s here).
     let map = "0-255@0,256-511@1";
     let args =
         ["pingpong", "-l", map, "--idle", "yield", "-S", "64", "-I", "10", "--timeout", "300"];

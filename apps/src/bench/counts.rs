@@ -119,6 +119,7 @@ mod tests {
             verify: false,
             flows: 1,
             duration_ms,
+            prime: true,
         }
     }
 

@@ -108,6 +108,16 @@ pub struct Params {
     /// its count is whatever fit ([`counts`]); `iterations` are then 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    /// Whether the first size warms up over [`PRIME_PACKETS`]: not when
+    /// lcores share CPUs, a functional run where the pools' first touch
+    /// skews no timing that matters, and where with hundreds of flows
+    /// taking turns on a CPU those packets would take minutes.
+    #[serde(default = "yes")]
+    pub prime: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Params {
@@ -116,7 +126,7 @@ impl Params {
     /// packet buffer of the devices' pools (a page fault each) happens
     /// before anything is measured.
     pub fn warmup_for(&self, k: usize) -> u64 {
-        if k > 0 {
+        if k > 0 || !self.prime {
             return self.warmup;
         }
         let packets_per_message = self.sizes[0] / PACKET_PAYLOAD + 1;
@@ -179,6 +189,8 @@ impl Params {
         field("-w", self.warmup.to_string(), peer.warmup.to_string());
         field("-W", self.window.to_string(), peer.window.to_string());
         field("-c", self.verify.to_string(), peer.verify.to_string());
+        let prime = |p: bool| if p { "4096 packets" } else { "-w only (lcores share CPUs)" };
+        field("first size's warmup", prime(self.prime).into(), prime(peer.prime).into());
         let secs =
             |ms: Option<u64>| ms.map_or("none".into(), |ms| format!("{} s", ms as f64 / 1e3));
         field("-D", secs(self.duration_ms), secs(peer.duration_ms));

@@ -498,6 +498,7 @@ mod tests {
             verify: false,
             flows,
             duration_ms: None,
+            prime: true,
         }
     }
 

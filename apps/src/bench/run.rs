@@ -95,9 +95,9 @@ pub struct RunArgs {
 }
 
 /// How this process's lcores set up. The costly part (devices and
-/// endpoints: rings, pools, slabs) is done by as many at a time as there
-/// are CPUs, each holding a permit, so that with many lcores a CPU each
-/// finishes its set-up at once instead of all of them sharing the CPUs to
+/// endpoints: rings, pools, slabs) is done by one lcore of each CPU at a
+/// time, holding its CPU's permit, so that with many lcores on a CPU each
+/// finishes its set-up at once instead of all of them sharing the CPU to
 /// the end (a signal then ends set-up within a step). Then every side
 /// waits, set up and connected, until all are: none polls while others
 /// still set up (polling sides would take turns with those setting up,
@@ -107,46 +107,48 @@ pub struct SetupGate {
     sides: usize,
     ready: Mutex<usize>,
     all_ready: Condvar,
-    permits: Mutex<usize>,
+    /// The CPUs whose permit is taken.
+    busy_cpus: Mutex<Vec<LcoreId>>,
     permit_free: Condvar,
     /// Sides whose device and endpoint are made, for the error of a
     /// set-up slower than `--timeout`.
     set_up: std::sync::atomic::AtomicUsize,
 }
 
-/// A permit to set up a device and an endpoint, given back when dropped.
+/// A CPU's permit to set up a device and an endpoint, given back when
+/// dropped.
 #[derive(Debug)]
-pub struct SetupPermit<'a>(&'a SetupGate);
+pub struct SetupPermit<'a>(&'a SetupGate, LcoreId);
 
 impl Drop for SetupPermit<'_> {
     fn drop(&mut self) {
         self.0.set_up.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self.0.permits.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.0.permit_free.notify_one();
+        self.0.busy_cpus.lock().unwrap_or_else(|e| e.into_inner()).retain(|&c| c != self.1);
+        self.0.permit_free.notify_all();
     }
 }
 
 impl SetupGate {
-    /// A gate for `sides` sides set up `cpus` at a time.
-    pub fn new(sides: usize, cpus: usize) -> Arc<SetupGate> {
-        let permits = Mutex::new(cpus.max(1));
-        Arc::new(SetupGate { sides, permits, ..SetupGate::default() })
+    /// A gate for `sides` sides.
+    pub fn new(sides: usize) -> Arc<SetupGate> {
+        Arc::new(SetupGate { sides, ..SetupGate::default() })
     }
 
-    /// Waits for a permit to set up; the run's end ends the wait.
-    fn permit(&self, ctx: &LcoreCtx) -> Result<SetupPermit<'_>, RunError> {
-        let mut free = self.permits.lock().unwrap_or_else(|e| e.into_inner());
-        while *free == 0 {
+    /// Waits for the permit of `cpu` (the lcore's) to set up; the run's
+    /// end ends the wait.
+    fn permit(&self, ctx: &LcoreCtx, cpu: LcoreId) -> Result<SetupPermit<'_>, RunError> {
+        let mut busy = self.busy_cpus.lock().unwrap_or_else(|e| e.into_inner());
+        while busy.contains(&cpu) {
             still_running(ctx)?;
-            free = self
+            busy = self
                 .permit_free
-                .wait_timeout(free, WAIT_SLICE)
+                .wait_timeout(busy, WAIT_SLICE)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
         still_running(ctx)?;
-        *free -= 1;
-        Ok(SetupPermit(self))
+        busy.push(cpu);
+        Ok(SetupPermit(self, cpu))
     }
 
     /// What a side that waited too long for another says: how far set-up
@@ -219,7 +221,7 @@ pub fn run(a: &RunArgs) -> Result<(), RunError> {
         let _ = writeln!(std::io::stdout().lock(), "{line} (a cache line, before the run)");
     }
     // Both sides here: every lcore runs a side (or with -p sim a pair).
-    let gate = SetupGate::new(a.lcores.lcores().len(), a.lcores.cpus().len());
+    let gate = SetupGate::new(a.lcores.lcores().len());
     let a = &RunArgs { probe, gate, ..a.clone() };
     let result = match (&a.mode, a.device) {
         (Mode::SelfContained, DeviceKind::Sim) => run_sim(a),
@@ -347,7 +349,7 @@ fn sim_flow(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
-    let permit = a.gate.permit(ctx)?;
+    let permit = a.gate.permit(ctx, a.lcores.cpu_of(ctx.lcore_id()).unwrap_or_default())?;
     let fabric = SimFabric::new(SimConfig::default());
     let counts = Arc::new(Counts::new(&a.params, flow));
     let io = || -> Result<Io<_>, RunError> {
@@ -422,7 +424,7 @@ fn device_side(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
-    let permit = a.gate.permit(ctx)?;
+    let permit = a.gate.permit(ctx, a.lcores.cpu_of(ctx.lcore_id()).unwrap_or_default())?;
     if a.device == DeviceKind::Udp {
         let cfg = UdpConfig {
             bind: SocketAddr::new(a.udp_ip, 0),
@@ -630,7 +632,7 @@ fn run_client(a: &RunArgs, host: &str) -> Result<(), RunError> {
 fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Result<(), RunError> {
     // The udp devices listen where the peer reached us (or we it).
     let udp_ip = conn.local_addr().map(|at| at.ip().to_canonical()).unwrap_or(a.udp_ip);
-    let gate = SetupGate::new(cores.len(), a.lcores.cpus().len());
+    let gate = SetupGate::new(cores.len());
     let a = &RunArgs { udp_ip, gate, ..a.clone() };
     let flows = cores.len();
     let list = CoreList::from_cores(cores.iter().copied())

@@ -178,6 +178,7 @@ mod tests {
             verify: true,
             flows: 1,
             duration_ms: None,
+            prime: true,
         }
     }
 
