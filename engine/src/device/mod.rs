@@ -301,7 +301,8 @@ pub enum DeviceError {
     #[error("not supported by this device")]
     NotSupported,
     /// The system refused what the device asked of it: `what` it was
-    /// doing, and the error number (`ENOSPC` when `/dev/shm` is full).
+    /// doing, and the error number (`ENOMEM` when shm cannot reserve a
+    /// segment's memory: its memory files live in no file system to fill).
     #[error("{what}: {}", std::io::Error::from_raw_os_error(*errno))]
     Os { what: &'static str, errno: i32 },
 }
