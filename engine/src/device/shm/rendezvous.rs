@@ -19,7 +19,7 @@
 //!   the domain has it.
 //! * `Ping`: answered, nothing else (the check that a socket is there).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -215,9 +215,12 @@ pub(crate) fn region(qpn: u16, connid: u32, key: u64) -> io::Result<Answer> {
 fn ask(qpn: u16, connid: u32, req: [u8; 20]) -> io::Result<Answer> {
     let s = connect(qpn, connid)?;
     let peer = peer_cred(&s)?;
-    (&s).write_all(&req)?;
+    // Another user's request is refused unread and the socket closed, so
+    // the request may find it closed (EPIPE; no SIGPIPE in an embedding
+    // program): the refusal is there to read all the same.
+    let sent = send_with_fd(&s, &req, None);
     let mut reply = [0u8; 8];
-    let fd = recv_with_fd(&s, &mut reply)?;
+    let fd = recv_with_fd(&s, &mut reply).map_err(|e| sent.err().unwrap_or(e))?;
     let status = u32::from_le_bytes(reply[0..4].try_into().expect("4 bytes"));
     let value = u32::from_le_bytes(reply[4..8].try_into().expect("4 bytes"));
     Ok(Answer { status, value, fd, peer })
@@ -370,6 +373,6 @@ fn owns(pid: u32, qpn: u16, connid: u32) -> bool {
     let Ok(s) = connect(qpn, connid) else { return false };
     let owner = peer_cred(&s).is_ok_and(|c| c.pid == pid);
     // A polite end to the other side's read.
-    let _ = (&s).write_all(&request(PING, 0, 0, 0));
+    let _ = send_with_fd(&s, &request(PING, 0, 0, 0), None);
     owner
 }

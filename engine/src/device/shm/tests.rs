@@ -630,22 +630,116 @@ fn impostor() {
     println!("@@ {} {} {} {}", as_a.status, own.status, region.status, region.fd.is_some());
 }
 
-/// Runs the impostor against `b` (as `a`'s address), as `uid` if given;
+/// A user made for a test's other-user part with `useradd`, and removed
+/// when dropped, on failure too, with the copy of this test binary it
+/// runs (the target directory may be closed to it).
+struct OtherUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+    dir: std::path::PathBuf,
+}
+
+impl OtherUser {
+    /// `Err` says why this host cannot make one (not root, no `useradd`):
+    /// the reason to skip with. Any other failure panics.
+    fn new() -> Result<OtherUser, String> {
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::Command;
+        if rendezvous::my_uid() != 0 {
+            return Err("not root".into());
+        }
+        OtherUser::sweep();
+        let name = format!("efapoll-test-{}", std::process::id());
+        let args = ["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &name];
+        // Another test's useradd may hold the password files' lock.
+        for tries in 1.. {
+            let out = match Command::new("useradd").args(args).output() {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err("useradd is missing".into());
+                }
+                out => out.expect("useradd runs"),
+            };
+            if out.status.success() {
+                break;
+            }
+            let why = String::from_utf8_lossy(&out.stderr);
+            assert!(tries < 20, "useradd {name}: {}: {why}", out.status);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut user = OtherUser { name, uid: 0, gid: 0, dir: std::env::temp_dir() };
+        let id = |flag: &str| {
+            let out = Command::new("id").args([flag, &user.name]).output().expect("id runs");
+            String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().expect("a number")
+        };
+        (user.uid, user.gid) = (id("-u"), id("-g"));
+        user.dir = std::env::temp_dir().join(&user.name);
+        std::fs::create_dir(&user.dir).unwrap();
+        let exe = user.dir.join("efapoll-tests");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        for path in [&user.dir, &exe] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        Ok(user)
+    }
+
+    /// Removes the users of runs that were killed before they could.
+    fn sweep() {
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        for name in passwd.lines().filter_map(|l| l.split(':').next()) {
+            let pid = name.strip_prefix("efapoll-test-").and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|pid| !pid_alive(pid)) {
+                let _ = std::process::Command::new("userdel").arg(name).status();
+                let _ = std::fs::remove_dir_all(std::env::temp_dir().join(name));
+            }
+        }
+    }
+
+    /// This test binary, to run as the user.
+    fn command(&self) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(self.dir.join("efapoll-tests"));
+        cmd.uid(self.uid).gid(self.gid).current_dir(&self.dir);
+        cmd
+    }
+}
+
+impl Drop for OtherUser {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for _ in 0..20 {
+            let status = std::process::Command::new("userdel").arg(&self.name).status();
+            if status.is_ok_and(|s| s.success()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove user {}", self.name);
+    }
+}
+
+/// Runs the impostor against `b` (as `a`'s address), as `user` if given;
 /// returns its statuses: as `a`, as itself, for the region, and whether a
-/// descriptor came. `None` when the process could not run as `uid`.
-fn run_impostor(a: &ShmDevice, b: &ShmDevice, key: u64, uid: Option<u32>) -> Option<String> {
-    use std::os::unix::process::CommandExt;
+/// descriptor came; or what it printed, if it printed no statuses.
+fn run_impostor(
+    a: &ShmDevice,
+    b: &ShmDevice,
+    key: u64,
+    user: Option<&OtherUser>,
+) -> Result<String, String> {
     let (t, f) = (b.addr(), a.addr());
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    let mut cmd = match user {
+        Some(user) => user.command(),
+        None => std::process::Command::new(std::env::current_exe().unwrap()),
+    };
     cmd.args(["device::shm::tests::impostor", "--exact", "--nocapture", "--test-threads=1"])
         .env("EFAPOLL_IMPOSTOR", format!("{},{},{},{},{key}", t.qpn, t.connid, f.qpn, f.connid));
-    if let Some(uid) = uid {
-        cmd.uid(uid).gid(uid);
-    }
-    let out = cmd.output().ok()?;
+    let out = cmd.output().map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let at = text.find("@@ ")?;
-    Some(text[at + 3..].lines().next().unwrap_or("").trim().to_owned())
+    let Some(at) = text.find("@@ ") else {
+        return Err(format!("{}: {text}{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    };
+    Ok(text[at + 3..].lines().next().unwrap_or("").trim().to_owned())
 }
 
 #[test]
@@ -668,16 +762,25 @@ fn a_process_cannot_take_a_lane_as_another_and_another_user_gets_nothing() {
     let from_a: Vec<_> = b.rx_lanes.iter().filter(|l| l.qpn == a.addr().qpn).collect();
     assert!(from_a.len() == 1 && from_a[0].pid == me, "{from_a:?}");
 
-    // Of another user: refused whatever it asks.
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped the other user's part: not root");
-        return;
+    // Of another user: refused whatever it asks, and told so (its request
+    // is refused unread: the answer must reach it all the same).
+    let user = match OtherUser::new() {
+        Ok(user) => user,
+        Err(why) => {
+            eprintln!("skipped the other user's part: {why}");
+            return;
+        }
+    };
+    let before = b.stats().refused;
+    let got = run_impostor(&a, &b, mr.key, Some(&user)).expect("the impostor ran as another user");
+    assert_eq!(got, format!("{refused} {refused} {refused} false"));
+    // Counted once the answering thread is done with the last.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.stats().refused < before + 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
-    match run_impostor(&a, &b, mr.key, Some(65534)) {
-        Some(got) => assert_eq!(got, format!("{refused} {refused} {refused} false")),
-        None => eprintln!("skipped the other user's part: uid 65534 cannot run the test binary"),
-    }
+    assert_eq!(b.stats().refused, before + 3);
+    eprintln!("other user {} (uid {}) refused three times: {got}", user.name, user.uid);
 }
 
 #[test]
