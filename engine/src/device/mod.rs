@@ -293,6 +293,10 @@ pub enum DeviceError {
     /// The address cannot be reached from this device.
     #[error("address not reachable from this device")]
     BadAddress,
+    /// The process at the address is another user's (`uid`): refused, as
+    /// shm refuses every other user, root included.
+    #[error("the process at that address is another user's (uid {uid}): refused")]
+    OtherUser { uid: u32 },
     /// The region is still used by work posted to the device.
     #[error("region in use by posted work")]
     Busy,

@@ -35,7 +35,21 @@
 //!   socket of that address), and the receiver takes a lane's packets as
 //!   from the address it granted it to, whatever the lane table in the
 //!   segment says; regions are handed to our user's processes only. A
-//!   request that fails a check is counted (`refused`) and dropped.
+//!   request that fails a check is counted (`refused`) and dropped;
+//! * segments are taken from our user's processes only: the socket at a
+//!   peer's address must be our user's (the kernel's `SO_PEERCRED`, looked
+//!   at before a byte goes to it), else the peer is refused
+//!   ([`DeviceError::OtherUser`] from `insert_addr`, `RemoteAccess` for an
+//!   RDMA operation; counted, `strangers`). So a stranger that a control
+//!   link names as the peer, or that binds the name of a peer whose
+//!   process went, hands us nothing to map. Root is no exception: a root
+//!   device talks to root's devices only;
+//! * no socket holds a poller: connecting never waits on a full backlog,
+//!   and an RDMA operation on a region not mapped yet waits for the
+//!   owner's answer at most 20 ms in the call, then as
+//!   back-pressure (`post_rdma` takes fewer) until the answer comes or 30
+//!   s pass (`PeerUnreachable`, counted: `ask_timeouts`). Only set-up
+//!   waits in a call: `insert_addr`, up to 30 s for a stopped peer.
 //!
 //! A process of the same user can still write any memory it can map: a
 //! sender, the slots and lane table of the whole segment it was granted a
@@ -53,7 +67,8 @@
 //!   lane makes `post_send` take fewer;
 //! * the receiver reports `Source::Known(ah)` only for a sender whose
 //!   address (QPN and connid) it inserted, else `Source::Unknown { qpn }`;
-//! * RDMA read and write run when posted and complete at the next poll; a
+//! * RDMA read and write run when posted and complete at the next poll
+//!   (the first on a peer's region once the peer handed it over); a
 //!   write with immediate data also puts a notice in the target's ring that
 //!   consumes a receive buffer there, and completes when it is consumed;
 //! * a peer that closed, or whose process died, fails what is outstanding
@@ -162,6 +177,12 @@ pub struct ShmStats {
     /// Requests refused at our rendezvous socket: another user, a process
     /// claiming an address not its own, garbage.
     pub refused: u64,
+    /// Peers refused at our end: the socket at their address is another
+    /// user's (we never asked it for a segment, let alone mapped one).
+    pub strangers: u64,
+    /// Regions asked for that no answer came for in time (a stopped
+    /// peer): their operations failed.
+    pub ask_timeouts: u64,
 }
 
 /// Why a device could not be created.
@@ -194,6 +215,11 @@ const LANE_PID_PERIOD: Duration = Duration::from_millis(100);
 const CLOCK_EVERY_POLLS: u32 = 64;
 
 const NO_PEER: u32 = u32::MAX;
+
+/// How long an RDMA operation waits, the first time, for the answer to
+/// its ask for the target's region (a few scheduler ticks of a busy
+/// peer's thread); then it waits as back-pressure, not in a call.
+const REGION_ASK_WAIT: Duration = Duration::from_millis(20);
 
 /// Most lanes a segment may have.
 const MAX_LANES: u32 = 4096;
@@ -244,12 +270,86 @@ struct Peer {
     pending: VecDeque<Pending>,
     /// Its regions we mapped, by key.
     regions: HashMap<u64, Mapping>,
+    /// Its regions we asked for and have no answer for yet.
+    asks: Vec<RegionAsk>,
+}
+
+/// A peer's region asked for, not yet answered.
+#[derive(Debug)]
+struct RegionAsk {
+    key: u64,
+    /// `None` while the peer's socket takes no connection (a full backlog).
+    asking: Option<rendezvous::Asking>,
+    /// When the operations that wait for it fail.
+    deadline: Instant,
+}
+
+/// Why an RDMA operation cannot use a peer's region (yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoRegion {
+    /// Asked for, not answered yet: the operation waits (back-pressure).
+    Waiting,
+    /// The operation fails so.
+    Failed(CqStatus),
 }
 
 impl Peer {
     fn alive(&self) -> bool {
         self.ring.map().u32_at(hdr::STATE).load(Relaxed) == hdr::STATE_READY && pid_alive(self.pid)
     }
+}
+
+/// The answer to our ask for region `key` of the peer at `addr`, among
+/// `asks` under way to it: started if none is (waiting up to
+/// [`REGION_ASK_WAIT`] then), else looked at without waiting.
+fn region_answer(
+    asks: &mut Vec<RegionAsk>,
+    addr: RawAddr,
+    key: u64,
+    stats: &mut ShmStats,
+) -> Result<rendezvous::Answer, NoRegion> {
+    let now = Instant::now();
+    let (i, wait) = match asks.iter().position(|a| a.key == key) {
+        Some(i) => (i, Duration::ZERO),
+        None => {
+            // Asks that no operation came back for end here.
+            asks.retain(|a| now < a.deadline);
+            let deadline = now + rendezvous::ASK_TIMEOUT;
+            asks.push(RegionAsk { key, asking: None, deadline });
+            (asks.len() - 1, REGION_ASK_WAIT)
+        }
+    };
+    let ask = &mut asks[i];
+    let answer = match &mut ask.asking {
+        Some(asking) => asking.answer(wait),
+        None => match rendezvous::start_region(addr.qpn, addr.connid, key) {
+            Ok(Some(mut asking)) => {
+                let answer = asking.answer(wait);
+                ask.asking = Some(asking);
+                answer
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        },
+    };
+    let failed = match answer {
+        Ok(None) if now < ask.deadline => return Err(NoRegion::Waiting),
+        Ok(Some(answer)) => {
+            asks.swap_remove(i);
+            return Ok(answer);
+        }
+        Ok(None) => {
+            stats.ask_timeouts += 1;
+            CqStatus::PeerUnreachable
+        }
+        Err(rendezvous::AskError::Stranger { .. }) => {
+            stats.strangers += 1;
+            CqStatus::RemoteAccess
+        }
+        Err(rendezvous::AskError::Io(_)) => CqStatus::RemoteAccess,
+    };
+    asks.swap_remove(i);
+    Err(NoRegion::Failed(failed))
 }
 
 /// A region a device uses: the domain's mapping of it.
@@ -653,6 +753,7 @@ impl ShmDevice {
             self.stats.peers_lost += 1;
         }
         p.suspect = false;
+        p.asks.clear();
         // What the peer consumed before it went was delivered: those
         // complete as such (its segment stays mapped until we drop it).
         while let Some(op) = p.pending.front().copied().filter(|op| p.ring.consumed(p.lane, op.pos))
@@ -869,37 +970,46 @@ impl ShmDevice {
         (n, rnr)
     }
 
-    /// The peer's region `key`, mapped on first use.
-    fn remote_region(&mut self, idx: usize, key: u64) -> Option<&Mapping> {
-        let addr = self.peers[idx].addr;
-        match self.peers[idx].regions.entry(key) {
-            Entry::Occupied(e) => Some(e.into_mut()),
-            Entry::Vacant(e) => {
-                let answer = rendezvous::region(addr.qpn, addr.connid, key).ok()?;
-                let fd = answer.fd.filter(|_| answer.status == rendezvous::OK)?;
-                let map = Mapping::from_fd(fd.as_fd(), REGION_DATA, true).ok()?;
-                let ok = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
-                    && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_REGION
-                    && map.u64_at(hdr::KEY).load(Relaxed) == key;
-                ok.then(|| &*e.insert(map))
-            }
+    /// The peer's region `key`, mapped on first use. Asking for it never
+    /// holds the caller longer than [`REGION_ASK_WAIT`] (a stopped or busy
+    /// peer): while no answer has come, the operation waits, and the ask
+    /// is looked at again, without waiting, each time it is posted again,
+    /// until [`rendezvous::ASK_TIMEOUT`] fails it.
+    fn remote_region(&mut self, idx: usize, key: u64) -> Result<&Mapping, NoRegion> {
+        let p = &mut self.peers[idx];
+        let vacant = match p.regions.entry(key) {
+            Entry::Occupied(e) => return Ok(e.into_mut()),
+            Entry::Vacant(e) => e,
+        };
+        let answer = region_answer(&mut p.asks, p.addr, key, &mut self.stats)?;
+        let fd = answer.fd.filter(|_| answer.status == rendezvous::OK);
+        let fd = fd.ok_or(NoRegion::Failed(CqStatus::RemoteAccess))?;
+        let map = Mapping::from_fd(fd.as_fd(), REGION_DATA, true)
+            .map_err(|_| NoRegion::Failed(CqStatus::RemoteAccess))?;
+        let ok = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
+            && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_REGION
+            && map.u64_at(hdr::KEY).load(Relaxed) == key;
+        if !ok {
+            return Err(NoRegion::Failed(CqStatus::RemoteAccess));
         }
+        Ok(vacant.insert(map))
     }
 
     /// Checks an RDMA operation against the target's registration; returns
     /// the byte offset in the target's segment.
-    fn resolve_remote(&mut self, idx: usize, wr: &RdmaWr, need: Access) -> Option<usize> {
+    fn resolve_remote(&mut self, idx: usize, wr: &RdmaWr, need: Access) -> Result<usize, NoRegion> {
+        let refused = NoRegion::Failed(CqStatus::RemoteAccess);
         let map = self.remote_region(idx, wr.remote_key)?;
         if map.u32_at(hdr::STATE).load(Acquire) != hdr::STATE_READY {
             // Deregistered: forget the mapping too.
             self.peers[idx].regions.remove(&wr.remote_key);
-            return None;
+            return Err(refused);
         }
         let len = map.u64_at(hdr::LEN).load(Relaxed);
         // The owner's header could lie about the length: the mapping
         // bounds the access too.
-        if (map.len() - REGION_DATA) < usize::try_from(len).ok()? {
-            return None;
+        if !usize::try_from(len).is_ok_and(|len| len <= map.len() - REGION_DATA) {
+            return Err(refused);
         }
         let mr = Mr {
             id: MrId(0),
@@ -908,8 +1018,8 @@ impl ShmDevice {
             len,
             access: Access::from_bits_truncate(map.u32_at(hdr::ACCESS).load(Relaxed)),
         };
-        let offset = mr.resolve(wr.remote_addr, wr.len, need)?;
-        Some(REGION_DATA + offset as usize)
+        let offset = mr.resolve(wr.remote_addr, wr.len, need).ok_or(refused)?;
+        Ok(REGION_DATA + offset as usize)
     }
 
     /// Uses the domain's region `id` from now on.
@@ -948,9 +1058,16 @@ impl Device for ShmDevice {
             None => {
                 // The receiver grants the lane; its segment comes with the
                 // grant, and the kernel says which process it is.
-                let answer =
-                    rendezvous::hello(addr.qpn, addr.connid, self.addr.qpn, self.addr.connid)
-                        .map_err(|_| DeviceError::BadAddress)?;
+                let hello =
+                    rendezvous::hello(addr.qpn, addr.connid, self.addr.qpn, self.addr.connid);
+                let answer = match hello {
+                    Ok(answer) => answer,
+                    Err(rendezvous::AskError::Stranger { uid }) => {
+                        self.stats.strangers += 1;
+                        return Err(DeviceError::OtherUser { uid });
+                    }
+                    Err(rendezvous::AskError::Io(_)) => return Err(DeviceError::BadAddress),
+                };
                 match answer.status {
                     rendezvous::OK => {}
                     // Every lane taken: the receiver has as many senders as
@@ -985,6 +1102,7 @@ impl Device for ShmDevice {
                     active: false,
                     pending: VecDeque::with_capacity(self.cfg.tx_depth),
                     regions: HashMap::new(),
+                    asks: Vec::new(),
                 });
                 self.peers.len() - 1
             }
@@ -1200,12 +1318,18 @@ impl Device for ShmDevice {
                 wr.local_offset.checked_add(wr.len).is_some_and(|end| end <= r.len as u64)
             }) && wr.len <= self.caps.max_rdma_size;
             let target = if local_ok { self.book_peer(wr.ah) } else { Err(CqStatus::LocalError) };
-            let checked = target.and_then(|idx| {
-                self.resolve_remote(idx, wr, need).map(|off| (idx, off)).ok_or_else(|| {
-                    self.stats.remote_access_errors += 1;
-                    CqStatus::RemoteAccess
-                })
-            });
+            let checked = match target.map(|idx| (idx, self.resolve_remote(idx, wr, need))) {
+                Ok((idx, Ok(off))) => Ok((idx, off)),
+                // The region's owner has not answered yet.
+                Ok((_, Err(NoRegion::Waiting))) => break,
+                Ok((_, Err(NoRegion::Failed(status)))) => {
+                    if status == CqStatus::RemoteAccess {
+                        self.stats.remote_access_errors += 1;
+                    }
+                    Err(status)
+                }
+                Err(status) => Err(status),
+            };
             let (idx, remote_off) = match checked {
                 Ok(found) => found,
                 Err(status) => {
@@ -1267,6 +1391,8 @@ impl Device for ShmDevice {
             ("liveness_checks", s.liveness_checks),
             ("peers_lost", s.peers_lost),
             ("refused", self.rendezvous.grants.refused.load(Relaxed)),
+            ("strangers", s.strangers),
+            ("ask_timeouts", s.ask_timeouts),
         ]
     }
 
