@@ -11,9 +11,10 @@
 //! * `Hello { qpn, connid }`: a sender asks for a lane. The kernel tells
 //!   the caller's pid and uid (`SO_PEERCRED`); the thread grants a lane
 //!   only to a process of our user that *is* the address it names (the
-//!   socket of that address belongs to the caller's pid), records the
-//!   grant for the device ([`Claim`]) and hands over the ring segment's
-//!   descriptor. A process claiming another's address is refused.
+//!   socket of that address belongs to the caller's pid), makes the lane
+//!   (a segment of its own, see `ring`), hands its descriptor to the
+//!   caller alone and gives the lane to the device with who holds it
+//!   ([`Claim`]). A process claiming another's address is refused.
 //! * `Region { key }`: a peer of our user asks for registration `key`'s
 //!   segment, to do RDMA by copy; the thread hands its descriptor over if
 //!   the domain has it.
@@ -38,6 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::ring::Lane;
+
 /// How long the thread waits for a request of our user's to arrive, and
 /// to go: one that stalls is dropped (another user's is refused before a
 /// byte is read, so only our own processes can hold the thread).
@@ -60,6 +63,8 @@ pub(crate) const FULL: u32 = 1;
 pub(crate) const REFUSED: u32 = 2;
 /// No such registration.
 pub(crate) const UNKNOWN: u32 = 3;
+/// No memory for another lane.
+pub(crate) const NO_MEMORY: u32 = 4;
 
 /// The abstract socket name of the device at (`qpn`, `connid`).
 fn name(qpn: u16, connid: u32) -> String {
@@ -243,12 +248,11 @@ fn request(kind: u32, qpn: u16, connid: u32, key: u64) -> [u8; 20] {
     m
 }
 
-/// What a device at (`qpn`, `connid`) answered: a status, a number (the
-/// lane), the descriptor it handed over, and who it is.
+/// What a device at (`qpn`, `connid`) answered: a status, the descriptor
+/// it handed over, and who it is.
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub status: u32,
-    pub value: u32,
     pub fd: Option<OwnedFd>,
     pub peer: Cred,
 }
@@ -313,8 +317,8 @@ impl Asking {
         let mut reply = [0u8; 8];
         let fd = recv_with_fd(&self.s, &mut reply).map_err(|e| self.unsent.take().unwrap_or(e))?;
         let status = u32::from_le_bytes(reply[0..4].try_into().expect("4 bytes"));
-        let value = u32::from_le_bytes(reply[4..8].try_into().expect("4 bytes"));
-        Ok(Some(Answer { status, value, fd, peer: self.peer }))
+        // The second word is reserved.
+        Ok(Some(Answer { status, fd, peer: self.peer }))
     }
 }
 
@@ -382,10 +386,11 @@ pub(crate) fn ask_as_stranger(
     ask(qpn, connid, req, true)
 }
 
-/// A lane the thread granted: who holds it, as verified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A lane the thread granted: the receiver's side of it, and who holds
+/// it, as verified.
+#[derive(Debug)]
 pub(crate) struct Claim {
-    pub lane: u32,
+    pub lane: Lane,
     pub qpn: u16,
     pub connid: u32,
     pub pid: u32,
@@ -398,16 +403,18 @@ pub(crate) struct Grants {
     pub claims: Mutex<Vec<Claim>>,
     /// Moves with every grant: the device looks at `claims` when it does.
     pub generation: AtomicU32,
+    /// Lanes granted and not yet freed (the device frees them).
+    pub held: AtomicU32,
     /// Requests refused (another user, a borrowed address, garbage).
     pub refused: AtomicU64,
 }
 
-/// What the thread needs to answer: it grants lanes by `claim` (which
-/// returns the lane, or `None` when every lane is taken) and finds a
-/// registration's segment by `region` (a descriptor to hand over).
+/// What the thread needs to answer: how many lanes it may grant at once,
+/// a new lane for a sender (`lane`: its descriptor is handed over) and a
+/// registration's segment by key (`region`: a descriptor to hand over).
 pub(crate) trait Serve: Send + 'static {
-    fn ring_fd(&self) -> RawFd;
-    fn claim(&self, pid: u32, qpn: u16, connid: u32) -> Option<u32>;
+    fn lanes(&self) -> u32;
+    fn lane(&self) -> io::Result<(Lane, OwnedFd)>;
     fn region(&self, key: u64) -> Option<OwnedFd>;
 }
 
@@ -437,16 +444,21 @@ impl Rendezvous {
             .spawn(move || answer_loop(&l, &g, &serve))?;
         Ok(Rendezvous { listener, thread: Some(thread), grants })
     }
-}
 
-impl Drop for Rendezvous {
-    fn drop(&mut self) {
+    /// Stops the thread: no grant after this.
+    pub(crate) fn stop(&mut self) {
         // Wakes the thread's accept with an error; it ends there.
         // SAFETY: a plain syscall on a descriptor the listener holds.
         unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -474,14 +486,13 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     let cred = peer_cred(s)?;
-    let reply = |status: u32, value: u32, fd: Option<RawFd>| {
+    let reply = |status: u32, fd: Option<RawFd>| {
         let mut m = [0u8; 8];
         m[0..4].copy_from_slice(&status.to_le_bytes());
-        m[4..8].copy_from_slice(&value.to_le_bytes());
         send_with_fd(s, &m, fd)
     };
     let refuse = || {
-        let _ = reply(REFUSED, 0, None);
+        let _ = reply(REFUSED, None);
         Err(io::Error::from(io::ErrorKind::PermissionDenied))
     };
     if cred.uid != uid {
@@ -497,7 +508,7 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
     let connid = u32::from_le_bytes(req[8..12].try_into().expect("4 bytes"));
     let key = u64::from_le_bytes(req[12..20].try_into().expect("8 bytes"));
     match kind {
-        PING => reply(OK, 0, None),
+        PING => reply(OK, None),
         HELLO => {
             let Ok(qpn) = u16::try_from(qpn) else { return refuse() };
             // Only the process the address names (and of our user: a
@@ -505,19 +516,28 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
             if !owns(cred.pid, qpn, connid) {
                 return refuse();
             }
-            match serve.claim(cred.pid, qpn, connid) {
-                Some(lane) => {
-                    let claim = Claim { lane, qpn, connid, pid: cred.pid };
-                    grants.claims.lock().unwrap_or_else(|e| e.into_inner()).push(claim);
-                    grants.generation.fetch_add(1, Ordering::Release);
-                    reply(OK, lane, Some(serve.ring_fd()))
-                }
-                None => reply(FULL, 0, None),
+            // Only this thread grants: the count cannot move up meanwhile.
+            if grants.held.load(Ordering::Acquire) >= serve.lanes() {
+                return reply(FULL, None);
             }
+            let (lane, fd) = match serve.lane() {
+                Ok(made) => made,
+                Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                    return reply(NO_MEMORY, None);
+                }
+                Err(e) => return Err(e),
+            };
+            // The device has the lane before its sender does, so that a
+            // packet sent right after the grant is seen at the next poll.
+            grants.held.fetch_add(1, Ordering::Relaxed);
+            let claim = Claim { lane, qpn, connid, pid: cred.pid };
+            grants.claims.lock().unwrap_or_else(|e| e.into_inner()).push(claim);
+            grants.generation.fetch_add(1, Ordering::Release);
+            reply(OK, Some(fd.as_raw_fd()))
         }
         REGION => match serve.region(key) {
-            Some(fd) => reply(OK, 0, Some(fd.as_raw_fd())),
-            None => reply(UNKNOWN, 0, None),
+            Some(fd) => reply(OK, Some(fd.as_raw_fd())),
+            None => reply(UNKNOWN, None),
         },
         _ => refuse(),
     }

@@ -39,15 +39,15 @@ fn poll_n(dev: &mut ShmDevice, n: usize) -> Vec<Cqe> {
     all
 }
 
-/// A lane of `to`'s segment granted to `from`'s address, as `to`'s
-/// rendezvous grants one, and the segment mapped: for tests that write
-/// slots by hand, as a hostile sender of our user could.
-fn hand_lane(to: &ShmDevice, from: &ShmDevice) -> (Ring, u32) {
+/// A lane of `to`'s granted to `from`'s address, as `to`'s rendezvous
+/// grants one, and mapped: for tests that write slots by hand, as a
+/// hostile sender of our user could.
+fn hand_lane(to: &ShmDevice, from: &ShmDevice) -> Lane {
     let (t, f) = (to.addr(), from.addr());
     let answer = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap();
     assert_eq!(answer.status, rendezvous::OK);
     let map = Mapping::from_fd(answer.fd.unwrap().as_fd(), 0, true).unwrap();
-    (Ring::attach_peer(map).unwrap(), answer.value)
+    Lane::attach_peer(map).unwrap()
 }
 
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
@@ -386,17 +386,17 @@ fn what_a_peer_consumed_before_closing_completes_as_delivered() {
 #[test]
 fn malformed_slots_are_dropped_and_counted() {
     let (a, mut b) = pair(small());
-    // A hostile peer of our user takes a lane of b's segment and writes
-    // slots by hand.
-    let (ring, lane) = hand_lane(&b, &a);
+    // A hostile peer of our user takes a lane of b's and writes slots by
+    // hand.
+    let lane = hand_lane(&b, &a);
     let bad = [
         Record { kind: Kind::Unknown(9), len: 0, imm: 0 },
         Record { kind: Kind::Packet, len: 1 << 20, imm: 0 },
     ];
     for (pos, rec) in bad.iter().enumerate() {
-        ring.publish(lane, pos as u32, rec, &[], None);
+        lane.publish(pos as u32, rec, &[], None);
     }
-    ring.publish(lane, 2, &Record { kind: Kind::Packet, len: 3, imm: 0 }, b"abc", None);
+    lane.publish(2, &Record { kind: Kind::Packet, len: 3, imm: 0 }, b"abc", None);
     b.post_recv(&[0]);
     let got = poll_all(&mut b);
     assert_eq!(got.len(), 1);
@@ -478,13 +478,14 @@ fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
     // was granted to is a dead one (a process of its own in the suites
     // across processes).
     let d = ShmDevice::new(cfg).unwrap();
-    let (ring, lane) = hand_lane(&b, &d);
-    ring.publish(lane, 0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, b"dead", None);
+    let lane = hand_lane(&b, &d);
+    lane.publish(0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, b"dead", None);
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
     poll_all(&mut b);
-    let held = b.rx_lanes.iter_mut().find(|l| l.lane == lane).expect("granted lane taken up");
+    let d_qpn = d.addr().qpn;
+    let held = b.rx_lanes.iter_mut().find(|l| l.qpn == d_qpn).expect("granted lane taken up");
     held.pid = dead;
     let mut c = ShmDevice::new(cfg).unwrap();
     assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
@@ -533,34 +534,8 @@ fn a_closed_senders_lane_is_freed_for_the_next() {
 }
 
 #[test]
-fn a_sender_that_died_taking_a_lane_does_not_keep_it() {
-    let cfg = ShmConfig { lanes: 3, ..small() };
-    let (mut a, mut b) = pair(cfg);
-    let ah = a.insert_addr(&b.addr()).unwrap();
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let dead = child.id();
-    child.wait().unwrap();
-    // A sender of our user, granted a lane, that marks the last lane taken
-    // in the shared table (by hand) and dies: the table is not the grant.
-    let d = ShmDevice::new(cfg).unwrap();
-    let (ring, _) = hand_lane(&b, &d);
-    ring.take_lane_unopened(dead).unwrap();
-    let mut c = ShmDevice::new(cfg).unwrap();
-    assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
-    // b keeps polling (a holds a lane, so its liveness check runs).
-    send(&mut a, ah, 0, b"x", 1);
-    b.post_recv(&[0]);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while b.stats().lanes_reclaimed == 0 && Instant::now() < deadline {
-        poll_all(&mut b);
-    }
-    assert_eq!(b.stats().lanes_reclaimed, 1);
-    c.insert_addr(&b.addr()).expect("the half-taken lane is free again");
-}
-
-#[test]
 fn sixteen_senders_reach_one_receiver_by_default_and_the_next_is_told_again() {
-    // Default lanes; short rings keep the segments small.
+    // Default lanes; short rings keep the lanes small.
     let cfg =
         ShmConfig { bufs: 64, tx_depth: 8, rx_depth: 32, ring_slots: 2, ..Default::default() };
     assert_eq!(ShmConfig::default().lanes, 16);
@@ -601,11 +576,11 @@ fn no_one_can_resize_a_segment_and_an_unsealed_one_is_never_mapped() {
     use std::os::fd::FromRawFd;
     let (a, mut b) = pair(small());
     let mr = b.register(4096, Access::REMOTE_READ).unwrap();
-    // What peers are handed: b's ring segment and its region's.
+    // What peers are handed: a lane of b's and its region's segment.
     let (t, f) = (b.addr(), a.addr());
-    let ring = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap().fd.unwrap();
+    let lane = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap().fd.unwrap();
     let region = rendezvous::region(t.qpn, t.connid, mr.key).unwrap().fd.unwrap();
-    for fd in [&ring, &region] {
+    for fd in [&lane, &region] {
         // Truncating a segment under its mappings would be a SIGBUS in
         // every process that maps it: the kernel refuses, to anyone.
         let file = File::from(fd.try_clone().unwrap());
@@ -812,14 +787,14 @@ fn a_process_cannot_take_a_lane_as_another_and_another_user_gets_nothing() {
 
 /// A process of another user playing a peer, for the next test: it listens
 /// at two addresses of its own and hands whoever asks a segment that would
-/// pass for a ring (a lane, with the address in it) or a region, its size
+/// pass for a lane (with the address in it) or a region, its size
 /// sealed at the first address and not at the second. It prints the two
 /// addresses and its segments' inodes, serves until its stdin closes, then
 /// prints how many requests reached it.
 #[test]
 fn stranger() {
     use std::io::Read;
-    use std::os::fd::{BorrowedFd, FromRawFd};
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
     use std::os::unix::fs::MetadataExt;
     if std::env::var("EFAPOLL_STRANGER").is_err() {
         return;
@@ -831,10 +806,10 @@ fn stranger() {
         })
         .collect();
     let listeners: Vec<_> = addrs.iter().map(|&(q, c)| Rendezvous::bind(q, c).unwrap()).collect();
-    let (ring, ring_fd) = Ring::create(1, 2, small().mtu).unwrap();
-    ring.map().u32_at(hdr::QPN).store(addrs[0].0 as u32, Relaxed);
-    ring.map().u32_at(hdr::CONNID).store(addrs[0].1, Relaxed);
-    ring.open_for_business();
+    let (lane, lane_fd) = Lane::create(2, small().mtu).unwrap();
+    lane.map().u32_at(hdr::QPN).store(addrs[0].0 as u32, Relaxed);
+    lane.map().u32_at(hdr::CONNID).store(addrs[0].1, Relaxed);
+    lane.open_for_business();
     let (region, region_fd) = Mapping::create(REGION_DATA + 4096).unwrap();
     region.u64_at(hdr::LEN).store(4096, Relaxed);
     region.u64_at(hdr::BASE).store(region.addr_at(REGION_DATA), Relaxed);
@@ -848,12 +823,12 @@ fn stranger() {
     assert!(raw >= 0);
     // SAFETY: just made, owned by nothing else.
     let unsealed = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
-    unsealed.set_len(ring.map().len() as u64).unwrap();
+    unsealed.set_len(lane.map().len() as u64).unwrap();
     let ino = |fd: BorrowedFd<'_>| {
         std::fs::File::from(fd.try_clone_to_owned().unwrap()).metadata().unwrap().ino()
     };
     let (q0, c0, q1, c1) = (addrs[0].0, addrs[0].1, addrs[1].0, addrs[1].1);
-    let inodes = [ino(ring_fd.as_fd()), ino(region_fd.as_fd()), ino(unsealed.as_fd())];
+    let inodes = [ino(lane_fd.as_fd()), ino(region_fd.as_fd()), ino(unsealed.as_fd())];
     println!("@@ {q0} {c0} {q1} {c1} {} {} {}", inodes[0], inodes[1], inodes[2]);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = done.clone();
@@ -882,7 +857,7 @@ fn stranger() {
             let fd = match (i, kind) {
                 (1, _) => unsealed.as_raw_fd(),
                 (_, rendezvous::REGION) => region_fd.as_raw_fd(),
-                _ => ring_fd.as_raw_fd(),
+                _ => lane_fd.as_raw_fd(),
             };
             let _ = rendezvous::send_with_fd(&s, &[0; 8], Some(fd));
         }
@@ -924,7 +899,7 @@ fn a_strangers_segments_are_refused_unasked_and_never_mapped() {
     let at = |qpn: u64, connid: u64| RawAddr { qpn: qpn as u16, connid: connid as u32, ..a.addr() };
     let (sealed, unsealed) = (at(n[0], n[1]), at(n[2], n[3]));
     let stranger = DeviceError::OtherUser { uid: user.uid };
-    assert_eq!(a.insert_addr(&sealed), Err(stranger), "a ring that would pass, sealed");
+    assert_eq!(a.insert_addr(&sealed), Err(stranger), "a lane that would pass, sealed");
     assert_eq!(a.insert_addr(&unsealed), Err(stranger));
     // On the data path: a peer whose address a stranger holds now (the
     // peer's process went, and the stranger bound its name).
@@ -999,4 +974,44 @@ fn update_region_fetches_combines_and_writes_back() {
     crate::device::checks::update_region_fetches_combines_and_writes_back(
         &mut ShmDevice::new(small()).unwrap(),
     );
+}
+
+#[test]
+fn a_sender_cannot_write_in_another_senders_lane() {
+    let cfg = ShmConfig { lanes: 3, ..small() };
+    let (mut a, mut b) = pair(cfg);
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let ah_a = b.insert_addr(&a.addr()).unwrap();
+    send(&mut a, ah, 0, b"genuine", 1);
+    // A sender of our user granted a lane of b's writes, wherever a slot
+    // may start in all it was handed and nothing is published, the packet
+    // that would come after a's: were a's lane in it, b would take the
+    // forgery as a's.
+    let h = ShmDevice::new(cfg).unwrap();
+    let (t, f) = (b.addr(), h.addr());
+    let fd = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap().fd.unwrap();
+    let handed = Mapping::from_fd(fd.as_fd(), 0, true).unwrap();
+    for at in (128..handed.len() - 128).step_by(128) {
+        if handed.u32_at(at).load(Acquire) != 0 {
+            continue;
+        }
+        for (i, word) in [2u32, 1, 6, 0].into_iter().enumerate() {
+            handed.u32_at(at + 4 * i).store(word, Release);
+        }
+        handed.write_bytes(at + 16, b"forged");
+    }
+    b.post_recv(&(0..8).collect::<Vec<_>>());
+    let got = poll_all(&mut b);
+    let from_a: Vec<&[u8]> = got
+        .iter()
+        .filter(|c| c.src == Source::Known(ah_a))
+        .map(|c| &b.held(c.wr_id as BufId)[..c.len as usize])
+        .collect();
+    assert_eq!(from_a, [&b"genuine"[..]], "only a's own packet is taken as a's");
+    for c in got.iter().filter(|c| c.src != Source::Known(ah_a)) {
+        // What it forged in its own lane is its own packet.
+        assert_eq!(c.src, Source::Unknown { qpn: h.addr().qpn });
+        assert_eq!(&b.held(c.wr_id as BufId)[..c.len as usize], b"forged");
+    }
+    assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
 }
