@@ -178,8 +178,17 @@ fn poll_until(dev: &mut ShmDevice, n: usize, within: Duration) -> Vec<Cqe> {
     all
 }
 
+/// Posts `wr` until it is taken: one on a region not mapped yet waits
+/// for its owner's answer.
+fn post_rdma_one(dev: &mut ShmDevice, wr: RdmaWr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dev.post_rdma(&[wr]) == 0 {
+        assert!(Instant::now() < deadline, "{wr:?} taken");
+    }
+}
+
 fn rdma_one(dev: &mut ShmDevice, wr: RdmaWr) -> Cqe {
-    assert_eq!(dev.post_rdma(&[wr]), 1);
+    post_rdma_one(dev, wr);
     let got = poll_until(dev, 1, Duration::from_secs(10));
     assert_eq!(got.len(), 1, "{wr:?} completes");
     got[0]
@@ -284,7 +293,7 @@ fn a_killed_receiver_fails_outstanding_operations() {
     let card = Card::parse(&child.expect("READY"), dev.addr().gid);
     let ah = dev.insert_addr(&card.addr).unwrap();
     let imm = card.rdma(RdmaOp::Write { imm: Some(7) }, ah, &local, 0, 64, 1000);
-    assert_eq!(dev.post_rdma(&[imm]), 1);
+    post_rdma_one(&mut dev, imm);
     let wrs: Vec<SendWr> =
         (0..100).map(|b| SendWr { ah, buf: b, len: 100, data: None, wr_id: b as u64 }).collect();
     let posted = dev.post_send(&wrs);
@@ -390,10 +399,10 @@ fn the_steady_state_allocates_nothing() {
         (0..32).map(|i| SendWr { ah, buf: i, len: 64, data: None, wr_id: i as u64 }).collect();
     let bufs: Vec<BufId> = (100..164).collect();
     let mut out = [Cqe::default(); 64];
+    let write = card.rdma(RdmaOp::Write { imm: Some(1) }, ah, &src, 0, 1 << 16, 99);
     let mut round = |a: &mut ShmDevice, b: &mut ShmDevice| {
         assert_eq!(a.post_send(&wrs), 32);
-        let write = card.rdma(RdmaOp::Write { imm: Some(1) }, ah, &src, 0, 1 << 16, 99);
-        assert_eq!(a.post_rdma(&[write]), 1);
+        post_rdma_one(a, write);
         b.post_recv(&bufs);
         assert_eq!(b.poll(&mut out), 33);
         assert_eq!(a.poll(&mut out), 33);

@@ -440,7 +440,8 @@ fn device_side(
         return side_on(ctx, a, ep, role, counts, exchange, sink, live);
     }
     // One peer sends to each device: two lanes (one spare for a peer that
-    // restarts) instead of the default sixteen, 2 MiB of rings a device.
+    // restarts) instead of the default sixteen: 2 MiB of rings a device
+    // at most, 1 MiB a sender (a lane is made when granted).
     let dev = ShmDevice::new(ShmConfig { lanes: 2, ..ShmConfig::default() })
         .map_err(|e| RunError::Setup(format!("shm device: {e}")))?;
     still_running(ctx)?;

@@ -293,6 +293,10 @@ pub enum DeviceError {
     /// The address cannot be reached from this device.
     #[error("address not reachable from this device")]
     BadAddress,
+    /// The process at the address is another user's (`uid`): refused, as
+    /// shm refuses every other user, root included.
+    #[error("the process at that address is another user's (uid {uid}): refused")]
+    OtherUser { uid: u32 },
     /// The region is still used by work posted to the device.
     #[error("region in use by posted work")]
     Busy,
@@ -301,7 +305,8 @@ pub enum DeviceError {
     #[error("not supported by this device")]
     NotSupported,
     /// The system refused what the device asked of it: `what` it was
-    /// doing, and the error number (`ENOSPC` when `/dev/shm` is full).
+    /// doing, and the error number (`ENOMEM` when shm cannot reserve a
+    /// segment's memory: its memory files live in no file system to fill).
     #[error("{what}: {}", std::io::Error::from_raw_os_error(*errno))]
     Os { what: &'static str, errno: i32 },
 }

@@ -914,7 +914,7 @@ fn main() -> ExitCode {
 }
 
 /// The system calls std does not offer: socket buffer sizes, and
-/// datagrams moved in bursts, one system call for up to [`BURST`] of them
+/// datagrams moved in bursts, one system call for up to [`BURST`](sys::BURST) of them
 /// (`sendmmsg`, `recvmmsg`). The only `unsafe` of this program.
 #[allow(unsafe_code)]
 mod sys {

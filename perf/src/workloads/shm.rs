@@ -88,6 +88,10 @@ impl Copy {
             wr_id: 1,
         };
         let mut c = Copy { a, _b: b, wr };
+        // The first maps b's region, once b's thread answers.
+        while c.a.post_rdma(&[c.wr]) == 0 {}
+        let mut out = [Cqe::default(); 1];
+        while c.a.poll(&mut out) == 0 {}
         c.run(2);
         c
     }

@@ -29,19 +29,17 @@ pub(crate) mod hdr {
     /// The owner's pid, written first, so the sweep can tell a dead
     /// creator's leftovers from a live creator's half-made segment.
     pub const PID: usize = 16;
-    /// [`KIND_ENDPOINT`] or [`KIND_REGION`].
+    /// [`KIND_LANE`] or [`KIND_REGION`].
     pub const KIND: usize = 20;
     /// Creation time in nanoseconds since the Unix epoch.
     pub const INCARNATION: usize = 24;
 
-    // Endpoint segments.
+    // Lane segments: the receiver's address, and its ring's geometry.
     pub const CONNID: usize = 32;
     pub const QPN: usize = 36;
     pub const RING_SLOTS: usize = 40;
     pub const SLOT_PAYLOAD: usize = 44;
     pub const SLOT_STRIDE: usize = 48;
-    /// Lanes of the segment: one ring per sending peer.
-    pub const LANES: usize = 52;
 
     // Region segments.
     pub const KEY: usize = 32;
@@ -50,15 +48,16 @@ pub(crate) mod hdr {
     pub const BASE: usize = 48;
     pub const ACCESS: usize = 56;
 
-    /// Bytes of the header proper; the ring's indices follow on lines of
-    /// their own.
+    /// Bytes of the header proper; a lane's producer state and head follow
+    /// on lines of their own.
     pub const LEN_MIN: usize = 64;
 
     pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"EFAPSHM\0");
-    pub const VERSION_VALUE: u32 = 4;
+    /// 5: a segment per lane.
+    pub const VERSION_VALUE: u32 = 5;
     pub const STATE_READY: u32 = 1;
     pub const STATE_CLOSED: u32 = 2;
-    pub const KIND_ENDPOINT: u32 = 1;
+    pub const KIND_LANE: u32 = 3;
     pub const KIND_REGION: u32 = 2;
 }
 

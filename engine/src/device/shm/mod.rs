@@ -1,14 +1,16 @@
 //! `shm`: endpoints in processes or threads of one host, talking through
 //! shared memory.
 //!
-//! Each [`ShmDevice`] creates a segment that holds a header and its receive
-//! rings, one lane per sending peer (see `ring`): an anonymous memory file
-//! whose size is sealed, with no name anywhere. Its raw address is this
-//! host's GID, a random QPN and a random connid, and it listens on an
-//! abstract Unix socket named by that address (see `rendezvous`), where a
-//! thread of the device grants lanes and hands over segments. A sender
-//! asks for a lane once, at `insert_addr`, gets the segment's descriptor
-//! with it and maps it; `post_send` copies the packet into the next slot
+//! Each [`ShmDevice`] receives through lanes, one per sending peer (see
+//! `ring`): a ring each, in a segment of its own made when the lane is
+//! granted, an anonymous memory file whose size is sealed, with no name
+//! anywhere. Its raw address is this host's GID, a random QPN and a random
+//! connid, and it listens on an abstract Unix socket named by that address
+//! (see `rendezvous`), where a thread of the device grants lanes and hands
+//! over segments. A sender asks for a lane once, at `insert_addr`, gets
+//! that lane's descriptor with it (and no other) and maps it; the receiver
+//! maps every lane it granted, and keeps who holds which in its own
+//! memory. `post_send` copies the packet into the next slot
 //! of its lane with plain stores (no locked instruction: the lane has one
 //! producer); the receiver's `poll` copies slots into its posted receive
 //! buffers. Registered regions are sealed segments of their own, which a
@@ -33,16 +35,37 @@
 //! * a lane is granted only to a process of our user that owns the address
 //!   it claims (the kernel's `SO_PEERCRED` of its request, and of the
 //!   socket of that address), and the receiver takes a lane's packets as
-//!   from the address it granted it to, whatever the lane table in the
-//!   segment says; regions are handed to our user's processes only. A
-//!   request that fails a check is counted (`refused`) and dropped.
+//!   from the address it granted it to; regions are handed to our user's
+//!   processes only. A request that fails a check is counted (`refused`)
+//!   and dropped;
+//! * segments are taken from our user's processes only: the socket at a
+//!   peer's address must be our user's (the kernel's `SO_PEERCRED`, looked
+//!   at before a byte goes to it), else the peer is refused
+//!   ([`DeviceError::OtherUser`] from `insert_addr`, `RemoteAccess` for an
+//!   RDMA operation; counted, `strangers`). So a stranger that a control
+//!   link names as the peer, or that binds the name of a peer whose
+//!   process went, hands us nothing to map. Root is no exception: a root
+//!   device talks to root's devices only;
+//! * no socket holds a poller: connecting never waits on a full backlog,
+//!   and an RDMA operation on a region not mapped yet waits for the
+//!   owner's answer at most 20 ms in the call, then as
+//!   back-pressure (`post_rdma` takes fewer) until the answer comes or 30
+//!   s pass (`PeerUnreachable`, counted: `ask_timeouts`). Only set-up
+//!   waits in a call: `insert_addr`, up to 30 s for a stopped peer.
 //!
-//! A process of the same user can still write any memory it can map: a
-//! sender, the slots and lane table of the whole segment it was granted a
-//! lane in (it can forge packets in other senders' lanes, and garble or
-//! close them); a process allowed to trace ours (`/proc/<pid>/fd`, ptrace),
-//! anything. Malformed slots are counted and dropped; nothing it writes
-//! can make the device read or write outside a mapping, or block.
+//! A process of the same user cannot write or map another sender's lane
+//! (its descriptor went to that sender alone, and lanes have no name), nor
+//! what the receiver keeps of its lanes (private memory), nor be taken for
+//! another sender: a packet in a lane is from the process the lane was
+//! granted to, or is dropped (malformed, counted). Nothing it writes can
+//! make the device read or write outside a mapping, or block. It can
+//! still: write its own lane (forge, garble or close it: what it sends
+//! arrives as its own, and a closed or garbled lane is reclaimed); take
+//! lanes as itself until none is left (the next senders are told `Again`
+//! until it closes or dies); map, read and write a region whose key it
+//! learned (keys are 64 random bits); hold the rendezvous thread up to 5 s
+//! a request, which delays others' set-up. A process allowed to trace
+//! ours (`/proc/<pid>/mem`, ptrace) can do anything.
 //!
 //! Semantics follow the sim device:
 //!
@@ -53,15 +76,17 @@
 //!   lane makes `post_send` take fewer;
 //! * the receiver reports `Source::Known(ah)` only for a sender whose
 //!   address (QPN and connid) it inserted, else `Source::Unknown { qpn }`;
-//! * RDMA read and write run when posted and complete at the next poll; a
+//! * RDMA read and write run when posted and complete at the next poll
+//!   (the first on a peer's region once the peer handed it over); a
 //!   write with immediate data also puts a notice in the target's ring that
 //!   consumes a receive buffer there, and completes when it is consumed;
 //! * a peer that closed, or whose process died, fails what is outstanding
 //!   to it and what is posted to it with `PeerUnreachable`; a sender that
 //!   closed or died has what it published delivered, then its lane is
-//!   reset and freed for the next sender. Death is noticed by a liveness
-//!   check (`kill(pid, 0)`) that runs at most once per millisecond, and
-//!   only while something is outstanding or a sender holds a lane.
+//!   dropped, its place free for the next sender. Death is noticed by a
+//!   liveness check (`kill(pid, 0)`) that runs at most once per
+//!   millisecond, and only while something is outstanding or a sender
+//!   holds a lane.
 //!
 //! A transmit slot stays taken until its completion is polled, so the
 //! completion queue never holds more than `tx_depth` entries and nothing
@@ -71,8 +96,9 @@
 //! zombies); one user's processes talk (another user's are refused);
 //! processes must share a network namespace (abstract socket names live
 //! there) and a pid namespace (liveness is a pid check); a region's memory
-//! is reserved at registration and refused (ENOMEM) beyond what the host
-//! has available; a lost peer's mappings stay until the device drops, so
+//! is reserved at registration, a lane's when it is granted, and refused
+//! (ENOMEM) beyond what the host has available; a lost peer's mappings
+//! stay until the device drops, so
 //! that nothing it left behind can fault.
 
 mod map;
@@ -82,14 +108,14 @@ mod ring;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use map::{Mapping, hdr, pid_alive};
 use rendezvous::{Rendezvous, Serve};
-use ring::{Kind, LaneState, Record, Ring};
+use ring::{Kind, Lane, LaneState, Record};
 
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
@@ -109,13 +135,13 @@ pub struct ShmConfig {
     pub tx_depth: usize,
     /// Posted receive buffers.
     pub rx_depth: usize,
-    /// Senders this device can receive from at once: each claims a lane
-    /// (a ring of its own) in our segment, and `insert_addr` answers
-    /// `Again` while every lane is taken.
+    /// Senders this device can receive from at once: each is granted a
+    /// lane (a ring in a segment of its own, made then), and `insert_addr`
+    /// answers `Again` while every lane is taken.
     pub lanes: u32,
     /// Slots of each lane's ring: a power of two, at least 2. Packets that
-    /// wait for a receive buffer wait here. The segment holds `lanes *
-    /// ring_slots` slots of `mtu` bytes.
+    /// wait for a receive buffer wait here. A lane holds `ring_slots`
+    /// slots of `mtu` bytes.
     pub ring_slots: u32,
     /// Largest RDMA operation.
     pub max_rdma_size: u64,
@@ -162,6 +188,12 @@ pub struct ShmStats {
     /// Requests refused at our rendezvous socket: another user, a process
     /// claiming an address not its own, garbage.
     pub refused: u64,
+    /// Peers refused at our end: the socket at their address is another
+    /// user's (we never asked it for a segment, let alone mapped one).
+    pub strangers: u64,
+    /// Regions asked for that no answer came for in time (a stopped
+    /// peer): their operations failed.
+    pub ask_timeouts: u64,
 }
 
 /// Why a device could not be created.
@@ -174,7 +206,7 @@ pub enum ShmError {
     /// billions of devices would see it).
     #[error("no free shm address")]
     NoFreeQpn,
-    /// Creating or mapping the segment, or its socket, failed.
+    /// Creating its socket, or the thread that answers on it, failed.
     #[error("shm segment: {0}")]
     Segment(#[from] io::Error),
 }
@@ -195,7 +227,12 @@ const CLOCK_EVERY_POLLS: u32 = 64;
 
 const NO_PEER: u32 = u32::MAX;
 
-/// Most lanes a segment may have.
+/// How long an RDMA operation waits, the first time, for the answer to
+/// its ask for the target's region (a few scheduler ticks of a busy
+/// peer's thread); then it waits as back-pressure, not in a call.
+const REGION_ASK_WAIT: Duration = Duration::from_millis(20);
+
+/// Most lanes a device may grant at once.
 const MAX_LANES: u32 = 4096;
 
 /// A GID naming this host: the shm GID prefix and bytes of the machine id,
@@ -222,14 +259,13 @@ struct Pending {
     wr_id: u64,
 }
 
-/// A peer: its segment, mapped once, our lane in it, and what we have
-/// outstanding to it.
+/// A peer: our lane to it, mapped once, and what we have outstanding to
+/// it.
 #[derive(Debug)]
 struct Peer {
     addr: RawAddr,
-    ring: Ring,
-    /// Our lane in its segment, and the position we publish at next.
-    lane: u32,
+    /// Our lane to it, and the position we publish at next.
+    lane: Lane,
     tail: u32,
     /// Its head of our lane as we last read it: room up to a lap past it.
     seen_head: u32,
@@ -244,12 +280,86 @@ struct Peer {
     pending: VecDeque<Pending>,
     /// Its regions we mapped, by key.
     regions: HashMap<u64, Mapping>,
+    /// Its regions we asked for and have no answer for yet.
+    asks: Vec<RegionAsk>,
+}
+
+/// A peer's region asked for, not yet answered.
+#[derive(Debug)]
+struct RegionAsk {
+    key: u64,
+    /// `None` while the peer's socket takes no connection (a full backlog).
+    asking: Option<rendezvous::Asking>,
+    /// When the operations that wait for it fail.
+    deadline: Instant,
+}
+
+/// Why an RDMA operation cannot use a peer's region (yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoRegion {
+    /// Asked for, not answered yet: the operation waits (back-pressure).
+    Waiting,
+    /// The operation fails so.
+    Failed(CqStatus),
 }
 
 impl Peer {
     fn alive(&self) -> bool {
-        self.ring.map().u32_at(hdr::STATE).load(Relaxed) == hdr::STATE_READY && pid_alive(self.pid)
+        self.lane.map().u32_at(hdr::STATE).load(Relaxed) == hdr::STATE_READY && pid_alive(self.pid)
     }
+}
+
+/// The answer to our ask for region `key` of the peer at `addr`, among
+/// `asks` under way to it: started if none is (waiting up to
+/// [`REGION_ASK_WAIT`] then), else looked at without waiting.
+fn region_answer(
+    asks: &mut Vec<RegionAsk>,
+    addr: RawAddr,
+    key: u64,
+    stats: &mut ShmStats,
+) -> Result<rendezvous::Answer, NoRegion> {
+    let now = Instant::now();
+    let (i, wait) = match asks.iter().position(|a| a.key == key) {
+        Some(i) => (i, Duration::ZERO),
+        None => {
+            // Asks that no operation came back for end here.
+            asks.retain(|a| now < a.deadline);
+            let deadline = now + rendezvous::ASK_TIMEOUT;
+            asks.push(RegionAsk { key, asking: None, deadline });
+            (asks.len() - 1, REGION_ASK_WAIT)
+        }
+    };
+    let ask = &mut asks[i];
+    let answer = match &mut ask.asking {
+        Some(asking) => asking.answer(wait),
+        None => match rendezvous::start_region(addr.qpn, addr.connid, key) {
+            Ok(Some(mut asking)) => {
+                let answer = asking.answer(wait);
+                ask.asking = Some(asking);
+                answer
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        },
+    };
+    let failed = match answer {
+        Ok(None) if now < ask.deadline => return Err(NoRegion::Waiting),
+        Ok(Some(answer)) => {
+            asks.swap_remove(i);
+            return Ok(answer);
+        }
+        Ok(None) => {
+            stats.ask_timeouts += 1;
+            CqStatus::PeerUnreachable
+        }
+        Err(rendezvous::AskError::Stranger { .. }) => {
+            stats.strangers += 1;
+            CqStatus::RemoteAccess
+        }
+        Err(rendezvous::AskError::Io(_)) => CqStatus::RemoteAccess,
+    };
+    asks.swap_remove(i);
+    Err(NoRegion::Failed(failed))
 }
 
 /// A region a device uses: the domain's mapping of it.
@@ -414,34 +524,41 @@ impl Domain for ShmDomain {
     }
 }
 
-/// A lane of our segment that a sender holds: where we read it next, and
-/// who it is.
-#[derive(Debug, Clone, Copy)]
+/// A lane a sender holds: where we read it next, and who it is (as the
+/// rendezvous thread verified; nothing in the lane says).
+#[derive(Debug)]
 struct RxLane {
-    lane: u32,
+    lane: Lane,
     head: u32,
     qpn: u16,
     connid: u32,
     pid: u32,
 }
 
-/// What a device's rendezvous thread answers with: its own mapping of the
-/// ring segment (to grant lanes), the segment's descriptor (to hand to
-/// the senders it grants one) and the domain (its registrations).
+/// What a device's rendezvous thread answers with: our address and lanes'
+/// geometry (to make lanes) and the domain (its registrations).
 #[derive(Debug)]
 struct Served {
-    ring: Ring,
-    ring_fd: OwnedFd,
+    cfg: ShmConfig,
+    qpn: u16,
+    connid: u32,
     domain: ShmDomain,
 }
 
 impl Serve for Served {
-    fn ring_fd(&self) -> RawFd {
-        self.ring_fd.as_raw_fd()
+    fn lanes(&self) -> u32 {
+        self.cfg.lanes
     }
 
-    fn claim(&self, pid: u32, qpn: u16, connid: u32) -> Option<u32> {
-        self.ring.claim_lane(pid, qpn, connid)
+    fn lane(&self) -> io::Result<(Lane, OwnedFd)> {
+        let (lane, fd) = Lane::create(self.cfg.ring_slots, self.cfg.mtu)?;
+        let h = lane.map();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        h.u64_at(hdr::INCARNATION).store(now.as_nanos() as u64, Relaxed);
+        h.u32_at(hdr::CONNID).store(self.connid, Relaxed);
+        h.u32_at(hdr::QPN).store(self.qpn as u32, Relaxed);
+        lane.open_for_business();
+        Ok((lane, fd))
     }
 
     fn region(&self, key: u64) -> Option<OwnedFd> {
@@ -457,8 +574,6 @@ pub struct ShmDevice {
     caps: Caps,
     cfg: ShmConfig,
     addr: RawAddr,
-    /// Our receive rings, in our segment.
-    ring: Ring,
     /// The lanes senders hold, in the order we take packets from them.
     rx_lanes: Vec<RxLane>,
     /// Our socket and the thread that answers on it, with the lanes it
@@ -489,8 +604,8 @@ pub struct ShmDevice {
 }
 
 impl ShmDevice {
-    /// Creates a device in a domain of its own: its segment, a random
-    /// address and the socket and thread that answer on it.
+    /// Creates a device in a domain of its own: a random address and the
+    /// socket and thread that answer on it (lanes are made as granted).
     pub fn new(cfg: ShmConfig) -> Result<ShmDevice, ShmError> {
         ShmDevice::in_domain(ShmDomain::new(cfg))
     }
@@ -512,14 +627,8 @@ impl ShmDevice {
         }
         let pool_len =
             cfg.mtu.checked_mul(cfg.bufs as usize).ok_or(ShmError::Config("bufs * mtu"))?;
-        let (ring, ring_fd) = Ring::create(cfg.lanes, cfg.ring_slots, cfg.mtu)?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        ring.map().u64_at(hdr::INCARNATION).store(now.as_nanos() as u64, Relaxed);
-        let (qpn, connid, rendezvous) = ShmDevice::listen(&ring, ring_fd, &domain)?;
-        let map = ring.map();
-        map.u32_at(hdr::CONNID).store(connid, Relaxed);
-        map.u32_at(hdr::QPN).store(qpn as u32, Relaxed);
-        ring.open_for_business();
+        Lane::segment_len(cfg.ring_slots, cfg.mtu).ok_or(ShmError::Config("ring_slots * mtu"))?;
+        let (qpn, connid, rendezvous) = ShmDevice::listen(&domain)?;
         let caps = Caps {
             mtu: cfg.mtu,
             bufs: cfg.bufs,
@@ -540,7 +649,6 @@ impl ShmDevice {
             addr: RawAddr { gid: host_gid(), qpn, connid },
             seen_grants: 0,
             rendezvous,
-            ring,
             rx_lanes: Vec::with_capacity(cfg.lanes as usize),
             next_lane: 0,
             pool: vec![0u8; pool_len].into_boxed_slice(),
@@ -563,22 +671,15 @@ impl ShmDevice {
     /// our name ahead of us: the connid is drawn after the QPN, 2^48
     /// names in all (QPNs may repeat on a host: every use checks the
     /// connid too).
-    fn listen(
-        ring: &Ring,
-        ring_fd: OwnedFd,
-        domain: &ShmDomain,
-    ) -> Result<(u16, u32, Rendezvous), ShmError> {
-        let mine = Mapping::from_fd(ring_fd.as_fd(), ring.map().len(), true)?;
-        let served = Served {
-            ring: Ring::attach(mine).ok_or(ShmError::Config("ring geometry"))?,
-            ring_fd,
-            domain: domain.clone(),
-        };
+    fn listen(domain: &ShmDomain) -> Result<(u16, u32, Rendezvous), ShmError> {
         for _ in 0..64 {
             let r = random_u64();
             let (qpn, connid) = (r as u16, (r >> 32) as u32);
             match Rendezvous::bind(qpn, connid) {
-                Ok(l) => return Ok((qpn, connid, Rendezvous::start(l, served)?)),
+                Ok(l) => {
+                    let served = Served { cfg: domain.cfg, qpn, connid, domain: domain.clone() };
+                    return Ok((qpn, connid, Rendezvous::start(l, served)?));
+                }
                 Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -613,13 +714,13 @@ impl ShmDevice {
         }
     }
 
-    /// Whether our lane in peer `idx`'s segment has a free slot; when it
+    /// Whether our lane to peer `idx` has a free slot; when it
     /// has not, counts it and watches the peer (a full lane may be a dead
     /// receiver's).
     #[inline(always)]
     fn lane_has_room(&mut self, idx: usize) -> bool {
         let p = &mut self.peers[idx];
-        if p.ring.has_room(p.lane, p.tail, &mut p.seen_head) {
+        if p.lane.has_room(p.tail, &mut p.seen_head) {
             return true;
         }
         self.stats.ring_full += 1;
@@ -635,7 +736,7 @@ impl ShmDevice {
         match self.peers.get(idx) {
             Some(p) if p.in_book && p.dead => Err(CqStatus::PeerUnreachable),
             Some(p) if p.in_book => {
-                if p.ring.map().u32_at(hdr::STATE).load(Relaxed) != hdr::STATE_READY {
+                if p.lane.map().u32_at(hdr::STATE).load(Relaxed) != hdr::STATE_READY {
                     self.lose_peer(idx);
                     return Err(CqStatus::PeerUnreachable);
                 }
@@ -653,10 +754,10 @@ impl ShmDevice {
             self.stats.peers_lost += 1;
         }
         p.suspect = false;
+        p.asks.clear();
         // What the peer consumed before it went was delivered: those
-        // complete as such (its segment stays mapped until we drop it).
-        while let Some(op) = p.pending.front().copied().filter(|op| p.ring.consumed(p.lane, op.pos))
-        {
+        // complete as such (our lane stays mapped until we drop it).
+        while let Some(op) = p.pending.front().copied().filter(|op| p.lane.consumed(op.pos)) {
             p.pending.pop_front();
             self.cq.push_back(Cqe { op: op.op, wr_id: op.wr_id, ..Cqe::default() });
         }
@@ -680,7 +781,7 @@ impl ShmDevice {
             let idx = self.active[i] as usize;
             let p = &mut self.peers[idx];
             while let Some(front) = p.pending.front() {
-                if !p.ring.consumed(p.lane, front.pos) {
+                if !p.lane.consumed(front.pos) {
                     break;
                 }
                 let cqe = Cqe { op: front.op, wr_id: front.wr_id, ..Cqe::default() };
@@ -735,33 +836,23 @@ impl ShmDevice {
         }
         let mut i = 0;
         while i < self.rx_lanes.len() {
-            let l = self.rx_lanes[i];
-            let gone = self.ring.owner(l.lane).state != LaneState::Open
-                || (check_pids && !pid_alive(l.pid));
-            if gone && self.ring.peek(l.lane, l.head).is_none() {
-                self.ring.reset_lane(l.lane);
+            let l = &self.rx_lanes[i];
+            let gone = l.lane.state() != LaneState::Open || (check_pids && !pid_alive(l.pid));
+            if gone && l.lane.peek(l.head).is_none() {
+                // Its segment goes with our mapping; the next sender gets
+                // a new one.
                 self.rx_lanes.remove(i);
+                self.rendezvous.grants.held.fetch_sub(1, Release);
                 self.stats.lanes_reclaimed += 1;
             } else {
                 i += 1;
             }
         }
         self.next_lane = 0;
-        if check_pids {
-            // A sender that died between taking a lane and opening it.
-            for lane in 0..self.ring.lanes() {
-                let o = self.ring.owner(lane);
-                if o.pid != 0 && o.state == LaneState::Free && !pid_alive(o.pid) {
-                    self.ring.reset_lane(lane);
-                    self.stats.lanes_reclaimed += 1;
-                }
-            }
-        }
     }
 
     /// Takes up the lanes the rendezvous thread granted since we last
-    /// looked. Only those: the lane table in the segment is writable by
-    /// every sender, so who holds a lane is what the thread verified.
+    /// looked, with who holds each, as it verified.
     #[cold]
     fn scan_lanes(&mut self) {
         self.seen_grants = self.rendezvous.grants.generation.load(Acquire);
@@ -769,7 +860,6 @@ impl ShmDevice {
             &mut *self.rendezvous.grants.claims.lock().unwrap_or_else(|e| e.into_inner()),
         );
         for c in claims {
-            self.rx_lanes.retain(|l| l.lane != c.lane);
             let rx = RxLane { lane: c.lane, head: 0, qpn: c.qpn, connid: c.connid, pid: c.pid };
             self.rx_lanes.push(rx);
         }
@@ -814,15 +904,15 @@ impl ShmDevice {
     /// buffer.
     #[inline(always)]
     fn receive_lane(&mut self, i: usize, out: &mut [Cqe]) -> (usize, bool) {
-        let RxLane { lane, head: start, qpn, connid, .. } = self.rx_lanes[i];
+        let RxLane { ref lane, head: start, qpn, connid, .. } = self.rx_lanes[i];
         let mut head = start;
         let mut n = 0;
         let mut rnr = false;
         // Malformed slots write no completion: bound the work per call.
-        let mut budget = self.ring.slots();
+        let mut budget = lane.slots();
         while n < out.len() && budget > 0 {
             budget -= 1;
-            let Some(rec) = self.ring.peek(lane, head) else { break };
+            let Some(rec) = lane.peek(head) else { break };
             let len = rec.len as usize;
             let valid = match rec.kind {
                 Kind::Packet => len <= self.cfg.mtu,
@@ -845,7 +935,7 @@ impl ShmDevice {
             let src = self.source(qpn, connid);
             out[n] = if rec.kind == Kind::Packet {
                 let at = rx as usize * self.cfg.mtu;
-                self.ring.read(lane, head, &mut self.pool[at..at + len]);
+                lane.read(head, &mut self.pool[at..at + len]);
                 self.stats.delivered += 1;
                 Cqe {
                     op: CqOp::Recv,
@@ -863,43 +953,52 @@ impl ShmDevice {
             head = head.wrapping_add(1);
         }
         if head != start {
+            lane.set_head(head);
             self.rx_lanes[i].head = head;
-            self.ring.set_head(lane, head);
         }
         (n, rnr)
     }
 
-    /// The peer's region `key`, mapped on first use.
-    fn remote_region(&mut self, idx: usize, key: u64) -> Option<&Mapping> {
-        let addr = self.peers[idx].addr;
-        match self.peers[idx].regions.entry(key) {
-            Entry::Occupied(e) => Some(e.into_mut()),
-            Entry::Vacant(e) => {
-                let answer = rendezvous::region(addr.qpn, addr.connid, key).ok()?;
-                let fd = answer.fd.filter(|_| answer.status == rendezvous::OK)?;
-                let map = Mapping::from_fd(fd.as_fd(), REGION_DATA, true).ok()?;
-                let ok = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
-                    && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_REGION
-                    && map.u64_at(hdr::KEY).load(Relaxed) == key;
-                ok.then(|| &*e.insert(map))
-            }
+    /// The peer's region `key`, mapped on first use. Asking for it never
+    /// holds the caller longer than [`REGION_ASK_WAIT`] (a stopped or busy
+    /// peer): while no answer has come, the operation waits, and the ask
+    /// is looked at again, without waiting, each time it is posted again,
+    /// until [`rendezvous::ASK_TIMEOUT`] fails it.
+    fn remote_region(&mut self, idx: usize, key: u64) -> Result<&Mapping, NoRegion> {
+        let p = &mut self.peers[idx];
+        let vacant = match p.regions.entry(key) {
+            Entry::Occupied(e) => return Ok(e.into_mut()),
+            Entry::Vacant(e) => e,
+        };
+        let answer = region_answer(&mut p.asks, p.addr, key, &mut self.stats)?;
+        let fd = answer.fd.filter(|_| answer.status == rendezvous::OK);
+        let fd = fd.ok_or(NoRegion::Failed(CqStatus::RemoteAccess))?;
+        let map = Mapping::from_fd(fd.as_fd(), REGION_DATA, true)
+            .map_err(|_| NoRegion::Failed(CqStatus::RemoteAccess))?;
+        let ok = map.u64_at(hdr::MAGIC).load(Acquire) == hdr::MAGIC_VALUE
+            && map.u32_at(hdr::KIND).load(Relaxed) == hdr::KIND_REGION
+            && map.u64_at(hdr::KEY).load(Relaxed) == key;
+        if !ok {
+            return Err(NoRegion::Failed(CqStatus::RemoteAccess));
         }
+        Ok(vacant.insert(map))
     }
 
     /// Checks an RDMA operation against the target's registration; returns
     /// the byte offset in the target's segment.
-    fn resolve_remote(&mut self, idx: usize, wr: &RdmaWr, need: Access) -> Option<usize> {
+    fn resolve_remote(&mut self, idx: usize, wr: &RdmaWr, need: Access) -> Result<usize, NoRegion> {
+        let refused = NoRegion::Failed(CqStatus::RemoteAccess);
         let map = self.remote_region(idx, wr.remote_key)?;
         if map.u32_at(hdr::STATE).load(Acquire) != hdr::STATE_READY {
             // Deregistered: forget the mapping too.
             self.peers[idx].regions.remove(&wr.remote_key);
-            return None;
+            return Err(refused);
         }
         let len = map.u64_at(hdr::LEN).load(Relaxed);
         // The owner's header could lie about the length: the mapping
         // bounds the access too.
-        if (map.len() - REGION_DATA) < usize::try_from(len).ok()? {
-            return None;
+        if !usize::try_from(len).is_ok_and(|len| len <= map.len() - REGION_DATA) {
+            return Err(refused);
         }
         let mr = Mr {
             id: MrId(0),
@@ -908,8 +1007,8 @@ impl ShmDevice {
             len,
             access: Access::from_bits_truncate(map.u32_at(hdr::ACCESS).load(Relaxed)),
         };
-        let offset = mr.resolve(wr.remote_addr, wr.len, need)?;
-        Some(REGION_DATA + offset as usize)
+        let offset = mr.resolve(wr.remote_addr, wr.len, need).ok_or(refused)?;
+        Ok(REGION_DATA + offset as usize)
     }
 
     /// Uses the domain's region `id` from now on.
@@ -946,35 +1045,43 @@ impl Device for ShmDevice {
         let idx = match known {
             Some(idx) => idx,
             None => {
-                // The receiver grants the lane; its segment comes with the
-                // grant, and the kernel says which process it is.
-                let answer =
-                    rendezvous::hello(addr.qpn, addr.connid, self.addr.qpn, self.addr.connid)
-                        .map_err(|_| DeviceError::BadAddress)?;
+                // The receiver grants a lane, a segment of its own that
+                // comes with the grant; the kernel says which process it is.
+                let hello =
+                    rendezvous::hello(addr.qpn, addr.connid, self.addr.qpn, self.addr.connid);
+                let answer = match hello {
+                    Ok(answer) => answer,
+                    Err(rendezvous::AskError::Stranger { uid }) => {
+                        self.stats.strangers += 1;
+                        return Err(DeviceError::OtherUser { uid });
+                    }
+                    Err(rendezvous::AskError::Io(_)) => return Err(DeviceError::BadAddress),
+                };
                 match answer.status {
                     rendezvous::OK => {}
                     // Every lane taken: the receiver has as many senders as
                     // it can take; one may leave.
                     rendezvous::FULL => return Err(DeviceError::Again),
+                    rendezvous::NO_MEMORY => {
+                        let errno = libc::ENOMEM;
+                        return Err(DeviceError::Os { what: "the peer making our lane", errno });
+                    }
                     _ => return Err(DeviceError::BadAddress),
                 }
                 let fd = answer.fd.ok_or(DeviceError::BadAddress)?;
                 let map = Mapping::from_fd(fd.as_fd(), hdr::LEN_MIN, true)
                     .map_err(|_| DeviceError::BadAddress)?;
-                let ring = Ring::attach_peer(map).ok_or(DeviceError::BadAddress)?;
-                let h = ring.map();
+                let lane = Lane::attach_peer(map).ok_or(DeviceError::BadAddress)?;
+                let h = lane.map();
                 let pid = answer.peer.pid;
                 let matches = h.u32_at(hdr::STATE).load(Relaxed) == hdr::STATE_READY
                     && h.u32_at(hdr::CONNID).load(Relaxed) == addr.connid
-                    && h.u32_at(hdr::QPN).load(Relaxed) == addr.qpn as u32
-                    && answer.value < ring.lanes();
+                    && h.u32_at(hdr::QPN).load(Relaxed) == addr.qpn as u32;
                 if !matches {
                     return Err(DeviceError::BadAddress);
                 }
-                let lane = answer.value;
                 self.peers.push(Peer {
                     addr: *addr,
-                    ring,
                     lane,
                     tail: 0,
                     seen_head: 0,
@@ -985,6 +1092,7 @@ impl Device for ShmDevice {
                     active: false,
                     pending: VecDeque::with_capacity(self.cfg.tx_depth),
                     regions: HashMap::new(),
+                    asks: Vec::new(),
                 });
                 self.peers.len() - 1
             }
@@ -1137,7 +1245,7 @@ impl Device for ShmDevice {
             let len = wr.len as usize;
             assert!(wr.buf < self.caps.bufs && wr.wire_len() <= self.cfg.mtu, "bad send {wr:?}");
             let idx = match self.book_peer(wr.ah) {
-                Ok(idx) if wr.wire_len() <= self.peers[idx].ring.payload() => idx,
+                Ok(idx) if wr.wire_len() <= self.peers[idx].lane.payload() => idx,
                 Ok(_) => {
                     self.complete(CqOp::Send, CqStatus::LocalError, wr.wr_id);
                     self.tx_used += 1;
@@ -1174,7 +1282,7 @@ impl Device for ShmDevice {
                 }
             };
             let pos = p.tail;
-            p.ring.publish(p.lane, pos, &rec, &self.pool[at..at + len], data);
+            p.lane.publish(pos, &rec, &self.pool[at..at + len], data);
             p.tail = pos.wrapping_add(1);
             p.pending.push_back(Pending { pos, op: CqOp::Send, wr_id: wr.wr_id });
             self.activate(idx);
@@ -1200,12 +1308,18 @@ impl Device for ShmDevice {
                 wr.local_offset.checked_add(wr.len).is_some_and(|end| end <= r.len as u64)
             }) && wr.len <= self.caps.max_rdma_size;
             let target = if local_ok { self.book_peer(wr.ah) } else { Err(CqStatus::LocalError) };
-            let checked = target.and_then(|idx| {
-                self.resolve_remote(idx, wr, need).map(|off| (idx, off)).ok_or_else(|| {
-                    self.stats.remote_access_errors += 1;
-                    CqStatus::RemoteAccess
-                })
-            });
+            let checked = match target.map(|idx| (idx, self.resolve_remote(idx, wr, need))) {
+                Ok((idx, Ok(off))) => Ok((idx, off)),
+                // The region's owner has not answered yet.
+                Ok((_, Err(NoRegion::Waiting))) => break,
+                Ok((_, Err(NoRegion::Failed(status)))) => {
+                    if status == CqStatus::RemoteAccess {
+                        self.stats.remote_access_errors += 1;
+                    }
+                    Err(status)
+                }
+                Err(status) => Err(status),
+            };
             let (idx, remote_off) = match checked {
                 Ok(found) => found,
                 Err(status) => {
@@ -1237,7 +1351,7 @@ impl Device for ShmDevice {
                     let rec = Record { kind: Kind::WriteImm, len, imm };
                     let p = &mut self.peers[idx];
                     let pos = p.tail;
-                    p.ring.publish(p.lane, pos, &rec, &[], None);
+                    p.lane.publish(pos, &rec, &[], None);
                     p.tail = pos.wrapping_add(1);
                     p.pending.push_back(Pending { pos, op, wr_id: wr.wr_id });
                     self.activate(idx);
@@ -1267,6 +1381,8 @@ impl Device for ShmDevice {
             ("liveness_checks", s.liveness_checks),
             ("peers_lost", s.peers_lost),
             ("refused", self.rendezvous.grants.refused.load(Relaxed)),
+            ("strangers", s.strangers),
+            ("ask_timeouts", s.ask_timeouts),
         ]
     }
 
@@ -1295,11 +1411,16 @@ impl Device for ShmDevice {
 
 impl Drop for ShmDevice {
     fn drop(&mut self) {
-        // Peers that map us see the state and fail what they sent us.
-        self.ring.map().u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
+        // No lane is granted from here on; the senders of those granted
+        // see us closed and fail what they sent us.
+        self.rendezvous.stop();
+        self.scan_lanes();
+        for l in &self.rx_lanes {
+            l.lane.close_receiver();
+        }
         // Receivers take what we published, then free our lanes.
         for p in &self.peers {
-            p.ring.close_lane(p.lane);
+            p.lane.close();
         }
         for id in 0..self.regions.len() {
             if self.regions[id].take().is_some() {

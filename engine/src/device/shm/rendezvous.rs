@@ -11,22 +11,35 @@
 //! * `Hello { qpn, connid }`: a sender asks for a lane. The kernel tells
 //!   the caller's pid and uid (`SO_PEERCRED`); the thread grants a lane
 //!   only to a process of our user that *is* the address it names (the
-//!   socket of that address belongs to the caller's pid), records the
-//!   grant for the device ([`Claim`]) and hands over the ring segment's
-//!   descriptor. A process claiming another's address is refused.
+//!   socket of that address belongs to the caller's pid), makes the lane
+//!   (a segment of its own, see `ring`), hands its descriptor to the
+//!   caller alone and gives the lane to the device with who holds it
+//!   ([`Claim`]). A process claiming another's address is refused.
 //! * `Region { key }`: a peer of our user asks for registration `key`'s
 //!   segment, to do RDMA by copy; the thread hands its descriptor over if
 //!   the domain has it.
 //! * `Ping`: answered, nothing else (the check that a socket is there).
+//!
+//! An asker trusts only answers of its own user: the kernel tells the uid
+//! of the socket it reached (`SO_PEERCRED` again), and one of another
+//! user's is refused ([`AskError::Stranger`]) before a byte goes to it, so
+//! a stranger that took a peer's name (the peer's process went) never
+//! hands us a segment. Root is no exception: a root device talks to root's
+//! devices only, as other users' devices refuse root's requests. Nothing
+//! waits on a connection that a socket's full backlog would hold: asks
+//! connect without waiting, and a device asks on its data path without
+//! waiting for the answer either (see [`Asking`]).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use super::ring::Lane;
 
 /// How long the thread waits for a request of our user's to arrive, and
 /// to go: one that stalls is dropped (another user's is refused before a
@@ -35,10 +48,11 @@ pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long an asker waits for the answer: the answering thread may wait
 /// for a CPU behind many busy lcores of its process.
-const ASK_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
-const HELLO: u32 = 1;
-const REGION: u32 = 2;
+/// Requests.
+pub(crate) const HELLO: u32 = 1;
+pub(crate) const REGION: u32 = 2;
 const PING: u32 = 3;
 
 /// Answers.
@@ -49,6 +63,8 @@ pub(crate) const FULL: u32 = 1;
 pub(crate) const REFUSED: u32 = 2;
 /// No such registration.
 pub(crate) const UNKNOWN: u32 = 3;
+/// No memory for another lane.
+pub(crate) const NO_MEMORY: u32 = 4;
 
 /// The abstract socket name of the device at (`qpn`, `connid`).
 fn name(qpn: u16, connid: u32) -> String {
@@ -89,7 +105,7 @@ pub(crate) fn my_uid() -> u32 {
 }
 
 /// Sends `msg` with `fd` attached (SCM_RIGHTS), or alone.
-fn send_with_fd(s: &UnixStream, msg: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+pub(crate) fn send_with_fd(s: &UnixStream, msg: &[u8], fd: Option<RawFd>) -> io::Result<()> {
     let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut libc::c_void, iov_len: msg.len() };
     // Room for one descriptor's control message, aligned as cmsghdr.
     let mut cbuf = [0u64; 4];
@@ -173,12 +189,53 @@ fn recv_with_fd(s: &UnixStream, msg: &mut [u8]) -> io::Result<Option<OwnedFd>> {
     Ok(fd)
 }
 
-fn connect(qpn: u16, connid: u32) -> io::Result<UnixStream> {
-    let addr = SocketAddr::from_abstract_name(name(qpn, connid))?;
-    let s = UnixStream::connect_addr(&addr)?;
-    s.set_read_timeout(Some(ASK_TIMEOUT))?;
-    s.set_write_timeout(Some(ASK_TIMEOUT))?;
-    Ok(s)
+/// Connects to the device at (`qpn`, `connid`) without waiting, and
+/// leaves the stream non-blocking: `Ok(None)` when its socket's backlog is
+/// full (a blocking connect would wait until its thread accepts: for ever,
+/// if it never does).
+fn connect(qpn: u16, connid: u32) -> io::Result<Option<UnixStream>> {
+    let name = name(qpn, connid);
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid empty address.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // An abstract name: a NUL, then its bytes, unterminated.
+    assert!(name.len() < sa.sun_path.len(), "name fits");
+    for (d, &b) in sa.sun_path[1..].iter_mut().zip(name.as_bytes()) {
+        *d = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    let kind = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+    // SAFETY: a plain syscall; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, kind, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just made and is owned by nothing else.
+    let s = unsafe { UnixStream::from_raw_fd(fd) };
+    // SAFETY: `sa` is an initialised sockaddr_un, `len` bytes of it used,
+    // alive for the call.
+    let ret = unsafe {
+        libc::connect(fd, (&sa as *const libc::sockaddr_un).cast(), len as libc::socklen_t)
+    };
+    if ret != 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::EAGAIN) { Ok(None) } else { Err(e) };
+    }
+    Ok(Some(s))
+}
+
+/// Whether `s` has something to read (or its end) within `wait`; a signal
+/// ends the wait early.
+fn readable(s: &UnixStream, wait: Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = wait.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one pollfd, valid and alive for the call.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+    }
+    Ok(n > 0)
 }
 
 /// A request: kind, qpn, connid, key.
@@ -191,42 +248,149 @@ fn request(kind: u32, qpn: u16, connid: u32, key: u64) -> [u8; 20] {
     m
 }
 
-/// What a device at (`qpn`, `connid`) answered: a status, a number (the
-/// lane), the descriptor it handed over, and who it is.
+/// What a device at (`qpn`, `connid`) answered: a status, the descriptor
+/// it handed over, and who it is.
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub status: u32,
-    pub value: u32,
     pub fd: Option<OwnedFd>,
     pub peer: Cred,
 }
 
+/// Why an ask brought no answer.
+#[derive(Debug)]
+pub(crate) enum AskError {
+    /// The socket at the address is another user's (`uid`): refused before
+    /// a byte went to it.
+    Stranger { uid: u32 },
+    /// No socket there, a broken exchange, or no answer in time (what,
+    /// for a failed test to say).
+    Io(#[allow(dead_code)] io::Error),
+}
+
+impl From<io::Error> for AskError {
+    fn from(e: io::Error) -> AskError {
+        AskError::Io(e)
+    }
+}
+
+/// An ask under way: the request sent to a device of our user, the answer
+/// not yet read. Nothing in it waits but [`Asking::answer`], as long as
+/// told.
+#[derive(Debug)]
+pub(crate) struct Asking {
+    s: UnixStream,
+    peer: Cred,
+    /// Why the request did not go, if it did not: the answer may be there
+    /// all the same.
+    unsent: Option<io::Error>,
+}
+
+impl Asking {
+    /// Sends `req` to the device at (`qpn`, `connid`); `Ok(None)` when its
+    /// socket takes no connection now (ask again later). Unless `anyone`
+    /// may answer (tests that play a stranger), a socket of another user's
+    /// is refused before the request goes.
+    fn start(
+        qpn: u16,
+        connid: u32,
+        req: [u8; 20],
+        anyone: bool,
+    ) -> Result<Option<Asking>, AskError> {
+        let Some(s) = connect(qpn, connid)? else { return Ok(None) };
+        let peer = peer_cred(&s)?;
+        if peer.uid != my_uid() && !anyone {
+            return Err(AskError::Stranger { uid: peer.uid });
+        }
+        // Another user's request is refused unread and the socket closed, so
+        // the request may find it closed (EPIPE; no SIGPIPE in an embedding
+        // program): the refusal is there to read all the same.
+        let unsent = send_with_fd(&s, &req, None).err();
+        Ok(Some(Asking { s, peer, unsent }))
+    }
+
+    /// The answer, if it comes within `wait` (zero: if it is there now).
+    pub(crate) fn answer(&mut self, wait: Duration) -> Result<Option<Answer>, AskError> {
+        if !readable(&self.s, wait)? {
+            return Ok(None);
+        }
+        let mut reply = [0u8; 8];
+        let fd = recv_with_fd(&self.s, &mut reply).map_err(|e| self.unsent.take().unwrap_or(e))?;
+        let status = u32::from_le_bytes(reply[0..4].try_into().expect("4 bytes"));
+        // The second word is reserved.
+        Ok(Some(Answer { status, fd, peer: self.peer }))
+    }
+}
+
+/// Asks and waits up to [`ASK_TIMEOUT`] for the answer: set-up work.
+fn ask(qpn: u16, connid: u32, req: [u8; 20], anyone: bool) -> Result<Answer, AskError> {
+    let deadline = Instant::now() + ASK_TIMEOUT;
+    let mut asking = loop {
+        if let Some(asking) = Asking::start(qpn, connid, req, anyone)? {
+            break asking;
+        }
+        // Its backlog is full: the thread is behind.
+        if Instant::now() >= deadline {
+            return Err(io::Error::from(io::ErrorKind::TimedOut).into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Some(answer) = asking.answer(left)? {
+            return Ok(answer);
+        }
+        if left.is_zero() {
+            return Err(io::Error::from(io::ErrorKind::TimedOut).into());
+        }
+    }
+}
+
 /// Asks the device at (`qpn`, `connid`): a lane for us, who are at
 /// (`my_qpn`, `my_connid`).
-pub(crate) fn hello(qpn: u16, connid: u32, my_qpn: u16, my_connid: u32) -> io::Result<Answer> {
-    ask(qpn, connid, request(HELLO, my_qpn, my_connid, 0))
+pub(crate) fn hello(
+    qpn: u16,
+    connid: u32,
+    my_qpn: u16,
+    my_connid: u32,
+) -> Result<Answer, AskError> {
+    ask(qpn, connid, request(HELLO, my_qpn, my_connid, 0), false)
 }
 
-/// Asks the device at (`qpn`, `connid`) for its registration `key`.
-pub(crate) fn region(qpn: u16, connid: u32, key: u64) -> io::Result<Answer> {
-    ask(qpn, connid, request(REGION, 0, 0, key))
+/// Starts asking the device at (`qpn`, `connid`) for its registration
+/// `key`, as [`Asking::start`].
+pub(crate) fn start_region(qpn: u16, connid: u32, key: u64) -> Result<Option<Asking>, AskError> {
+    Asking::start(qpn, connid, request(REGION, 0, 0, key), false)
 }
 
-fn ask(qpn: u16, connid: u32, req: [u8; 20]) -> io::Result<Answer> {
-    let s = connect(qpn, connid)?;
-    let peer = peer_cred(&s)?;
-    (&s).write_all(&req)?;
-    let mut reply = [0u8; 8];
-    let fd = recv_with_fd(&s, &mut reply)?;
-    let status = u32::from_le_bytes(reply[0..4].try_into().expect("4 bytes"));
-    let value = u32::from_le_bytes(reply[4..8].try_into().expect("4 bytes"));
-    Ok(Answer { status, value, fd, peer })
+/// Asks the device at (`qpn`, `connid`) for its registration `key`, and
+/// waits for the answer.
+#[cfg(test)]
+pub(crate) fn region(qpn: u16, connid: u32, key: u64) -> Result<Answer, AskError> {
+    ask(qpn, connid, request(REGION, 0, 0, key), false)
 }
 
-/// A lane the thread granted: who holds it, as verified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// [`hello`] and [`region`] with no check of who answers, as a process of
+/// another user would ask: for tests of the answering side.
+#[cfg(test)]
+pub(crate) fn ask_as_stranger(
+    qpn: u16,
+    connid: u32,
+    hello_from: Option<(u16, u32)>,
+    key: u64,
+) -> Result<Answer, AskError> {
+    let req = match hello_from {
+        Some((my_qpn, my_connid)) => request(HELLO, my_qpn, my_connid, 0),
+        None => request(REGION, 0, 0, key),
+    };
+    ask(qpn, connid, req, true)
+}
+
+/// A lane the thread granted: the receiver's side of it, and who holds
+/// it, as verified.
+#[derive(Debug)]
 pub(crate) struct Claim {
-    pub lane: u32,
+    pub lane: Lane,
     pub qpn: u16,
     pub connid: u32,
     pub pid: u32,
@@ -239,16 +403,18 @@ pub(crate) struct Grants {
     pub claims: Mutex<Vec<Claim>>,
     /// Moves with every grant: the device looks at `claims` when it does.
     pub generation: AtomicU32,
+    /// Lanes granted and not yet freed (the device frees them).
+    pub held: AtomicU32,
     /// Requests refused (another user, a borrowed address, garbage).
     pub refused: AtomicU64,
 }
 
-/// What the thread needs to answer: it grants lanes by `claim` (which
-/// returns the lane, or `None` when every lane is taken) and finds a
-/// registration's segment by `region` (a descriptor to hand over).
+/// What the thread needs to answer: how many lanes it may grant at once,
+/// a new lane for a sender (`lane`: its descriptor is handed over) and a
+/// registration's segment by key (`region`: a descriptor to hand over).
 pub(crate) trait Serve: Send + 'static {
-    fn ring_fd(&self) -> RawFd;
-    fn claim(&self, pid: u32, qpn: u16, connid: u32) -> Option<u32>;
+    fn lanes(&self) -> u32;
+    fn lane(&self) -> io::Result<(Lane, OwnedFd)>;
     fn region(&self, key: u64) -> Option<OwnedFd>;
 }
 
@@ -278,16 +444,21 @@ impl Rendezvous {
             .spawn(move || answer_loop(&l, &g, &serve))?;
         Ok(Rendezvous { listener, thread: Some(thread), grants })
     }
-}
 
-impl Drop for Rendezvous {
-    fn drop(&mut self) {
+    /// Stops the thread: no grant after this.
+    pub(crate) fn stop(&mut self) {
         // Wakes the thread's accept with an error; it ends there.
         // SAFETY: a plain syscall on a descriptor the listener holds.
         unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -315,14 +486,13 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     let cred = peer_cred(s)?;
-    let reply = |status: u32, value: u32, fd: Option<RawFd>| {
+    let reply = |status: u32, fd: Option<RawFd>| {
         let mut m = [0u8; 8];
         m[0..4].copy_from_slice(&status.to_le_bytes());
-        m[4..8].copy_from_slice(&value.to_le_bytes());
         send_with_fd(s, &m, fd)
     };
     let refuse = || {
-        let _ = reply(REFUSED, 0, None);
+        let _ = reply(REFUSED, None);
         Err(io::Error::from(io::ErrorKind::PermissionDenied))
     };
     if cred.uid != uid {
@@ -338,7 +508,7 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
     let connid = u32::from_le_bytes(req[8..12].try_into().expect("4 bytes"));
     let key = u64::from_le_bytes(req[12..20].try_into().expect("8 bytes"));
     match kind {
-        PING => reply(OK, 0, None),
+        PING => reply(OK, None),
         HELLO => {
             let Ok(qpn) = u16::try_from(qpn) else { return refuse() };
             // Only the process the address names (and of our user: a
@@ -346,19 +516,28 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
             if !owns(cred.pid, qpn, connid) {
                 return refuse();
             }
-            match serve.claim(cred.pid, qpn, connid) {
-                Some(lane) => {
-                    let claim = Claim { lane, qpn, connid, pid: cred.pid };
-                    grants.claims.lock().unwrap_or_else(|e| e.into_inner()).push(claim);
-                    grants.generation.fetch_add(1, Ordering::Release);
-                    reply(OK, lane, Some(serve.ring_fd()))
-                }
-                None => reply(FULL, 0, None),
+            // Only this thread grants: the count cannot move up meanwhile.
+            if grants.held.load(Ordering::Acquire) >= serve.lanes() {
+                return reply(FULL, None);
             }
+            let (lane, fd) = match serve.lane() {
+                Ok(made) => made,
+                Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                    return reply(NO_MEMORY, None);
+                }
+                Err(e) => return Err(e),
+            };
+            // The device has the lane before its sender does, so that a
+            // packet sent right after the grant is seen at the next poll.
+            grants.held.fetch_add(1, Ordering::Relaxed);
+            let claim = Claim { lane, qpn, connid, pid: cred.pid };
+            grants.claims.lock().unwrap_or_else(|e| e.into_inner()).push(claim);
+            grants.generation.fetch_add(1, Ordering::Release);
+            reply(OK, Some(fd.as_raw_fd()))
         }
         REGION => match serve.region(key) {
-            Some(fd) => reply(OK, 0, Some(fd.as_raw_fd())),
-            None => reply(UNKNOWN, 0, None),
+            Some(fd) => reply(OK, Some(fd.as_raw_fd())),
+            None => reply(UNKNOWN, None),
         },
         _ => refuse(),
     }
@@ -367,9 +546,10 @@ fn answer(s: &UnixStream, grants: &Grants, serve: &impl Serve, uid: u32) -> io::
 /// Whether the socket of address (`qpn`, `connid`) belongs to process
 /// `pid`: the kernel's word, not the caller's.
 fn owns(pid: u32, qpn: u16, connid: u32) -> bool {
-    let Ok(s) = connect(qpn, connid) else { return false };
+    // A socket whose backlog is full does not hold the thread: refused.
+    let Ok(Some(s)) = connect(qpn, connid) else { return false };
     let owner = peer_cred(&s).is_ok_and(|c| c.pid == pid);
     // A polite end to the other side's read.
-    let _ = (&s).write_all(&request(PING, 0, 0, 0));
+    let _ = send_with_fd(&s, &request(PING, 0, 0, 0), None);
     owner
 }

@@ -39,15 +39,15 @@ fn poll_n(dev: &mut ShmDevice, n: usize) -> Vec<Cqe> {
     all
 }
 
-/// A lane of `to`'s segment granted to `from`'s address, as `to`'s
-/// rendezvous grants one, and the segment mapped: for tests that write
-/// slots by hand, as a hostile sender of our user could.
-fn hand_lane(to: &ShmDevice, from: &ShmDevice) -> (Ring, u32) {
+/// A lane of `to`'s granted to `from`'s address, as `to`'s rendezvous
+/// grants one, and mapped: for tests that write slots by hand, as a
+/// hostile sender of our user could.
+fn hand_lane(to: &ShmDevice, from: &ShmDevice) -> Lane {
     let (t, f) = (to.addr(), from.addr());
     let answer = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap();
     assert_eq!(answer.status, rendezvous::OK);
     let map = Mapping::from_fd(answer.fd.unwrap().as_fd(), 0, true).unwrap();
-    (Ring::attach_peer(map).unwrap(), answer.value)
+    Lane::attach_peer(map).unwrap()
 }
 
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
@@ -217,6 +217,17 @@ fn rdma(op: RdmaOp, ah: Ah, local: &Mr, remote: &Mr, len: u64, wr_id: u64) -> Rd
     }
 }
 
+/// Posts `wrs` until every one is taken (or a generous deadline passed):
+/// an operation on a region not mapped yet waits for its owner's answer.
+fn post_rdma_all(dev: &mut ShmDevice, wrs: &[RdmaWr]) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut taken = dev.post_rdma(wrs);
+    while taken < wrs.len() && Instant::now() < deadline {
+        taken += dev.post_rdma(&wrs[taken..]);
+    }
+    taken
+}
+
 #[test]
 fn rdma_read_write_and_write_with_immediate() {
     let (mut a, mut b) = pair(small());
@@ -231,7 +242,7 @@ fn rdma_read_write_and_write_with_immediate() {
         remote_addr: remote.addr_at(200),
         ..rdma(RdmaOp::Read, ah, &local, &remote, 1000, 1)
     };
-    assert_eq!(a.post_rdma(&[rd]), 1);
+    assert_eq!(post_rdma_all(&mut a, &[rd]), 1);
     assert_eq!(poll_all(&mut a), [Cqe { op: CqOp::Read, wr_id: 1, ..Cqe::default() }]);
     assert_eq!(a.region_vec(&local)[100..1100], pattern(1, 4096)[200..1200]);
 
@@ -267,7 +278,7 @@ fn rdma_read_write_and_write_with_immediate() {
     let own = a.register(64, Access::REMOTE_READ).unwrap();
     a.write_region(own.id, 0, &[7; 64]);
     let rd = RdmaWr { local_offset: 0, ..rdma(RdmaOp::Read, me, &local, &own, 64, 4) };
-    assert_eq!(a.post_rdma(&[rd]), 1);
+    assert_eq!(post_rdma_all(&mut a, &[rd]), 1);
     assert_eq!(poll_all(&mut a)[0].status, CqStatus::Ok);
     assert_eq!(a.region_vec(&local)[..64], [7; 64]);
 }
@@ -288,7 +299,7 @@ fn rdma_protection_violations_leave_the_target_untouched() {
     let w = |remote: &Mr, wr_id| rdma(RdmaOp::Write { imm: None }, ah, &local, remote, 16, wr_id);
     let r = |remote: &Mr, wr_id| rdma(RdmaOp::Read, ah, &local, remote, 16, wr_id);
     // Map `gone` while registered, so its cached mapping is what is refused.
-    assert_eq!(a.post_rdma(&[r(&gone, 0)]), 1);
+    assert_eq!(post_rdma_all(&mut a, &[r(&gone, 0)]), 1);
     b.deregister(gone.id).unwrap();
     a.write_region(local.id, 0, &[1; 64]);
     let bad = [
@@ -305,7 +316,7 @@ fn rdma_protection_violations_leave_the_target_untouched() {
         // Another peer's key is not this peer's.
         RdmaWr { remote_key: local.key, remote_addr: local.addr, ..r(&ro, 11) },
     ];
-    assert_eq!(a.post_rdma(&bad), bad.len());
+    assert_eq!(post_rdma_all(&mut a, &bad), bad.len());
     let done = poll_all(&mut a);
     assert_eq!(done[0], Cqe { op: CqOp::Read, wr_id: 0, ..Cqe::default() });
     for (c, wr) in done[1..].iter().zip(&bad) {
@@ -375,17 +386,17 @@ fn what_a_peer_consumed_before_closing_completes_as_delivered() {
 #[test]
 fn malformed_slots_are_dropped_and_counted() {
     let (a, mut b) = pair(small());
-    // A hostile peer of our user takes a lane of b's segment and writes
-    // slots by hand.
-    let (ring, lane) = hand_lane(&b, &a);
+    // A hostile peer of our user takes a lane of b's and writes slots by
+    // hand.
+    let lane = hand_lane(&b, &a);
     let bad = [
         Record { kind: Kind::Unknown(9), len: 0, imm: 0 },
         Record { kind: Kind::Packet, len: 1 << 20, imm: 0 },
     ];
     for (pos, rec) in bad.iter().enumerate() {
-        ring.publish(lane, pos as u32, rec, &[], None);
+        lane.publish(pos as u32, rec, &[], None);
     }
-    ring.publish(lane, 2, &Record { kind: Kind::Packet, len: 3, imm: 0 }, b"abc", None);
+    lane.publish(2, &Record { kind: Kind::Packet, len: 3, imm: 0 }, b"abc", None);
     b.post_recv(&[0]);
     let got = poll_all(&mut b);
     assert_eq!(got.len(), 1);
@@ -467,13 +478,14 @@ fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
     // was granted to is a dead one (a process of its own in the suites
     // across processes).
     let d = ShmDevice::new(cfg).unwrap();
-    let (ring, lane) = hand_lane(&b, &d);
-    ring.publish(lane, 0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, b"dead", None);
+    let lane = hand_lane(&b, &d);
+    lane.publish(0, &Record { kind: Kind::Packet, len: 4, imm: 0 }, b"dead", None);
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
     poll_all(&mut b);
-    let held = b.rx_lanes.iter_mut().find(|l| l.lane == lane).expect("granted lane taken up");
+    let d_qpn = d.addr().qpn;
+    let held = b.rx_lanes.iter_mut().find(|l| l.qpn == d_qpn).expect("granted lane taken up");
     held.pid = dead;
     let mut c = ShmDevice::new(cfg).unwrap();
     assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
@@ -522,34 +534,8 @@ fn a_closed_senders_lane_is_freed_for_the_next() {
 }
 
 #[test]
-fn a_sender_that_died_taking_a_lane_does_not_keep_it() {
-    let cfg = ShmConfig { lanes: 3, ..small() };
-    let (mut a, mut b) = pair(cfg);
-    let ah = a.insert_addr(&b.addr()).unwrap();
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let dead = child.id();
-    child.wait().unwrap();
-    // A sender of our user, granted a lane, that marks the last lane taken
-    // in the shared table (by hand) and dies: the table is not the grant.
-    let d = ShmDevice::new(cfg).unwrap();
-    let (ring, _) = hand_lane(&b, &d);
-    ring.take_lane_unopened(dead).unwrap();
-    let mut c = ShmDevice::new(cfg).unwrap();
-    assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
-    // b keeps polling (a holds a lane, so its liveness check runs).
-    send(&mut a, ah, 0, b"x", 1);
-    b.post_recv(&[0]);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while b.stats().lanes_reclaimed == 0 && Instant::now() < deadline {
-        poll_all(&mut b);
-    }
-    assert_eq!(b.stats().lanes_reclaimed, 1);
-    c.insert_addr(&b.addr()).expect("the half-taken lane is free again");
-}
-
-#[test]
 fn sixteen_senders_reach_one_receiver_by_default_and_the_next_is_told_again() {
-    // Default lanes; short rings keep the segments small.
+    // Default lanes; short rings keep the lanes small.
     let cfg =
         ShmConfig { bufs: 64, tx_depth: 8, rx_depth: 32, ring_slots: 2, ..Default::default() };
     assert_eq!(ShmConfig::default().lanes, 16);
@@ -590,11 +576,11 @@ fn no_one_can_resize_a_segment_and_an_unsealed_one_is_never_mapped() {
     use std::os::fd::FromRawFd;
     let (a, mut b) = pair(small());
     let mr = b.register(4096, Access::REMOTE_READ).unwrap();
-    // What peers are handed: b's ring segment and its region's.
+    // What peers are handed: a lane of b's and its region's segment.
     let (t, f) = (b.addr(), a.addr());
-    let ring = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap().fd.unwrap();
+    let lane = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap().fd.unwrap();
     let region = rendezvous::region(t.qpn, t.connid, mr.key).unwrap().fd.unwrap();
-    for fd in [&ring, &region] {
+    for fd in [&lane, &region] {
         // Truncating a segment under its mappings would be a SIGBUS in
         // every process that maps it: the kernel refuses, to anyone.
         let file = File::from(fd.try_clone().unwrap());
@@ -614,7 +600,9 @@ fn no_one_can_resize_a_segment_and_an_unsealed_one_is_never_mapped() {
     assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
 }
 
-/// The impostor's side of the next test: run as a process of its own.
+/// The impostor's side of the next test: run as a process of its own. It
+/// asks as a hostile process would, whoever answers; the last word says
+/// whether our own asks would talk to `b` at all.
 #[test]
 fn impostor() {
     let Ok(plan) = std::env::var("EFAPOLL_IMPOSTOR") else { return };
@@ -622,30 +610,136 @@ fn impostor() {
     let (b_qpn, b_connid, a_qpn, a_connid, key) =
         (n[0] as u16, n[1] as u32, n[2] as u16, n[3] as u32, n[4]);
     // Claims a lane as the peer `a`, whose address it learned.
-    let as_a = rendezvous::hello(b_qpn, b_connid, a_qpn, a_connid).unwrap();
+    let as_a = rendezvous::ask_as_stranger(b_qpn, b_connid, Some((a_qpn, a_connid)), 0).unwrap();
     // Claims one as itself, a device of its own, and asks for a region.
-    let me = ShmDevice::new(small()).unwrap();
-    let own = rendezvous::hello(b_qpn, b_connid, me.addr().qpn, me.addr().connid).unwrap();
-    let region = rendezvous::region(b_qpn, b_connid, key).unwrap();
-    println!("@@ {} {} {} {}", as_a.status, own.status, region.status, region.fd.is_some());
+    let dev = ShmDevice::new(small()).unwrap();
+    let me = dev.addr();
+    let own = rendezvous::ask_as_stranger(b_qpn, b_connid, Some((me.qpn, me.connid)), 0).unwrap();
+    let region = rendezvous::ask_as_stranger(b_qpn, b_connid, None, key).unwrap();
+    let ours = match rendezvous::hello(b_qpn, b_connid, me.qpn, me.connid) {
+        Err(rendezvous::AskError::Stranger { .. }) => "stranger",
+        _ => "ours",
+    };
+    let fd = region.fd.is_some();
+    println!("@@ {} {} {} {fd} {ours}", as_a.status, own.status, region.status);
 }
 
-/// Runs the impostor against `b` (as `a`'s address), as `uid` if given;
-/// returns its statuses: as `a`, as itself, for the region, and whether a
-/// descriptor came. `None` when the process could not run as `uid`.
-fn run_impostor(a: &ShmDevice, b: &ShmDevice, key: u64, uid: Option<u32>) -> Option<String> {
-    use std::os::unix::process::CommandExt;
+/// A user made for a test's other-user part with `useradd`
+/// (`efapoll-test-<pid>-<n>`), and removed
+/// when dropped, on failure too, with the copy of this test binary it
+/// runs (the target directory may be closed to it).
+struct OtherUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+    dir: std::path::PathBuf,
+}
+
+impl OtherUser {
+    /// `Err` says why this host cannot make one (not root, no `useradd`):
+    /// the reason to skip with. Any other failure panics.
+    fn new() -> Result<OtherUser, String> {
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::Command;
+        if rendezvous::my_uid() != 0 {
+            return Err("not root".into());
+        }
+        OtherUser::sweep();
+        // Tests in threads of one process each make their own.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, Relaxed);
+        let name = format!("efapoll-test-{}-{n}", std::process::id());
+        let args = ["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &name];
+        // Another test's useradd may hold the password files' lock.
+        for tries in 1.. {
+            let out = match Command::new("useradd").args(args).output() {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err("useradd is missing".into());
+                }
+                out => out.expect("useradd runs"),
+            };
+            if out.status.success() {
+                break;
+            }
+            let why = String::from_utf8_lossy(&out.stderr);
+            assert!(tries < 20, "useradd {name}: {}: {why}", out.status);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut user = OtherUser { name, uid: 0, gid: 0, dir: std::env::temp_dir() };
+        let id = |flag: &str| {
+            let out = Command::new("id").args([flag, &user.name]).output().expect("id runs");
+            String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().expect("a number")
+        };
+        (user.uid, user.gid) = (id("-u"), id("-g"));
+        user.dir = std::env::temp_dir().join(&user.name);
+        std::fs::create_dir(&user.dir).unwrap();
+        let exe = user.dir.join("efapoll-tests");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        for path in [&user.dir, &exe] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        Ok(user)
+    }
+
+    /// Removes the users of runs that were killed before they could.
+    fn sweep() {
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        for name in passwd.lines().filter_map(|l| l.split(':').next()) {
+            let pid = name.strip_prefix("efapoll-test-").and_then(|p| p.split('-').next());
+            let pid = pid.and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|pid| !pid_alive(pid)) {
+                let _ = std::process::Command::new("userdel").arg(name).status();
+                let _ = std::fs::remove_dir_all(std::env::temp_dir().join(name));
+            }
+        }
+    }
+
+    /// This test binary, to run as the user.
+    fn command(&self) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(self.dir.join("efapoll-tests"));
+        cmd.uid(self.uid).gid(self.gid).current_dir(&self.dir);
+        cmd
+    }
+}
+
+impl Drop for OtherUser {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for _ in 0..20 {
+            let status = std::process::Command::new("userdel").arg(&self.name).status();
+            if status.is_ok_and(|s| s.success()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove user {}", self.name);
+    }
+}
+
+/// Runs the impostor against `b` (as `a`'s address), as `user` if given;
+/// returns its statuses: as `a`, as itself, for the region, whether a
+/// descriptor came and whether `b` is one of its own user's (`ours`) or a
+/// `stranger`; or what it printed, if it printed no statuses.
+fn run_impostor(
+    a: &ShmDevice,
+    b: &ShmDevice,
+    key: u64,
+    user: Option<&OtherUser>,
+) -> Result<String, String> {
     let (t, f) = (b.addr(), a.addr());
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    let mut cmd = match user {
+        Some(user) => user.command(),
+        None => std::process::Command::new(std::env::current_exe().unwrap()),
+    };
     cmd.args(["device::shm::tests::impostor", "--exact", "--nocapture", "--test-threads=1"])
         .env("EFAPOLL_IMPOSTOR", format!("{},{},{},{},{key}", t.qpn, t.connid, f.qpn, f.connid));
-    if let Some(uid) = uid {
-        cmd.uid(uid).gid(uid);
-    }
-    let out = cmd.output().ok()?;
+    let out = cmd.output().map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let at = text.find("@@ ")?;
-    Some(text[at + 3..].lines().next().unwrap_or("").trim().to_owned())
+    let Some(at) = text.find("@@ ") else {
+        return Err(format!("{}: {text}{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    };
+    Ok(text[at + 3..].lines().next().unwrap_or("").trim().to_owned())
 }
 
 #[test]
@@ -658,7 +752,7 @@ fn a_process_cannot_take_a_lane_as_another_and_another_user_gets_nothing() {
     // region (a same-user process can map what it asks for: see the
     // module's threat model).
     let got = run_impostor(&a, &b, mr.key, None).expect("the impostor ran");
-    assert_eq!(got, format!("{refused} {ok} {ok} true"));
+    assert_eq!(got, format!("{refused} {ok} {ok} true ours"));
     assert!(b.stats().refused >= 1, "{:?}", b.stats());
     // Nothing it did speaks for `a`: b's lanes from a's address are a's.
     send(&mut a, ah, 0, b"mine", 1);
@@ -668,16 +762,211 @@ fn a_process_cannot_take_a_lane_as_another_and_another_user_gets_nothing() {
     let from_a: Vec<_> = b.rx_lanes.iter().filter(|l| l.qpn == a.addr().qpn).collect();
     assert!(from_a.len() == 1 && from_a[0].pid == me, "{from_a:?}");
 
-    // Of another user: refused whatever it asks.
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped the other user's part: not root");
+    // Of another user: refused whatever it asks, and told so (its request
+    // is refused unread: the answer must reach it all the same); and our
+    // own asks, made there, would not talk to `b` (root's) either.
+    let user = match OtherUser::new() {
+        Ok(user) => user,
+        Err(why) => {
+            eprintln!("skipped the other user's part: {why}");
+            return;
+        }
+    };
+    let before = b.stats().refused;
+    let got = run_impostor(&a, &b, mr.key, Some(&user)).expect("the impostor ran as another user");
+    assert_eq!(got, format!("{refused} {refused} {refused} false stranger"));
+    // Counted once the answering thread is done with the last: the three
+    // requests and the connection our own ask opened and left unasked.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.stats().refused < before + 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(b.stats().refused, before + 4);
+    eprintln!("other user {} (uid {}) refused, and refusing: {got}", user.name, user.uid);
+}
+
+/// A process of another user playing a peer, for the next test: it listens
+/// at two addresses of its own and hands whoever asks a segment that would
+/// pass for a lane (with the address in it) or a region, its size
+/// sealed at the first address and not at the second. It prints the two
+/// addresses and its segments' inodes, serves until its stdin closes, then
+/// prints how many requests reached it.
+#[test]
+fn stranger() {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
+    use std::os::unix::fs::MetadataExt;
+    if std::env::var("EFAPOLL_STRANGER").is_err() {
         return;
     }
-    match run_impostor(&a, &b, mr.key, Some(65534)) {
-        Some(got) => assert_eq!(got, format!("{refused} {refused} {refused} false")),
-        None => eprintln!("skipped the other user's part: uid 65534 cannot run the test binary"),
+    let addrs: Vec<(u16, u32)> = (0..2)
+        .map(|_| {
+            let r = random_u64();
+            (r as u16, (r >> 32) as u32)
+        })
+        .collect();
+    let listeners: Vec<_> = addrs.iter().map(|&(q, c)| Rendezvous::bind(q, c).unwrap()).collect();
+    let (lane, lane_fd) = Lane::create(2, small().mtu).unwrap();
+    lane.map().u32_at(hdr::QPN).store(addrs[0].0 as u32, Relaxed);
+    lane.map().u32_at(hdr::CONNID).store(addrs[0].1, Relaxed);
+    lane.open_for_business();
+    let (region, region_fd) = Mapping::create(REGION_DATA + 4096).unwrap();
+    region.u64_at(hdr::LEN).store(4096, Relaxed);
+    region.u64_at(hdr::BASE).store(region.addr_at(REGION_DATA), Relaxed);
+    region.u32_at(hdr::ACCESS).store(Access::all().bits(), Relaxed);
+    region.u32_at(hdr::VERSION).store(hdr::VERSION_VALUE, Relaxed);
+    region.u32_at(hdr::KIND).store(hdr::KIND_REGION, Relaxed);
+    region.u32_at(hdr::STATE).store(hdr::STATE_READY, Relaxed);
+    region.u64_at(hdr::MAGIC).store(hdr::MAGIC_VALUE, Release);
+    // SAFETY: the name is a NUL-terminated literal.
+    let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(raw >= 0);
+    // SAFETY: just made, owned by nothing else.
+    let unsealed = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    unsealed.set_len(lane.map().len() as u64).unwrap();
+    let ino = |fd: BorrowedFd<'_>| {
+        std::fs::File::from(fd.try_clone_to_owned().unwrap()).metadata().unwrap().ino()
+    };
+    let (q0, c0, q1, c1) = (addrs[0].0, addrs[0].1, addrs[1].0, addrs[1].1);
+    let inodes = [ino(lane_fd.as_fd()), ino(region_fd.as_fd()), ino(unsealed.as_fd())];
+    println!("@@ {q0} {c0} {q1} {c1} {} {} {}", inodes[0], inodes[1], inodes[2]);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        stop.store(true, Release);
+    });
+    for l in &listeners {
+        l.set_nonblocking(true).unwrap();
     }
+    let mut requests = 0;
+    while !done.load(Acquire) {
+        for (i, l) in listeners.iter().enumerate() {
+            let Ok((s, _)) = l.accept() else { continue };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            let mut req = [0u8; 20];
+            if (&s).read_exact(&mut req).is_err() {
+                // It asked nothing: nothing to hand.
+                continue;
+            }
+            requests += 1;
+            let kind = u32::from_le_bytes(req[0..4].try_into().unwrap());
+            let key = u64::from_le_bytes(req[12..20].try_into().unwrap());
+            region.u64_at(hdr::KEY).store(key, Relaxed);
+            let fd = match (i, kind) {
+                (1, _) => unsealed.as_raw_fd(),
+                (_, rendezvous::REGION) => region_fd.as_raw_fd(),
+                _ => lane_fd.as_raw_fd(),
+            };
+            let _ = rendezvous::send_with_fd(&s, &[0; 8], Some(fd));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!("@@ requests {requests}");
+}
+
+#[test]
+fn a_strangers_segments_are_refused_unasked_and_never_mapped() {
+    use std::io::{BufRead, Write};
+    let user = match OtherUser::new() {
+        Ok(user) => user,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let mut cmd = user.command();
+    cmd.args(["device::shm::tests::stranger", "--exact", "--nocapture", "--test-threads=1"])
+        .env("EFAPOLL_STRANGER", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    // Its lines after "@@ " (the harness may start the line).
+    let mut said = |what: &str| {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the stranger ended before {what}");
+            if let Some(at) = line.find("@@ ") {
+                return line[at + 3..].split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+            }
+        }
+    };
+    let n: Vec<u64> = said("its addresses").iter().map(|x| x.parse().unwrap()).collect();
+    let (mut a, b) = pair(small());
+    let at = |qpn: u64, connid: u64| RawAddr { qpn: qpn as u16, connid: connid as u32, ..a.addr() };
+    let (sealed, unsealed) = (at(n[0], n[1]), at(n[2], n[3]));
+    let stranger = DeviceError::OtherUser { uid: user.uid };
+    assert_eq!(a.insert_addr(&sealed), Err(stranger), "a lane that would pass, sealed");
+    assert_eq!(a.insert_addr(&unsealed), Err(stranger));
+    // On the data path: a peer whose address a stranger holds now (the
+    // peer's process went, and the stranger bound its name).
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    a.peers[ah.0 as usize].addr = sealed;
+    let local = a.register(64, Access::LOCAL).unwrap();
+    let remote = Mr { id: MrId(0), key: 42, addr: 0x1000, len: 4096, access: Access::all() };
+    assert_eq!(a.post_rdma(&[rdma(RdmaOp::Read, ah, &local, &remote, 8, 1)]), 1);
+    assert_eq!(poll_all(&mut a)[0].status, CqStatus::RemoteAccess);
+    assert_eq!(a.stats().strangers, 3);
+    assert!(a.counters().contains(&("strangers", 3)));
+
+    drop(child.stdin.take());
+    let requests = said("its count");
+    assert_eq!(requests, ["requests", "0"], "nothing was asked of it");
+    child.wait().unwrap();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let inodes: Vec<&str> = maps.lines().filter_map(|l| l.split_whitespace().nth(4)).collect();
+    for ino in &n[4..] {
+        assert!(!inodes.contains(&ino.to_string().as_str()), "segment {ino} mapped");
+    }
+    let _ = std::io::stderr().flush();
+    eprintln!(
+        "stranger {} (uid {}): 2 addresses and a region refused unasked, {} requests reached it",
+        user.name, user.uid, requests[1]
+    );
+}
+
+#[test]
+fn an_rdma_to_a_peer_that_does_not_answer_waits_without_holding_the_caller() {
+    let (mut a, mut b) = pair(small());
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let local = a.register(64, Access::LOCAL).unwrap();
+    let remote = b.register(64, Access::REMOTE_READ).unwrap();
+    // The peer stopped (SIGSTOP, a debugger): its socket takes connections
+    // and nothing answers them.
+    let r = random_u64();
+    let (qpn, connid) = (r as u16, (r >> 32) as u32);
+    let stopped = Rendezvous::bind(qpn, connid).unwrap();
+    a.peers[ah.0 as usize].addr = RawAddr { qpn, connid, ..b.addr() };
+    let rd = |key, wr_id| RdmaWr {
+        remote_key: key,
+        ..rdma(RdmaOp::Read, ah, &local, &remote, 8, wr_id)
+    };
+    let started = Instant::now();
+    assert_eq!(a.post_rdma(&[rd(remote.key, 1)]), 0, "waits, as back-pressure");
+    assert_eq!(a.post_rdma(&[rd(remote.key, 1)]), 0);
+    let held = started.elapsed();
+    assert!(held < Duration::from_secs(1), "held the caller {held:?}");
+    assert!(poll_all(&mut a).is_empty());
+    // It answers late: the operation goes on from there.
+    let (s, _) = stopped.accept().unwrap();
+    rendezvous::send_with_fd(&s, &rendezvous::UNKNOWN.to_le_bytes().repeat(2), None).unwrap();
+    assert_eq!(post_rdma_all(&mut a, &[rd(remote.key, 1)]), 1);
+    assert_eq!(poll_all(&mut a)[0].status, CqStatus::RemoteAccess, "no such region");
+    // It never answers: the operation fails once the ask times out.
+    assert_eq!(a.post_rdma(&[rd(remote.key ^ 1, 2)]), 0);
+    a.peers[ah.0 as usize].asks[0].deadline = Instant::now();
+    assert_eq!(a.post_rdma(&[rd(remote.key ^ 1, 2)]), 1);
+    assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
+    assert_eq!(a.stats().ask_timeouts, 1);
+    // Nothing else waited on it.
+    b.post_recv(&[0]);
+    let ah_a = b.insert_addr(&a.addr()).unwrap();
+    send(&mut b, ah_a, 1, b"alive", 1);
+    a.post_recv(&[9]);
+    assert_eq!(poll_n(&mut a, 1)[0].len, 5);
 }
 
 #[test]
@@ -685,4 +974,44 @@ fn update_region_fetches_combines_and_writes_back() {
     crate::device::checks::update_region_fetches_combines_and_writes_back(
         &mut ShmDevice::new(small()).unwrap(),
     );
+}
+
+#[test]
+fn a_sender_cannot_write_in_another_senders_lane() {
+    let cfg = ShmConfig { lanes: 3, ..small() };
+    let (mut a, mut b) = pair(cfg);
+    let ah = a.insert_addr(&b.addr()).unwrap();
+    let ah_a = b.insert_addr(&a.addr()).unwrap();
+    send(&mut a, ah, 0, b"genuine", 1);
+    // A sender of our user granted a lane of b's writes, wherever a slot
+    // may start in all it was handed and nothing is published, the packet
+    // that would come after a's: were a's lane in it, b would take the
+    // forgery as a's.
+    let h = ShmDevice::new(cfg).unwrap();
+    let (t, f) = (b.addr(), h.addr());
+    let fd = rendezvous::hello(t.qpn, t.connid, f.qpn, f.connid).unwrap().fd.unwrap();
+    let handed = Mapping::from_fd(fd.as_fd(), 0, true).unwrap();
+    for at in (128..handed.len() - 128).step_by(128) {
+        if handed.u32_at(at).load(Acquire) != 0 {
+            continue;
+        }
+        for (i, word) in [2u32, 1, 6, 0].into_iter().enumerate() {
+            handed.u32_at(at + 4 * i).store(word, Release);
+        }
+        handed.write_bytes(at + 16, b"forged");
+    }
+    b.post_recv(&(0..8).collect::<Vec<_>>());
+    let got = poll_all(&mut b);
+    let from_a: Vec<&[u8]> = got
+        .iter()
+        .filter(|c| c.src == Source::Known(ah_a))
+        .map(|c| &b.held(c.wr_id as BufId)[..c.len as usize])
+        .collect();
+    assert_eq!(from_a, [&b"genuine"[..]], "only a's own packet is taken as a's");
+    for c in got.iter().filter(|c| c.src != Source::Known(ah_a)) {
+        // What it forged in its own lane is its own packet.
+        assert_eq!(c.src, Source::Unknown { qpn: h.addr().qpn });
+        assert_eq!(&b.held(c.wr_id as BufId)[..c.len as usize], b"forged");
+    }
+    assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
 }
