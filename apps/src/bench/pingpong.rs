@@ -25,7 +25,7 @@ use efapoll::device::{Device, Mr};
 use efapoll::endpoint::{Completion, Op, Span};
 use hdrhistogram::Histogram;
 
-use super::op::{self, CTL_LEN, Io, check_cq_data, check_len, check_status};
+use super::op::{self, CTL_LEN, Io, check_cq_data, check_len, check_passive_status, check_status};
 use super::report::{HIST_MAX_NS, PingpongSample, new_histogram};
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
 
@@ -239,10 +239,11 @@ impl<D: Device> ActiveSide for Initiator<D> {
     #[inline]
     fn step(&mut self) -> Result<Phase, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_cq()? {
+        while let Some(c) = self.io.poll_cq() {
             worked = true;
             self.complete(&c)?;
         }
+        self.io.failure()?;
         if self.fencing {
             if self.recv_done && self.send_done {
                 return Ok(Phase::Done);
@@ -344,8 +345,9 @@ impl<D: Device> PassiveSide for Responder<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
+        while let Some(c) = self.io.poll_cq() {
             worked = true;
+            check_passive_status(&c, self.k == self.params.sizes.len())?;
             match c.op {
                 // A message, or a write's notice.
                 Op::Recv | Op::RemoteWrite => {
@@ -371,6 +373,7 @@ impl<D: Device> PassiveSide for Responder<D> {
                 _ => {}
             }
         }
+        self.io.failure()?;
         // The echo leaves first, then the receive for the next message is
         // posted while the echo travels (as the initiator does; a write
         // needs none: its CQ data tells of it). The echo goes from the

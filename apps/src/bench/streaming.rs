@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use efapoll::device::{Device, Mr};
 use efapoll::endpoint::{Completion, Op, Span};
 
-use super::op::{self, CTL_LEN, Io, OpKind, check_len, check_status};
+use super::op::{self, CTL_LEN, Io, OpKind, check_len, check_passive_status, check_status};
 use super::report::StreamingSample;
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
 
@@ -168,7 +168,7 @@ impl<D: Device> ActiveSide for Sender<D> {
     fn step(&mut self) -> Result<Phase, RunError> {
         let mut worked = self.io.progress();
         let before = self.done;
-        while let Some(c) = self.io.poll_cq()? {
+        while let Some(c) = self.io.poll_cq() {
             worked = true;
             check_status(&c)?;
             match c.op {
@@ -181,6 +181,7 @@ impl<D: Device> ActiveSide for Sender<D> {
                 _ => {}
             }
         }
+        self.io.failure()?;
         if !self.ack_posted {
             self.ack_posted = self.io.recv_ctl()?;
             worked |= self.ack_posted;
@@ -329,8 +330,9 @@ impl<D: Device> PassiveSide for Receiver<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
+        while let Some(c) = self.io.poll_cq() {
             worked = true;
+            check_passive_status(&c, self.k == self.params.sizes.len())?;
             match c.op {
                 Op::Recv => {
                     check_len(&c, self.size)?;
@@ -347,6 +349,7 @@ impl<D: Device> PassiveSide for Receiver<D> {
                 _ => {}
             }
         }
+        self.io.failure()?;
         if self.k == self.params.sizes.len() {
             return Ok(worked);
         }
