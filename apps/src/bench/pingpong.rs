@@ -239,9 +239,12 @@ impl<D: Device> ActiveSide for Initiator<D> {
     #[inline]
     fn step(&mut self) -> Result<Phase, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_cq() {
+        // By reference (here, in the responder and in streaming): moving
+        // the completion out of the poll's result copies it on the stack
+        // again.
+        while let Some(ref c) = self.io.poll_cq() {
             worked = true;
-            self.complete(&c)?;
+            self.complete(c)?;
         }
         self.io.failure()?;
         if self.fencing {
@@ -345,17 +348,17 @@ impl<D: Device> PassiveSide for Responder<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_cq() {
+        while let Some(ref c) = self.io.poll_cq() {
             worked = true;
-            check_passive_status(&c, self.k == self.params.sizes.len())?;
+            check_passive_status(c, self.k == self.params.sizes.len())?;
             match c.op {
                 // A message, or a write's notice.
                 Op::Recv | Op::RemoteWrite => {
                     let size = self.params.sizes[self.k];
                     if c.op == Op::Recv {
-                        check_len(&c, size)?;
+                        check_len(c, size)?;
                     } else {
-                        check_cq_data(&c, self.i)?;
+                        check_cq_data(c, self.i)?;
                     }
                     if self.params.verify {
                         let got = self.io.copy_out(self.rx.id, 0, size);

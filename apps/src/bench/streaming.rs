@@ -168,13 +168,13 @@ impl<D: Device> ActiveSide for Sender<D> {
     fn step(&mut self) -> Result<Phase, RunError> {
         let mut worked = self.io.progress();
         let before = self.done;
-        while let Some(c) = self.io.poll_cq() {
+        while let Some(ref c) = self.io.poll_cq() {
             worked = true;
-            check_status(&c)?;
+            check_status(c)?;
             match c.op {
-                op if op == self.io.op.local_op() => self.complete_op(&c)?,
+                op if op == self.io.op.local_op() => self.complete_op(c)?,
                 Op::Recv => {
-                    check_len(&c, CTL_LEN)?;
+                    check_len(c, CTL_LEN)?;
                     self.ack_received = true;
                 }
                 // The fence's.
@@ -330,12 +330,12 @@ impl<D: Device> PassiveSide for Receiver<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_cq() {
+        while let Some(ref c) = self.io.poll_cq() {
             worked = true;
-            check_passive_status(&c, self.k == self.params.sizes.len())?;
+            check_passive_status(c, self.k == self.params.sizes.len())?;
             match c.op {
                 Op::Recv => {
-                    check_len(&c, self.size)?;
+                    check_len(c, self.size)?;
                     if self.params.verify {
                         let slot = self.slot(c.ctx);
                         let at = (slot * self.size) as usize;
