@@ -105,7 +105,8 @@ pub fn drive_active<A: ActiveSide, P: PassiveSide>(
     Ok(())
 }
 
-#[inline]
+// Always inlined: the poll loop's step, a call less per step.
+#[inline(always)]
 fn both<A: ActiveSide, P: PassiveSide>(
     active: &mut A,
     passive: &mut P,
@@ -160,20 +161,27 @@ impl LiveLine {
         self.start = Instant::now();
     }
 
-    #[inline]
+    /// Counts a step; every [`STEPS_PER_TICK`] steps, shows the line if
+    /// due. Inlined, what shows it not: this runs every step.
+    #[inline(always)]
     fn tick(&mut self, progress: impl FnOnce() -> (u64, u64)) {
         if !self.enabled {
             return;
         }
         self.steps = self.steps.wrapping_add(1);
-        if !self.steps.is_multiple_of(STEPS_PER_TICK) {
-            return;
+        if self.steps.is_multiple_of(STEPS_PER_TICK) {
+            self.show(progress());
         }
+    }
+
+    /// Shows `(done, total)` if the size has run for over a second and
+    /// the line was not just drawn.
+    #[inline(never)]
+    fn show(&mut self, (done, total): (u64, u64)) {
         let now = Instant::now();
         let due = now - self.start > Duration::from_secs(1)
             && self.last.is_none_or(|t| now - t > Duration::from_millis(250));
         if due {
-            let (done, total) = progress();
             let secs = (now - self.start).as_secs();
             eprint!("\r\x1b[K  {} B: {done}/{total} ({secs} s)", self.size);
             let _ = std::io::stderr().flush();

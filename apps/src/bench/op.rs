@@ -123,6 +123,7 @@ impl OpKind {
         Config { handshake_on_insert: self.is_one_sided(), ..base }
     }
 
+    #[inline(always)]
     fn post_send<D: Device>(
         self,
         ep: &mut Endpoint<D>,
@@ -137,6 +138,7 @@ impl OpKind {
         }
     }
 
+    #[inline(always)]
     fn post_recv<D: Device>(self, ep: &mut Endpoint<D>, dst: Span, ctx: u64) -> Result<(), Error> {
         match self {
             OpKind::Tagged => ep.trecv(dst, TagMatch { tag: TAG, ignore: 0 }, None, ctx),
@@ -185,6 +187,8 @@ pub struct Io<D: Device> {
     /// `-o smbd`: what the sides negotiate, and the connection once the
     /// peer is known.
     smbd: Option<(smbd::Params, Option<Connection>)>,
+    /// Why the SMB Direct connection failed, once `poll_cq` met it.
+    failure: Option<RunError>,
 }
 
 impl<D: Device> Io<D> {
@@ -195,7 +199,8 @@ impl<D: Device> Io<D> {
             .map_err(|e| RunError::Setup(format!("cannot write the atomic operand: {e}")))?;
         let remote = MemDesc { addr: 0, key: 0, len: 0 };
         let smbd = (op == OpKind::Smbd).then(|| (smbd_params(params), None));
-        Ok(Io { ep, peer: PeerId(u32::MAX), op, remote, ctl, staged: Vec::new(), smbd })
+        let peer = PeerId(u32::MAX);
+        Ok(Io { ep, peer, op, remote, ctl, staged: Vec::new(), smbd, failure: None })
     }
 
     /// Progresses the endpoint, and the SMB Direct connection over it.
@@ -216,23 +221,53 @@ impl<D: Device> Io<D> {
 
     /// The next completion: the endpoint's, or with `-o smbd` the
     /// connection's events as the completions a send would have made.
-    #[inline]
-    pub fn poll_cq(&mut self) -> Result<Option<Completion>, RunError> {
+    /// None also once the connection has failed: a step's poll loop is
+    /// followed by [`Io::failure`], which says why.
+    // Always inlined, as are `post` and `recv`, and no `Result`: a call,
+    // or a `Result` around the completion, moves it through the stack
+    // more than once. smbd's path goes out of line.
+    #[inline(always)]
+    pub fn poll_cq(&mut self) -> Option<Completion> {
+        if self.smbd.is_none() {
+            return self.ep.poll_cq();
+        }
+        self.poll_smbd()
+    }
+
+    #[inline(never)]
+    fn poll_smbd(&mut self) -> Option<Completion> {
         let Some((_, Some(conn))) = &mut self.smbd else {
-            return Ok(self.ep.poll_cq());
+            return self.ep.poll_cq();
         };
+        if self.failure.is_some() {
+            return None;
+        }
         loop {
             if let Some(e) = conn.poll_event() {
-                if let Some(c) = smbd_completion(e, conn.error(), self.peer)? {
-                    return Ok(Some(c));
+                match smbd_completion(e, conn.error(), self.peer) {
+                    Ok(Some(c)) => return Some(c),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        self.failure = Some(e);
+                        return None;
+                    }
                 }
-                continue;
             }
             match self.ep.poll_cq() {
-                None => return Ok(None),
-                Some(c) if !conn.handle_completion(&mut self.ep, &c) => return Ok(Some(c)),
+                None => return None,
+                Some(c) if !conn.handle_completion(&mut self.ep, &c) => return Some(c),
                 Some(_) => {}
             }
+        }
+    }
+
+    /// Fails the step if `poll_cq` stopped at the SMB Direct connection's
+    /// failure.
+    #[inline(always)]
+    pub fn failure(&mut self) -> Result<(), RunError> {
+        match self.failure.take() {
+            None => Ok(()),
+            Some(e) => Err(e),
         }
     }
 
@@ -277,8 +312,25 @@ impl<D: Device> Io<D> {
     /// value lands in it. `notify`: a write carries `seq` as CQ data, so
     /// the peer hears of it. False when the endpoint pushed back (retry
     /// after progress).
-    #[inline]
+    #[inline(always)]
     pub fn post(
+        &mut self,
+        local: Span,
+        remote_at: u64,
+        seq: u64,
+        notify: bool,
+    ) -> Result<bool, RunError> {
+        if matches!(self.op, OpKind::Send | OpKind::Tagged) {
+            let result = self.op.post_send(&mut self.ep, self.peer, local, seq);
+            return posted(result, self.op.name());
+        }
+        self.post_any(local, remote_at, seq, notify)
+    }
+
+    /// [`Io::post`] out of line, for any operation (only sends are worth
+    /// inlining).
+    #[inline(never)]
+    fn post_any(
         &mut self,
         local: Span,
         remote_at: u64,
@@ -308,16 +360,24 @@ impl<D: Device> Io<D> {
 
     /// Posts a receive for a message of the transfer; false when the
     /// endpoint pushed back.
-    #[inline]
+    #[inline(always)]
     pub fn recv(&mut self, dst: Span, ctx: u64) -> Result<bool, RunError> {
-        if let Some((_, Some(conn))) = &mut self.smbd {
-            return match conn.recv(&mut self.ep, dst, ctx) {
-                Ok(()) => Ok(true),
-                Err(smbd::RecvError::Again) => Ok(false),
-                Err(e) => Err(RunError::Engine(format!("posting an SMB Direct receive: {e}"))),
-            };
+        if self.smbd.is_some() {
+            return self.recv_smbd(dst, ctx);
         }
         posted(self.op.post_recv(&mut self.ep, dst, ctx), "receive")
+    }
+
+    #[inline(never)]
+    fn recv_smbd(&mut self, dst: Span, ctx: u64) -> Result<bool, RunError> {
+        let Some((_, Some(conn))) = &mut self.smbd else {
+            return posted(self.op.post_recv(&mut self.ep, dst, ctx), "receive");
+        };
+        match conn.recv(&mut self.ep, dst, ctx) {
+            Ok(()) => Ok(true),
+            Err(smbd::RecvError::Again) => Ok(false),
+            Err(e) => Err(RunError::Engine(format!("posting an SMB Direct receive: {e}"))),
+        }
     }
 
     /// Sends a control message (fence, ack); false when the endpoint
@@ -347,16 +407,6 @@ impl<D: Device> Io<D> {
     /// Posts a receive for a control message.
     pub fn recv_ctl(&mut self) -> Result<bool, RunError> {
         self.recv(Span::new(&self.ctl, CTL_RX_AT, CTL_LEN), 0)
-    }
-
-    /// A passive side's next completion, checked: see
-    /// [`check_passive_status`].
-    #[inline]
-    pub fn poll_passive(&mut self, all_received: bool) -> Result<Option<Completion>, RunError> {
-        match self.poll_cq()? {
-            Some(c) => check_passive_status(&c, all_received).map(|()| Some(c)),
-            None => Ok(None),
-        }
     }
 
     /// Counters worth reporting: the endpoint's, and its device's (named
@@ -636,7 +686,47 @@ pub fn verify_fetched(
 
 #[cfg(test)]
 mod tests {
+    use efapoll::device::sim::{SimConfig, SimFabric};
+
     use super::*;
+
+    #[test]
+    fn a_failed_smbd_connection_ends_the_poll_and_says_why() {
+        let params = Params {
+            app: "streaming".into(),
+            device: "sim".into(),
+            op: "smbd".into(),
+            sizes: vec![64],
+            iterations: vec![10],
+            warmup: 0,
+            window: 4,
+            verify: false,
+            flows: 1,
+        };
+        let fabric = SimFabric::new(SimConfig::default());
+        let ep = Endpoint::new(fabric.device(), Config::default()).unwrap();
+        let mut io = Io::new(ep, OpKind::Smbd, &params).unwrap();
+        // A plain endpoint as the peer, which sends what is no SMB Direct
+        // segment.
+        let mut raw = Endpoint::new(fabric.device(), Config::default()).unwrap();
+        io.connect(&raw.addr(), MemDesc { addr: 0, key: 0, len: 0 }).unwrap();
+        let to_io = raw.insert_peer(&io.ep.addr()).unwrap();
+        let junk = register(&mut raw, 8).unwrap();
+        raw.send(to_io, Span::new(&junk, 0, 8), 0).unwrap();
+        let mut polls = 0;
+        let err = loop {
+            raw.progress();
+            io.progress();
+            while io.poll_cq().is_some() {}
+            if let Err(e) = io.failure() {
+                break e;
+            }
+            polls += 1;
+            assert!(polls < 1000, "the connection never failed");
+        };
+        assert!(err.to_string().contains("the SMB Direct connection ended"), "{err}");
+        assert!(io.poll_cq().is_none(), "nothing after the failure");
+    }
 
     #[test]
     fn pattern_round_trips_and_pinpoints_a_bad_byte() {

@@ -26,7 +26,7 @@ use efapoll::endpoint::{Completion, Op, Span};
 use hdrhistogram::Histogram;
 
 use super::counts::{Counts, UNKNOWN};
-use super::op::{self, CTL_LEN, Io, check_cq_data, check_len, check_status};
+use super::op::{self, CTL_LEN, Io, check_cq_data, check_len, check_passive_status, check_status};
 use super::report::{HIST_MAX_NS, PingpongSample, new_histogram};
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
 
@@ -281,10 +281,14 @@ impl<D: Device> ActiveSide for Initiator<D> {
     #[inline]
     fn step(&mut self) -> Result<Phase, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_cq()? {
+        // By reference (here, in the responder and in streaming): moving
+        // the completion out of the poll's result copies it on the stack
+        // again.
+        while let Some(ref c) = self.io.poll_cq() {
             worked = true;
-            self.complete(&c)?;
+            self.complete(c)?;
         }
+        self.io.failure()?;
         if self.fencing {
             if self.recv_done && self.send_done {
                 return Ok(Phase::Done);
@@ -399,16 +403,17 @@ impl<D: Device> PassiveSide for Responder<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
+        while let Some(ref c) = self.io.poll_cq() {
             worked = true;
+            check_passive_status(c, self.k == self.params.sizes.len())?;
             match c.op {
                 // A message, or a write's notice.
                 Op::Recv | Op::RemoteWrite => {
                     let size = self.params.sizes[self.k];
                     if c.op == Op::Recv {
-                        check_len(&c, size)?;
+                        check_len(c, size)?;
                     } else {
-                        check_cq_data(&c, self.i)?;
+                        check_cq_data(c, self.i)?;
                     }
                     if self.params.verify {
                         let got = self.io.copy_out(self.rx.id, 0, size);
@@ -433,6 +438,7 @@ impl<D: Device> PassiveSide for Responder<D> {
                 _ => {}
             }
         }
+        self.io.failure()?;
         // The echo leaves first, then the receive for the next message is
         // posted while the echo travels (as the initiator does; a write
         // needs none: its CQ data tells of it). The echo goes from the

@@ -23,7 +23,7 @@ use efapoll::device::{Device, Mr};
 use efapoll::endpoint::{Completion, Op, Span};
 
 use super::counts::{Counts, UNKNOWN};
-use super::op::{self, CTL_LEN, Io, OpKind, check_len, check_status};
+use super::op::{self, CTL_LEN, Io, OpKind, check_len, check_passive_status, check_status};
 use super::report::StreamingSample;
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
 
@@ -218,19 +218,20 @@ impl<D: Device> ActiveSide for Sender<D> {
     fn step(&mut self) -> Result<Phase, RunError> {
         let mut worked = self.io.progress();
         let before = self.done;
-        while let Some(c) = self.io.poll_cq()? {
+        while let Some(ref c) = self.io.poll_cq() {
             worked = true;
-            check_status(&c)?;
+            check_status(c)?;
             match c.op {
-                op if op == self.io.op.local_op() => self.complete_op(&c)?,
+                op if op == self.io.op.local_op() => self.complete_op(c)?,
                 Op::Recv => {
-                    check_len(&c, CTL_LEN)?;
+                    check_len(c, CTL_LEN)?;
                     self.ack_received = true;
                 }
                 // The fence's.
                 _ => {}
             }
         }
+        self.io.failure()?;
         if !self.ack_posted {
             self.ack_posted = self.io.recv_ctl()?;
             worked |= self.ack_posted;
@@ -394,11 +395,12 @@ impl<D: Device> PassiveSide for Receiver<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
+        while let Some(ref c) = self.io.poll_cq() {
             worked = true;
+            check_passive_status(c, self.k == self.params.sizes.len())?;
             match c.op {
                 Op::Recv => {
-                    check_len(&c, self.size)?;
+                    check_len(c, self.size)?;
                     if self.params.verify {
                         let slot = self.slot(c.ctx);
                         let at = (slot * self.size) as usize;
@@ -412,6 +414,7 @@ impl<D: Device> PassiveSide for Receiver<D> {
                 _ => {}
             }
         }
+        self.io.failure()?;
         if self.k == self.params.sizes.len() {
             return Ok(worked);
         }

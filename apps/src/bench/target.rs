@@ -18,7 +18,7 @@ use efapoll::device::{Device, Mr};
 use efapoll::endpoint::Op;
 
 use super::counts::Counts;
-use super::op::{self, ATOMIC_ADD, CTL_LEN, Io, OpKind, check_len};
+use super::op::{self, ATOMIC_ADD, CTL_LEN, Io, OpKind, check_len, check_passive_status};
 use super::{Params, PassiveSide, RunError};
 
 #[derive(Debug)]
@@ -114,8 +114,9 @@ impl<D: Device> PassiveSide for Target<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.progress();
-        while let Some(c) = self.io.poll_passive(self.k == self.params.sizes.len())? {
+        while let Some(c) = self.io.poll_cq() {
             worked = true;
+            check_passive_status(&c, self.k == self.params.sizes.len())?;
             match c.op {
                 Op::Recv => {
                     check_len(&c, CTL_LEN)?;
@@ -131,6 +132,7 @@ impl<D: Device> PassiveSide for Target<D> {
                 _ => {}
             }
         }
+        self.io.failure()?;
         // The next fence's receive before the ack, so it never arrives
         // unexpected.
         if !self.fence_posted && self.k < self.params.sizes.len() {

@@ -67,8 +67,9 @@ impl<T> Slab<T> {
     /// Takes a free entry and lets `init` set its value in place (the
     /// entry holds a stale value: `init` must set every field it cares
     /// about, typically by assigning a whole new value first); `None` when
-    /// full.
-    #[inline]
+    /// full. Always inlined, as is `insert`: a call would move the value
+    /// through the stack.
+    #[inline(always)]
     pub(crate) fn insert_with(&mut self, init: impl FnOnce(&mut T)) -> Option<u32> {
         let index = self.free.pop()?;
         let e = &mut self.entries[index as usize];
@@ -79,7 +80,7 @@ impl<T> Slab<T> {
     }
 
     /// Stores `value`; `None` when full.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, value: T) -> Option<u32> {
         self.insert_with(|v| *v = value)
     }

@@ -91,8 +91,9 @@ macro_rules! packet_types {
             /// Every packet type the provider sends, in id order.
             pub const ALL: &'static [PacketType] = &[$(PacketType::$variant,)*];
 
-            /// The raw id.
-            #[inline]
+            /// The raw id. Always inlined: a REQ's emit dispatches on it,
+            /// and folds to its type's stores only where it sees the id.
+            #[inline(always)]
             pub const fn id(self) -> u8 {
                 match self {
                     $(PacketType::$variant => $id,)*
