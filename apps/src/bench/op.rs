@@ -702,6 +702,8 @@ mod tests {
             window: 4,
             verify: false,
             flows: 1,
+            duration_ms: None,
+            prime: true,
         };
         let fabric = SimFabric::new(SimConfig::default());
         let ep = Endpoint::new(fabric.device(), Config::default()).unwrap();
