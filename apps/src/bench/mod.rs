@@ -24,8 +24,9 @@ macro_rules! impl_side {
                 &mut self,
                 peer: &efapoll::wire::RawAddr,
                 mem: $crate::bench::oob::MemDesc,
+                keep_waiting: &mut dyn FnMut() -> Result<(), RunError>,
             ) -> Result<(), RunError> {
-                self.io.connect(peer, mem)
+                self.io.connect(peer, mem, keep_waiting)
             }
             fn counters(&self) -> Vec<(String, u64)> {
                 self.io.counters()
@@ -301,8 +302,14 @@ pub trait Side {
     fn addr(&self) -> efapoll::wire::RawAddr;
     /// The buffer the peer may reach.
     fn data_mem(&self) -> oob::MemDesc;
-    /// Inserts the peer's address and notes its buffer.
-    fn connect(&mut self, peer: &efapoll::wire::RawAddr, mem: oob::MemDesc)
-    -> Result<(), RunError>;
+    /// Inserts the peer's address and notes its buffer. While the device
+    /// says "not yet" (a shm peer that has not granted our lane), asks
+    /// `keep_waiting` whether to try again.
+    fn connect(
+        &mut self,
+        peer: &efapoll::wire::RawAddr,
+        mem: oob::MemDesc,
+        keep_waiting: &mut dyn FnMut() -> Result<(), RunError>,
+    ) -> Result<(), RunError>;
     fn counters(&self) -> Vec<(String, u64)>;
 }

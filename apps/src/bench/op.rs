@@ -12,7 +12,7 @@
 //! which checks and readies its buffer, and the target's 8-byte ack.
 
 use clap::ValueEnum;
-use efapoll::device::{Access, Device, Mr, MrId};
+use efapoll::device::{Access, Device, DeviceError, Mr, MrId};
 use efapoll::endpoint::{
     AtomicOp, Completion, Config, Datatype, Endpoint, Error, Op, PeerId, Span, Status, TagMatch,
 };
@@ -292,11 +292,24 @@ impl<D: Device> Io<D> {
         register(&mut self.ep, len)
     }
 
-    /// Inserts the peer's address and notes its data buffer.
-    pub fn connect(&mut self, addr: &efapoll::wire::RawAddr, mem: MemDesc) -> Result<(), RunError> {
-        self.peer = self.ep.insert_peer(addr).map_err(|e| {
-            RunError::Setup(format!("cannot insert the peer's address {addr}: {e}"))
-        })?;
+    /// Inserts the peer's address and notes its data buffer; while the
+    /// device answers `Again`, tries again as long as `keep_waiting` says.
+    pub fn connect(
+        &mut self,
+        addr: &efapoll::wire::RawAddr,
+        mem: MemDesc,
+        keep_waiting: &mut dyn FnMut() -> Result<(), RunError>,
+    ) -> Result<(), RunError> {
+        self.peer = loop {
+            match self.ep.insert_peer(addr) {
+                Ok(peer) => break peer,
+                Err(Error::Device(DeviceError::Again)) => keep_waiting()?,
+                Err(e) => {
+                    let e = format!("cannot insert the peer's address {addr}: {e}");
+                    return Err(RunError::Setup(e));
+                }
+            }
+        };
         self.remote = mem;
         if let Some((params, conn)) = &mut self.smbd {
             let c = Connection::new(&mut self.ep, self.peer, *params, smbd::Config::default())
@@ -690,12 +703,11 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_failed_smbd_connection_ends_the_poll_and_says_why() {
-        let params = Params {
+    fn params(device: &str, op: &str) -> Params {
+        Params {
             app: "streaming".into(),
-            device: "sim".into(),
-            op: "smbd".into(),
+            device: device.into(),
+            op: op.into(),
             sizes: vec![64],
             iterations: vec![10],
             warmup: 0,
@@ -704,14 +716,20 @@ mod tests {
             flows: 1,
             duration_ms: None,
             prime: true,
-        };
+        }
+    }
+
+    #[test]
+    fn a_failed_smbd_connection_ends_the_poll_and_says_why() {
+        let params = params("sim", "smbd");
         let fabric = SimFabric::new(SimConfig::default());
         let ep = Endpoint::new(fabric.device(), Config::default()).unwrap();
         let mut io = Io::new(ep, OpKind::Smbd, &params).unwrap();
         // A plain endpoint as the peer, which sends what is no SMB Direct
         // segment.
         let mut raw = Endpoint::new(fabric.device(), Config::default()).unwrap();
-        io.connect(&raw.addr(), MemDesc { addr: 0, key: 0, len: 0 }).unwrap();
+        let mem = MemDesc { addr: 0, key: 0, len: 0 };
+        io.connect(&raw.addr(), mem, &mut || Ok(())).unwrap();
         let to_io = raw.insert_peer(&io.ep.addr()).unwrap();
         let junk = register(&mut raw, 8).unwrap();
         raw.send(to_io, Span::new(&junk, 0, 8), 0).unwrap();
@@ -728,6 +746,38 @@ mod tests {
         };
         assert!(err.to_string().contains("the SMB Direct connection ended"), "{err}");
         assert!(io.poll_cq().is_none(), "nothing after the failure");
+    }
+
+    /// A shm peer that takes the connection and never answers (a stopped
+    /// process) holds `connect` no longer than `keep_waiting` allows: the
+    /// device says "not yet" every `hello_wait`, and a signal or the
+    /// run's timeout ends the wait there.
+    #[test]
+    fn connecting_to_a_peer_that_never_answers_asks_whether_to_go_on() {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixListener};
+        use std::time::{Duration, Instant};
+
+        use efapoll::device::shm::{ShmConfig, ShmDevice};
+
+        let hello_wait = Duration::from_millis(20);
+        let dev = ShmDevice::new(ShmConfig { hello_wait, ..ShmConfig::default() }).unwrap();
+        let ep = Endpoint::new(dev, Config::on_host()).unwrap();
+        let mut io = Io::new(ep, OpKind::Send, &params("shm", "send")).unwrap();
+        // The shm device's rendezvous socket of a peer that is stopped.
+        let peer = efapoll::wire::RawAddr { qpn: 0xfffe, connid: 0x1234_5678, ..io.ep.addr() };
+        let name = format!("efapoll-shm/{:04x}-{:08x}", peer.qpn, peer.connid);
+        let _stopped = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name).unwrap());
+        let mem = MemDesc { addr: 0, key: 0, len: 0 };
+        let (started, mut asked) = (Instant::now(), 0);
+        let err = io.connect(&peer, mem, &mut || {
+            asked += 1;
+            if asked < 5 { Ok(()) } else { Err(RunError::Interrupted) }
+        });
+        let took = started.elapsed();
+        assert_eq!(err, Err(RunError::Interrupted));
+        assert_eq!(asked, 5);
+        assert!(took >= 5 * hello_wait && took < Duration::from_secs(2), "{took:?}");
     }
 
     #[test]

@@ -316,6 +316,20 @@ fn still_running(ctx: &LcoreCtx) -> Result<(), RunError> {
     if ctx.should_stop() || interrupted() { Err(RunError::Stopped) } else { Ok(()) }
 }
 
+/// What `Side::connect` asks while the peer has not let us in (a stopped
+/// shm peer): go on until the run ends or `timeout` passes.
+fn keep_waiting(ctx: &LcoreCtx, timeout: Duration) -> impl FnMut() -> Result<(), RunError> + '_ {
+    let deadline = Instant::now() + timeout;
+    move || {
+        still_running(ctx)?;
+        if Instant::now() < deadline {
+            return Ok(());
+        }
+        let secs = timeout.as_secs_f64();
+        Err(RunError::PeerGone(format!("the peer did not let us in within --timeout {secs} s")))
+    }
+}
+
 fn ctrlc(stop: &StopFlag) {
     if let Err(e) = install_ctrlc_handler(stop) {
         eprintln!("efapoll: {e}; Ctrl-C will not stop the run cleanly");
@@ -406,8 +420,8 @@ fn sim_pair<A: ActiveSide + Side, P: PassiveSide + Side>(
     sink: Sink<'_>,
     live: bool,
 ) -> FlowResult {
-    active.connect(&passive.addr(), passive.data_mem())?;
-    passive.connect(&active.addr(), active.data_mem())?;
+    active.connect(&passive.addr(), passive.data_mem(), &mut keep_waiting(ctx, a.timeout))?;
+    passive.connect(&active.addr(), active.data_mem(), &mut keep_waiting(ctx, a.timeout))?;
     a.gate.pass(a.timeout, ctx.stop_flag())?;
     drive_active(ctx, &a.params, a.timeout, &mut active, &mut passive, live, sink)?;
     Ok(vec![(Role::Active, active.counters()), (Role::Passive, passive.counters())])
@@ -442,7 +456,10 @@ fn device_side(
     // One peer sends to each device: two lanes (one spare for a peer that
     // restarts) instead of the default sixteen: 2 MiB of rings a device
     // at most, 1 MiB a sender (a lane is made when granted).
-    let dev = ShmDevice::new(ShmConfig { lanes: 2, ..ShmConfig::default() })
+    // A peer that does not answer holds set-up no longer than a signal
+    // may wait (`keep_waiting` decides whether to ask again).
+    let hello_wait = Duration::from_millis(50);
+    let dev = ShmDevice::new(ShmConfig { lanes: 2, hello_wait, ..ShmConfig::default() })
         .map_err(|e| RunError::Setup(format!("shm device: {e}")))?;
     still_running(ctx)?;
     // Large messages by one copy out of the peer's mapping: shm's read.
@@ -499,7 +516,7 @@ fn active_side<A: ActiveSide + Side>(
     live: bool,
 ) -> FlowResult {
     let peer = exchange(card_of(&side, &a.params))?;
-    side.connect(&peer.addr, peer.mem)?;
+    side.connect(&peer.addr, peer.mem, &mut keep_waiting(ctx, a.timeout))?;
     a.gate.pass(a.timeout, ctx.stop_flag())?;
     drive_active(ctx, &a.params, a.timeout, &mut side, &mut Nobody, live, sink)?;
     Ok(vec![(Role::Active, side.counters())])
@@ -512,7 +529,7 @@ fn passive_side<P: PassiveSide + Side>(
     exchange: impl FnOnce(Card) -> Result<Card, RunError>,
 ) -> FlowResult {
     let peer = exchange(card_of(&side, &a.params))?;
-    side.connect(&peer.addr, peer.mem)?;
+    side.connect(&peer.addr, peer.mem, &mut keep_waiting(ctx, a.timeout))?;
     a.gate.pass(a.timeout, ctx.stop_flag())?;
     drive_passive(ctx, a.timeout, &mut side)?;
     Ok(vec![(Role::Passive, side.counters())])

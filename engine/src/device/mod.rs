@@ -297,6 +297,9 @@ pub enum DeviceError {
     /// shm refuses every other user, root included.
     #[error("the process at that address is another user's (uid {uid}): refused")]
     OtherUser { uid: u32 },
+    /// The peer did not answer in time: its process is stopped, or stuck.
+    #[error("the peer did not answer (its process is stopped or stuck)")]
+    NoAnswer,
     /// The region is still used by work posted to the device.
     #[error("region in use by posted work")]
     Busy,

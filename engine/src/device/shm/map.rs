@@ -26,8 +26,9 @@ pub(crate) mod hdr {
     pub const VERSION: usize = 8;
     /// [`STATE_READY`], [`STATE_CLOSED`]; 0 while being created.
     pub const STATE: usize = 12;
-    /// The owner's pid, written first, so the sweep can tell a dead
-    /// creator's leftovers from a live creator's half-made segment.
+    /// The owner's pid: what a process that maps the segment (a debugger,
+    /// a test) can tell its maker by. No one trusts it: the kernel says
+    /// who granted a lane (`SO_PEERCRED`).
     pub const PID: usize = 16;
     /// [`KIND_LANE`] or [`KIND_REGION`].
     pub const KIND: usize = 20;

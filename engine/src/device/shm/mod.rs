@@ -51,7 +51,9 @@
 //!   owner's answer at most 20 ms in the call, then as
 //!   back-pressure (`post_rdma` takes fewer) until the answer comes or 30
 //!   s pass (`PeerUnreachable`, counted: `ask_timeouts`). Only set-up
-//!   waits in a call: `insert_addr`, up to 30 s for a stopped peer.
+//!   waits in a call: `insert_addr`, for a stopped peer up to
+//!   `ShmConfig::hello_wait` (then `Again`: call again) and in all 30 s
+//!   (`NoAnswer`).
 //!
 //! A process of the same user cannot write or map another sender's lane
 //! (its descriptor went to that sender alone, and lanes have no name), nor
@@ -114,7 +116,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use map::{Mapping, hdr, pid_alive};
-use rendezvous::{Rendezvous, Serve};
+use rendezvous::{Rendezvous, Serve, Waited};
 use ring::{Kind, Lane, LaneState, Record};
 
 use super::{
@@ -145,6 +147,14 @@ pub struct ShmConfig {
     pub ring_slots: u32,
     /// Largest RDMA operation.
     pub max_rdma_size: u64,
+    /// How long one `insert_addr` call waits for the peer to grant our
+    /// lane. A peer that has not answered then (stopped, or its answering
+    /// thread starved of a CPU) makes the call answer `Again`, and the
+    /// next call for that address waits on the same ask; 30 s after it
+    /// was made, `NoAnswer`. The default waits the 30 s in one call; a
+    /// program that must stay responsive (to a signal, to its other work)
+    /// waits less and calls again.
+    pub hello_wait: Duration,
 }
 
 impl Default for ShmConfig {
@@ -160,6 +170,7 @@ impl Default for ShmConfig {
             lanes: 16,
             ring_slots: 128,
             max_rdma_size: 1 << 30,
+            hello_wait: rendezvous::ASK_TIMEOUT,
         }
     }
 }
@@ -191,8 +202,8 @@ pub struct ShmStats {
     /// Peers refused at our end: the socket at their address is another
     /// user's (we never asked it for a segment, let alone mapped one).
     pub strangers: u64,
-    /// Regions asked for that no answer came for in time (a stopped
-    /// peer): their operations failed.
+    /// Lanes and regions asked for that no answer came for in time (a
+    /// stopped peer): the `insert_addr` or the operations failed.
     pub ask_timeouts: u64,
 }
 
@@ -230,7 +241,7 @@ const NO_PEER: u32 = u32::MAX;
 /// How long an RDMA operation waits, the first time, for the answer to
 /// its ask for the target's region (a few scheduler ticks of a busy
 /// peer's thread); then it waits as back-pressure, not in a call.
-const REGION_ASK_WAIT: Duration = Duration::from_millis(20);
+const ASK_WAIT: Duration = Duration::from_millis(20);
 
 /// Most lanes a device may grant at once.
 const MAX_LANES: u32 = 4096;
@@ -288,10 +299,7 @@ struct Peer {
 #[derive(Debug)]
 struct RegionAsk {
     key: u64,
-    /// `None` while the peer's socket takes no connection (a full backlog).
-    asking: Option<rendezvous::Asking>,
-    /// When the operations that wait for it fail.
-    deadline: Instant,
+    ask: rendezvous::Pending,
 }
 
 /// Why an RDMA operation cannot use a peer's region (yet).
@@ -310,45 +318,31 @@ impl Peer {
 }
 
 /// The answer to our ask for region `key` of the peer at `addr`, among
-/// `asks` under way to it: started if none is (waiting up to
-/// [`REGION_ASK_WAIT`] then), else looked at without waiting.
+/// `asks` under way to it: started if none is (waiting up to [`ASK_WAIT`]
+/// then), else looked at without waiting.
 fn region_answer(
     asks: &mut Vec<RegionAsk>,
     addr: RawAddr,
     key: u64,
     stats: &mut ShmStats,
 ) -> Result<rendezvous::Answer, NoRegion> {
-    let now = Instant::now();
     let (i, wait) = match asks.iter().position(|a| a.key == key) {
         Some(i) => (i, Duration::ZERO),
         None => {
             // Asks that no operation came back for end here.
-            asks.retain(|a| now < a.deadline);
-            let deadline = now + rendezvous::ASK_TIMEOUT;
-            asks.push(RegionAsk { key, asking: None, deadline });
-            (asks.len() - 1, REGION_ASK_WAIT)
+            asks.retain(|a| !a.ask.expired());
+            let ask = rendezvous::Pending::region(addr.qpn, addr.connid, key);
+            asks.push(RegionAsk { key, ask });
+            (asks.len() - 1, ASK_WAIT)
         }
     };
-    let ask = &mut asks[i];
-    let answer = match &mut ask.asking {
-        Some(asking) => asking.answer(wait),
-        None => match rendezvous::start_region(addr.qpn, addr.connid, key) {
-            Ok(Some(mut asking)) => {
-                let answer = asking.answer(wait);
-                ask.asking = Some(asking);
-                answer
-            }
-            Ok(None) => Ok(None),
-            Err(e) => Err(e),
-        },
-    };
-    let failed = match answer {
-        Ok(None) if now < ask.deadline => return Err(NoRegion::Waiting),
-        Ok(Some(answer)) => {
+    let failed = match asks[i].ask.wait(wait) {
+        Ok(Waited::NotYet) => return Err(NoRegion::Waiting),
+        Ok(Waited::Answer(answer)) => {
             asks.swap_remove(i);
             return Ok(answer);
         }
-        Ok(None) => {
+        Ok(Waited::TimedOut) => {
             stats.ask_timeouts += 1;
             CqStatus::PeerUnreachable
         }
@@ -592,6 +586,8 @@ pub struct ShmDevice {
     tx_used: usize,
     /// By `Ah`.
     peers: Vec<Peer>,
+    /// Lanes asked for at `insert_addr` and not granted yet.
+    hellos: Vec<(RawAddr, rendezvous::Pending)>,
     /// By QPN: the peer inserted last with that QPN.
     by_qpn: Box<[u32]>,
     /// Peers with pending operations or suspected of death.
@@ -656,6 +652,7 @@ impl ShmDevice {
             cq: VecDeque::with_capacity(cfg.tx_depth),
             tx_used: 0,
             peers: Vec::new(),
+            hellos: Vec::new(),
             by_qpn: vec![NO_PEER; 1 << 16].into_boxed_slice(),
             active: Vec::new(),
             regions: Vec::new(),
@@ -959,8 +956,37 @@ impl ShmDevice {
         (n, rnr)
     }
 
+    /// The answer to our ask for a lane at `addr`: the ask under way, or
+    /// a new one, waited for up to `hello_wait`.
+    fn hello(&mut self, addr: &RawAddr) -> Result<rendezvous::Answer, DeviceError> {
+        let i = match self.hellos.iter().position(|(a, _)| a == addr) {
+            Some(i) => i,
+            None => {
+                let me = self.addr;
+                let ask = rendezvous::Pending::hello(addr.qpn, addr.connid, me.qpn, me.connid);
+                self.hellos.push((*addr, ask));
+                self.hellos.len() - 1
+            }
+        };
+        let result = match self.hellos[i].1.wait(self.cfg.hello_wait) {
+            Ok(Waited::NotYet) => return Err(DeviceError::Again),
+            Ok(Waited::Answer(answer)) => Ok(answer),
+            Ok(Waited::TimedOut) => {
+                self.stats.ask_timeouts += 1;
+                Err(DeviceError::NoAnswer)
+            }
+            Err(rendezvous::AskError::Stranger { uid }) => {
+                self.stats.strangers += 1;
+                Err(DeviceError::OtherUser { uid })
+            }
+            Err(rendezvous::AskError::Io(_)) => Err(DeviceError::BadAddress),
+        };
+        self.hellos.swap_remove(i);
+        result
+    }
+
     /// The peer's region `key`, mapped on first use. Asking for it never
-    /// holds the caller longer than [`REGION_ASK_WAIT`] (a stopped or busy
+    /// holds the caller longer than [`ASK_WAIT`] (a stopped or busy
     /// peer): while no answer has come, the operation waits, and the ask
     /// is looked at again, without waiting, each time it is posted again,
     /// until [`rendezvous::ASK_TIMEOUT`] fails it.
@@ -1047,16 +1073,7 @@ impl Device for ShmDevice {
             None => {
                 // The receiver grants a lane, a segment of its own that
                 // comes with the grant; the kernel says which process it is.
-                let hello =
-                    rendezvous::hello(addr.qpn, addr.connid, self.addr.qpn, self.addr.connid);
-                let answer = match hello {
-                    Ok(answer) => answer,
-                    Err(rendezvous::AskError::Stranger { uid }) => {
-                        self.stats.strangers += 1;
-                        return Err(DeviceError::OtherUser { uid });
-                    }
-                    Err(rendezvous::AskError::Io(_)) => return Err(DeviceError::BadAddress),
-                };
+                let answer = self.hello(addr)?;
                 match answer.status {
                     rendezvous::OK => {}
                     // Every lane taken: the receiver has as many senders as

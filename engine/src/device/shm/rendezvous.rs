@@ -322,32 +322,99 @@ impl Asking {
     }
 }
 
-/// Asks and waits up to [`ASK_TIMEOUT`] for the answer: set-up work.
-fn ask(qpn: u16, connid: u32, req: [u8; 20], anyone: bool) -> Result<Answer, AskError> {
-    let deadline = Instant::now() + ASK_TIMEOUT;
-    let mut asking = loop {
-        if let Some(asking) = Asking::start(qpn, connid, req, anyone)? {
-            break asking;
+/// An ask made and not yet answered: connected again while the answering
+/// socket's backlog is full, waited for as long as each call says, so
+/// that the caller may do other work or give up in between; it times out
+/// [`ASK_TIMEOUT`] after it was made.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    qpn: u16,
+    connid: u32,
+    req: [u8; 20],
+    anyone: bool,
+    /// `None` while the peer's socket takes no connection.
+    asking: Option<Asking>,
+    deadline: Instant,
+}
+
+/// What waiting for a [`Pending`] ask brought.
+#[derive(Debug)]
+pub(crate) enum Waited {
+    Answer(Answer),
+    /// No answer yet: wait again later.
+    NotYet,
+    /// No answer within [`ASK_TIMEOUT`]: a stopped or stuck peer.
+    TimedOut,
+}
+
+impl Pending {
+    fn new(qpn: u16, connid: u32, req: [u8; 20], anyone: bool) -> Pending {
+        let deadline = Instant::now() + ASK_TIMEOUT;
+        Pending { qpn, connid, req, anyone, asking: None, deadline }
+    }
+
+    /// Asks the device at (`qpn`, `connid`) for a lane for the device at
+    /// (`my_qpn`, `my_connid`).
+    pub(crate) fn hello(qpn: u16, connid: u32, my_qpn: u16, my_connid: u32) -> Pending {
+        Pending::new(qpn, connid, request(HELLO, my_qpn, my_connid, 0), false)
+    }
+
+    /// Asks the device at (`qpn`, `connid`) for its registration `key`.
+    pub(crate) fn region(qpn: u16, connid: u32, key: u64) -> Pending {
+        Pending::new(qpn, connid, request(REGION, 0, 0, key), false)
+    }
+
+    /// Past its deadline.
+    pub(crate) fn expired(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    /// Makes it time out at its next wait.
+    #[cfg(test)]
+    pub(crate) fn expire(&mut self) {
+        self.deadline = Instant::now();
+    }
+
+    /// Waits up to `wait` (zero: looks) for the answer.
+    pub(crate) fn wait(&mut self, wait: Duration) -> Result<Waited, AskError> {
+        let until = (Instant::now() + wait).min(self.deadline);
+        loop {
+            let asking = match &mut self.asking {
+                Some(asking) => asking,
+                None => match Asking::start(self.qpn, self.connid, self.req, self.anyone)? {
+                    Some(asking) => self.asking.insert(asking),
+                    // Its backlog is full: the thread is behind.
+                    None if Instant::now() < until => {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                    None => break,
+                },
+            };
+            let left = until.saturating_duration_since(Instant::now());
+            if let Some(answer) = asking.answer(left)? {
+                return Ok(Waited::Answer(answer));
+            }
+            if Instant::now() >= until {
+                break;
+            }
         }
-        // Its backlog is full: the thread is behind.
-        if Instant::now() >= deadline {
-            return Err(io::Error::from(io::ErrorKind::TimedOut).into());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if let Some(answer) = asking.answer(left)? {
-            return Ok(answer);
-        }
-        if left.is_zero() {
-            return Err(io::Error::from(io::ErrorKind::TimedOut).into());
-        }
+        Ok(if Instant::now() >= self.deadline { Waited::TimedOut } else { Waited::NotYet })
     }
 }
 
-/// Asks the device at (`qpn`, `connid`): a lane for us, who are at
-/// (`my_qpn`, `my_connid`).
+/// Asks and waits up to [`ASK_TIMEOUT`] for the answer: set-up work.
+#[cfg(test)]
+fn ask(qpn: u16, connid: u32, req: [u8; 20], anyone: bool) -> Result<Answer, AskError> {
+    match Pending::new(qpn, connid, req, anyone).wait(ASK_TIMEOUT)? {
+        Waited::Answer(answer) => Ok(answer),
+        Waited::NotYet | Waited::TimedOut => Err(io::Error::from(io::ErrorKind::TimedOut).into()),
+    }
+}
+
+/// Asks the device at (`qpn`, `connid`) for a lane, and waits for the
+/// answer.
+#[cfg(test)]
 pub(crate) fn hello(
     qpn: u16,
     connid: u32,
@@ -355,12 +422,6 @@ pub(crate) fn hello(
     my_connid: u32,
 ) -> Result<Answer, AskError> {
     ask(qpn, connid, request(HELLO, my_qpn, my_connid, 0), false)
-}
-
-/// Starts asking the device at (`qpn`, `connid`) for its registration
-/// `key`, as [`Asking::start`].
-pub(crate) fn start_region(qpn: u16, connid: u32, key: u64) -> Result<Option<Asking>, AskError> {
-    Asking::start(qpn, connid, request(REGION, 0, 0, key), false)
 }
 
 /// Asks the device at (`qpn`, `connid`) for its registration `key`, and

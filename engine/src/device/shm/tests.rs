@@ -957,7 +957,7 @@ fn an_rdma_to_a_peer_that_does_not_answer_waits_without_holding_the_caller() {
     assert_eq!(poll_all(&mut a)[0].status, CqStatus::RemoteAccess, "no such region");
     // It never answers: the operation fails once the ask times out.
     assert_eq!(a.post_rdma(&[rd(remote.key ^ 1, 2)]), 0);
-    a.peers[ah.0 as usize].asks[0].deadline = Instant::now();
+    a.peers[ah.0 as usize].asks[0].ask.expire();
     assert_eq!(a.post_rdma(&[rd(remote.key ^ 1, 2)]), 1);
     assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
     assert_eq!(a.stats().ask_timeouts, 1);
@@ -967,6 +967,43 @@ fn an_rdma_to_a_peer_that_does_not_answer_waits_without_holding_the_caller() {
     send(&mut b, ah_a, 1, b"alive", 1);
     a.post_recv(&[9]);
     assert_eq!(poll_n(&mut a, 1)[0].len, 5);
+}
+
+#[test]
+fn inserting_a_peer_that_does_not_answer_holds_the_caller_no_longer_than_told() {
+    let hello_wait = Duration::from_millis(30);
+    let mut a = ShmDevice::new(ShmConfig { hello_wait, ..small() }).unwrap();
+    // A stopped peer: its socket takes connections, nothing answers them.
+    let me = a.addr();
+    let stopped = |r: u64| {
+        let (qpn, connid) = (r as u16, (r >> 32) as u32);
+        let addr = RawAddr { qpn, connid, ..me };
+        (Rendezvous::bind(qpn, connid).unwrap(), addr)
+    };
+    let (late, late_addr) = stopped(random_u64());
+    for _ in 0..3 {
+        let started = Instant::now();
+        assert_eq!(a.insert_addr(&late_addr), Err(DeviceError::Again));
+        let held = started.elapsed();
+        assert!(held >= hello_wait, "waited {held:?}");
+        assert!(held < Duration::from_secs(1), "held the caller {held:?}");
+    }
+    assert_eq!(a.hellos.len(), 1, "one ask, waited on again");
+    // It answers late (no lane: full): the call that finds the answer says so.
+    let (s, _) = late.accept().unwrap();
+    rendezvous::send_with_fd(&s, &rendezvous::FULL.to_le_bytes().repeat(2), None).unwrap();
+    assert_eq!(a.insert_addr(&late_addr), Err(DeviceError::Again));
+    assert!(a.hellos.is_empty(), "answered");
+    // One that never answers: the insert fails once the ask times out.
+    let (_never, never_addr) = stopped(random_u64());
+    assert_eq!(a.insert_addr(&never_addr), Err(DeviceError::Again));
+    a.hellos[0].1.expire();
+    assert_eq!(a.insert_addr(&never_addr), Err(DeviceError::NoAnswer));
+    assert_eq!(a.stats().ask_timeouts, 1);
+    assert!(a.hellos.is_empty());
+    // A live peer is inserted in one call, as before.
+    let b = ShmDevice::new(small()).unwrap();
+    assert!(a.insert_addr(&b.addr()).is_ok());
 }
 
 #[test]
