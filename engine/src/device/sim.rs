@@ -383,6 +383,7 @@ impl SimFabric {
         SimDevice {
             fabric: self.inner.clone(),
             node: qpn,
+            domain,
             incarnation,
             caps,
             addr,
@@ -396,21 +397,7 @@ impl SimFabric {
     /// The device at `addr` vanishes: what is in flight to it, and what is
     /// sent to it from now on, fails with `PeerUnreachable`.
     pub fn kill(&self, addr: &RawAddr) {
-        let mut f = self.inner.borrow_mut();
-        let n = addr.qpn as usize;
-        if n >= f.nodes.len() || !f.nodes[n].alive {
-            return;
-        }
-        f.nodes[n].alive = false;
-        // Payloads it received but never read were delivered all the same.
-        for id in 0..f.nodes[n].unplaced.len() {
-            f.place(n, id as BufId, false);
-        }
-        let flights: Vec<Flight> = f.nodes[n].inbox.drain().collect();
-        for flight in flights {
-            f.fail_flight(flight, CqStatus::PeerUnreachable);
-        }
-        // Its own operations in flight elsewhere complete nowhere.
+        self.inner.borrow_mut().kill(addr.qpn as usize);
     }
 
     /// The next `n` registrations (and RDMA preparations) at `addr`'s
@@ -603,6 +590,24 @@ impl Fabric {
     /// Places what `at`'s endpoint left unplaced through a whole round of
     /// handling: payloads whose completions an earlier poll returned.
     /// Called as a poll starts.
+    /// Node `n` vanishes: what is in flight to it, and what is sent to it
+    /// from now on, fails with `PeerUnreachable`.
+    fn kill(&mut self, n: usize) {
+        if n >= self.nodes.len() || !self.nodes[n].alive {
+            return;
+        }
+        self.nodes[n].alive = false;
+        // Payloads it received but never read were delivered all the same.
+        for id in 0..self.nodes[n].unplaced.len() {
+            self.place(n, id as BufId, false);
+        }
+        let flights: Vec<Flight> = self.nodes[n].inbox.drain().collect();
+        for flight in flights {
+            self.fail_flight(flight, CqStatus::PeerUnreachable);
+        }
+        // Its own operations in flight elsewhere complete nowhere.
+    }
+
     fn place_held(&mut self, at: usize) {
         // Polls count only while something is unplaced: an epoch is a
         // difference of two counts taken then.
@@ -1066,13 +1071,15 @@ impl Domain for SimDomain {
 pub struct SimDevice {
     fabric: Rc<RefCell<Fabric>>,
     node: usize,
+    /// Its protection domain (the node's, until a restart replaces it).
+    domain: usize,
     incarnation: u32,
     caps: Caps,
     addr: RawAddr,
     /// By buffer id, its frame now (shared with the fabric's node).
     frames: Rc<Frames>,
-    /// By `MrId`: the region's memory, mirrored from the fabric so that
-    /// access needs no fabric borrow.
+    /// By `MrId` in `domain`: the region's memory, mirrored from the
+    /// fabric so that access needs no fabric borrow.
     regions: Vec<Option<Rc<Bytes>>>,
     /// How many payloads this device holds unplaced.
     unplaced: Rc<Cell<u32>>,
@@ -1511,6 +1518,28 @@ impl Device for SimDevice {
     }
 }
 
+/// A dropped device is a destroyed queue pair: what peers send it fails,
+/// and the domain's regions it attached may be deregistered.
+impl Drop for SimDevice {
+    fn drop(&mut self) {
+        // Only a device in a call of the fabric's holds it: not one that is
+        // being dropped.
+        let Ok(mut f) = self.fabric.try_borrow_mut() else { return };
+        if f.nodes[self.node].incarnation == self.incarnation {
+            f.kill(self.node);
+        }
+        for (i, _) in self.regions.iter().enumerate().filter(|(_, r)| r.is_some()) {
+            let slot = &mut f.domains[self.domain][i];
+            if let Some(r) = slot {
+                r.queues -= 1;
+                if r.queues == 0 && !r.held {
+                    *slot = None;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1725,6 +1754,39 @@ mod tests {
         b.copy_to_region(12, 16, dst.id, 0, UNPLACED_MIN as usize);
         assert_eq!(poll_all(&mut a), [Cqe { wr_id: 3, ..SENT }]);
         assert_eq!(a.deregister(mr.id), Ok(()));
+    }
+
+    #[test]
+    fn a_dropped_device_frees_the_regions_it_attached_and_its_peers_see_it_gone() {
+        let fabric = SimFabric::new(SimConfig::default());
+        let domain = fabric.domain();
+        let (mut a, mut b) = (domain.device().unwrap(), fabric.device());
+        let held = domain.register(8192, Access::LOCAL).unwrap();
+        a.attach(&held).unwrap();
+        let mut c = domain.device().unwrap();
+        c.attach(&held).unwrap();
+        b.post_recv(&[10]);
+        let ah = b.insert_addr(&a.addr()).unwrap();
+        assert_eq!(domain.deregister(&held), Err(DeviceError::Busy));
+        drop(a);
+        assert_eq!(domain.deregister(&held), Err(DeviceError::Busy), "c still uses it");
+        drop(c);
+        assert_eq!(domain.deregister(&held), Ok(()));
+        // What its peer sends it fails, as to a destroyed queue pair.
+        assert_eq!(b.post_send(&[SendWr { ah, buf: 1, len: 16, data: None, wr_id: 7 }]), 1);
+        let got = poll_all(&mut b);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].wr_id, got[0].status), (7, CqStatus::PeerUnreachable));
+        // A restarted device's old handle, dropped late, leaves the new one be.
+        let d = fabric.device();
+        let d2 = fabric.restart(&d.addr());
+        drop(d);
+        let ah = b.insert_addr(&d2.addr()).unwrap();
+        assert_eq!(b.post_send(&[SendWr { ah, buf: 2, len: 16, data: None, wr_id: 8 }]), 1);
+        let mut d2 = d2;
+        d2.post_recv(&[3]);
+        assert_eq!(poll_all(&mut d2).len(), 1);
+        assert_eq!(poll_all(&mut b)[0].status, CqStatus::Ok);
     }
 
     #[test]
