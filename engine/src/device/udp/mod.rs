@@ -269,6 +269,14 @@ impl UdpDomain {
         UdpDomain { cfg, regs: Arc::default() }
     }
 
+    /// A device of the domain with parameters of its own (its queue
+    /// depths, as a verbs QP sizes its queues), sharing the domain's
+    /// registrations and key setting.
+    pub fn device_with(&self, cfg: UdpConfig) -> Result<UdpDevice, UdpError> {
+        let cfg = UdpConfig { short_keys: self.cfg.short_keys, ..cfg };
+        UdpDevice::in_domain(UdpDomain { cfg, regs: self.regs.clone() })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Registrations> {
         // Every change is one slot store: a panic elsewhere leaves it whole.
         self.regs.lock().unwrap_or_else(|e| e.into_inner())
