@@ -91,7 +91,7 @@ impl Entry {
                 let _ = writeln!(out, "    status: unavailable: {e}");
             }
             Err(Missing::NotBuilt) => {
-                let _ = writeln!(out, "    status: not built (this efapoll has no `efa` feature)");
+                let _ = writeln!(out, "    status: not built (this efapoll has no efa feature)");
             }
         }
     }
@@ -113,7 +113,7 @@ impl Entry {
             }
             Err(Missing::NotBuilt) => {
                 m.insert("status".into(), json!("not built"));
-                m.insert("reason".into(), json!("this efapoll has no `efa` feature"));
+                m.insert("reason".into(), json!("this efapoll has no efa feature"));
             }
         }
         Value::Object(m)

@@ -1223,7 +1223,7 @@ fn info_json_has_the_texts_fields() {
         if name == "efa" && !cfg!(feature = "efa") {
             assert_eq!(
                 (&d["status"], &d["reason"]),
-                (&json!("not built"), &json!("this efapoll has no `efa` feature"))
+                (&json!("not built"), &json!("this efapoll has no efa feature"))
             );
             continue;
         }

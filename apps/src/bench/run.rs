@@ -445,6 +445,8 @@ fn device_side(
         let cfg = UdpConfig {
             bind: SocketAddr::new(a.udp_ip, 0),
             window: a.udp_window,
+            // Keys an efa peer (on softefa) can name: EFA's rkeys are 32 bits.
+            short_keys: true,
             ..UdpConfig::default()
         };
         let dev = UdpDevice::new(cfg).map_err(|e| RunError::Setup(format!("udp device: {e}")))?;
