@@ -183,7 +183,12 @@ impl Params {
         };
         let list = |v: &[u64]| v.iter().map(|s| sizes::human(*s)).collect::<Vec<_>>().join(",");
         field("app", self.app.clone(), peer.app.clone());
-        field("-p", self.device.clone(), peer.device.clone());
+        // efa and udp meet on one wire: softefa carries EFA's verbs over
+        // udp's SRD, so an efa side on it talks to a udp peer.
+        let wire = |d: &str| if d == "efa" { "udp" } else { d }.to_owned();
+        if wire(&self.device) != wire(&peer.device) {
+            field("-p", self.device.clone(), peer.device.clone());
+        }
         field("-o", self.op.clone(), peer.op.clone());
         field("-S", list(&self.sizes), list(&peer.sizes));
         field("-I", list(&self.iterations), list(&peer.iterations));

@@ -72,6 +72,8 @@
 //! datagram layer by [`fault`], seeded and replayable, shared by every
 //! device that has a wire.
 
+#[cfg(feature = "efa")]
+pub mod efa;
 pub mod fault;
 mod mem;
 pub mod shm;

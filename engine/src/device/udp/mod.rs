@@ -147,6 +147,10 @@ pub struct UdpConfig {
     pub rdma_write: bool,
     /// Faults between the device and its socket (none by default).
     pub faults: Faults,
+    /// Region keys drawn to fit 32 bits (still random and unique in the
+    /// domain), for a verbs provider whose lkeys and rkeys are 32-bit, as
+    /// EFA's are; 64 bits otherwise.
+    pub short_keys: bool,
 }
 
 impl Default for UdpConfig {
@@ -170,6 +174,7 @@ impl Default for UdpConfig {
             rdma_read: true,
             rdma_write: true,
             faults: Faults::default(),
+            short_keys: false,
         }
     }
 }
@@ -264,6 +269,14 @@ impl UdpDomain {
         UdpDomain { cfg, regs: Arc::default() }
     }
 
+    /// A device of the domain with parameters of its own (its queue
+    /// depths, as a verbs QP sizes its queues), sharing the domain's
+    /// registrations and key setting.
+    pub fn device_with(&self, cfg: UdpConfig) -> Result<UdpDevice, UdpError> {
+        let cfg = UdpConfig { short_keys: self.cfg.short_keys, ..cfg };
+        UdpDevice::in_domain(UdpDomain { cfg, regs: self.regs.clone() })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Registrations> {
         // Every change is one slot store: a panic elsewhere leaves it whole.
         self.regs.lock().unwrap_or_else(|e| e.into_inner())
@@ -273,7 +286,10 @@ impl UdpDomain {
         let mut regs = self.lock();
         let key = loop {
             // Hard to guess: a peer names a region by its key.
-            let key = random_u64();
+            let key = match self.cfg.short_keys {
+                true => random_u64() & 0xffff_ffff,
+                false => random_u64(),
+            };
             if regs.0.iter().flatten().all(|r| r.region.mr.key != key) {
                 break key;
             }
@@ -556,6 +572,9 @@ pub struct UdpDevice {
     polls: u64,
     /// Peers with a connected socket.
     connected: usize,
+    /// The session whose packet filled each receive buffer, recorded only
+    /// when it was reported from an unknown sender ([`UdpDevice::sender`]).
+    unknown_from: Vec<u32>,
     stats: UdpStats,
 }
 
@@ -649,6 +668,7 @@ impl UdpDevice {
             please_drop: 0,
             polls: 0,
             connected: 0,
+            unknown_from: vec![NO_SESSION; cfg.bufs as usize],
             stats: UdpStats::default(),
             cfg,
             domain,
@@ -690,6 +710,23 @@ impl UdpDevice {
     pub fn srtt_ns(&self, ah: Ah) -> Option<u64> {
         let (_, s) = (*self.book.get(ah.0 as usize)?)?;
         Some(self.sessions[s as usize].rtt.srtt_ns())
+    }
+
+    /// Sets the connid peers must address this queue pair by, as an EFA
+    /// QP takes its qkey at RESET->INIT: before any traffic, since peers
+    /// that knew the old one are answered "bad session".
+    pub fn set_connid(&mut self, connid: u32) {
+        self.me.connid = connid;
+    }
+
+    /// The address of the peer whose packet filled receive buffer `buf`,
+    /// for a completion that reported it from an unknown sender (EFA's
+    /// sender GID, `efadv_wc_read_sgid`); valid until `buf` is posted again.
+    pub fn sender(&self, buf: BufId) -> Option<RawAddr> {
+        let s = *self.unknown_from.get(buf as usize)?;
+        let sess = self.sessions.get(s as usize)?;
+        let gid = gid_of(sess.peer.ip());
+        Some(RawAddr { gid, qpn: sess.peer.port(), connid: sess.connid })
     }
 
     fn sock(&self) -> &Sock {
@@ -1385,6 +1422,9 @@ impl UdpDevice {
     /// Completes a receive into posted buffer `buf`, from session `s`.
     fn deliver(&mut self, op: CqOp, buf: BufId, len: u32, s: u32, imm: u32) {
         let src = self.source(s);
+        if let Source::Unknown { .. } = src {
+            self.unknown_from[buf as usize] = s;
+        }
         self.cq.push_back(Cqe { op, status: CqStatus::Ok, wr_id: u64::from(buf), len, src, imm });
     }
 

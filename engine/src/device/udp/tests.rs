@@ -67,6 +67,9 @@ fn every_packet_size_arrives_with_its_content_and_its_sender() {
         assert!(!seen[i], "delivered twice");
         seen[i] = true;
     }
+    // An unknown sender's address is there for the asking (EFA's sender GID).
+    let c = cb[0];
+    assert_eq!(b.sender(c.wr_id as BufId), Some(a.addr()));
     // Once in the book, the sender is known.
     let to_a = b.insert_addr(&a.addr()).unwrap();
     send(&mut a, to_b, 1, b"known", 99);
@@ -449,4 +452,28 @@ fn update_region_fetches_combines_and_writes_back() {
     crate::device::checks::update_region_fetches_combines_and_writes_back(
         &mut UdpDevice::new(cfg()).unwrap(),
     );
+}
+
+#[test]
+fn a_connid_set_before_traffic_is_the_one_peers_address() {
+    let (mut a, mut b) = pair(cfg());
+    b.set_connid(0x1234_5678);
+    assert_eq!(b.addr().connid, 0x1234_5678);
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    assert_eq!(b.post_recv(&[0]), 1);
+    send(&mut a, to_b, 1, b"qkey", 5);
+    let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
+    assert_eq!((ca[0].status, cb[0].len), (CqStatus::Ok, 4));
+}
+
+#[test]
+fn short_keys_fit_32_bits_and_differ() {
+    let domain = UdpDomain::new(UdpConfig { short_keys: true, ..cfg() });
+    let mrs: Vec<Mr> = (0..64).map(|_| domain.register(64, Access::REMOTE_READ).unwrap()).collect();
+    assert!(mrs.iter().all(|m| m.key <= u64::from(u32::MAX)), "{mrs:?}");
+    let mut keys: Vec<u64> = mrs.iter().map(|m| m.key).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), mrs.len());
+    assert!(keys.iter().any(|&k| k > 0xffff), "random over 32 bits, not a counter");
 }

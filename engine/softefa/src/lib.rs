@@ -1,0 +1,153 @@
+//! softefa: EFA in software. A libibverbs + libefa provider, loaded with
+//! `LD_PRELOAD` in front of rdma-core, that carries SRD over the engine's
+//! udp device ([`efapoll::device::udp`]), so that verbs programs written
+//! for EFA (the engine's `efa` device, libfabric's EFA provider) run on any
+//! Linux host and meet `-p udp` peers on the wire.
+//!
+//! # The model
+//!
+//! * One device, `rdmap0s0`, reported as EFA reports itself (vendor
+//!   0x1d0f, part 0xefa1, node and transport type unspecified, one port,
+//!   LID 0, link layer unspecified, GID index 0).
+//! * A QP is a [`UdpDevice`](efapoll::device::udp::UdpDevice): its GID is
+//!   the socket's IPv6 address (IPv4 mapped), its QPN the UDP port, its
+//!   qkey the udp connid (set at RESET->INIT). A PD is a
+//!   [`UdpDomain`](efapoll::device::udp::UdpDomain) with 32-bit keys; an MR
+//!   is a registration of the caller's memory on it (lkey = rkey = key).
+//! * Sends copy the SGEs into the device's packet buffers, receives copy a
+//!   packet into the posted SGEs; RDMA read and write are the device's.
+//! * A CQ polls the QPs attached to it: the udp device makes progress
+//!   (acknowledgements, retransmissions, serving peers' reads) only when
+//!   polled, so a process that is the target of RDMA must poll its CQ, as
+//!   it would to see its receives.
+//!
+//! # Quirks kept, as EFA has them (rdma-core providers/efa/verbs.c)
+//!
+//! * SQ full: the `ibv_wr_*` builder fails the session with `ENOMEM`, and
+//!   `ibv_wr_complete` rolls back every WR since `ibv_wr_start`.
+//! * Unsignaled WRs are refused (`EINVAL`) unless the QP is `sq_sig_all`.
+//! * RDMA read completions carry `IBV_WC_SEND`; RDMA write ones
+//!   `IBV_WC_RDMA_WRITE`; a write with immediate data completes at the
+//!   target as `IBV_WC_RECV_RDMA_WITH_IMM` (rdma-core 45 and later).
+//! * A receive from a GID with no address handle here has `slid` 0xffff,
+//!   its `src_qp`, and its GID through `efadv_wc_read_sgid`; one with an
+//!   AH has `slid` = the AH number, and `efadv_wc_read_sgid` says ENOENT.
+//! * Immediate data is passed through unconverted.
+//! * Errors carry EFA's vendor codes (`efa_io_comp_status`) and the
+//!   `ibv_wc_status` rdma-core maps them to.
+//!
+//! # Environment
+//!
+//! `SOFTEFA_ADDR` (the IP address QPs bind, default 127.0.0.1),
+//! `SOFTEFA_MTU` (max_msg_sz, default 8192), `SOFTEFA_RDMA_READ=0` and
+//! `SOFTEFA_RDMA_WRITE=0` (report and refuse the operation).
+
+mod cq;
+mod ctx;
+mod lock;
+mod qp;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::OnceLock;
+
+pub use efapoll::device::efa::efadv;
+
+/// What the environment asks of the device.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    pub addr: IpAddr,
+    pub mtu: usize,
+    pub rdma_read: bool,
+    pub rdma_write: bool,
+}
+
+impl Config {
+    fn from_env() -> Config {
+        let var = |k: &str| std::env::var(k).ok();
+        let flag = |k: &str| var(k).is_none_or(|v| v != "0");
+        Config {
+            addr: var("SOFTEFA_ADDR")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            mtu: var("SOFTEFA_MTU").and_then(|m| m.parse().ok()).unwrap_or(8192),
+            rdma_read: flag("SOFTEFA_RDMA_READ"),
+            rdma_write: flag("SOFTEFA_RDMA_WRITE"),
+        }
+    }
+}
+
+/// The configuration, read from the environment once.
+pub fn config() -> &'static Config {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    CONFIG.get_or_init(Config::from_env)
+}
+
+/// EFA's limits, as the device reports them.
+pub mod limits {
+    pub const VENDOR_ID: u32 = 0x1d0f;
+    pub const VENDOR_PART_ID: u32 = 0xefa1;
+    pub const MAX_SQ_WR: u32 = 4096;
+    pub const MAX_RQ_WR: u32 = 8192;
+    pub const MAX_SQ_SGE: u32 = 2;
+    pub const MAX_RQ_SGE: u32 = 1;
+    /// RDMA reads and writes take one local SGE
+    /// (`EFA_IO_TX_DESC_NUM_RDMA_BUFS`).
+    pub const MAX_RDMA_SGE: u32 = 1;
+    pub const INLINE_BUF_SIZE: u32 = 32;
+    pub const MAX_RDMA_SIZE: u32 = 1 << 30;
+    pub const MAX_QP: i32 = 256;
+    pub const MAX_CQ: i32 = 256;
+    pub const MAX_CQE: i32 = 32768;
+    pub const MAX_MR: i32 = 65536;
+    pub const MAX_PD: i32 = 256;
+    pub const MAX_AH: i32 = 1024;
+    /// An address handle number that names no AH: a receive's `slid` when
+    /// the sender's GID has none here.
+    pub const NO_AH: u16 = 0xffff;
+}
+
+/// EFA's completion status codes (`efa_io_comp_status`), the vendor error
+/// of a work completion.
+pub mod status {
+    pub const OK: u32 = 0;
+    pub const FLUSHED: u32 = 1;
+    pub const LOCAL_ERROR_QP_INTERNAL_ERROR: u32 = 2;
+    pub const LOCAL_ERROR_UNSUPPORTED_OP: u32 = 3;
+    pub const LOCAL_ERROR_INVALID_AH: u32 = 4;
+    pub const LOCAL_ERROR_INVALID_LKEY: u32 = 5;
+    pub const LOCAL_ERROR_BAD_LENGTH: u32 = 6;
+    pub const REMOTE_ERROR_BAD_ADDRESS: u32 = 7;
+    pub const REMOTE_ERROR_ABORT: u32 = 8;
+    pub const REMOTE_ERROR_BAD_DEST_QPN: u32 = 9;
+    pub const REMOTE_ERROR_RNR: u32 = 10;
+    pub const REMOTE_ERROR_BAD_LENGTH: u32 = 11;
+    pub const REMOTE_ERROR_BAD_STATUS: u32 = 12;
+    pub const LOCAL_ERROR_UNRESP_REMOTE: u32 = 13;
+    pub const REMOTE_ERROR_UNKNOWN_PEER: u32 = 14;
+    pub const LOCAL_ERROR_UNREACH_REMOTE: u32 = 15;
+
+    use rdma_sys::ibv_wc_status::*;
+
+    /// The `ibv_wc_status` rdma-core reports for a vendor code
+    /// (providers/efa/verbs.c, `to_ibv_status`).
+    pub fn to_ibv(code: u32) -> u32 {
+        match code {
+            OK => IBV_WC_SUCCESS,
+            FLUSHED => IBV_WC_WR_FLUSH_ERR,
+            LOCAL_ERROR_QP_INTERNAL_ERROR | LOCAL_ERROR_UNSUPPORTED_OP | LOCAL_ERROR_INVALID_AH => {
+                IBV_WC_LOC_QP_OP_ERR
+            }
+            LOCAL_ERROR_INVALID_LKEY => IBV_WC_LOC_PROT_ERR,
+            LOCAL_ERROR_BAD_LENGTH => IBV_WC_LOC_LEN_ERR,
+            REMOTE_ERROR_ABORT => IBV_WC_REM_ABORT_ERR,
+            REMOTE_ERROR_RNR => IBV_WC_RNR_RETRY_EXC_ERR,
+            REMOTE_ERROR_BAD_DEST_QPN => IBV_WC_REM_INV_RD_REQ_ERR,
+            REMOTE_ERROR_BAD_STATUS => IBV_WC_BAD_RESP_ERR,
+            REMOTE_ERROR_BAD_LENGTH => IBV_WC_REM_INV_REQ_ERR,
+            LOCAL_ERROR_UNRESP_REMOTE | LOCAL_ERROR_UNREACH_REMOTE => IBV_WC_RESP_TIMEOUT_ERR,
+            REMOTE_ERROR_BAD_ADDRESS => IBV_WC_REM_ACCESS_ERR,
+            REMOTE_ERROR_UNKNOWN_PEER => IBV_WC_REM_OP_ERR,
+            _ => IBV_WC_GENERAL_ERR,
+        }
+    }
+}
