@@ -42,10 +42,10 @@
 //! `SOFTEFA_MTU` (max_msg_sz, default 8192), `SOFTEFA_RDMA_READ=0` and
 //! `SOFTEFA_RDMA_WRITE=0` (report and refuse the operation).
 
-mod cq;
-mod ctx;
+pub mod cq;
+pub mod ctx;
 mod lock;
-mod qp;
+pub mod qp;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::OnceLock;
