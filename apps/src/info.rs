@@ -63,6 +63,8 @@ impl Field {
 enum Missing {
     /// Built, but creating one failed here.
     Unavailable(String),
+    /// Not in this build (a device behind a cargo feature).
+    #[cfg_attr(feature = "efa", allow(dead_code))]
     NotBuilt,
 }
 
@@ -89,7 +91,7 @@ impl Entry {
                 let _ = writeln!(out, "    status: unavailable: {e}");
             }
             Err(Missing::NotBuilt) => {
-                let _ = writeln!(out, "    status: not built yet");
+                let _ = writeln!(out, "    status: not built (this efapoll has no `efa` feature)");
             }
         }
     }
@@ -111,7 +113,7 @@ impl Entry {
             }
             Err(Missing::NotBuilt) => {
                 m.insert("status".into(), json!("not built"));
-                m.insert("reason".into(), json!("not built yet"));
+                m.insert("reason".into(), json!("this efapoll has no `efa` feature"));
             }
         }
         Value::Object(m)
@@ -252,12 +254,70 @@ fn udp(verbose: bool) -> Entry {
     }
 }
 
-fn efa() -> Entry {
-    Entry {
-        name: "efa",
-        about: "AWS Elastic Fabric Adapter".into(),
-        fields: Err(Missing::NotBuilt),
+const EFA_ABOUT: &str = "AWS Elastic Fabric Adapter: SRD queue pairs through libibverbs and \
+                         EFA direct verbs";
+
+#[cfg(not(feature = "efa"))]
+fn efa(_verbose: bool) -> Entry {
+    Entry { name: "efa", about: EFA_ABOUT.into(), fields: Err(Missing::NotBuilt) }
+}
+
+/// The EFA devices here and, opened, the first one's caps; or why there
+/// is none (no RDMA support in the kernel, no device, only other devices).
+#[cfg(feature = "efa")]
+fn efa(verbose: bool) -> Entry {
+    use efapoll::device::efa::{self, EfaConfig, EfaDevice, EfaInfo};
+    fn line(i: &EfaInfo) -> String {
+        let caps: Vec<&str> = [
+            (i.rdma_read(), "rdma_read"),
+            (i.rdma_write(), "rdma_write"),
+            (i.rnr_retry(), "rnr_retry"),
+            (i.cq_with_sgid(), "cq_with_sgid"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        format!(
+            "{} (part {:#x}, fw {}, port {}, max_msg_sz {}, sq {} rq {} wr, inline {} B, max_rdma {} B, caps [{}])",
+            i.name,
+            i.vendor_part_id,
+            i.fw_ver,
+            if i.port_active { "active" } else { "down" },
+            i.max_msg_sz,
+            i.max_sq_wr,
+            i.max_rq_wr,
+            i.inline_buf_size,
+            i.max_rdma_size,
+            caps.join(" ")
+        )
     }
+    let fields = efa::devices().map_err(|e| Missing::Unavailable(e.to_string())).and_then(|list| {
+        let dev = EfaDevice::new(EfaConfig::default()).map_err(|e| {
+            Missing::Unavailable(format!("{} found; opening it: {e}", list[0].name))
+        })?;
+        let mut fields = caps_fields(dev.caps(), dev.addr());
+        let text: Vec<String> = list.iter().map(line).collect();
+        let json: Vec<Value> = list
+            .iter()
+            .map(|i| {
+                json!({
+                    "name": i.name, "vendor_part_id": i.vendor_part_id, "fw_ver": i.fw_ver,
+                    "port_active": i.port_active, "max_msg_sz": i.max_msg_sz,
+                    "max_sq_wr": i.max_sq_wr, "max_rq_wr": i.max_rq_wr,
+                    "max_sq_sge": i.max_sq_sge, "max_rq_sge": i.max_rq_sge,
+                    "inline_buf_size": i.inline_buf_size, "max_rdma_size": i.max_rdma_size,
+                    "rdma_read": i.rdma_read(), "rdma_write": i.rdma_write(),
+                    "rnr_retry": i.rnr_retry(), "cq_with_sgid": i.cq_with_sgid(),
+                })
+            })
+            .collect();
+        fields.push(Field::both("efa_devices", text.join("; "), "efa_devices", json!(json)));
+        if verbose {
+            fields.extend(address_parts(dev.addr()));
+        }
+        Ok(fields)
+    });
+    Entry { name: "efa", about: EFA_ABOUT.into(), fields }
 }
 
 /// Single-core `memcpy` of 1 MiB between buffers in cache, in MB/s
@@ -292,7 +352,7 @@ fn report(opts: &Options) -> String {
             Provider::Sim => sim(opts.verbose),
             Provider::Shm => shm(opts.verbose),
             Provider::Udp => udp(opts.verbose),
-            Provider::Efa => efa(),
+            Provider::Efa => efa(opts.verbose),
         })
         .collect();
     let memcpy = memcpy_mb_s();

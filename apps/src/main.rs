@@ -157,7 +157,7 @@ enum Provider {
     Shm,
     /// Software SRD over UDP sockets: across hosts (loopback without HOST).
     Udp,
-    /// AWS EFA (not built yet).
+    /// AWS EFA: verbs SRD queue pairs (a build with the `efa` feature).
     Efa,
 }
 
@@ -365,15 +365,14 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         Provider::Sim => DeviceKind::Sim,
         Provider::Shm => DeviceKind::Shm,
         Provider::Udp => DeviceKind::Udp,
-        Provider::Efa => {
-            let name = b.provider.to_possible_value().expect("not skipped").get_name().to_owned();
-            usage_error(
-                app,
-                format!(
-                    "-p {name}: the {name} device is not built yet; built devices: sim, shm, udp"
-                ),
-            )
-        }
+        Provider::Efa if cfg!(feature = "efa") => DeviceKind::Efa,
+        Provider::Efa => usage_error(
+            app,
+            "-p efa: this efapoll was built without the efa device; build it with \
+             `cargo build --release -p efapoll-apps --features efa` (needs rdma-core's \
+             libibverbs-dev and libclang)"
+                .into(),
+        ),
     };
     let mode = match (b.host, b.server) {
         (Some(host), _) => Mode::Client(host),
@@ -396,13 +395,13 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
     let lcores = match (b.lcores, device) {
         (Some(list), _) => list,
         (None, DeviceKind::Sim) => first(1),
-        (None, DeviceKind::Shm | DeviceKind::Udp) => first(2),
+        (None, DeviceKind::Shm | DeviceKind::Udp | DeviceKind::Efa) => first(2),
     };
     if device != DeviceKind::Sim && !lcores.lcores().len().is_multiple_of(2) {
         usage_error(
             app,
             format!(
-                "-l {lcores}: shm and udp run one flow per lcore pair, so it takes an even number of \
+                "-l {lcores}: shm, udp and efa run one flow per lcore pair, so it takes an even number of \
              lcores (like 0-1 or 0-3); the cores here are {available}"
             ),
         );

@@ -49,6 +49,8 @@ pub enum DeviceKind {
     Sim,
     Shm,
     Udp,
+    /// Only in a build with the `efa` feature.
+    Efa,
 }
 
 /// Where this process's sides talk to.
@@ -225,9 +227,11 @@ pub fn run(a: &RunArgs) -> Result<(), RunError> {
     let a = &RunArgs { probe, gate, ..a.clone() };
     let result = match (&a.mode, a.device) {
         (Mode::SelfContained, DeviceKind::Sim) => run_sim(a),
-        (Mode::SelfContained, DeviceKind::Shm | DeviceKind::Udp) => run_local(a),
-        (Mode::Server, DeviceKind::Shm | DeviceKind::Udp) => run_server(a),
-        (Mode::Client(host), DeviceKind::Shm | DeviceKind::Udp) => run_client(a, host),
+        (Mode::SelfContained, DeviceKind::Shm | DeviceKind::Udp | DeviceKind::Efa) => run_local(a),
+        (Mode::Server, DeviceKind::Shm | DeviceKind::Udp | DeviceKind::Efa) => run_server(a),
+        (Mode::Client(host), DeviceKind::Shm | DeviceKind::Udp | DeviceKind::Efa) => {
+            run_client(a, host)
+        }
         (_, DeviceKind::Sim) => Err(RunError::Setup("sim runs in one process".into())),
     };
     // Whatever the lcores or the peer made of it, the signal is the cause.
@@ -248,7 +252,7 @@ fn probe_cpus(a: &RunArgs) -> Option<(LcoreId, LcoreId)> {
         DeviceKind::Sim => {
             efapoll_lcores::available_cores().ok()?.iter().find(|&cpu| cpu != first)?
         }
-        DeviceKind::Shm | DeviceKind::Udp => a.lcores.cpu_of(*lcores.get(1)?)?,
+        DeviceKind::Shm | DeviceKind::Udp | DeviceKind::Efa => a.lcores.cpu_of(*lcores.get(1)?)?,
     };
     (first != second).then_some((first, second))
 }
@@ -425,6 +429,18 @@ fn device_side(
     live: bool,
 ) -> FlowResult {
     let permit = a.gate.permit(ctx, a.lcores.cpu_of(ctx.lcore_id()).unwrap_or_default())?;
+    #[cfg(feature = "efa")]
+    if a.device == DeviceKind::Efa {
+        use efapoll::device::Domain;
+        let dev =
+            efa_domain()?.device().map_err(|e| RunError::Setup(format!("efa device: {e}")))?;
+        still_running(ctx)?;
+        // As udp: across hosts, the provider's thresholds.
+        let ep = Endpoint::new(dev, a.op.config(Config::default()))
+            .map_err(|e| RunError::Setup(format!("efa endpoint: {e}")))?;
+        drop(permit);
+        return side_on(ctx, a, ep, role, counts, exchange, sink, live);
+    }
     if a.device == DeviceKind::Udp {
         let cfg = UdpConfig {
             bind: SocketAddr::new(a.udp_ip, 0),
@@ -450,6 +466,18 @@ fn device_side(
         .map_err(|e| RunError::Setup(format!("shm endpoint: {e}")))?;
     drop(permit);
     side_on(ctx, a, ep, role, counts, exchange, sink, live)
+}
+
+/// The process's EFA protection domain, opened by the first lcore that
+/// needs it: every lcore's queue is made in it (one PD, one address
+/// handle per peer host).
+#[cfg(feature = "efa")]
+fn efa_domain() -> Result<efapoll::device::efa::EfaDomain, RunError> {
+    use efapoll::device::efa::{EfaConfig, EfaDomain};
+    static DOMAIN: OnceLock<Result<EfaDomain, String>> = OnceLock::new();
+    let opened =
+        DOMAIN.get_or_init(|| EfaDomain::open(EfaConfig::default()).map_err(|e| e.to_string()));
+    opened.clone().map_err(|e| RunError::Setup(format!("efa: {e}")))
 }
 
 /// Runs one side of a flow on endpoint `ep`.
