@@ -42,10 +42,10 @@
 //! `SOFTEFA_MTU` (max_msg_sz, default 8192), `SOFTEFA_RDMA_READ=0` and
 //! `SOFTEFA_RDMA_WRITE=0` (report and refuse the operation).
 
-mod cq;
-mod ctx;
+pub mod cq;
+pub mod ctx;
 mod lock;
-mod qp;
+pub mod qp;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::OnceLock;
@@ -63,7 +63,11 @@ pub struct Config {
 
 impl Config {
     fn from_env() -> Config {
-        let var = |k: &str| std::env::var(k).ok();
+        Config::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// The configuration the variables `var` gives say.
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Config {
         let flag = |k: &str| var(k).is_none_or(|v| v != "0");
         Config {
             addr: var("SOFTEFA_ADDR")
@@ -148,6 +152,48 @@ pub mod status {
             REMOTE_ERROR_BAD_ADDRESS => IBV_WC_REM_ACCESS_ERR,
             REMOTE_ERROR_UNKNOWN_PEER => IBV_WC_REM_OP_ERR,
             _ => IBV_WC_GENERAL_ERR,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_sets_address_mtu_and_rdma_caps() {
+        let none = Config::from_vars(|_| None);
+        assert_eq!(none.addr, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!((none.mtu, none.rdma_read, none.rdma_write), (8192, true, true));
+        let vars = [
+            ("SOFTEFA_ADDR", "::1"),
+            ("SOFTEFA_MTU", "9000"),
+            ("SOFTEFA_RDMA_READ", "0"),
+            ("SOFTEFA_RDMA_WRITE", "1"),
+        ];
+        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let c = Config::from_vars(get);
+        assert_eq!(c.addr, "::1".parse::<IpAddr>().unwrap());
+        assert_eq!((c.mtu, c.rdma_read, c.rdma_write), (9000, false, true));
+    }
+
+    #[test]
+    fn vendor_errors_map_to_rdma_cores_statuses() {
+        use rdma_sys::ibv_wc_status::*;
+        let cases = [
+            (status::OK, IBV_WC_SUCCESS),
+            (status::LOCAL_ERROR_INVALID_LKEY, IBV_WC_LOC_PROT_ERR),
+            (status::LOCAL_ERROR_BAD_LENGTH, IBV_WC_LOC_LEN_ERR),
+            (status::LOCAL_ERROR_INVALID_AH, IBV_WC_LOC_QP_OP_ERR),
+            (status::LOCAL_ERROR_UNSUPPORTED_OP, IBV_WC_LOC_QP_OP_ERR),
+            (status::REMOTE_ERROR_BAD_ADDRESS, IBV_WC_REM_ACCESS_ERR),
+            (status::REMOTE_ERROR_RNR, IBV_WC_RNR_RETRY_EXC_ERR),
+            (status::LOCAL_ERROR_UNRESP_REMOTE, IBV_WC_RESP_TIMEOUT_ERR),
+            (status::REMOTE_ERROR_UNKNOWN_PEER, IBV_WC_REM_OP_ERR),
+            (99, IBV_WC_GENERAL_ERR),
+        ];
+        for (code, want) in cases {
+            assert_eq!(status::to_ibv(code), want, "vendor error {code}");
         }
     }
 }
