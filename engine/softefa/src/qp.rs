@@ -1,7 +1,7 @@
 //! Queue pairs: an SRD (or UD) QP is one udp device. Posting copies the
 //! caller's SGEs into the device's packet buffers (or names a registered
 //! region for RDMA); completions come back through the CQs, which drain
-//! [`Qp::drain`].
+//! each QP's device (`Qp::drain`).
 //!
 //! The send path keeps EFA's rules (rdma-core providers/efa/verbs.c,
 //! `efa_post_send_validate`): the QP must be in RTS, every WR signaled
