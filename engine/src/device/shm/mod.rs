@@ -1152,6 +1152,7 @@ impl Device for ShmDevice {
         Ok(())
     }
 
+    #[inline]
     fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
         let r = self.region_ref(mr);
         assert!(offset.checked_add(out.len()).is_some_and(|e| e <= r.len), "outside the region");
