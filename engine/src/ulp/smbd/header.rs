@@ -268,7 +268,12 @@ impl Repr {
         put_u32(b, field::REMAINING_DATA_LENGTH, self.remaining_data_length);
         put_u32(b, field::DATA_OFFSET, self.data_offset);
         put_u32(b, field::DATA_LENGTH, self.data_length);
-        b[HEADER_LEN..].fill(0);
+        if len == DEFAULT_DATA_OFFSET as usize {
+            // The usual padding, four bytes: one store, not a call.
+            put_u32(b, HEADER_LEN, 0);
+        } else {
+            b[HEADER_LEN..].fill(0);
+        }
         len
     }
 }

@@ -111,10 +111,10 @@ impl Segmenter {
     /// Takes the segment `peek` returned.
     #[inline]
     pub fn advance(&mut self) {
-        if let Some(s) = self.peek() {
-            self.sent += s.repr.data_length as u64;
-            self.done_empty |= self.len == 0;
-        }
+        // What `peek` gives, without building the segment again; nothing
+        // once done.
+        self.sent += (self.len - self.sent).min(self.max_data as u64);
+        self.done_empty |= self.len == 0;
     }
 }
 
