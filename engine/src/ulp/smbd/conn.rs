@@ -1,10 +1,9 @@
 //! The connection: segments and credits on the send side, reassembly on the
 //! receive side, over an endpoint and one of its peers.
 
-use std::collections::VecDeque;
-
 use super::credits::Credits;
 use super::header::{Flags, HEADER_LEN, Repr};
+use super::ring::Ring;
 use super::segment::{Placement, Reassembler, Segmenter};
 use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
 use crate::device::{Access, Device, Mr};
@@ -100,6 +99,20 @@ struct TxMsg {
     status: SendStatus,
 }
 
+/// What stands in a queue's free places.
+const NO_SPAN: Span = Span { mr: crate::device::MrId(u32::MAX), offset: 0, len: 0 };
+
+impl TxMsg {
+    const FILL: TxMsg = TxMsg {
+        src: NO_SPAN,
+        token: None,
+        ctx: 0,
+        seg: Segmenter::EMPTY,
+        in_flight: 0,
+        status: SendStatus::Ok,
+    };
+}
+
 /// A receive buffer the application posted.
 #[derive(Debug, Clone, Copy)]
 struct AppBuf {
@@ -109,6 +122,10 @@ struct AppBuf {
     placed: bool,
     /// Given back to the application by a terminated connection.
     released: bool,
+}
+
+impl AppBuf {
+    const FILL: AppBuf = AppBuf { dst: NO_SPAN, ctx: 0, placed: false, released: false };
 }
 
 /// Where a receive posted into an application buffer puts a segment's
@@ -154,6 +171,19 @@ struct Pending {
     token: Option<u64>,
 }
 
+impl Pending {
+    const FILL: Pending = Pending {
+        slot: 0,
+        data_offset: 0,
+        offset: 0,
+        len: 0,
+        total: 0,
+        first: false,
+        last: false,
+        token: None,
+    };
+}
+
 /// The message being copied into an application buffer.
 #[derive(Debug, Clone, Copy)]
 struct RxMsg {
@@ -182,16 +212,16 @@ pub struct Connection {
     /// Slots to post (again).
     rx_free: Vec<u16>,
     /// Posted slots in posting order: the order the endpoint fills them.
-    rx_order: VecDeque<u16>,
+    rx_order: Ring<u16>,
     /// Per slot: its completion, until its turn.
     arrivals: Vec<Option<Arrival>>,
     /// Messages queued or in flight, oldest first; the front's sequence
     /// number is `tx_front_seq`, and `next_post` indexes the first with
     /// segments still to post.
-    tx: VecDeque<TxMsg>,
+    tx: Ring<TxMsg>,
     tx_front_seq: u64,
     next_post: usize,
-    apps: VecDeque<AppBuf>,
+    apps: Ring<AppBuf>,
     /// Messages whose buffer came before the front's: the front's
     /// sequence number.
     apps_front_seq: u64,
@@ -201,13 +231,13 @@ pub struct Connection {
     landings: Vec<Option<Landing>>,
     /// The peer's DataOffset, as its last data segment said.
     peer_data_offset: u32,
-    pending: VecDeque<Pending>,
+    pending: Ring<Pending>,
     rx_msg: Option<RxMsg>,
     /// The message arriving carried a token already.
     token_in_msg: bool,
     reasm: Reassembler,
     credits: Credits,
-    events: VecDeque<Event>,
+    events: Ring<Event>,
     error: Option<ProtocolError>,
     closed: bool,
     stats: Stats,
@@ -263,22 +293,25 @@ impl Connection {
             hdr_owner: vec![FREE; cfg.send_slots as usize],
             rx,
             rx_free: (0..slots as u16).rev().collect(),
-            rx_order: VecDeque::with_capacity(slots),
+            rx_order: Ring::with_capacity(slots, 0),
             arrivals: vec![None; slots],
-            tx: VecDeque::with_capacity(cfg.send_queue as usize),
+            tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
             tx_front_seq: 0,
             next_post: 0,
-            apps: VecDeque::with_capacity(cfg.recv_queue as usize),
+            apps: Ring::with_capacity(cfg.recv_queue as usize, AppBuf::FILL),
             apps_front_seq: 0,
             msgs_seen: 0,
             landings: vec![None; slots],
             peer_data_offset: super::DEFAULT_DATA_OFFSET,
-            pending: VecDeque::with_capacity(slots),
+            pending: Ring::with_capacity(slots, Pending::FILL),
             rx_msg: None,
             token_in_msg: false,
             reasm: Reassembler::new(params.max_fragmented_receive_size),
             credits: Credits::new(params.send_credits, 0, 0),
-            events: VecDeque::with_capacity(cfg.send_queue as usize + cfg.recv_queue as usize + 4),
+            events: Ring::with_capacity(
+                cfg.send_queue as usize + cfg.recv_queue as usize + 4,
+                Event::Terminated(ProtocolError::Closed),
+            ),
             error: None,
             closed: false,
             stats: Stats::default(),
@@ -415,27 +448,41 @@ impl Connection {
     /// connection's (it is left to its owner).
     #[inline]
     pub fn handle_completion<D: Device>(&mut self, ep: &mut Endpoint<D>, c: &Completion) -> bool {
-        if !self.owns(c) {
-            return false;
-        }
-        let slot = (c.ctx & SLOT_MASK) as usize;
-        match (c.ctx >> KIND_SHIFT) & 0xff {
-            KIND_SEND if slot < self.hdr_owner.len() => self.on_send_done(slot as u16, c.status),
-            KIND_RECV if slot < self.arrivals.len() => {
-                let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
-                if self.rx_order.front() == Some(&(slot as u16)) {
-                    // Its turn, as a receive usually completes: handled at
-                    // once rather than stored and taken back.
-                    self.rx_order.pop_front();
-                    self.on_arrival(ep, slot as u16, a);
-                } else {
-                    self.arrivals[slot] = Some(a);
+        // Zero above the kind when the tag is this connection's.
+        let k = c.ctx ^ self.tag;
+        let slot = (k & SLOT_MASK) as usize;
+        match k >> KIND_SHIFT {
+            KIND_SEND => {
+                if slot < self.hdr_owner.len() {
+                    self.on_send_done(slot as u16, c.status);
                 }
-                self.on_arrivals(ep);
             }
-            _ => {}
+            KIND_RECV => {
+                if slot < self.arrivals.len() {
+                    self.on_recv_done(ep, slot as u16, c);
+                }
+            }
+            _ => return false,
         }
         true
+    }
+
+    /// A receive slot's completion.
+    #[inline]
+    fn on_recv_done<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16, c: &Completion) {
+        let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
+        if self.rx_order.front() == Some(&slot) {
+            // Its turn, as a receive usually completes: handled at once
+            // rather than stored and taken back.
+            self.rx_order.skip_front();
+            self.on_arrival(ep, slot, a);
+        } else {
+            self.arrivals[slot as usize] = Some(a);
+        }
+        let next = self.rx_order.front().is_some_and(|&s| self.arrivals[s as usize].is_some());
+        if next || self.error.is_some() {
+            self.on_arrivals(ep);
+        }
     }
 
     /// Reposts free receives, posts the segments credits allow, and an
@@ -671,20 +718,19 @@ impl Connection {
 
     /// Reports the messages at the front that are done, in order.
     fn finish_sent(&mut self) {
+        let stopped = self.error.is_some();
         while let Some(m) = self.tx.front() {
-            let posted = m.seg.is_done() || self.error.is_some();
-            if !posted || m.in_flight > 0 {
+            let done = m.seg.is_done();
+            if !(done || stopped) || m.in_flight > 0 {
                 return;
             }
-            let mut status = m.status;
-            if status == SendStatus::Ok && !m.seg.is_done() {
-                status = SendStatus::Terminated;
-            }
-            if status == SendStatus::Ok {
-                self.stats.messages_sent += 1;
-            }
+            let status = match m.status {
+                SendStatus::Ok if !done => SendStatus::Terminated,
+                s => s,
+            };
+            self.stats.messages_sent += (status == SendStatus::Ok) as u64;
             self.events.push_back(Event::Sent { ctx: m.ctx, status });
-            self.tx.pop_front();
+            self.tx.skip_front();
             self.tx_front_seq += 1;
             self.next_post = self.next_post.saturating_sub(1);
         }
@@ -701,6 +747,9 @@ impl Connection {
         // A segment places at most this much: below `direct_min`, placing
         // never pays, and no buffer is looked for.
         let places = mrs.min(self.params.max_fragmented_receive_size as u64) >= self.cfg.direct_min;
+        if !places {
+            return self.repost_in_slots(ep);
+        }
         while let Some(&slot) = self.rx_free.last() {
             let at = self.rx_slot_offset(slot);
             let whole = Span { mr: self.rx.id, offset: at, len: mrs };
@@ -744,6 +793,30 @@ impl Connection {
             if landing.is_some() {
                 self.apps[i].placed = true;
                 self.landings[slot as usize] = landing;
+            }
+            self.rx_free.pop();
+            self.rx_order.push_back(slot);
+            self.credits.on_post();
+            did = true;
+        }
+        did
+    }
+
+    /// [`Self::repost`] when no receive is posted into a buffer: each
+    /// into its slot alone.
+    #[inline]
+    fn repost_in_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        let mut did = false;
+        let mrs = self.params.max_receive_size as u64;
+        while let Some(&slot) = self.rx_free.last() {
+            let whole = Span { mr: self.rx.id, offset: self.rx_slot_offset(slot), len: mrs };
+            match ep.recv(whole, Some(self.peer), self.ctx(KIND_RECV, slot)) {
+                Ok(()) => {}
+                Err(EpError::Again) => break,
+                Err(e) => {
+                    self.terminate(ProtocolError::Endpoint(e));
+                    break;
+                }
             }
             self.rx_free.pop();
             self.rx_order.push_back(slot);

@@ -106,6 +106,7 @@
 mod conn;
 mod credits;
 mod header;
+mod ring;
 mod segment;
 
 pub use conn::{Connection, Event, RecvStatus, SendStatus, Stats};

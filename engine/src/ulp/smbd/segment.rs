@@ -50,6 +50,10 @@ pub struct Segmenter {
 }
 
 impl Segmenter {
+    /// The segments of no message, all taken.
+    pub(crate) const EMPTY: Segmenter =
+        Segmenter { len: 0, sent: 0, data_offset: 0, max_data: 0, done_empty: true };
+
     /// Segments for a message of `len` bytes at `data_offset`, with at most
     /// `max_send_size` bytes per segment. The caller checked the
     /// parameters ([`super::Params::check`]): `data_offset` is 8-byte
