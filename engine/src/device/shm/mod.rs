@@ -1020,12 +1020,20 @@ impl ShmDevice {
         self.regions[i] = Some(region);
     }
 
+    #[inline]
     fn region_ref(&self, mr: MrId) -> &Region {
-        self.regions
-            .get(mr.0 as usize)
-            .and_then(Option::as_ref)
-            .unwrap_or_else(|| panic!("{mr:?} is not registered"))
+        match self.regions.get(mr.0 as usize) {
+            Some(Some(r)) => r,
+            _ => unregistered(mr),
+        }
     }
+}
+
+/// A region looked up that is not registered: the caller's bug.
+#[cold]
+#[inline(never)]
+fn unregistered(mr: MrId) -> ! {
+    panic!("{mr:?} is not registered")
 }
 
 impl Device for ShmDevice {
