@@ -260,3 +260,29 @@ fn a_head_sent_inline_goes_with_its_message_when_it_fits_one_packet() {
         Err(Error::BadSpan)
     );
 }
+
+#[test]
+fn a_head_written_into_the_packet_is_written_only_when_the_message_goes() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 100_000);
+    let dst = w.register(1, 100_000);
+    w.fill(0, &src, 4);
+    w.eps[1].recv(span(&dst, 0, 100_000), None, 1).unwrap();
+    let mut calls = 0;
+    // Too long for one packet: not written, nothing sent.
+    let long = span(&src, 0, 50_000);
+    let sent = w.eps[0].send_inline_head_with(to_b, 16, |_| calls += 1, long, None, 2);
+    assert_eq!((sent, calls), (Ok(false), 0));
+    let write = |b: &mut [u8]| {
+        calls += 1;
+        b.copy_from_slice(&[7; 16]);
+    };
+    let sent = w.eps[0].send_inline_head_with(to_b, 16, write, span(&src, 0, 100), None, 3);
+    assert_eq!((sent, calls), (Ok(true), 1));
+    w.drive_until(10_000, |w| w.done[1].len() == 1);
+    assert_eq!(w.done[1][0].len, 116);
+    let mem = w.eps[1].mem(dst.id);
+    assert_eq!(&mem[..16], &[7; 16]);
+    assert!((0..100).all(|i| mem[16 + i] == pattern(4, i as u64)));
+}

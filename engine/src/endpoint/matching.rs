@@ -202,8 +202,9 @@ impl Matcher {
         peer: u32,
     ) -> Option<u32> {
         if !tagged {
-            // The head, a receive from any peer, is the usual answer.
-            if let Some(id) = self.posted_msg.pop_front_if(posted, |p| p.want_peer == NONE) {
+            // The head, a receive from any peer or from this one, is the
+            // usual answer.
+            if let Some(id) = self.posted_msg.pop_front_if(posted, |p| peer_ok(p.want_peer, peer)) {
                 return Some(id);
             }
             let id = self.posted_msg.find(posted, |_, p| peer_ok(p.want_peer, peer))?;

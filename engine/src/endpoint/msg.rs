@@ -156,9 +156,27 @@ impl<D: Device> Endpoint<D> {
         cq_data: Option<u64>,
         ctx: u64,
     ) -> Result<bool, Error> {
+        let write = |b: &mut [u8]| b.copy_from_slice(head);
+        self.send_inline_head_with(peer, head.len(), write, src, cq_data, ctx)
+    }
+
+    /// [`Endpoint::send_inline_head`] with a head of `head_len` bytes that
+    /// `write_head` writes straight into the packet (it is called only when
+    /// the message goes): a header emitted where it travels, not built
+    /// aside and copied.
+    #[inline]
+    pub fn send_inline_head_with(
+        &mut self,
+        peer: PeerId,
+        head_len: usize,
+        write_head: impl FnOnce(&mut [u8]),
+        src: Span,
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) -> Result<bool, Error> {
         self.check_peer(peer)?;
         self.check_span(&src)?;
-        let total = head.len() as u64 + src.len;
+        let total = head_len as u64 + src.len;
         // The eager size: a read is never chosen below it.
         let proto = self.choose_proto(peer.0, total, false, cq_data.is_some(), || false);
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
@@ -169,8 +187,8 @@ impl<D: Device> Endpoint<D> {
         let done = EagerSend { ctx, tag: 0, len: total as u32, peer: peer.0, tagged: false };
         let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
         let hdr = self.emit_eager(buf, peer.0, msg_id, None, cq_data);
-        let at = hdr + head.len();
-        self.dev.held_mut(buf)[hdr..at].copy_from_slice(head);
+        let at = hdr + head_len;
+        write_head(&mut self.dev.held_mut(buf)[hdr..at]);
         let n = src.len as usize;
         if n > 0 && self.gathers(at, n) {
             let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
@@ -635,8 +653,10 @@ impl<D: Device> Endpoint<D> {
         let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
         let total = (len - e.payload_off) as u64;
         if dst.mr == SCATTERED {
-            let sgl = self.take_scattered(pid, &dst);
-            copy_in(&mut self.dev, buf, e.payload_off, &sgl, 0, total);
+            // Landed from where the spans wait, not taken out first.
+            let spans = &mut self.scattered[super::slab::index(pid)];
+            copy_in(&mut self.dev, buf, e.payload_off, spans, 0, total);
+            spans.clear();
         } else {
             copy_in_span(&mut self.dev, buf, e.payload_off, &dst, 0, total);
         }

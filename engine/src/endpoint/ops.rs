@@ -55,6 +55,12 @@ impl Sgl {
         self.n = 1;
     }
 
+    /// Makes the list empty: one store.
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        self.n = 0;
+    }
+
     /// Appends a span; panics past [`MAX_IOV`] (callers check counts).
     pub(crate) fn push(&mut self, span: Span) {
         self.segs[self.n as usize] = span;

@@ -1046,12 +1046,20 @@ impl ShmDevice {
         self.regions[i] = Some(region);
     }
 
+    #[inline]
     fn region_ref(&self, mr: MrId) -> &Region {
-        self.regions
-            .get(mr.0 as usize)
-            .and_then(Option::as_ref)
-            .unwrap_or_else(|| panic!("{mr:?} is not registered"))
+        match self.regions.get(mr.0 as usize) {
+            Some(Some(r)) => r,
+            _ => unregistered(mr),
+        }
     }
+}
+
+/// A region looked up that is not registered: the caller's bug.
+#[cold]
+#[inline(never)]
+fn unregistered(mr: MrId) -> ! {
+    panic!("{mr:?} is not registered")
 }
 
 impl Device for ShmDevice {
@@ -1169,6 +1177,7 @@ impl Device for ShmDevice {
         Ok(())
     }
 
+    #[inline]
     fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
         let r = self.region_ref(mr);
         assert!(offset.checked_add(out.len()).is_some_and(|e| e <= r.len), "outside the region");

@@ -1,10 +1,9 @@
 //! The connection: segments and credits on the send side, reassembly on the
 //! receive side, over an endpoint and one of its peers.
 
-use std::collections::VecDeque;
-
 use super::credits::Credits;
 use super::header::{Flags, HEADER_LEN, Repr};
+use super::ring::Ring;
 use super::segment::{Placement, Reassembler, Segmenter};
 use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
 use crate::device::{Access, Device, Mr};
@@ -100,6 +99,20 @@ struct TxMsg {
     status: SendStatus,
 }
 
+/// What stands in a queue's free places.
+const NO_SPAN: Span = Span { mr: crate::device::MrId(u32::MAX), offset: 0, len: 0 };
+
+impl TxMsg {
+    const FILL: TxMsg = TxMsg {
+        src: NO_SPAN,
+        token: None,
+        ctx: 0,
+        seg: Segmenter::EMPTY,
+        in_flight: 0,
+        status: SendStatus::Ok,
+    };
+}
+
 /// A receive buffer the application posted.
 #[derive(Debug, Clone, Copy)]
 struct AppBuf {
@@ -109,6 +122,10 @@ struct AppBuf {
     placed: bool,
     /// Given back to the application by a terminated connection.
     released: bool,
+}
+
+impl AppBuf {
+    const FILL: AppBuf = AppBuf { dst: NO_SPAN, ctx: 0, placed: false, released: false };
 }
 
 /// Where a receive posted into an application buffer puts a segment's
@@ -140,11 +157,11 @@ struct Arrival {
     token: Option<u64>,
 }
 
-/// A checked data segment waiting to be copied where its message goes.
+/// A checked data segment waiting to be copied where its message goes
+/// (from where its slot's [`Landing`], if any, put it).
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     slot: u16,
-    landing: Option<Landing>,
     data_offset: u32,
     offset: u64,
     len: u32,
@@ -152,6 +169,19 @@ struct Pending {
     first: bool,
     last: bool,
     token: Option<u64>,
+}
+
+impl Pending {
+    const FILL: Pending = Pending {
+        slot: 0,
+        data_offset: 0,
+        offset: 0,
+        len: 0,
+        total: 0,
+        first: false,
+        last: false,
+        token: None,
+    };
 }
 
 /// The message being copied into an application buffer.
@@ -182,16 +212,16 @@ pub struct Connection {
     /// Slots to post (again).
     rx_free: Vec<u16>,
     /// Posted slots in posting order: the order the endpoint fills them.
-    rx_order: VecDeque<u16>,
+    rx_order: Ring<u16>,
     /// Per slot: its completion, until its turn.
     arrivals: Vec<Option<Arrival>>,
     /// Messages queued or in flight, oldest first; the front's sequence
     /// number is `tx_front_seq`, and `next_post` indexes the first with
     /// segments still to post.
-    tx: VecDeque<TxMsg>,
+    tx: Ring<TxMsg>,
     tx_front_seq: u64,
     next_post: usize,
-    apps: VecDeque<AppBuf>,
+    apps: Ring<AppBuf>,
     /// Messages whose buffer came before the front's: the front's
     /// sequence number.
     apps_front_seq: u64,
@@ -201,13 +231,13 @@ pub struct Connection {
     landings: Vec<Option<Landing>>,
     /// The peer's DataOffset, as its last data segment said.
     peer_data_offset: u32,
-    pending: VecDeque<Pending>,
+    pending: Ring<Pending>,
     rx_msg: Option<RxMsg>,
     /// The message arriving carried a token already.
     token_in_msg: bool,
     reasm: Reassembler,
     credits: Credits,
-    events: VecDeque<Event>,
+    events: Ring<Event>,
     error: Option<ProtocolError>,
     closed: bool,
     stats: Stats,
@@ -263,22 +293,25 @@ impl Connection {
             hdr_owner: vec![FREE; cfg.send_slots as usize],
             rx,
             rx_free: (0..slots as u16).rev().collect(),
-            rx_order: VecDeque::with_capacity(slots),
+            rx_order: Ring::with_capacity(slots, 0),
             arrivals: vec![None; slots],
-            tx: VecDeque::with_capacity(cfg.send_queue as usize),
+            tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
             tx_front_seq: 0,
             next_post: 0,
-            apps: VecDeque::with_capacity(cfg.recv_queue as usize),
+            apps: Ring::with_capacity(cfg.recv_queue as usize, AppBuf::FILL),
             apps_front_seq: 0,
             msgs_seen: 0,
             landings: vec![None; slots],
             peer_data_offset: super::DEFAULT_DATA_OFFSET,
-            pending: VecDeque::with_capacity(slots),
+            pending: Ring::with_capacity(slots, Pending::FILL),
             rx_msg: None,
             token_in_msg: false,
             reasm: Reassembler::new(params.max_fragmented_receive_size),
             credits: Credits::new(params.send_credits, 0, 0),
-            events: VecDeque::with_capacity(cfg.send_queue as usize + cfg.recv_queue as usize + 4),
+            events: Ring::with_capacity(
+                cfg.send_queue as usize + cfg.recv_queue as usize + 4,
+                Event::Terminated(ProtocolError::Closed),
+            ),
             error: None,
             closed: false,
             stats: Stats::default(),
@@ -415,20 +448,41 @@ impl Connection {
     /// connection's (it is left to its owner).
     #[inline]
     pub fn handle_completion<D: Device>(&mut self, ep: &mut Endpoint<D>, c: &Completion) -> bool {
-        if !self.owns(c) {
-            return false;
-        }
-        let slot = (c.ctx & SLOT_MASK) as usize;
-        match (c.ctx >> KIND_SHIFT) & 0xff {
-            KIND_SEND if slot < self.hdr_owner.len() => self.on_send_done(slot as u16, c.status),
-            KIND_RECV if slot < self.arrivals.len() => {
-                self.arrivals[slot] =
-                    Some(Arrival { status: c.status, len: c.len, token: c.cq_data });
-                self.on_arrivals(ep);
+        // Zero above the kind when the tag is this connection's.
+        let k = c.ctx ^ self.tag;
+        let slot = (k & SLOT_MASK) as usize;
+        match k >> KIND_SHIFT {
+            KIND_SEND => {
+                if slot < self.hdr_owner.len() {
+                    self.on_send_done(slot as u16, c.status);
+                }
             }
-            _ => {}
+            KIND_RECV => {
+                if slot < self.arrivals.len() {
+                    self.on_recv_done(ep, slot as u16, c);
+                }
+            }
+            _ => return false,
         }
         true
+    }
+
+    /// A receive slot's completion.
+    #[inline]
+    fn on_recv_done<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16, c: &Completion) {
+        let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
+        if self.rx_order.front() == Some(&slot) {
+            // Its turn, as a receive usually completes: handled at once
+            // rather than stored and taken back.
+            self.rx_order.skip_front();
+            self.on_arrival(ep, slot, a);
+        } else {
+            self.arrivals[slot as usize] = Some(a);
+        }
+        let next = self.rx_order.front().is_some_and(|&s| self.arrivals[s as usize].is_some());
+        if next || self.error.is_some() {
+            self.on_arrivals(ep);
+        }
     }
 
     /// Reposts free receives, posts the segments credits allow, and an
@@ -483,19 +537,31 @@ impl Connection {
     /// Posts segments while credits, slots and the endpoint allow.
     fn post_segments<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
         let mut did = false;
-        while self.post_segment(ep) {
+        while self.next_post < self.tx.len() {
+            // A sender waiting for credits is the usual stall: told here,
+            // before the segment is looked at.
+            let grants = self.credits.to_grant();
+            if !self.credits.may_send(grants) {
+                self.stats.credit_stalls += 1;
+                break;
+            }
+            if !self.post_segment(ep, grants) {
+                break;
+            }
             did = true;
         }
         did
     }
 
-    /// Posts the next segment of the first message with some to go.
+    /// Posts the next segment of the first message with some to go,
+    /// granting `grants`, which a credit allows.
     #[inline]
-    fn post_segment<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+    fn post_segment<D: Device>(&mut self, ep: &mut Endpoint<D>, grants: u16) -> bool {
         if self.error.is_some() {
             return false;
         }
-        let Some(m) = self.tx.get(self.next_post) else { return false };
+        let i = self.next_post;
+        let Some(m) = self.tx.get(i) else { return false };
         let Some(seg) = m.seg.peek() else {
             self.next_post += 1;
             return true;
@@ -504,11 +570,6 @@ impl Connection {
             self.stats.slot_stalls += 1;
             return false;
         };
-        let grants = self.credits.to_grant();
-        if !self.credits.may_send(grants) {
-            self.stats.credit_stalls += 1;
-            return false;
-        }
         let data = !seg.repr.is_empty();
         let mut r = seg.repr;
         r.credits_requested = self.params.send_credit_target;
@@ -527,13 +588,11 @@ impl Connection {
             return false;
         }
         self.hdr_free.pop();
-        self.hdr_owner[slot as usize] = self.tx_front_seq + self.next_post as u64;
-        let m = &mut self.tx[self.next_post];
+        self.hdr_owner[slot as usize] = self.tx_front_seq + i as u64;
+        let m = &mut self.tx[i];
         m.seg.advance();
         m.in_flight += 1;
-        if m.seg.is_done() {
-            self.next_post += 1;
-        }
+        self.next_post = i + m.seg.is_done() as usize;
         self.credits.on_send(grants);
         self.stats.segments_sent += 1;
         self.stats.bytes_sent += r.data_length as u64;
@@ -586,9 +645,9 @@ impl Connection {
     }
 
     /// Sends header `r` followed by `body` when given, the token as the
-    /// send's CQ data: in one packet with the header copied in from here
-    /// when it fits now, else as one endpoint send gathered from header
-    /// slot `slot` (written first) and the body.
+    /// send's CQ data: in one packet with the header emitted into it when
+    /// it fits now, else as one endpoint send gathered from header slot
+    /// `slot` (written first) and the body.
     #[inline]
     fn post_message<D: Device>(
         &mut self,
@@ -600,33 +659,31 @@ impl Connection {
     ) -> Result<(), EpError> {
         let at = slot as u64 * self.cfg.data_offset as u64;
         let ctx = self.ctx(KIND_SEND, slot);
-        // The usual header (DataOffset 24) from a small buffer: no wider
-        // one to clear for every segment.
-        if r.buffer_len() <= 24 {
-            let mut b = [0u8; 24];
-            let n = r.emit(&mut b);
-            self.send_header(ep, &b[..n], at, body, token, ctx)
-        } else {
-            let mut b = [0u8; MAX_DATA_OFFSET as usize];
-            let n = r.emit(&mut b);
-            self.send_header(ep, &b[..n], at, body, token, ctx)
+        let n = r.buffer_len();
+        let none = Span { mr: self.hdr.id, offset: at, len: 0 };
+        let emit = |b: &mut [u8]| {
+            r.emit(b);
+        };
+        if ep.send_inline_head_with(self.peer, n, emit, body.unwrap_or(none), token, ctx)? {
+            return Ok(());
         }
+        self.send_gathered(ep, r, at, body, token, ctx)
     }
 
-    #[inline(always)]
-    fn send_header<D: Device>(
+    /// [`Self::post_message`]'s send from the header slot at `at`.
+    #[inline(never)]
+    fn send_gathered<D: Device>(
         &mut self,
         ep: &mut Endpoint<D>,
-        head: &[u8],
+        r: &Repr,
         at: u64,
         body: Option<Span>,
         token: Option<u64>,
         ctx: u64,
     ) -> Result<(), EpError> {
-        let none = Span { mr: self.hdr.id, offset: at, len: 0 };
-        if ep.send_inline_head(self.peer, head, body.unwrap_or(none), token, ctx)? {
-            return Ok(());
-        }
+        let mut b = [0u8; MAX_DATA_OFFSET as usize];
+        let n = r.emit(&mut b);
+        let head = &b[..n];
         ep.write_mem(self.hdr.id, at, head)?;
         let h = Span { mr: self.hdr.id, offset: at, len: head.len() as u64 };
         match (body, token) {
@@ -661,20 +718,19 @@ impl Connection {
 
     /// Reports the messages at the front that are done, in order.
     fn finish_sent(&mut self) {
+        let stopped = self.error.is_some();
         while let Some(m) = self.tx.front() {
-            let posted = m.seg.is_done() || self.error.is_some();
-            if !posted || m.in_flight > 0 {
+            let done = m.seg.is_done();
+            if !(done || stopped) || m.in_flight > 0 {
                 return;
             }
-            let mut status = m.status;
-            if status == SendStatus::Ok && !m.seg.is_done() {
-                status = SendStatus::Terminated;
-            }
-            if status == SendStatus::Ok {
-                self.stats.messages_sent += 1;
-            }
+            let status = match m.status {
+                SendStatus::Ok if !done => SendStatus::Terminated,
+                s => s,
+            };
+            self.stats.messages_sent += (status == SendStatus::Ok) as u64;
             self.events.push_back(Event::Sent { ctx: m.ctx, status });
-            self.tx.pop_front();
+            self.tx.skip_front();
             self.tx_front_seq += 1;
             self.next_post = self.next_post.saturating_sub(1);
         }
@@ -687,8 +743,14 @@ impl Connection {
     /// [`Landing`]), else into the slot alone.
     fn repost<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
         let mut did = false;
+        let mrs = self.params.max_receive_size as u64;
+        // A segment places at most this much: below `direct_min`, placing
+        // never pays, and no buffer is looked for.
+        let places = mrs.min(self.params.max_fragmented_receive_size as u64) >= self.cfg.direct_min;
+        if !places {
+            return self.repost_in_slots(ep);
+        }
         while let Some(&slot) = self.rx_free.last() {
-            let mrs = self.params.max_receive_size as u64;
             let at = self.rx_slot_offset(slot);
             let whole = Span { mr: self.rx.id, offset: at, len: mrs };
             let ctx = self.ctx(KIND_RECV, slot);
@@ -696,7 +758,8 @@ impl Connection {
             let head = self.peer_data_offset as u64;
             // Buffers are taken only by messages seen: never below the front.
             let i = seq.saturating_sub(self.apps_front_seq) as usize;
-            let landing = match self.apps.get(i) {
+            let buf = if places { self.apps.get(i) } else { None };
+            let landing = match buf {
                 Some(b) if !b.placed && b.dst.len >= self.cfg.direct_min.max(1) && head < mrs => {
                     let len = b.dst.len.min(mrs - head);
                     Some(Landing { seq, dst: b.dst, head, len })
@@ -725,10 +788,36 @@ impl Connection {
                     break;
                 }
             }
+            // A free slot's landing was taken when it arrived.
+            debug_assert!(self.landings[slot as usize].is_none());
             if landing.is_some() {
                 self.apps[i].placed = true;
+                self.landings[slot as usize] = landing;
             }
-            self.landings[slot as usize] = landing;
+            self.rx_free.pop();
+            self.rx_order.push_back(slot);
+            self.credits.on_post();
+            did = true;
+        }
+        did
+    }
+
+    /// [`Self::repost`] when no receive is posted into a buffer: each
+    /// into its slot alone.
+    #[inline]
+    fn repost_in_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        let mut did = false;
+        let mrs = self.params.max_receive_size as u64;
+        while let Some(&slot) = self.rx_free.last() {
+            let whole = Span { mr: self.rx.id, offset: self.rx_slot_offset(slot), len: mrs };
+            match ep.recv(whole, Some(self.peer), self.ctx(KIND_RECV, slot)) {
+                Ok(()) => {}
+                Err(EpError::Again) => break,
+                Err(e) => {
+                    self.terminate(ProtocolError::Endpoint(e));
+                    break;
+                }
+            }
             self.rx_free.pop();
             self.rx_order.push_back(slot);
             self.credits.on_post();
@@ -742,20 +831,24 @@ impl Connection {
         while let Some(&slot) = self.rx_order.front() {
             let Some(a) = self.arrivals[slot as usize].take() else { break };
             self.rx_order.pop_front();
-            let landing = self.landings[slot as usize].take();
-            if self.error.is_some() {
-                // Not posted again: a terminated connection grants nothing.
-                continue;
-            }
-            self.stats.segments_received += 1;
-            if let Err(e) = self.on_segment(ep, slot, a, landing) {
-                self.terminate(e);
-            }
+            self.on_arrival(ep, slot, a);
         }
         if self.error.is_some() {
             self.release_buffers();
-        } else {
-            self.deliver(ep);
+        }
+    }
+
+    /// Handles slot `slot`'s segment, taken off `rx_order` in its turn.
+    #[inline]
+    fn on_arrival<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16, a: Arrival) {
+        if self.error.is_some() {
+            // Not posted again: a terminated connection grants nothing.
+            self.landings[slot as usize] = None;
+            return;
+        }
+        self.stats.segments_received += 1;
+        if let Err(e) = self.on_segment(ep, slot, a) {
+            self.terminate(e);
         }
     }
 
@@ -767,7 +860,6 @@ impl Connection {
         ep: &mut Endpoint<D>,
         slot: u16,
         a: Arrival,
-        landing: Option<Landing>,
     ) -> Result<(), ProtocolError> {
         self.credits.on_arrival()?;
         let max = self.params.max_receive_size;
@@ -785,8 +877,12 @@ impl Connection {
         }
         let mut h = [0u8; HEADER_LEN];
         let n = (a.len as usize).min(HEADER_LEN);
-        ep.read_mem(self.rx.id, self.rx_slot_offset(slot), &mut h[..n])
-            .map_err(ProtocolError::Endpoint)?;
+        // Read whole, a copy of known length; a shorter segment is refused
+        // by the codec without its bytes.
+        if n == HEADER_LEN {
+            ep.read_mem(self.rx.id, self.rx_slot_offset(slot), &mut h)
+                .map_err(ProtocolError::Endpoint)?;
+        }
         let r = Repr::parse_header(&h[..n], a.len as usize).map_err(ProtocolError::Malformed)?;
         self.credits.on_header(r.credits_granted, r.flags.contains(Flags::RESPONSE_REQUESTED));
         let placement = self.reasm.accept(&r)?;
@@ -797,6 +893,8 @@ impl Connection {
                     self.invalidate(ep, token)?;
                     self.events.push_back(Event::Invalidated { token });
                 }
+                // Its 20 bytes are all in the slot.
+                self.landings[slot as usize] = None;
                 self.rx_free.push(slot);
             }
             Placement::Data { offset, len, total, first, last } => {
@@ -815,9 +913,8 @@ impl Connection {
                 self.msgs_seen += first as u64;
                 // Where the next receives are posted assumes this offset.
                 self.peer_data_offset = r.data_offset;
-                self.pending.push_back(Pending {
+                let p = Pending {
                     slot,
-                    landing,
                     data_offset: r.data_offset,
                     offset,
                     len,
@@ -825,7 +922,13 @@ impl Connection {
                     first,
                     last,
                     token: a.token,
-                });
+                };
+                // In order: at once when nothing waits before it.
+                if !(self.pending.is_empty() && self.deliver_segment(ep, &p))
+                    && self.error.is_none()
+                {
+                    self.pending.push_back(p);
+                }
             }
         }
         Ok(())
@@ -850,42 +953,72 @@ impl Connection {
     /// and reports each message with its last segment.
     fn deliver<D: Device>(&mut self, ep: &mut Endpoint<D>) {
         while let Some(&p) = self.pending.front() {
-            if self.error.is_some() {
-                return;
-            }
-            if p.first {
-                let Some(buf) = self.apps.pop_front() else { return };
-                self.apps_front_seq += 1;
-                self.rx_msg = Some(RxMsg { buf, total: p.total, token: None });
-            }
-            let Some(m) = self.rx_msg.as_mut() else { return };
-            m.token = m.token.or(p.token);
-            let dst = m.buf.dst;
-            let n = (p.len as u64).min(dst.len.saturating_sub(p.offset));
-            if let Err(e) = self.copy_data(ep, &p, n, dst.mr, dst.offset + p.offset) {
-                // The application deregistered its buffer meanwhile.
-                self.terminate(ProtocolError::Endpoint(e));
+            if self.error.is_some() || !self.deliver_segment(ep, &p) {
                 return;
             }
             self.pending.pop_front();
-            self.rx_free.push(p.slot);
-            self.stats.bytes_received += p.len as u64;
-            if let Some(m) = self.rx_msg.take_if(|_| p.last) {
-                let status = if m.total > dst.len {
-                    RecvStatus::Truncated { olen: m.total }
-                } else {
-                    RecvStatus::Ok
-                };
-                let len = m.total.min(dst.len);
-                self.stats.messages_received += 1;
-                self.events.push_back(Event::Received {
-                    ctx: m.buf.ctx,
-                    len,
-                    status,
-                    invalidated: m.token,
-                });
+        }
+    }
+
+    /// Copies segment `p`, the next in order, into its message's buffer
+    /// and reports the message with its last segment; false, with nothing
+    /// changed, when its message has no buffer yet (or the copy failed,
+    /// which terminates).
+    #[inline]
+    fn deliver_segment<D: Device>(&mut self, ep: &mut Endpoint<D>, p: &Pending) -> bool {
+        if p.first && p.last && self.landings[p.slot as usize].is_none() {
+            // A message of one segment, in its slot: copied and reported
+            // with no message kept in between. A copy that fails is left
+            // to the general path below, which fails it again and ends.
+            let Some(&buf) = self.apps.front() else { return false };
+            let n = (p.len as u64).min(buf.dst.len);
+            let at = self.rx_slot_offset(p.slot) + p.data_offset as u64;
+            let src = Span { mr: self.rx.id, offset: at, len: n };
+            if n == 0 || ep.copy_mem(src, buf.dst.mr, buf.dst.offset).is_ok() {
+                self.apps.skip_front();
+                self.apps_front_seq += 1;
+                self.rx_free.push(p.slot);
+                self.stats.bytes_received += p.len as u64;
+                self.report_received(buf.ctx, p.total, buf.dst.len, p.token);
+                return true;
             }
         }
+        let m = if p.first {
+            let Some(buf) = self.apps.pop_front() else { return false };
+            self.apps_front_seq += 1;
+            RxMsg { buf, total: p.total, token: p.token }
+        } else {
+            let Some(m) = self.rx_msg.as_mut() else { return false };
+            m.token = m.token.or(p.token);
+            *m
+        };
+        let dst = m.buf.dst;
+        let n = (p.len as u64).min(dst.len.saturating_sub(p.offset));
+        if let Err(e) = self.copy_data(ep, p, n, dst.mr, dst.offset + p.offset) {
+            // The application deregistered its buffer meanwhile.
+            self.rx_msg = Some(m);
+            self.terminate(ProtocolError::Endpoint(e));
+            return false;
+        }
+        self.rx_free.push(p.slot);
+        self.stats.bytes_received += p.len as u64;
+        if !p.last {
+            self.rx_msg = Some(m);
+            return true;
+        }
+        self.rx_msg = None;
+        self.report_received(m.buf.ctx, m.total, dst.len, m.token);
+        true
+    }
+
+    /// Reports a message of `total` bytes delivered into a buffer of
+    /// `cap`.
+    #[inline(always)]
+    fn report_received(&mut self, ctx: u64, total: u64, cap: u64, invalidated: Option<u64>) {
+        let status =
+            if total > cap { RecvStatus::Truncated { olen: total } } else { RecvStatus::Ok };
+        self.stats.messages_received += 1;
+        self.events.push_back(Event::Received { ctx, len: total.min(cap), status, invalidated });
     }
 
     /// Copies the first `n` data bytes of segment `p` from where they
@@ -902,7 +1035,7 @@ impl Connection {
         let slot_at = self.rx_slot_offset(p.slot);
         let (from, to) = (p.data_offset as u64, p.data_offset as u64 + n);
         let in_slot = |a: u64, b: u64| Span { mr: self.rx.id, offset: slot_at + a, len: b - a };
-        let Some(l) = p.landing else {
+        let Some(l) = self.landings[p.slot as usize].take() else {
             return if n > 0 { ep.copy_mem(in_slot(from, to), mr, at) } else { Ok(()) };
         };
         // Segment bytes [head, head + len) are in the buffer, the others in

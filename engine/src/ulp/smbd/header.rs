@@ -40,6 +40,17 @@ pub const HEADER_LEN: usize = field::HEADER_LEN;
 
 const _: () = assert!(HEADER_LEN == 20);
 
+// `Repr::emit` writes the fields as words at these offsets.
+const _: () = assert!(
+    field::CREDITS_REQUESTED == 0
+        && field::CREDITS_GRANTED == 2
+        && field::FLAGS == 4
+        && field::RESERVED == 6
+        && field::REMAINING_DATA_LENGTH == 8
+        && field::DATA_OFFSET == 12
+        && field::DATA_LENGTH == 16
+);
+
 /// The DataOffset a sender uses by default (spec 3.1.5.4: "SHOULD be 24"),
 /// the first 8-byte aligned offset past the header.
 pub const DEFAULT_DATA_OFFSET: u32 = 24;
@@ -55,11 +66,6 @@ fn get_u16(b: &[u8], at: usize) -> u16 {
 #[inline(always)]
 fn get_u32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-#[inline(always)]
-fn put_u16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
 }
 
 #[inline(always)]
@@ -260,15 +266,24 @@ impl Repr {
     #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> usize {
         let len = self.buffer_len();
+        // The fields as three little-endian words (Reserved and the usual
+        // four bytes of padding zero), stored whole.
+        let w0 = self.credits_requested as u64
+            | (self.credits_granted as u64) << 16
+            | (self.flags.bits() as u64) << 32;
+        let w1 = self.remaining_data_length as u64 | (self.data_offset as u64) << 32;
+        let w2 = self.data_length as u64;
         let b = &mut buf[..len];
-        put_u16(b, field::CREDITS_REQUESTED, self.credits_requested);
-        put_u16(b, field::CREDITS_GRANTED, self.credits_granted);
-        put_u16(b, field::FLAGS, self.flags.bits());
-        put_u16(b, field::RESERVED, 0);
-        put_u32(b, field::REMAINING_DATA_LENGTH, self.remaining_data_length);
-        put_u32(b, field::DATA_OFFSET, self.data_offset);
-        put_u32(b, field::DATA_LENGTH, self.data_length);
-        b[HEADER_LEN..].fill(0);
+        b[..8].copy_from_slice(&w0.to_le_bytes());
+        b[8..16].copy_from_slice(&w1.to_le_bytes());
+        if len >= DEFAULT_DATA_OFFSET as usize {
+            b[16..24].copy_from_slice(&w2.to_le_bytes());
+            if len > DEFAULT_DATA_OFFSET as usize {
+                b[24..].fill(0);
+            }
+        } else {
+            put_u32(b, field::DATA_LENGTH, self.data_length);
+        }
         len
     }
 }

@@ -16,8 +16,9 @@
 //! is left and MaxSendSize - DataOffset, RemainingDataLength the bytes not
 //! yet sent after the segment, padding zero. Segments go in strict order,
 //! each one endpoint send of the header and the caller's bytes: the
-//! header copied into the packet when the segment fits one packet at once
-//! ([`Endpoint::send_inline_head`](crate::endpoint::Endpoint::send_inline_head)),
+//! header emitted straight into the packet when the segment fits one
+//! packet at once
+//! ([`Endpoint::send_inline_head_with`](crate::endpoint::Endpoint::send_inline_head_with)),
 //! else gathered from a header slot of the connection's and the caller's
 //! span, which the connection never copies. The token goes with the first
 //! segment only, as the CQ data
@@ -44,11 +45,13 @@
 //! ahead than the receives, a receive is posted again scattered
 //! ([`Endpoint::recvv`](crate::endpoint::Endpoint::recvv)) over the
 //! header's bytes in its slot and the buffer of the message it can carry
-//! at the latest (if that buffer holds at least [`Config::direct_min`]
-//! bytes); a message of one segment at the peer's DataOffset then lands
-//! where it goes and is not copied ([`Stats::in_place`]). Any other
-//! segment is copied from where it landed, in order, before that buffer
-//! is written or handed out.
+//! at the latest (if that buffer, and the most a segment can carry, hold
+//! at least [`Config::direct_min`] bytes); a message of one segment at
+//! the peer's DataOffset then lands where it goes and is not copied
+//! ([`Stats::in_place`]). Any other segment is copied from where it
+//! landed, in order, before that buffer is written or handed out. A
+//! segment is checked and copied as soon as it is in its turn, which is
+//! usually when its receive completes.
 //!
 //! # Credits
 //!
@@ -103,6 +106,7 @@
 mod conn;
 mod credits;
 mod header;
+mod ring;
 mod segment;
 
 pub use conn::{Connection, Event, RecvStatus, SendStatus, Stats};
@@ -209,8 +213,9 @@ pub struct Config {
     /// operations, by which it knows its completions.
     pub ctx_tag: u32,
     /// The shortest application buffer a receive is posted into (direct
-    /// placement); shorter messages are copied out of the receive's slot,
-    /// which costs less than scattering a receive.
+    /// placement), and the least a segment must be able to carry for a
+    /// connection to look for one; shorter messages are copied out of the
+    /// receive's slot, which costs less than scattering a receive.
     pub direct_min: u64,
 }
 

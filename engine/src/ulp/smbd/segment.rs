@@ -50,6 +50,10 @@ pub struct Segmenter {
 }
 
 impl Segmenter {
+    /// The segments of no message, all taken.
+    pub(crate) const EMPTY: Segmenter =
+        Segmenter { len: 0, sent: 0, data_offset: 0, max_data: 0, done_empty: true };
+
     /// Segments for a message of `len` bytes at `data_offset`, with at most
     /// `max_send_size` bytes per segment. The caller checked the
     /// parameters ([`super::Params::check`]): `data_offset` is 8-byte
@@ -111,10 +115,10 @@ impl Segmenter {
     /// Takes the segment `peek` returned.
     #[inline]
     pub fn advance(&mut self) {
-        if let Some(s) = self.peek() {
-            self.sent += s.repr.data_length as u64;
-            self.done_empty |= self.len == 0;
-        }
+        // What `peek` gives, without building the segment again; nothing
+        // once done.
+        self.sent += (self.len - self.sent).min(self.max_data as u64);
+        self.done_empty |= self.len == 0;
     }
 }
 
