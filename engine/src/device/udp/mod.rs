@@ -1411,6 +1411,14 @@ impl UdpDevice {
         self.activate(s);
     }
 
+    /// The source of a packet from session `s`, whose address is not in
+    /// the book, landed in `buf`: noted for [`UdpDevice::sender`].
+    #[cold]
+    fn unknown_sender(&mut self, buf: BufId, s: u32) -> Source {
+        self.unknown_from[buf as usize] = s;
+        Source::Unknown { qpn: self.sessions[s as usize].peer.port() }
+    }
+
     fn source(&self, s: u32) -> Source {
         let sess = &self.sessions[s as usize];
         match sess.ah {
@@ -1420,11 +1428,12 @@ impl UdpDevice {
     }
 
     /// Completes a receive into posted buffer `buf`, from session `s`.
+    #[inline]
     fn deliver(&mut self, op: CqOp, buf: BufId, len: u32, s: u32, imm: u32) {
-        let src = self.source(s);
-        if let Source::Unknown { .. } = src {
-            self.unknown_from[buf as usize] = s;
-        }
+        let src = match self.sessions[s as usize].ah {
+            Some(ah) => Source::Known(ah),
+            None => self.unknown_sender(buf, s),
+        };
         self.cq.push_back(Cqe { op, status: CqStatus::Ok, wr_id: u64::from(buf), len, src, imm });
     }
 
