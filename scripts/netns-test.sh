@@ -222,10 +222,10 @@ pair() {
   local name=$1 app=$2 to=$3 bind=$4
   shift 4
   port=$((port + 1))
-  local common=("$app" -B "$port" -c -S "$sizes" "$@")
+  local common=(-B "$port" -c -S "$sizes" "$@")
   rm -f "$tmp/server.json" "$tmp/client.json"
-  local server_args=(-p "$server_dev" "${common[@]}" --server --bind "$bind" --json "$tmp/server.json")
-  local client_args=(-p "$client_dev" "${common[@]}" "$to" --json "$tmp/client.json")
+  local server_args=("$app" -p "$server_dev" "${common[@]}" --server --bind "$bind" --json "$tmp/server.json")
+  local client_args=("$app" -p "$client_dev" "${common[@]}" "$to" --json "$tmp/client.json")
   start_sides
   local client server
   await "$client_pid" "$run_limit_s"
@@ -244,6 +244,12 @@ pair() {
     if [ "$got" != "$sizes_bytes" ]; then
       show_outputs
       fail "$name: FAILED: the $side's --json names sizes [$got], not [$sizes_bytes]"
+    fi
+    local dev=$server_dev
+    [ "$side" = server ] || dev=$client_dev
+    if ! grep -q "\"device\": *\"$dev\"" "$tmp/$side.json"; then
+      show_outputs
+      fail "$name: FAILED: the $side's --json does not say it ran on $dev"
     fi
   done
 }
