@@ -5,12 +5,18 @@
 #   - at MTU 1500 (the udp device's 8 KiB datagrams are IP-fragmented)
 #     and 9000, pingpong and streaming -c from 1 B to 1 MiB; one run over
 #     IPv6; each side must exit 0 and its --json name the sizes run;
+#   - `-p efa` under softefa (LD_PRELOAD, SOFTEFA_ADDR the namespace's
+#     address), pingpong and streaming -c, efa<->efa and efa<->udp;
 #   - a side killed (-9) mid-run: the other exits 1 within --timeout
 #     plus a margin, both ways; then the link cut mid-run (no FIN, no
 #     RST: the timeout path): both exit 1 alike.
 # One run at a time: never more than two busy-polling processes.
 #
 # Usage: scripts/netns-test.sh    (as root; EFAPOLL=path skips the build)
+# The efa steps need an efapoll built with `--features efa` and softefa's
+# library: SOFTEFA_LIB=path, or libsoftefa.so beside efapoll. Where
+# pkg-config finds libibverbs, a missing one fails the script; elsewhere
+# the efa steps are skipped, saying so.
 # Exit status: 0 passed, or skipped where the test cannot run (not root,
 # no `ip`, namespaces not permitted, one core; one line says why); 1 a
 # step failed (both sides' output is shown).
@@ -36,8 +42,21 @@ if [ -n "${EFAPOLL:-}" ]; then
   efapoll="$(realpath -- "$EFAPOLL")"
   [ -x "$efapoll" ] || fail "EFAPOLL=$EFAPOLL is not an executable"
 else
-  cargo build --release --quiet -p efapoll-apps
+  if pkg-config --exists libibverbs 2>/dev/null; then
+    cargo build --release --quiet -p efapoll-apps -p softefa --features efapoll-apps/efa
+  else
+    cargo build --release --quiet -p efapoll-apps
+  fi
   efapoll="$(realpath -- "${CARGO_TARGET_DIR:-target}/release/efapoll")"
+fi
+softefa="${SOFTEFA_LIB:-$(dirname -- "$efapoll")/libsoftefa.so}"
+info="$("$efapoll" info 2>&1 || true)"
+if [ -f "$softefa" ] && [[ "$info" != *"no efa feature"* ]]; then
+  softefa="$(realpath -- "$softefa")"
+elif pkg-config --exists libibverbs 2>/dev/null; then
+  fail "rdma-core is here, but no efa run is possible: $softefa missing or $efapoll built without --features efa"
+else
+  softefa=""
 fi
 
 ns_a="efapoll-a-$$"
@@ -180,16 +199,22 @@ reassembled() {
 # Starts the server in namespace B with the caller's `server_args`, and
 # the client in A with its `client_args`; the client retries a refused
 # connection, so it need not wait for the server to listen.
+# Each side's environment: `server_env` and `client_env` (softefa's).
+server_env=()
+client_env=()
 start_sides() {
-  server_cmd="efapoll ${server_args[*]}"
-  client_cmd="efapoll ${client_args[*]}"
-  ip netns exec "$ns_b" "$efapoll" "${server_args[@]}" >"$tmp/server.out" 2>&1 &
+  server_cmd="${server_env[*]} efapoll ${server_args[*]}"
+  client_cmd="${client_env[*]} efapoll ${client_args[*]}"
+  ip netns exec "$ns_b" env "${server_env[@]}" "$efapoll" "${server_args[@]}" >"$tmp/server.out" 2>&1 &
   server_pid=$!
-  ip netns exec "$ns_a" "$efapoll" "${client_args[@]}" >"$tmp/client.out" 2>&1 &
+  ip netns exec "$ns_a" env "${client_env[@]}" "$efapoll" "${client_args[@]}" >"$tmp/client.out" 2>&1 &
   client_pid=$!
 }
 
 port=9228
+# The devices of the server and of the client (pair's -p).
+server_dev=udp
+client_dev=udp
 # Runs app $2 between the namespaces, the client to address $3 and the
 # server bound to $4, with the remaining arguments on both sides; both
 # must exit 0 and report the sizes run. $1 names the step.
@@ -197,10 +222,10 @@ pair() {
   local name=$1 app=$2 to=$3 bind=$4
   shift 4
   port=$((port + 1))
-  local common=("$app" -p udp -B "$port" -c -S "$sizes" "$@")
+  local common=(-B "$port" -c -S "$sizes" "$@")
   rm -f "$tmp/server.json" "$tmp/client.json"
-  local server_args=("${common[@]}" --server --bind "$bind" --json "$tmp/server.json")
-  local client_args=("${common[@]}" "$to" --json "$tmp/client.json")
+  local server_args=("$app" -p "$server_dev" "${common[@]}" --server --bind "$bind" --json "$tmp/server.json")
+  local client_args=("$app" -p "$client_dev" "${common[@]}" "$to" --json "$tmp/client.json")
   start_sides
   local client server
   await "$client_pid" "$run_limit_s"
@@ -219,6 +244,12 @@ pair() {
     if [ "$got" != "$sizes_bytes" ]; then
       show_outputs
       fail "$name: FAILED: the $side's --json names sizes [$got], not [$sizes_bytes]"
+    fi
+    local dev=$server_dev
+    [ "$side" = server ] || dev=$client_dev
+    if ! grep -q "\"device\": *\"$dev\"" "$tmp/$side.json"; then
+      show_outputs
+      fail "$name: FAILED: the $side's --json does not say it ran on $dev"
     fi
   done
 }
@@ -254,6 +285,31 @@ done
 
 set_mtu 1500
 pair_counting "ipv6 mtu 1500 pingpong -c" 6 1500 pingpong "$ip6_b" :: -I 100
+
+# softefa's environment for a side on device $1 in the namespace of
+# address $2: preloaded, its QPs bound to that address.
+efa_env() {
+  if [ "$1" = efa ]; then echo "LD_PRELOAD=$softefa SOFTEFA_ADDR=$2"; fi
+}
+
+if [ -n "$softefa" ]; then
+  for devs in efa:efa efa:udp udp:efa; do
+    server_dev=${devs%:*}
+    client_dev=${devs#*:}
+    read -ra server_env <<<"$(efa_env "$server_dev" "$ip_b")"
+    read -ra client_env <<<"$(efa_env "$client_dev" "$ip_a")"
+    for app in pingpong streaming; do
+      pair "$server_dev server, $client_dev client: $app -c" "$app" "$ip_b" 0.0.0.0 -I 100
+      say "$server_dev server, $client_dev client: $app -c: ok"
+    done
+  done
+  server_dev=udp
+  client_dev=udp
+  server_env=()
+  client_env=()
+else
+  say "efa steps skipped: no rdma-core here (pkg-config libibverbs), so no softefa"
+fi
 
 # The side a cut kills, if any.
 victim=""

@@ -3,7 +3,10 @@
 # Run from anywhere; extra arguments go to cargo (e.g. -p efapoll).
 # Where pkg-config finds rdma-core's libibverbs, the efa device (feature
 # efa) and softefa are built and tested too; elsewhere they are left out,
-# so the suite needs no rdma-core.
+# so the suite needs no rdma-core. The efa tests of the engine and the apps
+# run under softefa's library, which the workspace's test build makes
+# (target/<profile>/deps); with `-p efapoll` alone, build `-p softefa`
+# too, or those tests fail saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if pkg-config --exists libibverbs 2>/dev/null; then

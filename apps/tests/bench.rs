@@ -1581,3 +1581,75 @@ fn smbd_frames_messages_as_smb_direct_and_verifies_them() {
         server_and_client(app, "shm", "smbd");
     }
 }
+
+/// `-p efa` on softefa (`LD_PRELOAD`), as two processes: against `-p efa`
+/// and against `-p udp` (one wire), every operation verified (`-c`).
+#[cfg(feature = "efa")]
+mod efa {
+    use super::*;
+
+    /// The built `libsoftefa.so`, beside the test (`target/<profile>/deps`,
+    /// where a test build of the workspace puts it) or in the profile's
+    /// directory (`cargo build -p softefa`). A missing library fails: the
+    /// feature promises these runs.
+    fn softefa() -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        let dirs = [deps, deps.parent().unwrap()];
+        let lib = dirs.iter().map(|d| d.join("libsoftefa.so")).find(|l| l.exists());
+        lib.unwrap_or_else(|| panic!("no libsoftefa.so in {dirs:?}: `cargo build -p softefa`"))
+    }
+
+    /// `efapoll APP -p DEVICE ARGS`, preloaded with softefa for `-p efa`.
+    fn side(app: &str, device: &str, args: &[&str]) -> Command {
+        let mut cmd = efapoll();
+        cmd.arg(app).args(["-p", device]).args(args);
+        if device == "efa" {
+            cmd.env("LD_PRELOAD", softefa());
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd
+    }
+
+    /// A server on `server_dev` and a client on `client_dev` run `app -o
+    /// op` over `sizes` with `-c`; both exit 0, report the sizes run and
+    /// print the same rows.
+    fn across(app: &str, server_dev: &str, client_dev: &str, op: &str, sizes: &[u64]) {
+        let port = free_port().to_string();
+        let list = sizes.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        let what = format!("{app} -o {op}: {server_dev} server, {client_dev} client");
+        let json = tmp(&format!("{app}-{op}-{server_dev}-{client_dev}.json"));
+        let common = ["-o", op, "-S", &list, "-I", "30", "-c", "-B", &port];
+        let srv = side(app, server_dev, &common).arg("--server").spawn().unwrap();
+        let mut srv = KillOnDrop(Some(srv));
+        let json_arg = json.to_str().unwrap();
+        let mut cli = side(app, client_dev, &common);
+        let out = wait(cli.args(["127.0.0.1", "--json", json_arg]).spawn().unwrap(), &[&what]);
+        let srv = wait(srv.0.take().unwrap(), &[&what]);
+        assert_ok(&out, &format!("{what}: the client"));
+        assert_ok(&srv, &format!("{what}: the server"));
+        assert_eq!(rows(&out).len(), sizes.len(), "{what}: {}", text(&out.stdout));
+        assert_eq!(rows(&srv), rows(&out), "{what}: {}", text(&srv.stdout));
+        let v = read_report(&json, app, client_dev, op, sizes);
+        assert!(v["counters"]["handshakes_received"].as_u64() >= Some(1), "{what}: {v}");
+    }
+
+    /// Every operation, pingpong and streaming, efa<->efa and efa<->udp
+    /// (the efa side the server for pingpong, the client for streaming),
+    /// up to 1 MiB.
+    #[test]
+    fn efa_on_softefa_runs_every_operation_against_efa_and_udp() {
+        let _busy = busy();
+        for app in ["pingpong", "streaming"] {
+            for op in ["send", "tagged", "write", "read", "atomic", "smbd"] {
+                let sizes: &[u64] = if op == "atomic" { &[8] } else { &[1, 9000, 1 << 20] };
+                across(app, "efa", "efa", op, sizes);
+                if app == "pingpong" {
+                    across(app, "efa", "udp", op, sizes);
+                } else {
+                    across(app, "udp", "efa", op, sizes);
+                }
+            }
+        }
+    }
+}

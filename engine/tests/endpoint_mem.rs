@@ -1,7 +1,9 @@
 //! Registered memory at the endpoint: a region in use cannot be
 //! deregistered (on any device), an endpoint drains and closes, the
 //! caller's own memory can be registered, and a domain's registration
-//! serves every endpoint on it.
+//! serves every endpoint on it. With the `efa` feature, on the efa device
+//! over softefa too (`*_on_efa`: the test runs again in a child with
+//! softefa preloaded, see `common::softefa`).
 
 mod common;
 
@@ -387,4 +389,45 @@ fn lcore_threads_make_their_devices_from_one_shm_domain() {
     assert_eq!(got, [1, 2], "both wrote the one region");
     check.deregister(mr.id).unwrap();
     domain.deregister(&mr).unwrap();
+}
+
+#[cfg(feature = "efa")]
+mod on_efa {
+    use efapoll::device::efa::{EfaConfig, EfaDevice, EfaDomain};
+
+    use super::*;
+    use crate::common::softefa;
+
+    fn domain(rdma: bool) -> EfaDomain {
+        softefa::configure(rdma, Faults::NONE);
+        EfaDomain::open(EfaConfig::default()).expect("softefa's device")
+    }
+
+    #[test]
+    fn a_region_in_use_is_busy_on_efa() {
+        softefa::run("on_efa::a_region_in_use_is_busy_on_efa", || {
+            for cfg in [Config::default(), Config::on_host()] {
+                let dom = domain(true);
+                let eps = [dom.device().unwrap(), dom.device().unwrap()];
+                busy_regions_refuse_deregistration(eps.map(|d| Endpoint::new(d, cfg).unwrap()));
+            }
+        });
+    }
+
+    #[test]
+    fn caller_owned_memory_serves_every_operation_on_efa() {
+        softefa::run("on_efa::caller_owned_memory_serves_every_operation_on_efa", || {
+            for rdma in [false, true] {
+                caller_owned_memory_serves_every_operation(domain(rdma), domain(rdma), rdma);
+            }
+        });
+    }
+
+    #[test]
+    fn two_endpoints_on_one_domain_use_one_registration_on_efa() {
+        softefa::run("on_efa::two_endpoints_on_one_domain_use_one_registration_on_efa", || {
+            let other: EfaDevice = domain(true).device().unwrap();
+            one_registration_serves_two_endpoints(domain(true), other, Config::default());
+        });
+    }
 }

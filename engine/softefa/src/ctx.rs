@@ -15,7 +15,7 @@ use rdma_sys::*;
 use crate::efadv::*;
 use crate::limits::*;
 use crate::qp::Qp;
-use crate::{config, cq, qp};
+use crate::{config, cq, current, qp};
 
 /// The one device: an `ibv_device` that lives as long as the process.
 struct DevicePtr(*mut ibv_device);
@@ -415,10 +415,11 @@ pub unsafe extern "C" fn efadv_query_device(
     }
     if avail(size_of::<efadv_device_attr>()) {
         a.max_rdma_size = MAX_RDMA_SIZE;
-        if config().rdma_read {
+        let cfg = current();
+        if cfg.rdma_read {
             a.device_caps |= EFADV_DEVICE_ATTR_CAPS_RDMA_READ;
         }
-        if config().rdma_write {
+        if cfg.rdma_write {
             a.device_caps |= EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE;
         }
     }
@@ -479,7 +480,7 @@ impl Pd {
 
 /// The udp parameters a PD's QPs start from.
 pub(crate) fn udp_config() -> UdpConfig {
-    let cfg = config();
+    let cfg = current();
     UdpConfig {
         bind: std::net::SocketAddr::new(cfg.addr, 0),
         mtu: cfg.mtu,
@@ -487,6 +488,7 @@ pub(crate) fn udp_config() -> UdpConfig {
         rdma_write: cfg.rdma_write,
         max_rdma_size: u64::from(MAX_RDMA_SIZE),
         short_keys: true,
+        faults: cfg.faults,
         ..UdpConfig::default()
     }
 }

@@ -40,7 +40,28 @@
 //!
 //! `SOFTEFA_ADDR` (the IP address QPs bind, default 127.0.0.1),
 //! `SOFTEFA_MTU` (max_msg_sz, default 8192), `SOFTEFA_RDMA_READ=0` and
-//! `SOFTEFA_RDMA_WRITE=0` (report and refuse the operation).
+//! `SOFTEFA_RDMA_WRITE=0` (report and refuse the operation),
+//! `SOFTEFA_FAULTS` (faults the udp wire injects below SRD, which repairs
+//! them: [`Faults`]' text form, e.g. `seed=7,drop_ppm=10000,reorder_window=8`).
+//!
+//! For tests that change the device between QPs in one process:
+//! `SOFTEFA_CONTROL=<file>`, a file of `NAME=value` lines naming any of
+//! `SOFTEFA_RDMA_READ`, `SOFTEFA_RDMA_WRITE` and `SOFTEFA_FAULTS`, read
+//! over the environment each time a device is queried or a QP made; and
+//! `SOFTEFA_STATS=<file>`, to which each QP, when destroyed, appends a line
+//! of what its wire's faults did and what the udp device dropped
+//! (`dropped=3 duplicated=1 ... duplicates=1 stale=0`): a process sees its
+//! faults without reaching into the library.
+//!
+//! # Not implemented
+//!
+//! Send with immediate data (`ibv_wr_send_imm`, `IBV_WR_SEND_WITH_IMM`)
+//! completes with `LOCAL_ERROR_UNSUPPORTED_OP`: the udp wire carries
+//! immediate data only on RDMA writes. Neither the efa device nor
+//! libfabric's RDM endpoint sends with immediate data (the RDM protocol
+//! carries CQ data in its headers); libfabric's efa-direct endpoint does
+//! for `FI_REMOTE_CQ_DATA`. Completion channels (`ibv_create_comp_channel`,
+//! CQ events) are absent: both poll.
 
 pub mod cq;
 pub mod ctx;
@@ -51,6 +72,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::OnceLock;
 
 pub use efapoll::device::efa::efadv;
+use efapoll::device::fault::Faults;
 
 /// What the environment asks of the device.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +81,8 @@ pub struct Config {
     pub mtu: usize,
     pub rdma_read: bool,
     pub rdma_write: bool,
+    /// What the udp wire under each QP injects.
+    pub faults: Faults,
 }
 
 impl Config {
@@ -76,6 +100,9 @@ impl Config {
             mtu: var("SOFTEFA_MTU").and_then(|m| m.parse().ok()).unwrap_or(8192),
             rdma_read: flag("SOFTEFA_RDMA_READ"),
             rdma_write: flag("SOFTEFA_RDMA_WRITE"),
+            faults: var("SOFTEFA_FAULTS").map_or(Faults::NONE, |f| {
+                f.parse().unwrap_or_else(|e| panic!("softefa: SOFTEFA_FAULTS: {e}"))
+            }),
         }
     }
 }
@@ -84,6 +111,42 @@ impl Config {
 pub fn config() -> &'static Config {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     CONFIG.get_or_init(Config::from_env)
+}
+
+/// The configuration now: [`config`], with what the `SOFTEFA_CONTROL`
+/// file says over it. Read on the control path only (device queries, QP
+/// creation); the data path keeps [`config`].
+pub fn current() -> Config {
+    let Some(path) = std::env::var_os("SOFTEFA_CONTROL") else {
+        return *config();
+    };
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    Config::from_vars(|k| {
+        let line = text.lines().find_map(|l| l.trim().strip_prefix(k)?.strip_prefix('='));
+        line.map(|v| v.trim().to_string()).or_else(|| std::env::var(k).ok())
+    })
+}
+
+/// Appends a destroyed QP's fault and drop counts to `SOFTEFA_STATS`.
+pub(crate) fn record_stats(dev: &efapoll::device::udp::UdpDevice) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("SOFTEFA_STATS") else { return };
+    let f = dev.fault_stats();
+    let mut line = format!(
+        "dropped={} duplicated={} reordered={} delayed={} corrupted={} truncated={} refused={}",
+        f.dropped, f.duplicated, f.reordered, f.delayed, f.corrupted, f.truncated, f.refused
+    );
+    for (k, v) in efapoll::device::Device::counters(dev) {
+        if ["duplicates", "malformed", "stale", "beyond_window"].contains(&k) {
+            line.push_str(&format!(" {k}={v}"));
+        }
+    }
+    line.push('\n');
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+    // One write per line, so QPs of several threads do not interleave.
+    if let Err(e) = file.and_then(|mut f| f.write_all(line.as_bytes())) {
+        eprintln!("softefa: SOFTEFA_STATS {}: {e}", path.to_string_lossy());
+    }
 }
 
 /// EFA's limits, as the device reports them.
@@ -175,6 +238,10 @@ mod tests {
         let c = Config::from_vars(get);
         assert_eq!(c.addr, "::1".parse::<IpAddr>().unwrap());
         assert_eq!((c.mtu, c.rdma_read, c.rdma_write), (9000, false, true));
+        assert_eq!(none.faults, Faults::NONE);
+        let faulty =
+            Config::from_vars(|k| (k == "SOFTEFA_FAULTS").then(|| "seed=4,drop_ppm=7".into()));
+        assert_eq!(faulty.faults, Faults { seed: 4, drop_ppm: 7, ..Faults::NONE });
     }
 
     #[test]

@@ -495,11 +495,12 @@ fn create_qp(
     let extended = attr.comp_mask & mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0 != 0;
     if extended {
         let mut allowed = (ops::IBV_QP_EX_WITH_SEND.0 | ops::IBV_QP_EX_WITH_SEND_WITH_IMM.0) as u64;
+        let cfg = crate::current();
         if attr.qp_type == ibv_qp_type::IBV_QPT_DRIVER {
-            if config().rdma_read {
+            if cfg.rdma_read {
                 allowed |= ops::IBV_QP_EX_WITH_RDMA_READ.0 as u64;
             }
-            if config().rdma_write {
+            if cfg.rdma_write {
                 allowed |= (ops::IBV_QP_EX_WITH_RDMA_WRITE.0
                     | ops::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM.0) as u64;
             }
@@ -780,7 +781,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: the QP's PD outlives it.
     unsafe { &*q.pd }.lock().qps.retain(|&p| p != me.cast_const());
     // SAFETY: boxed by create_qp, no longer reachable from its PD or CQs.
-    drop(unsafe { Box::from_raw(me) });
+    let q = unsafe { Box::from_raw(me) };
+    crate::record_stats(&q.inner.lock().dev);
+    drop(q);
     0
 }
 

@@ -89,6 +89,68 @@ impl Faults {
     }
 }
 
+/// The text form, `seed=7,drop_ppm=100000,reorder_window=8` (fields by
+/// name, any subset; the rest as in [`Faults::NONE`]): how a fault set
+/// crosses a process boundary, e.g. softefa's `SOFTEFA_FAULTS`.
+impl std::fmt::Display for Faults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Faults {
+            seed,
+            drop_ppm,
+            duplicate_ppm,
+            reorder_window,
+            delay_ppm,
+            delay_max_ns,
+            corrupt_ppm,
+            truncate_ppm,
+            queue_full_ppm,
+        } = self;
+        write!(
+            f,
+            "seed={seed},drop_ppm={drop_ppm},duplicate_ppm={duplicate_ppm},\
+             reorder_window={reorder_window},delay_ppm={delay_ppm},delay_max_ns={delay_max_ns},\
+             corrupt_ppm={corrupt_ppm},truncate_ppm={truncate_ppm},queue_full_ppm={queue_full_ppm}"
+        )
+    }
+}
+
+/// A field of a fault set's text form that is unknown or not a number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad fault setting {0:?} (want name=number, e.g. drop_ppm=1000)")]
+pub struct BadFaults(pub String);
+
+impl std::str::FromStr for Faults {
+    type Err = BadFaults;
+
+    fn from_str(s: &str) -> Result<Faults, BadFaults> {
+        let mut f = Faults::NONE;
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let bad = || BadFaults(item.to_string());
+            let (name, value) = item.split_once('=').ok_or_else(bad)?;
+            let n: u64 = value.trim().parse().map_err(|_| bad())?;
+            let ppm = || u32::try_from(n).ok().filter(|&p| p <= 1_000_000).ok_or_else(bad);
+            match name.trim() {
+                "seed" => f.seed = n,
+                "drop_ppm" => f.drop_ppm = ppm()?,
+                "duplicate_ppm" => f.duplicate_ppm = ppm()?,
+                "reorder_window" => {
+                    f.reorder_window = u32::try_from(n)
+                        .ok()
+                        .filter(|w| (1..=Faults::MAX_REORDER).contains(w))
+                        .ok_or_else(bad)?
+                }
+                "delay_ppm" => f.delay_ppm = ppm()?,
+                "delay_max_ns" => f.delay_max_ns = n,
+                "corrupt_ppm" => f.corrupt_ppm = ppm()?,
+                "truncate_ppm" => f.truncate_ppm = ppm()?,
+                "queue_full_ppm" => f.queue_full_ppm = ppm()?,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(f)
+    }
+}
+
 impl Default for Faults {
     fn default() -> Faults {
         Faults::NONE
@@ -508,6 +570,27 @@ impl<W: Wire> Wire for Faulty<W> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn faults_cross_as_text_and_bad_settings_are_named() {
+        let f = Faults {
+            seed: 9,
+            drop_ppm: 100_000,
+            reorder_window: 8,
+            delay_max_ns: 200_000,
+            queue_full_ppm: 1,
+            ..Faults::NONE
+        };
+        assert_eq!(f.to_string().parse::<Faults>(), Ok(f));
+        assert_eq!("".parse::<Faults>(), Ok(Faults::NONE));
+        assert_eq!(
+            " seed=3 , drop_ppm=5".parse(),
+            Ok(Faults { seed: 3, drop_ppm: 5, ..Faults::NONE })
+        );
+        for bad in ["drop_ppm", "drop_ppm=x", "drop_ppm=1000001", "reorder_window=0", "lose=1"] {
+            assert!(bad.parse::<Faults>().is_err(), "{bad}");
+        }
+    }
+
     use super::*;
 
     /// A loopback wire: what is sent comes back, in order, up to `cap`

@@ -2,6 +2,9 @@
 //! fabric, driven step by step on one thread.
 #![allow(dead_code)]
 
+#[cfg(feature = "efa")]
+pub mod softefa;
+
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
 use efapoll::device::{Access, Device, Mr, MrId};
 use efapoll::endpoint::{Completion, Config, Endpoint, PeerId, Span};
