@@ -493,6 +493,7 @@ pub(crate) fn udp_config() -> UdpConfig {
         rdma_write: cfg.rdma_write,
         max_rdma_size: u64::from(MAX_RDMA_SIZE),
         short_keys: true,
+        window: cfg.udp_window,
         ..UdpConfig::default()
     }
 }

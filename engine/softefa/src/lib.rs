@@ -40,7 +40,10 @@
 //!
 //! `SOFTEFA_ADDR` (the IP address QPs bind, default 127.0.0.1),
 //! `SOFTEFA_MTU` (max_msg_sz, default 8192), `SOFTEFA_RDMA_READ=0` and
-//! `SOFTEFA_RDMA_WRITE=0` (report and refuse the operation).
+//! `SOFTEFA_RDMA_WRITE=0` (report and refuse the operation),
+//! `SOFTEFA_UDP_WINDOW` (the udp device's window: packets in flight to a
+//! peer, 1 to 64, or `adaptive`, the default; a fixed one to compare with
+//! `efapoll -p udp`, whose apps fix it).
 
 pub mod cq;
 pub mod ctx;
@@ -51,6 +54,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::OnceLock;
 
 pub use efapoll::device::efa::efadv;
+use efapoll::device::udp::Window;
 
 /// What the environment asks of the device.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +63,7 @@ pub struct Config {
     pub mtu: usize,
     pub rdma_read: bool,
     pub rdma_write: bool,
+    pub udp_window: Window,
 }
 
 impl Config {
@@ -76,6 +81,10 @@ impl Config {
             mtu: var("SOFTEFA_MTU").and_then(|m| m.parse().ok()).unwrap_or(8192),
             rdma_read: flag("SOFTEFA_RDMA_READ"),
             rdma_write: flag("SOFTEFA_RDMA_WRITE"),
+            udp_window: match var("SOFTEFA_UDP_WINDOW").and_then(|w| w.parse::<u32>().ok()) {
+                Some(n @ 1..=64) => Window::Fixed(n),
+                _ => Window::Adaptive,
+            },
         }
     }
 }
@@ -165,16 +174,19 @@ mod tests {
         let none = Config::from_vars(|_| None);
         assert_eq!(none.addr, IpAddr::V4(Ipv4Addr::LOCALHOST));
         assert_eq!((none.mtu, none.rdma_read, none.rdma_write), (8192, true, true));
+        assert_eq!(none.udp_window, Window::Adaptive);
         let vars = [
             ("SOFTEFA_ADDR", "::1"),
             ("SOFTEFA_MTU", "9000"),
             ("SOFTEFA_RDMA_READ", "0"),
             ("SOFTEFA_RDMA_WRITE", "1"),
+            ("SOFTEFA_UDP_WINDOW", "64"),
         ];
         let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         let c = Config::from_vars(get);
         assert_eq!(c.addr, "::1".parse::<IpAddr>().unwrap());
         assert_eq!((c.mtu, c.rdma_read, c.rdma_write), (9000, false, true));
+        assert_eq!(c.udp_window, Window::Fixed(64));
     }
 
     #[test]
