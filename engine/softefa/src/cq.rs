@@ -79,8 +79,9 @@ impl Cq {
     }
 
     /// Takes completions from the attached QPs until some came or every
-    /// QP was driven once.
-    fn refill(&self, s: &mut CqState) {
+    /// QP was looked at once; `drive`: polling their devices first (a
+    /// syscall each), else taking only what they completed already.
+    fn refill(&self, s: &mut CqState, drive: bool) {
         let me = (self as *const Cq).cast_mut().cast::<ibv_cq>();
         let n = s.qps.len();
         for i in 0..n {
@@ -88,7 +89,7 @@ impl Cq {
             let a = s.qps[k];
             // SAFETY: attached QPs are live until they detach, which takes
             // this CQ's lock, held here.
-            unsafe { (*a.qp).drain(a.send, a.recv, me, &mut s.buf, BURST) };
+            unsafe { (*a.qp).drain(a.send, a.recv, drive, me, &mut s.buf, BURST) };
             if !s.buf.is_empty() {
                 s.next = k + 1;
                 return;
@@ -96,9 +97,14 @@ impl Cq {
         }
     }
 
-    fn next_wc(&self, s: &mut CqState) -> Option<Wc> {
+    /// The next completion; `drive`: polling the devices when none is
+    /// waiting. One poll session (start_poll, then next_poll until ENOENT)
+    /// drives them once, at its start, as a NIC's CQ is read without a
+    /// doorbell: another device poll per burst would be a syscall that
+    /// found nothing on the latency path.
+    fn next_wc(&self, s: &mut CqState, drive: bool) -> Option<Wc> {
         if s.buf.is_empty() {
-            self.refill(s);
+            self.refill(s, drive);
         }
         s.buf.pop_front()
     }
@@ -260,7 +266,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     let mut s = q.state.lock();
     let mut i = 0;
     while i < n.max(0) as usize {
-        let Some(w) = q.next_wc(&mut s) else { break };
+        let Some(w) = q.next_wc(&mut s, i == 0) else { break };
         // SAFETY: the caller's array holds `n` entries.
         let out = unsafe { &mut *wc.add(i) };
         out.wr_id = w.wr_id;
@@ -299,7 +305,7 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     q.state.raw_lock();
     // SAFETY: locked just above.
     let s = unsafe { q.state.data() };
-    match q.next_wc(s) {
+    match q.next_wc(s, true) {
         Some(w) => {
             set_current(cq, s, w);
             0
@@ -327,7 +333,7 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
     let q = unsafe { Cq::of(cq) };
     // SAFETY: start_poll succeeded, so we hold the lock.
     let s = unsafe { q.state.data() };
-    match q.next_wc(s) {
+    match q.next_wc(s, false) {
         Some(w) => {
             set_current(cq, s, w);
             0

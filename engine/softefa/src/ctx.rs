@@ -6,6 +6,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::offset_of;
 use std::net::IpAddr;
 use std::ptr::{NonNull, null_mut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
 
 use efapoll::device::udp::{UdpConfig, UdpDomain};
@@ -130,6 +131,10 @@ pub(crate) struct AhTable {
 pub(crate) struct Ctx {
     pub(crate) vctx: verbs_context,
     pub(crate) ahs: RwLock<AhTable>,
+    /// Bumped at each change of `ahs`, under its write lock: a QP keeps
+    /// the AH numbers of its senders and looks again only when this moved,
+    /// so a receive takes no lock.
+    pub(crate) ahs_gen: AtomicU64,
     fd: c_int,
 }
 
@@ -224,6 +229,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         // zeroed pthread mutex is an initialised one on glibc.
         vctx: unsafe { std::mem::zeroed() },
         ahs: RwLock::default(),
+        ahs_gen: AtomicU64::new(0),
         fd,
     });
     let ctx = Box::into_raw(ctx);
@@ -489,6 +495,7 @@ pub(crate) fn udp_config() -> UdpConfig {
         max_rdma_size: u64::from(MAX_RDMA_SIZE),
         short_keys: true,
         faults: cfg.faults,
+        window: cfg.udp_window,
         ..UdpConfig::default()
     }
 }
@@ -697,6 +704,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             }
             t.used[n] = true;
             t.by_gid.insert(gid, (n as u16, 1));
+            ctx.ahs_gen.fetch_add(1, Ordering::Release);
             n as u16
         }
     };
@@ -723,6 +731,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
             let n = *n as usize;
             t.by_gid.remove(&ah.gid);
             t.used[n] = false;
+            ctx.ahs_gen.fetch_add(1, Ordering::Release);
         }
     }
     0

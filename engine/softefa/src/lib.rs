@@ -41,6 +41,9 @@
 //! `SOFTEFA_ADDR` (the IP address QPs bind, default 127.0.0.1),
 //! `SOFTEFA_MTU` (max_msg_sz, default 8192), `SOFTEFA_RDMA_READ=0` and
 //! `SOFTEFA_RDMA_WRITE=0` (report and refuse the operation),
+//! `SOFTEFA_UDP_WINDOW` (the udp device's window: packets in flight to a
+//! peer, 1 to 64, or `adaptive`, the default; a fixed one to compare with
+//! `efapoll -p udp`, whose apps fix it),
 //! `SOFTEFA_FAULTS` (faults the udp wire injects below SRD, which repairs
 //! them: [`Faults`]' text form, e.g. `seed=7,drop_ppm=10000,reorder_window=8`).
 //!
@@ -73,6 +76,7 @@ use std::sync::OnceLock;
 
 pub use efapoll::device::efa::efadv;
 use efapoll::device::fault::Faults;
+use efapoll::device::udp::Window;
 
 /// What the environment asks of the device.
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +87,7 @@ pub struct Config {
     pub rdma_write: bool,
     /// What the udp wire under each QP injects.
     pub faults: Faults,
+    pub udp_window: Window,
 }
 
 impl Config {
@@ -103,6 +108,10 @@ impl Config {
             faults: var("SOFTEFA_FAULTS").map_or(Faults::NONE, |f| {
                 f.parse().unwrap_or_else(|e| panic!("softefa: SOFTEFA_FAULTS: {e}"))
             }),
+            udp_window: match var("SOFTEFA_UDP_WINDOW").and_then(|w| w.parse::<u32>().ok()) {
+                Some(n @ 1..=64) => Window::Fixed(n),
+                _ => Window::Adaptive,
+            },
         }
     }
 }
@@ -228,11 +237,13 @@ mod tests {
         let none = Config::from_vars(|_| None);
         assert_eq!(none.addr, IpAddr::V4(Ipv4Addr::LOCALHOST));
         assert_eq!((none.mtu, none.rdma_read, none.rdma_write), (8192, true, true));
+        assert_eq!(none.udp_window, Window::Adaptive);
         let vars = [
             ("SOFTEFA_ADDR", "::1"),
             ("SOFTEFA_MTU", "9000"),
             ("SOFTEFA_RDMA_READ", "0"),
             ("SOFTEFA_RDMA_WRITE", "1"),
+            ("SOFTEFA_UDP_WINDOW", "64"),
         ];
         let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         let c = Config::from_vars(get);
@@ -242,6 +253,7 @@ mod tests {
         let faulty =
             Config::from_vars(|k| (k == "SOFTEFA_FAULTS").then(|| "seed=4,drop_ppm=7".into()));
         assert_eq!(faulty.faults, Faults { seed: 4, drop_ppm: 7, ..Faults::NONE });
+        assert_eq!(c.udp_window, Window::Fixed(64));
     }
 
     #[test]

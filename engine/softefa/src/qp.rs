@@ -12,6 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
+use std::sync::atomic::Ordering;
 
 use efapoll::device::udp::UdpDevice;
 use efapoll::device::{
@@ -61,6 +62,16 @@ struct SendSlot {
 
 const NO_SGE: ibv_sge = ibv_sge { addr: 0, length: 0, lkey: 0 };
 
+/// A udp address handle's peer, and the AH number its GID had here at
+/// generation `ahs_gen` of the context's AH table.
+#[derive(Debug, Clone, Copy)]
+struct BookEntry {
+    gid: [u8; 16],
+    qpn: u16,
+    ahn: u16,
+    ahs_gen: u64,
+}
+
 /// A posted receive, by the packet buffer that stands for it.
 #[derive(Clone, Copy)]
 struct RecvSlot {
@@ -84,9 +95,9 @@ pub(crate) struct QpInner {
     recvs: Vec<RecvSlot>,
     mrs: HashMap<u32, MrInfo>,
     /// The udp address handle of the last destination, and each handle's
-    /// (GID, QPN), to name a known sender.
+    /// peer, to name a known sender.
     last_dest: Option<(RawAddr, UdpAh)>,
-    book: Vec<([u8; 16], u16)>,
+    book: Vec<BookEntry>,
     /// The WRs of the open `ibv_wr_*` session, and its error.
     batch: Vec<Pending>,
     wr_err: c_int,
@@ -151,19 +162,22 @@ impl Qp {
         }
     }
 
-    /// Drives the device and moves up to `max` completions of the queues
-    /// `send` and `recv` into `out` (a CQ's poll).
+    /// Drives the device (when `drive`) and moves up to `max` completions
+    /// of the queues `send` and `recv` into `out` (a CQ's poll).
     pub(crate) fn drain(
         &self,
         send: bool,
         recv: bool,
+        drive: bool,
         _cq: *mut ibv_cq,
         out: &mut VecDeque<Wc>,
         max: usize,
     ) {
         let mut q = self.inner.lock();
         let q = &mut *q;
-        self.progress(q);
+        if drive {
+            self.progress(q);
+        }
         if send {
             let n = q.done_send.len().min(max);
             out.extend(q.done_send.drain(..n));
@@ -258,14 +272,30 @@ impl Qp {
                 }
             }
         }
-        let (gid, qpn) = match c.src {
-            Source::Known(ah) => q.book.get(ah.0 as usize).copied().unwrap_or(([0; 16], 0)),
-            Source::Unknown { qpn } => (q.dev.sender(buf).map_or([0; 16], |a| a.gid), qpn),
-            Source::None => ([0; 16], 0),
+        // SAFETY: the QP's context outlives it.
+        let ctx = unsafe { &*self.ctx };
+        let known = match c.src {
+            Source::Known(ah) => q.book.get_mut(ah.0 as usize),
+            _ => None,
+        };
+        let (gid, qpn, slid) = match (known, c.src) {
+            (Some(e), _) => {
+                // The AH number as of the table's generation, looked up
+                // again only when the table changed.
+                let now = ctx.ahs_gen.load(Ordering::Acquire);
+                if e.ahs_gen != now {
+                    e.ahn = ctx.ahn_of(&e.gid);
+                    e.ahs_gen = now;
+                }
+                (e.gid, e.qpn, e.ahn)
+            }
+            (None, Source::Unknown { qpn }) => {
+                let gid = q.dev.sender(buf).map_or([0; 16], |a| a.gid);
+                (gid, qpn, ctx.ahn_of(&gid))
+            }
+            (None, _) => ([0; 16], 0, ctx.ahn_of(&[0; 16])),
         };
         q.free_bufs.push(buf);
-        // SAFETY: the QP's context outlives it.
-        let slid = unsafe { &*self.ctx }.ahn_of(&gid);
         Wc {
             wr_id: slot.wr_id,
             status: to_ibv(vendor),
@@ -452,10 +482,11 @@ impl Qp {
         }
         let h = q.dev.insert_addr(&addr).ok()?;
         let i = h.0 as usize;
+        let none = BookEntry { gid: [0; 16], qpn: 0, ahn: NO_AH, ahs_gen: u64::MAX };
         if q.book.len() <= i {
-            q.book.resize(i + 1, ([0; 16], 0));
+            q.book.resize(i + 1, none);
         }
-        q.book[i] = (gid, addr.qpn);
+        q.book[i] = BookEntry { gid, qpn: addr.qpn, ..none };
         q.last_dest = Some((addr, h));
         Some(h)
     }
