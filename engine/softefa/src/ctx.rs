@@ -35,7 +35,8 @@ fn device() -> *mut ibv_device {
             let mut d: Box<ibv_device> = Box::new(unsafe { std::mem::zeroed() });
             d.node_type = ibv_node_type::IBV_NODE_UNSPECIFIED;
             d.transport_type = ibv_transport_type::IBV_TRANSPORT_UNSPECIFIED;
-            let path = format!("/sys/class/infiniband/{DEVICE_NAME}");
+            let path = sysfs().join("class/infiniband").join(DEVICE_NAME);
+            let path = path.to_string_lossy();
             copy_cstr(&mut d.name, DEVICE_NAME);
             copy_cstr(&mut d.dev_name, "uverbs0");
             copy_cstr(&mut d.dev_path, "/sys/class/infiniband_verbs/uverbs0");
@@ -43,6 +44,53 @@ fn device() -> *mut ibv_device {
             DevicePtr(Box::into_raw(d))
         })
         .0
+}
+
+/// A sysfs of our own for the device, with what libfabric's EFA provider
+/// reads there (efa_device.c: the ABI version, the device's PCI address
+/// and driver, through `ibdev_path` and `SYSFS_PATH`):
+///
+/// ```text
+/// class/infiniband_verbs/abi_version        "6"
+/// class/infiniband/rdmap0s0/device       -> devices/pci0000:00/0000:00:06.0
+/// devices/pci0000:00/0000:00:06.0/driver -> bus/pci/drivers/efa
+/// ```
+///
+/// Under `SOFTEFA_SYSFS`, or the temporary directory. `SYSFS_PATH` is set
+/// to it where unset and the host's sysfs has no verbs class (no RDMA
+/// device): readers of the real sysfs find nothing there anyway.
+fn sysfs() -> std::path::PathBuf {
+    use std::os::unix::fs::symlink;
+    let root = match std::env::var_os("SOFTEFA_SYSFS") {
+        Some(r) => std::path::PathBuf::from(r),
+        // SAFETY: getuid takes nothing and cannot fail.
+        None => std::env::temp_dir().join(format!("softefa-sysfs-{}", unsafe { libc::getuid() })),
+    };
+    let pci = "devices/pci0000:00/0000:00:06.0";
+    let made = (|| -> std::io::Result<()> {
+        std::fs::create_dir_all(root.join("class/infiniband_verbs"))?;
+        std::fs::write(root.join("class/infiniband_verbs/abi_version"), "6\n")?;
+        std::fs::create_dir_all(root.join("class/infiniband").join(DEVICE_NAME))?;
+        std::fs::create_dir_all(root.join(pci))?;
+        std::fs::create_dir_all(root.join("bus/pci/drivers/efa"))?;
+        let link = |target: &str, at: std::path::PathBuf| match symlink(target, &at) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+            _ => Ok(()),
+        };
+        link(
+            &format!("../../../{pci}"),
+            root.join("class/infiniband").join(DEVICE_NAME).join("device"),
+        )?;
+        link("../../../bus/pci/drivers/efa", root.join(pci).join("driver"))
+    })();
+    let real = std::path::Path::new("/sys/class/infiniband_verbs/abi_version").exists();
+    if made.is_ok() && !real && std::env::var_os("SYSFS_PATH").is_none() {
+        // SAFETY: done once, while the device list is first made: verbs
+        // programs do that before they start threads that read the
+        // environment.
+        unsafe { std::env::set_var("SYSFS_PATH", &root) };
+    }
+    root
 }
 
 fn copy_cstr(dst: &mut [c_char], s: &str) {
