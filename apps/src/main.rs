@@ -193,7 +193,9 @@ enum PeerKind {
     /// warmup (-w is ignored), its data pattern with -c (give both sides
     /// -c or neither), -o send (fi_pingpong's -m msg) or -o tagged (-m
     /// tagged), its table; one endpoint on this thread (-l: its first core
-    /// pins it).
+    /// pins it). --timeout also bounds each transfer that waits on the
+    /// peer (a long read, a long-CTS message), as libfabric's waits are
+    /// unbounded.
     #[value(name = "fi_pingpong")]
     FiPingpong,
 }
@@ -659,7 +661,7 @@ fn fi_pingpong(b: BenchArgs) -> ExitCode {
             let dev = bench::run::efa_domain()?
                 .device()
                 .map_err(|e| bench::RunError::Setup(format!("efa device: {e}")))?;
-            let ep = efapoll::endpoint::Endpoint::new(dev, efapoll::endpoint::Config::default())
+            let ep = efapoll::endpoint::Endpoint::new(dev, fipp::config(&o))
                 .map_err(|e| bench::RunError::Setup(format!("efa endpoint: {e}")))?;
             fipp::run(ep, ctrl, &o)
         }
@@ -672,7 +674,7 @@ fn fi_pingpong(b: BenchArgs) -> ExitCode {
             };
             let dev = UdpDevice::new(cfg)
                 .map_err(|e| bench::RunError::Setup(format!("udp device: {e}")))?;
-            let ep = efapoll::endpoint::Endpoint::new(dev, efapoll::endpoint::Config::default())
+            let ep = efapoll::endpoint::Endpoint::new(dev, fipp::config(&o))
                 .map_err(|e| bench::RunError::Setup(format!("udp endpoint: {e}")))?;
             fipp::run(ep, ctrl, &o)
         }

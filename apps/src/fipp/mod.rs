@@ -51,6 +51,13 @@ pub struct Options {
     pub timeout: Duration,
 }
 
+/// The endpoint's configuration: the provider's thresholds, and the
+/// run's timeout for a transfer that waits on the peer (a large one on a
+/// loaded host, under softefa, took over the default 5 s).
+pub fn config(o: &Options) -> efapoll::endpoint::Config {
+    efapoll::endpoint::Config { response_timeout: o.timeout, ..Default::default() }
+}
+
 /// The control link, connected: the client's to the server, the
 /// server's once one client came. The TCP address the link uses here,
 /// for a udp device to bind.
@@ -201,7 +208,9 @@ impl<D: Device> Pp<D> {
         let mut last = Instant::now();
         loop {
             if self.tx_pending == 0 && (!recv || self.received.is_some()) {
-                return Ok(self.received.take());
+                // A message that came while only sends were waited for
+                // stays for the receive that waits for it.
+                return Ok(if recv { self.received.take() } else { None });
             }
             if self.progress()? {
                 last = Instant::now();
