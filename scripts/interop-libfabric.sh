@@ -124,11 +124,11 @@ packets() {
     if (client == "") client = sport
     dir = (sport == client) ? "c>s" : "s>c"
     print dir, substr($0, 165)
-  }' | while read -r dir hex; do
-    json="$("$efapoll" decode "$hex" 2>/dev/null || true)"
-    name="$(sed -n 's/^{"name":"\([A-Z_]*\)".*/\1/p' <<<"$json")"
-    printf '%s %s\t%s\n' "$dir" "${name:-undecodable}" "$json"
-  done
+  }' >"$1.hex"
+  # One decoder for every packet (it reads one per line).
+  cut -d' ' -f2 "$1.hex" | "$efapoll" decode >"$1.json" 2>/dev/null || true
+  paste -d' ' <(cut -d' ' -f1 "$1.hex") "$1.json" |
+    sed 's/^\([cs]>[cs]\) \({"name":"\([A-Z_]*\)".*\)$/\1 \3\t\2/'
 }
 
 # first_diff FAILED REF: the first packet, per direction, whose type is
