@@ -5,6 +5,7 @@
 
 mod bench;
 mod decode;
+mod fipp;
 mod info;
 
 use std::path::PathBuf;
@@ -68,7 +69,8 @@ enum Command {
     #[command(
         after_help = EXIT_STATUS,
         mut_arg("iterations", |a| a.help(STREAMING_ITERATIONS).long_help(None::<&str>)),
-        mut_arg("op", |a| a.value_parser(op_values(App::Streaming)))
+        mut_arg("op", |a| a.value_parser(op_values(App::Streaming))),
+        mut_arg("peer", |a| a.hide(true))
     )]
     Streaming(StreamingArgs),
     /// The devices available here and their capabilities.
@@ -168,12 +170,34 @@ const INTERRUPTED_STATUS: u8 = 130;
 /// `--timeout`'s largest value: a year.
 const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
 
-/// `-S`'s value.
+/// `-S`'s value, and whether it was `all` (whose sizes are fi_pingpong's
+/// own with `--peer fi_pingpong`).
 #[derive(Debug, Clone)]
-struct Sizes(Vec<u64>);
+struct Sizes(Vec<u64>, bool);
 
 fn parse_sizes(text: &str) -> Result<Sizes, String> {
-    sizes::parse(text).map(Sizes)
+    let all = text.trim().eq_ignore_ascii_case("all");
+    sizes::parse(text).map(|s| Sizes(s, all))
+}
+
+/// `--peer`: the program at the other end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PeerKind {
+    /// `efapoll pingpong`: efapoll's control link (Relink), its sizes and
+    /// options.
+    Efapoll,
+    /// libfabric's fi_pingpong -e rdm (1.17's util/pingpong.c, with -p efa
+    /// here): its TCP control exchange (default port 47592), its sizes
+    /// (no -S: 64 B to 1 MiB, six sizes; -S all: 0, 1, 2, 3, 4, 6, 8, 12,
+    /// ... to 6 MiB; or one size, no lists), 10 iterations without -I, no
+    /// warmup (-w is ignored), its data pattern with -c (give both sides
+    /// -c or neither), -o send (fi_pingpong's -m msg) or -o tagged (-m
+    /// tagged), its table; one endpoint on this thread (-l: its first core
+    /// pins it). --timeout also bounds each transfer that waits on the
+    /// peer (a long read, a long-CTS message), as libfabric's waits are
+    /// unbounded.
+    #[value(name = "fi_pingpong")]
+    FiPingpong,
 }
 
 fn parse_lcores(text: &str) -> Result<LcoreMap, String> {
@@ -275,9 +299,13 @@ struct BenchArgs {
     )]
     idle: IdleStrategy,
     /// TCP port of the control link (server and client). A server given 0
-    /// listens on a port the OS chooses and prints it.
-    #[arg(short = 'B', long = "port", default_value_t = 9228)]
-    port: u16,
+    /// listens on a port the OS chooses and prints it. Default: 9228;
+    /// with --peer fi_pingpong, 47592 (fi_pingpong's).
+    #[arg(short = 'B', long = "port")]
+    port: Option<u16>,
+    /// The program on the other end (pingpong only).
+    #[arg(long, value_enum, default_value_t = PeerKind::Efapoll)]
+    peer: PeerKind,
     /// The address a server listens on. Default: all of this host's
     /// (0.0.0.0). A connection that is not a client of this app is
     /// rejected with a line on stderr and the server waits on, up to 16
@@ -466,7 +494,7 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         params,
         lcores,
         idle: b.idle,
-        port: b.port,
+        port: b.port.unwrap_or(DEFAULT_PORT),
         bind: b.bind,
         udp_ip: std::net::Ipv4Addr::LOCALHOST.into(),
         udp_window: b.udp_window,
@@ -480,6 +508,9 @@ fn resolve(app: App, b: BenchArgs, window: u32) -> RunArgs {
         gate: bench::run::SetupGate::new(1),
     }
 }
+
+/// The control link's port without -B.
+const DEFAULT_PORT: u16 = 9228;
 
 /// The one size atomics take: a u64.
 const ATOMIC_SIZE: u64 = 8;
@@ -556,7 +587,103 @@ fn main() -> ExitCode {
             json: i.json,
             verbose: i.verbose,
         }),
+        Command::Pingpong(b) if b.peer == PeerKind::FiPingpong => fi_pingpong(b),
         Command::Pingpong(b) => bench(resolve(App::Pingpong, b, 1)),
+        Command::Streaming(s) if s.common.peer != PeerKind::Efapoll => usage_error(
+            App::Streaming,
+            "--peer fi_pingpong: fi_pingpong is a pingpong; streaming's peer is efapoll".into(),
+        ),
         Command::Streaming(s) => bench(resolve(App::Streaming, s.common, s.window)),
+    }
+}
+
+/// `pingpong --peer fi_pingpong`: checks what fi_pingpong cannot run and
+/// runs [`fipp`].
+fn fi_pingpong(b: BenchArgs) -> ExitCode {
+    let app = App::Pingpong;
+    let sizes = match (&b.sizes, b.all_sizes) {
+        (None, false) => fipp::proto::SizeSpec::Default,
+        (Some(Sizes(_, true)), _) | (None, true) => fipp::proto::SizeSpec::All,
+        (Some(Sizes(list, false)), _) if list.len() == 1 => fipp::proto::SizeSpec::One(list[0]),
+        (Some(_), _) => usage_error(
+            app,
+            "--peer fi_pingpong: fi_pingpong's -S is one size or `all`, not a list".into(),
+        ),
+    };
+    let tagged = match b.op {
+        OpKind::Send => false,
+        OpKind::Tagged => true,
+        op => usage_error(
+            app,
+            format!(
+                "--peer fi_pingpong -o {}: fi_pingpong sends messages, untagged (-o send, its \
+                 -m msg) or tagged (-o tagged, its -m tagged)",
+                op.name()
+            ),
+        ),
+    };
+    if b.duration.is_some() {
+        usage_error(app, "--peer fi_pingpong: fi_pingpong has no -D; give -I".into());
+    }
+    if let Some(ep) = b.ep_type.as_deref().filter(|&ep| ep != "rdm") {
+        usage_error(app, format!("-e {ep}: efapoll's endpoints are FI_EP_RDM: -e rdm"));
+    }
+    if matches!(b.provider, Provider::Sim | Provider::Shm) {
+        usage_error(
+            app,
+            "--peer fi_pingpong: -p efa (libfabric's EFA provider at the other end), or -p udp \
+             (another efapoll speaking fi_pingpong's control link)"
+                .into(),
+        );
+    }
+    if b.provider == Provider::Efa && !cfg!(feature = "efa") {
+        usage_error(app, "-p efa: this efapoll was built without the efa device".into());
+    }
+    if let Some(core) = b.lcores.as_ref().and_then(|l| l.cpus().iter().next())
+        && let Err(e) = efapoll_lcores::pin_current_thread(core)
+    {
+        usage_error(app, format!("-l: {e}"));
+    }
+    let o = fipp::Options {
+        host: b.host,
+        port: b.port.unwrap_or(fipp::proto::DEFAULT_PORT),
+        bind: b.bind,
+        sizes,
+        iterations: b.iterations.unwrap_or(fipp::proto::DEFAULT_ITERATIONS),
+        verify: b.check,
+        tagged,
+        timeout: Duration::from_secs(b.timeout),
+    };
+    let result = fipp::connect(&o).and_then(|(ctrl, ip)| match b.provider {
+        #[cfg(feature = "efa")]
+        Provider::Efa => {
+            use efapoll::device::Domain;
+            let dev = bench::run::efa_domain()?
+                .device()
+                .map_err(|e| bench::RunError::Setup(format!("efa device: {e}")))?;
+            let ep = efapoll::endpoint::Endpoint::new(dev, fipp::config(&o))
+                .map_err(|e| bench::RunError::Setup(format!("efa endpoint: {e}")))?;
+            fipp::run(ep, ctrl, &o)
+        }
+        _ => {
+            use efapoll::device::udp::{UdpConfig, UdpDevice};
+            let cfg = UdpConfig {
+                bind: std::net::SocketAddr::new(ip, 0),
+                window: b.udp_window,
+                ..UdpConfig::default()
+            };
+            let dev = UdpDevice::new(cfg)
+                .map_err(|e| bench::RunError::Setup(format!("udp device: {e}")))?;
+            let ep = efapoll::endpoint::Endpoint::new(dev, fipp::config(&o))
+                .map_err(|e| bench::RunError::Setup(format!("udp endpoint: {e}")))?;
+            fipp::run(ep, ctrl, &o)
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("efapoll pingpong: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -491,7 +491,7 @@ fn device_side(
 /// needs it: every lcore's queue is made in it (one PD, one address
 /// handle per peer host).
 #[cfg(feature = "efa")]
-fn efa_domain() -> Result<efapoll::device::efa::EfaDomain, RunError> {
+pub(crate) fn efa_domain() -> Result<efapoll::device::efa::EfaDomain, RunError> {
     use efapoll::device::efa::{EfaConfig, EfaDomain};
     static DOMAIN: OnceLock<Result<EfaDomain, String>> = OnceLock::new();
     let opened =
