@@ -1419,14 +1419,6 @@ impl UdpDevice {
         Source::Unknown { qpn: self.sessions[s as usize].peer.port() }
     }
 
-    fn source(&self, s: u32) -> Source {
-        let sess = &self.sessions[s as usize];
-        match sess.ah {
-            Some(ah) => Source::Known(ah),
-            None => Source::Unknown { qpn: sess.peer.port() },
-        }
-    }
-
     /// Completes a receive into posted buffer `buf`, from session `s`.
     #[inline]
     fn deliver(&mut self, op: CqOp, buf: BufId, len: u32, s: u32, imm: u32) {
