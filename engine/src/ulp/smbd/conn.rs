@@ -13,6 +13,9 @@ use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, Span, Stat
 /// receive slot's receive. The slot is in the low 24 bits.
 const KIND_SEND: u64 = 1;
 const KIND_RECV: u64 = 2;
+/// A whole message's one send, its header emitted into the packet: the
+/// low 24 bits are the message's sequence number, no header slot held.
+const KIND_WHOLE: u64 = 3;
 const KIND_SHIFT: u32 = 24;
 const SLOT_MASK: u64 = (1 << KIND_SHIFT) - 1;
 
@@ -376,7 +379,7 @@ impl Connection {
     #[inline]
     pub fn owns(&self, c: &Completion) -> bool {
         c.ctx & !0xffff_ffff == self.tag
-            && matches!((c.ctx >> KIND_SHIFT) & 0xff, KIND_SEND | KIND_RECV)
+            && matches!((c.ctx >> KIND_SHIFT) & 0xff, KIND_SEND | KIND_RECV | KIND_WHOLE)
     }
 
     #[inline(always)]
@@ -462,6 +465,7 @@ impl Connection {
                     self.on_recv_done(ep, slot as u16, c);
                 }
             }
+            KIND_WHOLE => self.on_whole_done(slot as u64, c.status),
             _ => return false,
         }
         true
@@ -523,7 +527,10 @@ impl Connection {
         });
         // Buffers that withdrawn receives were posted into are free now.
         self.release_buffers();
-        if !self.rx_order.is_empty() || self.hdr_free.len() < self.hdr_owner.len() {
+        if !self.rx_order.is_empty()
+            || self.hdr_free.len() < self.hdr_owner.len()
+            || self.tx.iter().any(|m| m.in_flight > 0)
+        {
             return Err(EpError::Busy);
         }
         ep.deregister(self.hdr.id)?;
@@ -566,6 +573,21 @@ impl Connection {
             self.next_post += 1;
             return true;
         };
+        // A whole message without a token: its header emitted into its
+        // one packet, no header slot taken.
+        let whole = seg.is_first() && seg.is_last() && m.token.is_none() && self.cfg.fast_path;
+        if whole && !seg.repr.is_empty() {
+            match self.post_whole(ep, i, grants) {
+                Ok(true) => return true,
+                Ok(false) => {}
+                Err(EpError::Again) => return false,
+                Err(e) => {
+                    self.terminate(ProtocolError::Endpoint(e));
+                    return false;
+                }
+            }
+        }
+        let Some(m) = self.tx.get(i) else { return false };
         let Some(&slot) = self.hdr_free.last() else {
             self.stats.slot_stalls += 1;
             return false;
@@ -598,6 +620,47 @@ impl Connection {
         self.stats.bytes_sent += r.data_length as u64;
         self.stats.responses_requested += r.flags.contains(Flags::RESPONSE_REQUESTED) as u64;
         true
+    }
+
+    /// Posts message `i`, whole in one segment with no token, as one
+    /// endpoint send with its header emitted into the packet, the
+    /// message's sequence number in the send's context: as
+    /// [`Self::post_segment`] would, less the header slot. Ok(false), with
+    /// nothing changed, when it does not go so now.
+    #[inline]
+    fn post_whole<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        i: usize,
+        grants: u16,
+    ) -> Result<bool, EpError> {
+        let src = self.tx[i].src;
+        let asks = self.credits.asks_response();
+        let r = Repr {
+            credits_requested: self.params.send_credit_target,
+            credits_granted: grants,
+            flags: if asks { Flags::RESPONSE_REQUESTED } else { Flags::empty() },
+            remaining_data_length: 0,
+            data_offset: self.cfg.data_offset,
+            data_length: src.len as u32,
+        };
+        let seq = self.tx_front_seq + i as u64;
+        let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
+        let emit = |b: &mut [u8]| {
+            r.emit(b);
+        };
+        if !ep.send_inline_head_with(self.peer, r.buffer_len(), emit, src, None, ctx)? {
+            return Ok(false);
+        }
+        let m = &mut self.tx[i];
+        m.seg.advance();
+        m.in_flight += 1;
+        self.next_post = i + 1;
+        self.credits.on_send(grants);
+        self.stats.segments_sent += 1;
+        self.stats.bytes_sent += src.len;
+        self.stats.responses_requested += asks as u64;
+        Ok(true)
     }
 
     /// An empty message that grants the receives posted since the last
@@ -709,6 +772,26 @@ impl Connection {
             }
         }
         if !status.is_ok() {
+            // Spec 3.1.5.4: a failed send means the RDMA layer initiated
+            // the connection's termination.
+            self.terminate(ProtocolError::SendFailed(status));
+        }
+        self.finish_sent();
+    }
+
+    /// A whole message's send completed ([`Self::post_whole`]); `low_seq`
+    /// is the low bits of its sequence number.
+    #[inline]
+    fn on_whole_done(&mut self, low_seq: u64, status: Status) {
+        // Fewer messages are queued than the low bits count.
+        let i = low_seq.wrapping_sub(self.tx_front_seq) & SLOT_MASK;
+        let Some(m) = self.tx.get_mut(i as usize) else { return };
+        if m.in_flight == 0 {
+            return; // not in flight: not a completion of ours to count
+        }
+        m.in_flight -= 1;
+        if !status.is_ok() {
+            m.status = SendStatus::Failed(status);
             // Spec 3.1.5.4: a failed send means the RDMA layer initiated
             // the connection's termination.
             self.terminate(ProtocolError::SendFailed(status));
