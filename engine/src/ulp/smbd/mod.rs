@@ -28,6 +28,15 @@
 //! send. The first, as ksmbd does since 2025 (commit 1b53426334c3,
 //! "invalidate a remote key as soon as possible").
 //!
+//! Fast path ([`Config::fast_path`]): a message of one segment with no
+//! token holds no header slot; its send's context carries its sequence
+//! number, by which its completion finds it. On the receiving side, a
+//! whole message arriving in its turn, with no token, nothing waiting
+//! before it and a buffer posted, is checked in one pass over its header
+//! and copied and reported at once. Every other case, and any check that
+//! fails, takes the general path, which decides it the same way; a
+//! property test holds the two to the same packets and events.
+//!
 //! # Receiving
 //!
 //! The connection posts [`Params::receive_credit_max`] receives of
