@@ -226,11 +226,12 @@ pub struct Config {
     /// connection to look for one; shorter messages are copied out of the
     /// receive's slot, which costs less than scattering a receive.
     pub direct_min: u64,
-    /// A message that fits one segment, with a credit and nothing queued
-    /// before it, goes as one endpoint send with no message kept but its
-    /// context, and a whole message arriving in its turn is checked and
-    /// delivered at once. The same bytes and events as with it off; off,
-    /// every message takes the general path (the tests compare the two).
+    /// A message of one segment with no token is sent holding no header
+    /// slot, and a whole message arriving in its turn is checked and
+    /// delivered in one pass (see the module's documentation). The same
+    /// packets and events as with it off, which only header slots running
+    /// short can tell apart (it does not wait for one); off, every message
+    /// takes the general path (the tests compare the two).
     pub fast_path: bool,
 }
 
