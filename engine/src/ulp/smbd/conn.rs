@@ -792,6 +792,20 @@ impl Connection {
             return; // not in flight: not a completion of ours to count
         }
         m.in_flight -= 1;
+        if i == 0 && m.in_flight == 0 && status.is_ok() && m.status == SendStatus::Ok {
+            // The front, as sends usually complete: reported here, as
+            // `finish_sent` would, the rest by it.
+            let ctx = m.ctx;
+            self.stats.messages_sent += 1;
+            self.events.push_back(Event::Sent { ctx, status: SendStatus::Ok });
+            self.tx.skip_front();
+            self.tx_front_seq += 1;
+            self.next_post = self.next_post.saturating_sub(1);
+            if !self.tx.is_empty() {
+                self.finish_sent();
+            }
+            return;
+        }
         if !status.is_ok() {
             m.status = SendStatus::Failed(status);
             // Spec 3.1.5.4: a failed send means the RDMA layer initiated
