@@ -6,6 +6,7 @@
 mod common;
 
 use common::{Mem, World, pattern, span};
+use efapoll::device::Mr;
 use efapoll::device::fault::Faults;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::Config as EpConfig;
@@ -197,16 +198,23 @@ proptest! {
     }
 }
 
-/// Both sides send each other `sizes[i]`, all queued at once; every
-/// message must arrive byte-exact whatever the credits (none may wait on
-/// the other forever).
-fn both_ways(sizes: [Vec<u64>; 2], max: u32, credits: u16, seed: u64) -> Result<(), TestCaseError> {
+/// Two endpoints on a reordering sim, a connection each way with `cfg`,
+/// and per side a region holding the messages it sends (`sizes[i]`,
+/// filled with a pattern) and one for those it receives.
+struct TwoWay {
+    w: World,
+    c: Vec<Connection>,
+    src: Vec<Mr>,
+    dst: Vec<Mr>,
+}
+
+fn two_way(sizes: &[Vec<u64>; 2], max: u32, credits: u16, seed: u64, cfg: Config) -> TwoWay {
     let sim = SimConfig { seed, faults: Faults::reorder(seed, 4), ..SimConfig::default() };
     let mut w = World::pair(sim, EpConfig::default());
     let to = [w.connect(0, 1), w.connect(1, 0)];
     let params = Params::symmetric(max, 1 << 20, credits);
-    let cfg = Config { send_queue: 64, recv_queue: 64, direct_min: 1, ..Config::default() };
-    let mut c: Vec<Connection> =
+    let cfg = Config { ..cfg };
+    let c: Vec<Connection> =
         (0..2).map(|i| Connection::new(&mut w.eps[i], to[i], params, cfg).unwrap()).collect();
     let total = |s: &[u64]| s.iter().sum::<u64>() + 1;
     let src: Vec<_> = (0..2).map(|i| w.register(i, total(&sizes[i]))).collect();
@@ -214,6 +222,15 @@ fn both_ways(sizes: [Vec<u64>; 2], max: u32, credits: u16, seed: u64) -> Result<
     for (i, mr) in src.iter().enumerate() {
         w.fill(i, mr, seed ^ i as u64);
     }
+    TwoWay { w, c, src, dst }
+}
+
+/// Both sides send each other `sizes[i]`, all queued at once; every
+/// message must arrive byte-exact whatever the credits (none may wait on
+/// the other forever).
+fn both_ways(sizes: [Vec<u64>; 2], max: u32, credits: u16, seed: u64) -> Result<(), TestCaseError> {
+    let cfg = Config { send_queue: 64, recv_queue: 64, direct_min: 1, ..Config::default() };
+    let TwoWay { mut w, mut c, src, dst } = two_way(&sizes, max, credits, seed, cfg);
     let mut want: [Vec<(u64, u64, u64)>; 2] = [vec![], vec![]];
     for i in 0..2 {
         let mut at = 0;
@@ -279,5 +296,92 @@ proptest! {
         b in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..3000], 0..40),
     ) {
         both_ways([a, b], max, credits, seed)?;
+    }
+}
+
+/// What one run of [`fast_or_general`] saw: the packets delivered (from,
+/// to, bytes) and each side's events, in order.
+type Seen = (Vec<(u16, u16, Vec<u8>)>, [Vec<Event>; 2]);
+
+/// Both sides send each other `sizes[i]`, a message given whenever the
+/// queue takes one, with the fast path on or off.
+fn fast_or_general(fast: bool, sizes: &[Vec<u64>; 2], max: u32, credits: u16, seed: u64) -> Seen {
+    let cfg = Config { send_queue: 8, recv_queue: 64, fast_path: fast, ..Config::default() };
+    let TwoWay { mut w, mut c, src, dst } = two_way(sizes, max, credits, seed, cfg);
+    for i in 0..2 {
+        let mut at = 0;
+        for (k, &len) in sizes[i].iter().enumerate() {
+            if len > 0 {
+                c[1 - i].recv(&mut w.eps[1 - i], span(&dst[1 - i], at, len), k as u64).unwrap();
+            }
+            at += len;
+        }
+    }
+    w.fabric.set_capture(true);
+    let mut next = [0usize; 2];
+    let mut at = [0u64; 2];
+    let mut events: [Vec<Event>; 2] = [vec![], vec![]];
+    for _ in 0..200_000 {
+        let mut did = false;
+        for i in 0..2 {
+            // One message given per turn, so that some go when the queue
+            // is empty and some behind others.
+            if let Some(&len) = sizes[i].get(next[i]) {
+                let s = span(&src[i], at[i], len);
+                if c[i].send(&mut w.eps[i], s, None, next[i] as u64).is_ok() {
+                    next[i] += 1;
+                    at[i] += len;
+                    did = true;
+                }
+            }
+            did |= w.eps[i].progress();
+            while let Some(comp) = w.eps[i].poll_cq() {
+                assert!(c[i].handle_completion(&mut w.eps[i], &comp));
+            }
+            did |= c[i].progress(&mut w.eps[i]);
+            while let Some(e) = c[i].poll_event() {
+                events[i].push(e);
+            }
+        }
+        if !did && !w.fabric.skip_to_next_due() {
+            break;
+        }
+    }
+    (w.fabric.take_capture(), events)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// The fast path (a whole message sent with no header slot, delivered
+    /// in one pass) cannot drift from the general path: the same packets
+    /// and the same events, with credits plentiful or scarce, for sizes
+    /// on either side of a segment's data and of MaxSendSize.
+    #[test]
+    fn the_fast_path_sends_and_reports_what_the_general_path_does(
+        max in prop_oneof![Just(64u32), Just(100), Just(1364)],
+        credits in prop_oneof![2u16..6, 8u16..24, Just(255)],
+        seed in any::<u64>(),
+        picks in proptest::collection::vec(
+            proptest::collection::vec((0u64..3, -1i64..=1), 0..48), 2..=2),
+    ) {
+        let per = max as u64 - 24;
+        let sizes: [Vec<u64>; 2] = [0, 1].map(|i: usize| {
+            picks[i]
+                .iter()
+                .map(|&(k, d)| if k == 0 { [0, 1, 24][(d + 1) as usize] } else { (k * per).saturating_add_signed(d) })
+                .collect()
+        });
+        let general = fast_or_general(false, &sizes, max, credits, seed);
+        let fast = fast_or_general(true, &sizes, max, credits, seed);
+        for (i, (events, sizes)) in fast.1.iter().zip(&sizes).enumerate() {
+            let sent = events.iter().filter(|e| matches!(e, Event::Sent { status: SendStatus::Ok, .. })).count();
+            prop_assert_eq!(sent, sizes.len(), "side {} sent all", i);
+        }
+        prop_assert_eq!(&fast.1, &general.1, "events");
+        prop_assert_eq!(fast.0.len(), general.0.len(), "packets");
+        for (k, (f, g)) in fast.0.iter().zip(&general.0).enumerate() {
+            prop_assert_eq!(f, g, "packet {}", k);
+        }
     }
 }

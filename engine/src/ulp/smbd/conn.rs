@@ -13,6 +13,9 @@ use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, Span, Stat
 /// receive slot's receive. The slot is in the low 24 bits.
 const KIND_SEND: u64 = 1;
 const KIND_RECV: u64 = 2;
+/// A whole message's one send, its header emitted into the packet: the
+/// low 24 bits are the message's sequence number, no header slot held.
+const KIND_WHOLE: u64 = 3;
 const KIND_SHIFT: u32 = 24;
 const SLOT_MASK: u64 = (1 << KIND_SHIFT) - 1;
 
@@ -376,7 +379,7 @@ impl Connection {
     #[inline]
     pub fn owns(&self, c: &Completion) -> bool {
         c.ctx & !0xffff_ffff == self.tag
-            && matches!((c.ctx >> KIND_SHIFT) & 0xff, KIND_SEND | KIND_RECV)
+            && matches!((c.ctx >> KIND_SHIFT) & 0xff, KIND_SEND | KIND_RECV | KIND_WHOLE)
     }
 
     #[inline(always)]
@@ -462,6 +465,7 @@ impl Connection {
                     self.on_recv_done(ep, slot as u16, c);
                 }
             }
+            KIND_WHOLE => self.on_whole_done(slot as u64, c.status),
             _ => return false,
         }
         true
@@ -475,7 +479,9 @@ impl Connection {
             // Its turn, as a receive usually completes: handled at once
             // rather than stored and taken back.
             self.rx_order.skip_front();
-            self.on_arrival(ep, slot, a);
+            if !(self.cfg.fast_path && self.on_whole_arrival(ep, slot, &a)) {
+                self.on_arrival(ep, slot, a);
+            }
         } else {
             self.arrivals[slot as usize] = Some(a);
         }
@@ -523,7 +529,10 @@ impl Connection {
         });
         // Buffers that withdrawn receives were posted into are free now.
         self.release_buffers();
-        if !self.rx_order.is_empty() || self.hdr_free.len() < self.hdr_owner.len() {
+        if !self.rx_order.is_empty()
+            || self.hdr_free.len() < self.hdr_owner.len()
+            || self.tx.iter().any(|m| m.in_flight > 0)
+        {
             return Err(EpError::Busy);
         }
         ep.deregister(self.hdr.id)?;
@@ -566,6 +575,21 @@ impl Connection {
             self.next_post += 1;
             return true;
         };
+        // A whole message without a token: its header emitted into its
+        // one packet, no header slot taken.
+        let whole = seg.is_first() && seg.is_last() && m.token.is_none() && self.cfg.fast_path;
+        if whole && !seg.repr.is_empty() {
+            match self.post_whole(ep, i, grants) {
+                Ok(true) => return true,
+                Ok(false) => {}
+                Err(EpError::Again) => return false,
+                Err(e) => {
+                    self.terminate(ProtocolError::Endpoint(e));
+                    return false;
+                }
+            }
+        }
+        let Some(m) = self.tx.get(i) else { return false };
         let Some(&slot) = self.hdr_free.last() else {
             self.stats.slot_stalls += 1;
             return false;
@@ -598,6 +622,47 @@ impl Connection {
         self.stats.bytes_sent += r.data_length as u64;
         self.stats.responses_requested += r.flags.contains(Flags::RESPONSE_REQUESTED) as u64;
         true
+    }
+
+    /// Posts message `i`, whole in one segment with no token, as one
+    /// endpoint send with its header emitted into the packet, the
+    /// message's sequence number in the send's context: as
+    /// [`Self::post_segment`] would, less the header slot. Ok(false), with
+    /// nothing changed, when it does not go so now.
+    #[inline]
+    fn post_whole<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        i: usize,
+        grants: u16,
+    ) -> Result<bool, EpError> {
+        let src = self.tx[i].src;
+        let asks = self.credits.asks_response();
+        let r = Repr {
+            credits_requested: self.params.send_credit_target,
+            credits_granted: grants,
+            flags: if asks { Flags::RESPONSE_REQUESTED } else { Flags::empty() },
+            remaining_data_length: 0,
+            data_offset: self.cfg.data_offset,
+            data_length: src.len as u32,
+        };
+        let seq = self.tx_front_seq + i as u64;
+        let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
+        let emit = |b: &mut [u8]| {
+            r.emit(b);
+        };
+        if !ep.send_inline_head_with(self.peer, r.buffer_len(), emit, src, None, ctx)? {
+            return Ok(false);
+        }
+        let m = &mut self.tx[i];
+        m.seg.advance();
+        m.in_flight += 1;
+        self.next_post = i + 1;
+        self.credits.on_send(grants);
+        self.stats.segments_sent += 1;
+        self.stats.bytes_sent += src.len;
+        self.stats.responses_requested += asks as u64;
+        Ok(true)
     }
 
     /// An empty message that grants the receives posted since the last
@@ -716,6 +781,40 @@ impl Connection {
         self.finish_sent();
     }
 
+    /// A whole message's send completed ([`Self::post_whole`]); `low_seq`
+    /// is the low bits of its sequence number.
+    #[inline]
+    fn on_whole_done(&mut self, low_seq: u64, status: Status) {
+        // Fewer messages are queued than the low bits count.
+        let i = low_seq.wrapping_sub(self.tx_front_seq) & SLOT_MASK;
+        let Some(m) = self.tx.get_mut(i as usize) else { return };
+        if m.in_flight == 0 {
+            return; // not in flight: not a completion of ours to count
+        }
+        m.in_flight -= 1;
+        if i == 0 && m.in_flight == 0 && status.is_ok() && m.status == SendStatus::Ok {
+            // The front, as sends usually complete: reported here, as
+            // `finish_sent` would, the rest by it.
+            let ctx = m.ctx;
+            self.stats.messages_sent += 1;
+            self.events.push_back(Event::Sent { ctx, status: SendStatus::Ok });
+            self.tx.skip_front();
+            self.tx_front_seq += 1;
+            self.next_post = self.next_post.saturating_sub(1);
+            if !self.tx.is_empty() {
+                self.finish_sent();
+            }
+            return;
+        }
+        if !status.is_ok() {
+            m.status = SendStatus::Failed(status);
+            // Spec 3.1.5.4: a failed send means the RDMA layer initiated
+            // the connection's termination.
+            self.terminate(ProtocolError::SendFailed(status));
+        }
+        self.finish_sent();
+    }
+
     /// Reports the messages at the front that are done, in order.
     fn finish_sent(&mut self) {
         let stopped = self.error.is_some();
@@ -824,6 +923,62 @@ impl Connection {
             did = true;
         }
         did
+    }
+
+    /// Handles slot `slot`'s segment in its turn when it is a whole
+    /// message, valid, with no token, nothing waiting before it and a
+    /// buffer posted for it: checked in one pass, copied into the buffer
+    /// and reported, as [`Self::on_arrival`] would. False, with nothing
+    /// changed, for any other segment, which `on_arrival` takes.
+    #[inline]
+    fn on_whole_arrival<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        slot: u16,
+        a: &Arrival,
+    ) -> bool {
+        let quiet = self.error.is_none()
+            && self.pending.is_empty()
+            && !self.reasm.in_progress()
+            && self.landings[slot as usize].is_none();
+        if !quiet || a.status != Status::Ok || a.token.is_some() || self.credits.granted() == 0 {
+            return false;
+        }
+        if a.len < HEADER_LEN as u64 || a.len > self.params.max_receive_size as u64 {
+            return false;
+        }
+        let Some(&buf) = self.apps.front() else { return false };
+        let at = self.rx_slot_offset(slot);
+        let mut h = [0u8; HEADER_LEN];
+        if ep.read_mem(self.rx.id, at, &mut h).is_err() {
+            return false;
+        }
+        // The codec's checks, and the reassembler's for a first segment
+        // that is also the last.
+        let Ok(r) = Repr::parse_header(&h, a.len as usize) else { return false };
+        let whole = r.remaining_data_length == 0 && r.data_length > 0;
+        if !whole || r.data_length > self.params.max_fragmented_receive_size {
+            return false;
+        }
+        let len = r.data_length as u64;
+        let n = len.min(buf.dst.len);
+        let src = Span { mr: self.rx.id, offset: at + r.data_offset as u64, len: n };
+        if n > 0 && ep.copy_mem(src, buf.dst.mr, buf.dst.offset).is_err() {
+            return false;
+        }
+        self.stats.segments_received += 1;
+        let arrived = self.credits.on_arrival();
+        debug_assert!(arrived.is_ok());
+        self.credits.on_header(r.credits_granted, r.flags.contains(Flags::RESPONSE_REQUESTED));
+        self.credits.on_data();
+        self.msgs_seen += 1;
+        self.peer_data_offset = r.data_offset;
+        self.apps.skip_front();
+        self.apps_front_seq += 1;
+        self.rx_free.push(slot);
+        self.stats.bytes_received += len;
+        self.report_received(buf.ctx, len, buf.dst.len, None);
+        true
     }
 
     /// Handles the completed slots in the order they were matched.

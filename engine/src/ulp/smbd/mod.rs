@@ -28,6 +28,15 @@
 //! send. The first, as ksmbd does since 2025 (commit 1b53426334c3,
 //! "invalidate a remote key as soon as possible").
 //!
+//! Fast path ([`Config::fast_path`]): a message of one segment with no
+//! token holds no header slot; its send's context carries its sequence
+//! number, by which its completion finds it. On the receiving side, a
+//! whole message arriving in its turn, with no token, nothing waiting
+//! before it and a buffer posted, is checked in one pass over its header
+//! and copied and reported at once. Every other case, and any check that
+//! fails, takes the general path, which decides it the same way; a
+//! property test holds the two to the same packets and events.
+//!
 //! # Receiving
 //!
 //! The connection posts [`Params::receive_credit_max`] receives of
@@ -217,6 +226,13 @@ pub struct Config {
     /// connection to look for one; shorter messages are copied out of the
     /// receive's slot, which costs less than scattering a receive.
     pub direct_min: u64,
+    /// A message of one segment with no token is sent holding no header
+    /// slot, and a whole message arriving in its turn is checked and
+    /// delivered in one pass (see the module's documentation). The same
+    /// packets and events as with it off, which only header slots running
+    /// short can tell apart (it does not wait for one); off, every message
+    /// takes the general path (the tests compare the two).
+    pub fast_path: bool,
 }
 
 impl Default for Config {
@@ -228,6 +244,7 @@ impl Default for Config {
             recv_queue: 256,
             ctx_tag: u32::from_be_bytes(*b"SMBD"),
             direct_min: 4096,
+            fast_path: true,
         }
     }
 }
