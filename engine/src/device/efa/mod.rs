@@ -192,7 +192,8 @@ struct AhPtr(*mut ibv_ah);
 struct RegionShared {
     mr: *mut ibv_mr,
     lkey: u32,
-    bytes: Bytes,
+    /// Freed only once the MR is gone (see `drop`).
+    bytes: std::mem::ManuallyDrop<Bytes>,
 }
 
 // SAFETY: the MR is only deregistered (in drop, once); the memory is
@@ -206,7 +207,14 @@ impl Drop for RegionShared {
         // SAFETY: registered by ibv_reg_mr and deregistered once, here,
         // before `bytes` frees its memory; no queue uses it (the last
         // reference is going).
-        unsafe { ibv_dereg_mr(self.mr) };
+        if unsafe { ibv_dereg_mr(self.mr) } != 0 {
+            // The provider kept the MR (EBUSY: work it still does reads or
+            // writes the memory): the memory stays too, leaked rather than
+            // freed under it.
+            return;
+        }
+        // SAFETY: the MR is gone, nothing else reaches `bytes`, dropped once.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.bytes) };
     }
 }
 
@@ -316,6 +324,7 @@ impl EfaDomain {
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
         let len = bytes.len() as u64;
         let addr = bytes.addr();
+        let bytes = std::mem::ManuallyDrop::new(bytes);
         let shared = Arc::new(RegionShared { mr, lkey, bytes });
         let mut regs = lock(&d.regs);
         let id = match regs.iter().position(Option::is_none) {
