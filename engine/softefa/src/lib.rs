@@ -183,24 +183,9 @@ pub mod limits {
 }
 
 /// EFA's completion status codes (`efa_io_comp_status`), the vendor error
-/// of a work completion.
+/// of a work completion: the efa device's table, and what verbs make of it.
 pub mod status {
-    pub const OK: u32 = 0;
-    pub const FLUSHED: u32 = 1;
-    pub const LOCAL_ERROR_QP_INTERNAL_ERROR: u32 = 2;
-    pub const LOCAL_ERROR_UNSUPPORTED_OP: u32 = 3;
-    pub const LOCAL_ERROR_INVALID_AH: u32 = 4;
-    pub const LOCAL_ERROR_INVALID_LKEY: u32 = 5;
-    pub const LOCAL_ERROR_BAD_LENGTH: u32 = 6;
-    pub const REMOTE_ERROR_BAD_ADDRESS: u32 = 7;
-    pub const REMOTE_ERROR_ABORT: u32 = 8;
-    pub const REMOTE_ERROR_BAD_DEST_QPN: u32 = 9;
-    pub const REMOTE_ERROR_RNR: u32 = 10;
-    pub const REMOTE_ERROR_BAD_LENGTH: u32 = 11;
-    pub const REMOTE_ERROR_BAD_STATUS: u32 = 12;
-    pub const LOCAL_ERROR_UNRESP_REMOTE: u32 = 13;
-    pub const REMOTE_ERROR_UNKNOWN_PEER: u32 = 14;
-    pub const LOCAL_ERROR_UNREACH_REMOTE: u32 = 15;
+    pub use efapoll::device::efa::efa_io::*;
 
     use rdma_sys::ibv_wc_status::*;
 

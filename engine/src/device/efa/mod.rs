@@ -86,6 +86,7 @@ use self::efadv::{
     efadv_cq_init_attr, efadv_create_cq, efadv_create_qp_ex, efadv_qp_init_attr, efadv_query_ah,
     efadv_wc_read_sgid, inlen,
 };
+pub use self::tx::efa_io;
 use self::tx::{Outcome, RnrQueue, Slots, Work};
 pub use self::verbs::EfaInfo;
 use self::verbs::{Context, PORT, errno, null};

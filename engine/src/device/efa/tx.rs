@@ -103,7 +103,8 @@ impl Slots {
 
 /// EFA's completion status codes (the vendor error of a completion):
 /// rdma-core providers/efa/efa_io_defs.h, `enum efa_io_comp_status`.
-pub(super) mod efa_io {
+pub mod efa_io {
+    pub const OK: u32 = 0;
     pub const FLUSHED: u32 = 1;
     pub const LOCAL_ERROR_QP_INTERNAL_ERROR: u32 = 2;
     pub const LOCAL_ERROR_UNSUPPORTED_OP: u32 = 3;
