@@ -3,10 +3,14 @@
 # verbs provider, preloaded): fi_pingpong (Debian's libfabric-bin, 1.17)
 # and `efapoll pingpong --peer fi_pingpong -p efa` in every pairing, with
 # data verification (-c), RDMA read on and off, then the two side by side
-# for speed. Prints a pass/fail table; a failed run shows its last output
-# and, where tcpdump can capture on lo, the first EFA packet whose type
-# differs from what libfabric itself sends at that point (decoded with
-# `efapoll decode`).
+# for speed. Prints a pass/fail table. Where tcpdump can capture on lo (as
+# root), the table also shows the message packets each side sent (c>s:
+# the client's, s>c: the server's), and a run whose sides did not both
+# use the size's protocol fails; a failed run shows its last output and
+# the first EFA packet that differs from what libfabric itself sends at
+# that point: in type, or else in any field but the run's own
+# identifiers (connids, addresses, keys, send/recv ids), decoded with
+# `efapoll decode`.
 #
 # Pairs (server <- client):
 #   lf-lf   fi_pingpong <- fi_pingpong (the reference: softefa is EFA)
@@ -17,7 +21,7 @@
 # (1.17 leaves it off on part 0xefa1); off = SOFTEFA_RDMA_READ=0 and
 # FI_EFA_USE_DEVICE_RDMA=0.
 # Sizes: one per protocol (1 B eager, 16 KiB medium, 128 KiB long-CTS,
-# 1 MiB long-read / runting read or long-CTS), each pair and RDMA mode;
+# 1 MiB long-read or long-CTS), each pair and RDMA mode;
 # then fi_pingpong's -S all (46 sizes, 0 B to 6 MiB) once each way
 # between libfabric and efapoll, RDMA read on.
 #
@@ -88,9 +92,15 @@ run() {
   else read_env="SOFTEFA_RDMA_READ=0 FI_EFA_USE_DEVICE_RDMA=0"; fi
   local cap_pid=""
   if [ "$capture" = 1 ]; then
-    tcpdump -i lo -U -s 0 -w "$work/$name.pcap" "udp and host $addr" >/dev/null 2>&1 &
+    tcpdump -i lo --immediate-mode -U -s 0 -w "$work/$name.pcap" "udp and host $addr" >/dev/null 2>"$work/$name.cap" &
     cap_pid=$!
-    sleep 0.5
+    # Capturing once it says so (a busy machine takes its time); in
+    # immediate mode, or what is still in the ring when it stops is lost.
+    local waited=0
+    until grep -q "listening on" "$work/$name.cap" 2>/dev/null || [ "$waited" -ge 100 ]; do
+      sleep 0.05
+      waited=$((waited + 1))
+    done
   fi
   # shellcheck disable=SC2086
   env LD_PRELOAD="$softefa" $read_env timeout 300 $srv >"$work/$name.srv" 2>&1 &
@@ -101,7 +111,7 @@ run() {
   env LD_PRELOAD="$softefa" $read_env timeout 300 $cli >"$work/$name.cli" 2>&1 || rc=$?
   wait "$srv_pid" || rc=$((rc ? rc : $?))
   if [ -n "$cap_pid" ]; then
-    sleep 0.2
+    sleep 0.5
     kill -INT "$cap_pid" 2>/dev/null || true
     wait "$cap_pid" 2>/dev/null || true
   fi
@@ -131,44 +141,78 @@ packets() {
     sed 's/^\([cs]>[cs]\) \({"name":"\([A-Z_]*\)".*\)$/\1 \3\t\2/'
 }
 
-# first_diff FAILED REF: the first packet, per direction, whose type is
-# not the reference run's at the same place.
+# pkts NAME: the run's packets (see `packets`), made once.
+pkts() {
+  [ -e "$work/$1.pkts" ] || packets "$work/$1.pcap" >"$work/$1.pkts"
+  cat "$work/$1.pkts"
+}
+
+# sent NAME DIR: the message packets (…_MSGRTM, …_TAGRTM) one direction
+# sent, each type once, joined by '+'.
+sent() {
+  pkts "$1" | cut -f1 | awk -v dir="$2" '$1 == dir && $2 ~ /_(MSG|TAG)RTM$/ && !seen[$2]++ { print $2 }' |
+    paste -sd+ -
+}
+
+# fields: a decoded packet without the run's own identifiers, which two
+# correct runs need not share.
+fields() {
+  sed -E 's/"(connid|raw_addr[a-z_]*|addr|key|send_id|recv_id)":("[^"]*"|[0-9]+),?//g'
+}
+
+# first_diff FAILED REF: per direction, the first packet whose type is not
+# the reference run's at the same place; where every type matches, the
+# first whose fields differ (identifiers aside).
 first_diff() {
   local failed="$1" ref="$2"
   if [ "$capture" = 0 ] || [ ! -s "$work/$failed.pcap" ] || [ ! -s "$work/$ref.pcap" ]; then
     echo "    (no capture: tcpdump and root are needed for the first differing packet)"
     return
   fi
-  packets "$work/$failed.pcap" >"$work/$failed.pkts"
-  packets "$work/$ref.pcap" >"$work/$ref.pkts"
   local dir found=0
   for dir in "c>s" "s>c"; do
-    local line
-    line="$(paste -d'\n' <(grep "^$dir " "$work/$failed.pkts" | cut -f1) \
-                         <(grep "^$dir " "$work/$ref.pkts" | cut -f1) |
-            awk 'NR % 2 { a = $0; next } a != $0 { print (NR / 2); exit }')"
+    local line="" what=""
+    for what in type fields; do
+      local col=1 filter=cat
+      [ "$what" = fields ] && col=2 filter=fields
+      line="$(paste -d'\n' <(pkts "$failed" | grep "^$dir " | cut -f"$col" | $filter) \
+                           <(pkts "$ref" | grep "^$dir " | cut -f"$col" | $filter) |
+              awk 'NR % 2 { a = $0; next } a != $0 { print (NR / 2); exit }')"
+      [ -n "$line" ] && break
+    done
     if [ -n "$line" ]; then
       found=1
-      echo "    first differing packet $dir, #$line of that direction:"
-      echo "      this run:   $(grep "^$dir " "$work/$failed.pkts" | sed -n "${line}p" | cut -f2 | cut -c1-400)"
-      echo "      libfabric:  $(grep "^$dir " "$work/$ref.pkts" | sed -n "${line}p" | cut -f2 | cut -c1-400)"
+      echo "    first packet $dir differing in $what, #$line of that direction:"
+      echo "      this run:   $(pkts "$failed" | grep "^$dir " | sed -n "${line}p" | cut -f2 | cut -c1-400)"
+      echo "      libfabric:  $(pkts "$ref" | grep "^$dir " | sed -n "${line}p" | cut -f2 | cut -c1-400)"
     fi
   done
   if [ "$found" = 0 ]; then
-    echo "    every packet's type matches libfabric's run; the last packets of this run:"
-    tail -n 4 "$work/$failed.pkts" | cut -f2 | cut -c1-300 | sed 's/^/      /'
+    echo "    every packet matches libfabric's run (identifiers aside); the last packets of this run:"
+    pkts "$failed" | tail -n 4 | cut -f2 | cut -c1-300 | sed 's/^/      /'
   fi
 }
 
 failures=0
 results=()
+# check PAIR RDMA SIZES LABEL [EXPECT [ITERS]]: one run, a row of the
+# table; EXPECT, the packet type both sides must send (with a capture).
 check() {
-  local pair="$1" rdma="$2" sizes="$3" label="$4" iters="${5:-}"
-  local name="$pair-$rdma-$sizes" status=pass
+  local pair="$1" rdma="$2" sizes="$3" label="$4" expect="${5:-}" iters="${6:-}"
+  local name="$pair-$rdma-$sizes" status=pass seen="-"
   run "$name" "$pair" "$rdma" "$sizes" "$iters" || status=FAIL
+  if [ "$capture" = 1 ] && [ -s "$work/$name.pcap" ]; then
+    local cs sc
+    cs="$(sent "$name" "c>s")" sc="$(sent "$name" "s>c")"
+    seen="c>s ${cs:--} s>c ${sc:--}"
+    if [ -n "$expect" ] && { [[ "+$cs+" != *"+$expect+"* ]] || [[ "+$sc+" != *"+$expect+"* ]]; }; then
+      echo "== $name: both sides should have sent $expect; $seen"
+      status=FAIL
+    fi
+  fi
   local rows
   rows="$(grep -cE '^[0-9.]+[kmg]? +[0-9]+[kmb]? +=' "$work/$name.cli" || true)"
-  results+=("$(printf '%-6s %-4s %-10s %-24s %-5s %s' "$pair" "$rdma" "$sizes" "$label" "$status" "$rows sizes")")
+  results+=("$(printf '%-6s %-4s %-10s %-24s %-5s %-9s %s' "$pair" "$rdma" "$sizes" "$label" "$status" "$rows sizes" "$seen")")
   if [ "$status" = FAIL ]; then
     failures=$((failures + 1))
     echo "== $name failed; server:"; tail -n 5 "$work/$name.srv" | sed 's/^/    /'
@@ -180,27 +224,32 @@ check() {
   fi
 }
 
+# Both implementations send system memory LONGREAD from 1 MiB when both
+# can read (neither runts it: efapoll's default runt_size is the
+# provider's, 0).
 declare -A proto_of=([1]="eager" [16384]="medium" [131072]="long-CTS")
+declare -A type_of=([1]="EAGER_MSGRTM" [16384]="MEDIUM_MSGRTM" [131072]="LONGCTS_MSGRTM")
 for rdma in on off; do
   for size in 1 16384 131072 1048576; do
-    label="${proto_of[$size]:-}"
+    label="${proto_of[$size]:-}" expect="${type_of[$size]:-}"
     if [ "$size" = 1048576 ]; then
-      label=$([ "$rdma" = on ] && echo "long-read/runting read" || echo "long-CTS")
+      label=$([ "$rdma" = on ] && echo "long-read" || echo "long-CTS")
+      expect=$([ "$rdma" = on ] && echo "LONGREAD_MSGRTM" || echo "LONGCTS_MSGRTM")
     fi
     for pair in lf-lf ef-lf lf-ef; do
-      check "$pair" "$rdma" "$size" "$label"
+      check "$pair" "$rdma" "$size" "$label" "$expect"
     done
   done
 done
 if [ "$quick" = 0 ]; then
   for pair in ef-lf lf-ef; do
-    check "$pair" on all "every protocol"
+    check "$pair" on all "every protocol" LONGREAD_MSGRTM
   done
 fi
 
 echo
 echo "interop with libfabric $(fi_info --version 2>/dev/null | sed -n 's/^libfabric: //p') (EFA provider) under softefa, -c:"
-printf '%-6s %-4s %-10s %-24s %-5s %s\n' pair read size protocol result ""
+printf '%-6s %-4s %-10s %-24s %-5s %-9s %s\n' pair read size protocol result "" "message packets sent"
 printf '%s\n' "${results[@]}"
 
 if [ "$perf" = 1 ]; then

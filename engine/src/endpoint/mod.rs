@@ -36,7 +36,7 @@
 //! | operation | size | protocol |
 //! |---|---|---|
 //! | send, tsend | fits one packet | eager RTM (DC_EAGER with delivery complete) |
-//! | | from `long_read_min` (1 MiB; [`Config::on_host`]: any), peer and device read | runting read (first `runt_size` bytes eager) or long-read, EOR |
+//! | | from `long_read_min` (1 MiB; [`Config::on_host`]: any), peer and device read | long-read, or runting read (first `runt_size` bytes eager; default off), EOR |
 //! | | up to `medium_max` (64 KiB) | medium RTM segments |
 //! | | otherwise | long-CTS with CTS flow control |
 //! | write | device and peer RDMA write | direct RDMA write, segmented |
@@ -179,7 +179,11 @@ pub struct Config {
     /// 64 KiB).
     pub long_read_write_min: u64,
     /// Bytes a runting-read message sends eagerly, and the most such bytes
-    /// in flight to one peer (provider: 307,200); 0 turns runting read off.
+    /// in flight to one peer; 0 (the default) turns runting read off. The
+    /// provider runts only device memory (307,200 for CUDA and Neuron
+    /// buffers) and not system memory, which it has not tested runting
+    /// with (efa_hmem.c), so it sends such messages LONGREAD; it accepts
+    /// RUNTREAD from a peer all the same.
     pub runt_size: u64,
     /// RDMA operations one transfer keeps in flight.
     pub rdma_window: u32,
@@ -216,7 +220,7 @@ impl Default for Config {
             cts_window: 32,
             long_read_min: 1 << 20,
             long_read_write_min: 64 * 1024,
-            runt_size: 307_200,
+            runt_size: 0,
             rdma_window: 16,
             delivery_complete: false,
             response_timeout: Duration::from_secs(5),

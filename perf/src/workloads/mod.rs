@@ -152,7 +152,8 @@ mod tests {
             }
             "posted_tags" => (&[EagerTagRtm], &[MediumTagRtm, EagerMsgRtm]),
             "stream_64KiB" => (&[MediumMsgRtm], &[EagerMsgRtm, LongCtsMsgRtm, RuntReadMsgRtm]),
-            "stream_1MiB" => (&[RuntReadMsgRtm], &[LongReadMsgRtm, LongCtsMsgRtm]),
+            // The default sends system memory LONGREAD, as the provider does.
+            "stream_1MiB" => (&[LongReadMsgRtm, Eor], &[RuntReadMsgRtm, LongCtsMsgRtm]),
             "medium_32KiB_stream" => (&[MediumMsgRtm], &[EagerMsgRtm, LongCtsMsgRtm]),
             "longcts_1MiB" | "longcts_8MiB" => {
                 (&[LongCtsMsgRtm, Cts, CtsData], &[LongReadMsgRtm, RuntReadMsgRtm, MediumMsgRtm])

@@ -389,9 +389,9 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     v.push(stream("longcts_8MiB", 8 * MIB, 50, no_rdma, cfg));
     // With it, and the peer's HANDSHAKE in, from 1 MiB: long-read, or
     // runting read (the first runt_size bytes eager).
-    let long_read = Config { runt_size: 0, ..handshaken };
-    v.push(stream("longread_8MiB", 8 * MIB, 128, sim, long_read).small());
-    v.push(stream("runtread_1MiB", MIB, 700, sim, handshaken).small());
+    let runting = Config { runt_size: 307_200, ..handshaken };
+    v.push(stream("longread_8MiB", 8 * MIB, 128, sim, handshaken).small());
+    v.push(stream("runtread_1MiB", MIB, 700, sim, runting).small());
     // Matching a tag among 100,000 misses the caches.
     for (n, iters) in [(1u64, 160_000), (1000, 160_000), (10_000, 120_000), (100_000, 50_000)] {
         let w = Workload::new(format!("sim/posted_tags/{n}"), Unit::Ops, Kind::Rate, iters, {
