@@ -9,7 +9,7 @@
 //! does for the packet's type, lowest first; a bit the type does not define
 //! is its value (`"0x0100"`).
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::process::ExitCode;
 
 use efapoll::ulp::smbd;
@@ -71,15 +71,13 @@ fn decode_lines(
         number += 1;
         let value = match read {
             LineRead::Eof => return Ok(()),
-            LineRead::TooLong { ended } => {
+            LineRead::TooLong => {
                 let e = format!("line longer than {MAX_LINE} bytes, the longest decoded");
                 writeln!(out, "{}", json!({ "error": e, "line": number }))?;
                 *all_ok = false;
                 // Said at once, since an endless line is skipped to its end.
                 out.flush()?;
-                if !ended {
-                    skip_line(input)?;
-                }
+                input.skip_until(b'\n')?;
                 continue;
             }
             LineRead::Line if buf.trim_ascii().is_empty() => continue,
@@ -105,74 +103,30 @@ fn decode_lines(
 enum LineRead {
     /// A line, in the buffer without its end of line.
     Line,
-    /// A line longer than the bound; `ended` if its end was consumed too.
-    TooLong {
-        ended: bool,
-    },
+    /// A line longer than the bound, consumed only up to where it passed
+    /// it.
+    TooLong,
     Eof,
 }
 
 /// Reads one line of at most `max` bytes into `buf`, without its `\n` (or
-/// `\r\n`). A longer line is consumed only up to where it passed `max`.
+/// `\r\n`). A longer line is consumed only up to where it passed `max`
+/// (the caller skips the rest with `skip_until`), so memory stays bounded.
 fn read_line(input: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<LineRead> {
     buf.clear();
-    let mut started = false;
-    loop {
-        let chunk = match input.fill_buf() {
-            Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if chunk.is_empty() {
-            return Ok(if started { LineRead::Line } else { LineRead::Eof });
-        }
-        started = true;
-        let newline = chunk.iter().position(|&b| b == b'\n');
-        let text = newline.unwrap_or(chunk.len());
-        if buf.len() + text > max {
-            let used = newline.map_or(chunk.len(), |n| n + 1);
-            input.consume(used);
-            return Ok(LineRead::TooLong { ended: newline.is_some() });
-        }
-        buf.extend_from_slice(&chunk[..text]);
-        match newline {
-            Some(n) => {
-                input.consume(n + 1);
-                if buf.last() == Some(&b'\r') {
-                    buf.pop();
-                }
-                return Ok(LineRead::Line);
-            }
-            None => {
-                let n = chunk.len();
-                input.consume(n);
-            }
-        }
+    // One byte past the bound tells a line of `max` bytes from a longer one.
+    if Read::take(&mut *input, max as u64 + 1).read_until(b'\n', buf)? == 0 {
+        return Ok(LineRead::Eof);
     }
-}
-
-/// Consumes the rest of a line (through its `\n`, or to the end of input).
-fn skip_line(input: &mut impl BufRead) -> io::Result<()> {
-    loop {
-        let chunk = match input.fill_buf() {
-            Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if chunk.is_empty() {
-            return Ok(());
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
         }
-        match chunk.iter().position(|&b| b == b'\n') {
-            Some(n) => {
-                input.consume(n + 1);
-                return Ok(());
-            }
-            None => {
-                let n = chunk.len();
-                input.consume(n);
-            }
-        }
+    } else if buf.len() > max {
+        return Ok(LineRead::TooLong);
     }
+    Ok(LineRead::Line)
 }
 
 /// One line of hex to its JSON object, and whether it decoded.
@@ -417,8 +371,8 @@ mod tests {
             if read == LineRead::Eof {
                 return got;
             }
-            if read == (LineRead::TooLong { ended: false }) {
-                skip_line(&mut r).unwrap();
+            if read == LineRead::TooLong {
+                r.skip_until(b'\n').unwrap();
             }
             got.push((read, buf.clone()));
         }
@@ -429,10 +383,10 @@ mod tests {
         let got = lines(b"ab\r\n123456789\n\ncd\nefghij", 5);
         let line = |s: &[u8]| (LineRead::Line, s.to_vec());
         assert_eq!(got[0], line(b"ab"));
-        assert_eq!(got[1].0, LineRead::TooLong { ended: false });
+        assert_eq!(got[1].0, LineRead::TooLong);
         assert_eq!(got[2], line(b""));
         assert_eq!(got[3], line(b"cd"));
-        assert_eq!(got[4].0, LineRead::TooLong { ended: false });
+        assert_eq!(got[4].0, LineRead::TooLong);
         assert_eq!(got.len(), 5);
         // A line of exactly the bound is a line; one byte more is not.
         assert_eq!(lines(b"12345\n", 5), [line(b"12345")]);
