@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{Mem, iov, pattern, span};
 use efapoll::device::fault::{FaultStats, Faults};
 use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
-use efapoll::device::udp::{UdpConfig, UdpDevice};
+use efapoll::device::udp::{UdpConfig, UdpDevice, UdpStats};
 use efapoll::device::{Access, Device, Mr};
 use efapoll::endpoint::{
     AtomicOp, Completion, Config, Datatype, DropReason, Endpoint, Error, Op, PeerId, Status,
@@ -107,7 +107,7 @@ impl Wire for Udp {
             refused: a.refused + b.refused,
         };
         let counters = eps.iter().flat_map(|ep| ep.device().counters());
-        let own = ["duplicates", "malformed", "stale", "beyond_window"];
+        let own = UdpStats::DROPS;
         (stats, counters.filter(|(k, _)| own.contains(k)).map(|(_, v)| v).sum())
     }
 
