@@ -146,7 +146,7 @@ pub(crate) fn record_stats(dev: &efapoll::device::udp::UdpDevice) {
         f.dropped, f.duplicated, f.reordered, f.delayed, f.corrupted, f.truncated, f.refused
     );
     for (k, v) in efapoll::device::Device::counters(dev) {
-        if ["duplicates", "malformed", "stale", "beyond_window"].contains(&k) {
+        if efapoll::device::udp::UdpStats::DROPS.contains(&k) {
             line.push_str(&format!(" {k}={v}"));
         }
     }

@@ -42,6 +42,13 @@
 //! still finds no buffer is refused "receiver not ready" and resent after
 //! a backoff, without counting as a loss.
 //!
+//! Every datagram's headers (transport and RDMAP) and its length carry a
+//! checksum, as SRD's CRC covers a packet: one damaged on the way or cut
+//! short is dropped (counted `bad_checksum`) as if lost, and resent, so
+//! that a flipped bit cannot pass for a restarted peer, a control packet
+//! or another target. The payload is left to UDP's own checksum (why:
+//! `hdr.rs`).
+//!
 //! # One-sided operations
 //!
 //! Every fragment of a Write carries the whole message's target, and
@@ -82,7 +89,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hdr::{Hdr, ReadReqHdr, ReadRespHdr, RnrHdr, TermHdr, Type, WriteHdr, flags, term};
+use hdr::{Hdr, HdrError, ReadReqHdr, ReadRespHdr, RnrHdr, TermHdr, Type, WriteHdr, flags, term};
 use sock::{BURST, MAIN, Out, Sock};
 use window::{Rtt, RxWindow, SPAN, Seen, acked};
 
@@ -194,6 +201,9 @@ pub struct UdpStats {
     pub beyond_window: u64,
     /// Datagrams dropped as malformed.
     pub malformed: u64,
+    /// Datagrams whose headers failed their checksum (damaged on the way,
+    /// or cut short): dropped as lost, and resent by their sender.
+    pub bad_checksum: u64,
     /// Datagrams dropped on their sender's request (pleaseDrop).
     pub please_dropped: u64,
     /// "Receiver not ready" sent (no buffer or no read job free) and
@@ -213,6 +223,14 @@ pub struct UdpStats {
     pub sessions_full: u64,
     /// Bursts the socket took only in part (its buffer was full).
     pub tx_again: u64,
+}
+
+impl UdpStats {
+    /// The device's counters ([`Device::counters`]) of datagrams it
+    /// dropped on arrival as copies, damaged, malformed or stale: what a
+    /// wire's faults make it drop.
+    pub const DROPS: [&'static str; 5] =
+        ["duplicates", "malformed", "bad_checksum", "stale", "beyond_window"];
 }
 
 /// Why a device could not be created.
@@ -1068,9 +1086,11 @@ impl UdpDevice {
                 parts[1] = (at.cast_const(), slot.len as usize);
             }
         }
+        let hdrs = hdr::HDR_LEN + slot.ty.ext_len();
+        hdr::seal(&mut hb[..hdrs], hdrs + parts[1].1 + parts[2].1);
         let n = self.tx.len();
         self.tx_hdrs[n] = hb;
-        parts[0] = (self.tx_hdrs[n].as_ptr(), hdr::HDR_LEN + slot.ty.ext_len());
+        parts[0] = (self.tx_hdrs[n].as_ptr(), hdrs);
         let sess = &self.sessions[s as usize];
         self.tx.push(Out { to: sess.peer, via: sess.via, parts });
     }
@@ -1107,6 +1127,7 @@ impl UdpDevice {
         h.emit(b);
         ext(b);
         let len = hdr::HDR_LEN + h.ty.ext_len();
+        hdr::seal(&mut b[..len], len);
         self.tx.push(Out {
             to,
             via,
@@ -1184,6 +1205,11 @@ impl UdpDevice {
         let b = unsafe { &self.rx_frames.slice(frame)[..len] };
         let h = match Hdr::parse(b) {
             Ok(h) => h,
+            Err(HdrError::Checksum) => {
+                // Lost, as SRD's CRC loses it: its sender resends it.
+                self.stats.bad_checksum += 1;
+                return;
+            }
             Err(_) => {
                 self.stats.malformed += 1;
                 return;
@@ -1875,6 +1901,7 @@ impl Device for UdpDevice {
             ("duplicates", s.duplicates),
             ("beyond_window", s.beyond_window),
             ("malformed", s.malformed),
+            ("bad_checksum", s.bad_checksum),
             ("please_dropped", s.please_dropped),
             ("rnr_sent", s.rnr_sent),
             ("rnr_received", s.rnr_received),

@@ -335,6 +335,8 @@ fn malformed_datagrams_are_counted_and_dropped() {
         src_qpn: raw.local_addr().unwrap().port(),
     }
     .emit(&mut good);
+    let len = good.len();
+    hdr::seal(&mut good[..hdr::HDR_LEN], len);
     let mut bad_version = good;
     bad_version[0] = 9;
     let mut bad_write = good;
@@ -357,6 +359,154 @@ fn malformed_datagrams_are_counted_and_dropped() {
     assert_eq!(got[0].len, 4);
     assert!(matches!(got[0].src, Source::Unknown { .. }));
     assert_eq!(b.stats().malformed, 5, "{:?}", b.stats());
+}
+
+/// Polls both until `done` holds of them; what a completed.
+fn settle(
+    a: &mut UdpDevice,
+    b: &mut UdpDevice,
+    done: impl Fn(&UdpDevice, &UdpDevice) -> bool,
+) -> Vec<Cqe> {
+    let mut ca = Vec::new();
+    let mut out = [Cqe::default(); 32];
+    let end = Instant::now() + SEC;
+    while !done(a, b) {
+        assert!(Instant::now() < end, "not settled: a {:?} b {:?}", a.stats(), b.stats());
+        let k = a.poll(&mut out);
+        ca.extend_from_slice(&out[..k]);
+        b.poll(&mut out[..0]);
+    }
+    ca
+}
+
+/// Sends `n` messages of `len` bytes from a to b over a wire with
+/// `faults`, which damage datagrams but lose none; every one must arrive
+/// once, whole, and every damaged datagram must have been dropped by the
+/// device that received it (what it carried, resent), none taken.
+fn through_damage(faults: Faults, n: u32, len: usize) -> (UdpStats, UdpStats) {
+    let c = UdpConfig { faults, min_rto: Duration::from_micros(100), ..cfg() };
+    let (mut a, mut b) = pair(c);
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    let bufs: Vec<BufId> = (0..n).collect();
+    assert_eq!(b.post_recv(&bufs), n as usize);
+    for i in 0..n {
+        send(&mut a, to_b, i, &pattern(i as usize, len), u64::from(i));
+    }
+    let n = n as usize;
+    let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| ca.len() == n && cb.len() == n);
+    assert!(ca.iter().all(|c| c.status == CqStatus::Ok), "{ca:?}");
+    let mut got: Vec<&[u8]> =
+        cb.iter().map(|c| &b.held(c.wr_id as BufId)[..c.len as usize]).collect();
+    let mut want: Vec<Vec<u8>> = (0..n).map(|i| pattern(i, len)).collect();
+    got.sort();
+    want.sort();
+    assert!(got == want, "each exactly once, whole");
+    // What is still on its way is caught when it lands.
+    let damaged = |a: &UdpDevice, b: &UdpDevice| {
+        let (fa, fb) = (a.fault_stats(), b.fault_stats());
+        fa.corrupted + fa.truncated + fb.corrupted + fb.truncated
+    };
+    let caught = |s: UdpStats| s.bad_checksum + s.malformed;
+    settle(&mut a, &mut b, |a, b| caught(a.stats()) + caught(b.stats()) >= damaged(a, b));
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(caught(sa) + caught(sb), damaged(&a, &b), "a {sa:?} b {sb:?}");
+    // Acknowledgements, all header, cut short are too short to check.
+    assert!(caught(sa) > 0 && sb.bad_checksum > 0, "a {sa:?} b {sb:?}");
+    assert!(sa.retransmits > 0, "{sa:?}");
+    for s in [sa, sb] {
+        assert_eq!((s.peers_lost, s.stale, s.terminates_received), (0, 0, 0), "{s:?}");
+    }
+    (sa, sb)
+}
+
+/// A bit flipped anywhere in a datagram's headers (the Sends here have no
+/// payload, so every flip lands in headers, theirs or the
+/// acknowledgements'), or a datagram cut short, fails its checksum: it is
+/// dropped as if lost, and resent; no session ends for it.
+#[test]
+fn damaged_headers_are_dropped_counted_and_resent() {
+    for seed in 1..=3 {
+        let corrupt = Faults { seed, corrupt_ppm: 300_000, ..Faults::default() };
+        through_damage(corrupt, 120, 0);
+        // Cut short: in the payload the length in the check catches it.
+        let truncate = Faults { seed, truncate_ppm: 300_000, ..Faults::default() };
+        through_damage(truncate, 100, 2000);
+    }
+}
+
+/// A forged control packet that would end the session (Bad Session) or
+/// fail an operation (Terminate), with any one bit of its headers flipped,
+/// is dropped and counted, and ends nothing; intact, it does what it says.
+#[test]
+fn damaged_control_packets_end_nothing() {
+    let (mut a, mut b) = pair(cfg());
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (a_addr, b_addr) = (a.addr(), b.addr());
+    // As b would send them: b's port in the header is where a answers.
+    let forged = |ty: Type, seq: u32, ext: &dyn Fn(&mut [u8])| {
+        let hdrs = hdr::HDR_LEN + ty.ext_len();
+        let mut d = vec![0u8; hdrs];
+        let h = Hdr {
+            ty,
+            flags: 0,
+            src_connid: b_addr.connid,
+            dst_connid: a_addr.connid,
+            seq,
+            base: 0,
+            ack: 0,
+            staging: 0,
+            credits: 1,
+            src_qpn: b_addr.qpn,
+        };
+        h.emit(&mut d);
+        ext(&mut d);
+        hdr::seal(&mut d, hdrs);
+        d
+    };
+    // Sends every one-bit damage of `d` to a, and waits until a dropped
+    // them all; a completes nothing meanwhile.
+    let sweep = |a: &mut UdpDevice, b: &mut UdpDevice, d: &[u8]| {
+        let before = a.stats().bad_checksum + a.stats().malformed;
+        for bit in 0..d.len() * 8 {
+            let mut c = d.to_vec();
+            c[bit / 8] ^= 1 << (bit % 8);
+            raw.send_to(&c, a.local_addr()).unwrap();
+        }
+        let want = before + d.len() as u64 * 8;
+        let ca = settle(a, b, |a, _| a.stats().bad_checksum + a.stats().malformed >= want);
+        assert!(ca.is_empty(), "{ca:?}");
+        assert_eq!(a.stats().bad_checksum + a.stats().malformed, want, "{:?}", a.stats());
+    };
+
+    // A send waiting for a buffer at b (refused "not ready", resent).
+    send(&mut a, to_b, 0, b"m0", 0);
+    let terminate = |seq: u32| {
+        let t = TermHdr { seq: 0, layer_etype: term::LAYER_ETYPE, code: term::ACCESS_RIGHTS };
+        forged(Type::Terminate, 0, &move |d: &mut [u8]| TermHdr { seq, ..t }.emit(d))
+    };
+    sweep(&mut a, &mut b, &terminate(0));
+    b.post_recv(&[0]);
+    let (ca, _) = drive(&mut a, &mut b, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
+    assert_eq!((ca[0].status, &b.held(0)[..2]), (CqStatus::Ok, &b"m0"[..]));
+    assert_eq!(a.stats().terminates_received, 0);
+    // Intact, it refuses the next send.
+    send(&mut a, to_b, 1, b"m1", 1);
+    raw.send_to(&terminate(1), a.local_addr()).unwrap();
+    let (ca, _) = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
+    assert_eq!((ca[0].wr_id, ca[0].status), (1, CqStatus::RemoteAccess));
+
+    // Bad Session: `seq` names the connid a addressed, b's.
+    let bad_session = forged(Type::BadSession, b_addr.connid, &|_| {});
+    sweep(&mut a, &mut b, &bad_session);
+    b.post_recv(&[1]);
+    send(&mut a, to_b, 2, b"m2", 2);
+    let (ca, _) = drive(&mut a, &mut b, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
+    assert_eq!(ca[0].status, CqStatus::Ok, "the session goes on");
+    assert_eq!((a.stats().peers_lost, b.stats().peers_lost), (0, 0));
+    // Intact, it ends the session.
+    raw.send_to(&bad_session, a.local_addr()).unwrap();
+    settle(&mut a, &mut b, |a, _| a.stats().peers_lost == 1);
 }
 
 #[test]
