@@ -496,12 +496,9 @@ pub(crate) fn udp_config() -> UdpConfig {
         short_keys: true,
         faults: cfg.faults,
         window: cfg.udp_window,
-        // SRD acknowledges in the NIC, whatever the program does next; the
-        // udp device acknowledges only while polled, so a program that
-        // takes its packet and then blocks (fi_pingpong in its control
-        // socket's sync) would leave the sender waiting for an ack until it
-        // gives up (unresponsive receiver): ack in the poll that received.
-        ack_delay: std::time::Duration::ZERO,
+        // The udp device's acknowledgement delay: an ack owed rides on the
+        // program's answer if one follows, and a program that stops
+        // polling has its acks sent by the progress thread.
         ..UdpConfig::default()
     }
 }

@@ -17,9 +17,10 @@
 //! * Sends copy the SGEs into the device's packet buffers, receives copy a
 //!   packet into the posted SGEs; RDMA read and write are the device's.
 //! * A CQ polls the QPs attached to it: the udp device makes progress
-//!   (acknowledgements, retransmissions, serving peers' reads) only when
-//!   polled, so a process that is the target of RDMA must poll its CQ, as
-//!   it would to see its receives.
+//!   (acknowledgements, retransmissions, serving peers' reads) when
+//!   polled. As a NIC does that whatever its program does, a thread
+//!   (module `progress`) drives the QPs whose CQ has not been polled for a
+//!   millisecond, and keeps their completions for the next poll.
 //!
 //! # Quirks kept, as EFA has them (rdma-core providers/efa/verbs.c)
 //!
@@ -45,7 +46,9 @@
 //! peer, 1 to 64, or `adaptive`, the default; a fixed one to compare with
 //! `efapoll -p udp`, whose apps fix it),
 //! `SOFTEFA_FAULTS` (faults the udp wire injects below SRD, which repairs
-//! them: [`Faults`]' text form, e.g. `seed=7,drop_ppm=10000,reorder_window=8`).
+//! them: [`Faults`]' text form, e.g. `seed=7,drop_ppm=10000,reorder_window=8`),
+//! `SOFTEFA_PROGRESS=0` (no progress thread: a QP progresses only while
+//! its CQ is polled, as before a NIC; for tests that show what it does).
 //!
 //! For tests that change the device between QPs in one process:
 //! `SOFTEFA_CONTROL=<file>`, a file of `NAME=value` lines naming any of
@@ -69,6 +72,7 @@
 pub mod cq;
 pub mod ctx;
 mod lock;
+mod progress;
 pub mod qp;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -88,6 +92,8 @@ pub struct Config {
     /// What the udp wire under each QP injects.
     pub faults: Faults,
     pub udp_window: Window,
+    /// A thread drives the QPs whose CQ is not polled (module `progress`).
+    pub progress: bool,
 }
 
 impl Config {
@@ -112,6 +118,7 @@ impl Config {
                 Some(n @ 1..=64) => Window::Fixed(n),
                 _ => Window::Adaptive,
             },
+            progress: flag("SOFTEFA_PROGRESS"),
         }
     }
 }

@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use efapoll::device::udp::UdpDevice;
 use efapoll::device::{
@@ -125,6 +125,9 @@ pub(crate) struct Qp {
     sq_depth: u32,
     rq_depth: u32,
     qpn: u32,
+    /// Polls of its CQ that drove it: written under `inner`'s lock, read
+    /// by the progress thread, which drives the QP when this stands still.
+    polls: AtomicU64,
     inner: SpinLock<QpInner>,
 }
 
@@ -176,6 +179,9 @@ impl Qp {
         let mut q = self.inner.lock();
         let q = &mut *q;
         if drive {
+            // Only the lock's holder writes it: no atomic read-modify-write.
+            let n = self.polls.load(Ordering::Relaxed);
+            self.polls.store(n.wrapping_add(1), Ordering::Relaxed);
             self.progress(q);
         }
         if send {
@@ -188,6 +194,21 @@ impl Qp {
             out.extend(q.done_recv.drain(..n));
             q.rq_used -= n as u32;
         }
+    }
+
+    /// How many CQ polls drove the QP so far.
+    pub(crate) fn polls(&self) -> u64 {
+        self.polls.load(Ordering::Relaxed)
+    }
+
+    /// Drives the QP as its CQ's poll would, keeping what completed for
+    /// that poll, unless someone holds it (then it is in use: left alone,
+    /// None). Else whether its device has nothing more to do until a
+    /// datagram comes, and the descriptor that comes on.
+    pub(crate) fn try_progress(&self) -> Option<(bool, std::os::fd::RawFd)> {
+        let mut q = self.inner.try_lock()?;
+        self.progress(&mut q);
+        Some((q.dev.is_quiet(), q.dev.rx_fd()))
     }
 
     /// Polls the udp device and turns its completions into work
@@ -616,6 +637,7 @@ fn create_qp(
         sq_depth,
         rq_depth,
         qpn,
+        polls: AtomicU64::new(0),
         inner: SpinLock::new(inner),
     });
     let qp = Box::into_raw(qp);
@@ -674,6 +696,7 @@ fn create_qp(
         // SAFETY: as above.
         unsafe { &*recv_cq }.state.lock().qps.push(Attached { qp, send: false, recv: true });
     }
+    crate::progress::add(qp);
     Ok(qp.cast())
 }
 
@@ -805,6 +828,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: the caller's contract.
     let q = unsafe { Qp::of(qp) };
     let me = (q as *const Qp).cast_mut();
+    crate::progress::remove(me);
     for cq in [q.send_cq, q.recv_cq] {
         // SAFETY: the QP's CQs outlive it.
         unsafe { &*cq }.state.lock().qps.retain(|a| a.qp != me.cast_const());

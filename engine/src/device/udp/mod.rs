@@ -698,6 +698,19 @@ impl UdpDevice {
         self.sock().buffers()
     }
 
+    /// The descriptor datagrams arrive on: readable when a poll would
+    /// receive, for a host that waits for traffic rather than polls.
+    pub fn rx_fd(&self) -> std::os::fd::RawFd {
+        self.sock().fd()
+    }
+
+    /// Nothing to do until a datagram comes: no packet in flight or
+    /// waiting for room, no acknowledgement owed, no completion to take,
+    /// and no fault layer (which may hold datagrams to release later).
+    pub fn is_quiet(&self) -> bool {
+        self.active.is_empty() && self.cq.is_empty() && matches!(self.io, Io::Direct(_))
+    }
+
     /// Marks the next `n` sequenced packets this device sends for the
     /// first time to be dropped by their receiver (RAMCloud's pleaseDrop):
     /// scripted loss, which their resends then repair.

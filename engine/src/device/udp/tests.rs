@@ -257,6 +257,28 @@ fn a_device_dropped_right_after_receiving_still_acknowledges() {
     assert_eq!(a.stats().retransmits, 0);
 }
 
+/// A device says when it has nothing to do until a datagram comes (a
+/// host may then wait on its socket instead of polling it): not while a
+/// packet is in flight, an acknowledgement owed or a completion waiting.
+#[test]
+fn a_device_is_quiet_only_with_nothing_in_flight_owed_or_waiting() {
+    let (mut a, mut b) = pair(cfg());
+    assert!(a.is_quiet() && b.is_quiet(), "new");
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    assert_eq!(b.post_recv(&[0]), 1);
+    send(&mut a, to_b, 1, b"hi", 5);
+    assert!(!a.is_quiet(), "in flight");
+    // The datagram makes b's socket readable.
+    let mut p = libc::pollfd { fd: b.rx_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, of b's open socket.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 10_000) }, 1);
+    let mut out = [Cqe::default(); 1];
+    assert_eq!(b.poll(&mut out), 1);
+    assert!(!b.is_quiet(), "an acknowledgement is owed");
+    drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
+    assert!(a.is_quiet() && b.is_quiet(), "all acknowledged and taken");
+}
+
 /// Polls `a` alone until `done` holds.
 fn drive_one(a: &mut UdpDevice, mut done: impl FnMut(&[Cqe]) -> bool) -> Vec<Cqe> {
     let mut ca = Vec::new();
