@@ -34,6 +34,11 @@
 //!   its `src_qp`, and its GID through `efadv_wc_read_sgid`; one with an
 //!   AH has `slid` = the AH number, and `efadv_wc_read_sgid` says ENOENT.
 //! * Immediate data is passed through unconverted.
+//! * `ibv_dereg_mr` deregisters at once, whatever a peer is reading from
+//!   the region: the read is let finish for 10 ms at most (the QPs are
+//!   driven meanwhile), then revoked, and fails at the reader (a remote
+//!   access error) unless all of it had arrived. EBUSY only while a WR
+//!   this process posted still reads or writes the region.
 //! * Errors carry EFA's vendor codes (`efa_io_comp_status`) and the
 //!   `ibv_wc_status` rdma-core maps them to.
 //!

@@ -153,18 +153,6 @@ impl Qp {
         }
     }
 
-    /// Stops using a registration; false while posted work uses it.
-    pub(crate) fn detach(&self, mr: &MrInfo) -> bool {
-        let mut q = self.inner.lock();
-        match q.dev.deregister(mr.udp.id) {
-            Err(efapoll::device::DeviceError::Busy) => false,
-            _ => {
-                q.mrs.remove(&(mr.udp.key as u32));
-                true
-            }
-        }
-    }
-
     /// Drives the device (when `drive`) and moves up to `max` completions
     /// of the queues `send` and `recv` into `out` (a CQ's poll).
     pub(crate) fn drain(
@@ -521,6 +509,56 @@ impl Qp {
         }
         q.batch = batch;
     }
+}
+
+/// What [`revoke`] did with a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Revoke {
+    /// It left every QP.
+    Done,
+    /// Work uses it still: call again.
+    Wait,
+    /// A WR the program posted uses it still: it stays everywhere.
+    Busy,
+}
+
+/// `ibv_dereg_mr`'s work on the QPs of a PD, all locked at once (no WR
+/// starts on the region meanwhile) and each driven first (the
+/// acknowledgements that came end the reads they were holding it for):
+/// the region leaves every QP, or none. While peers' reads of it are
+/// served, [`Revoke::Wait`]; when `now`, they are revoked instead, as an
+/// EFA device deregisters at once (each fails at its reader unless all of
+/// it arrived). While a WR the program posted uses it, `Wait`, or
+/// [`Revoke::Busy`] when `now`.
+pub(crate) fn revoke(qps: &[*const Qp], mr: &MrInfo, now: bool) -> Revoke {
+    let mut held: Vec<_> = qps
+        .iter()
+        .map(|&q| {
+            // SAFETY: QPs in the PD's list are live.
+            let q = unsafe { &*q };
+            (q, q.inner.lock())
+        })
+        .collect();
+    let (mut posted, mut served) = (0, 0);
+    for (q, g) in &mut held {
+        q.progress(g);
+        if let Some(u) = g.dev.region_users(mr.udp.id) {
+            posted += u.posted;
+            served += u.served;
+        }
+    }
+    match (posted, served) {
+        (1.., _) if now => return Revoke::Busy,
+        (1.., _) => return Revoke::Wait,
+        (0, 1..) if !now => return Revoke::Wait,
+        _ => {}
+    }
+    for (_, g) in &mut held {
+        // Unknown here (its attach failed): nothing to undo.
+        let _ = g.dev.revoke(mr.udp.id);
+        g.mrs.remove(&(mr.udp.key as u32));
+    }
+    Revoke::Done
 }
 
 // ---- creation ----

@@ -8,13 +8,13 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::Verbs;
 use efapoll::device::udp::{UdpConfig, UdpDevice};
 use efapoll::device::{CqOp, CqStatus, Cqe, Device, SendWr};
-use efapoll::wire::RawAddr;
 use rdma_sys::*;
 use softefa::ctx as sv;
-use softefa::efadv::*;
-use softefa::{cq::efadv_create_cq, qp::efadv_create_qp_ex};
 
 const NAME: &str = "a_receiver_that_stops_polling_still_acknowledges";
 
@@ -53,49 +53,9 @@ fn a_receiver_that_stops_polling_still_acknowledges() {
 fn stop_polling_after_one_receive(thread: bool) -> (CqStatus, Duration) {
     // SAFETY: a verbs program's calls, in order, on objects made here.
     unsafe {
-        let list = sv::ibv_get_device_list(std::ptr::null_mut());
-        let ctx = sv::ibv_open_device(*list);
-        sv::ibv_free_device_list(list);
-        let pd = sv::ibv_alloc_pd(ctx);
+        let v = Verbs::open(0x0123_4567);
         let mut buf = vec![0u8; 8192];
-        let mr = sv::ibv_reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), 1);
-        let mut ca: ibv_cq_init_attr_ex = std::mem::zeroed();
-        ca.cqe = 64;
-        ca.wc_flags = 0x7f;
-        let mut ea = efadv_cq_init_attr::default();
-        let cq = efadv_create_cq(ctx, &mut ca, &mut ea, inlen::<efadv_cq_init_attr>());
-        assert!(!cq.is_null());
-        let mut qa: ibv_qp_init_attr_ex = std::mem::zeroed();
-        qa.send_cq = cq.cast();
-        qa.recv_cq = cq.cast();
-        qa.cap.max_send_wr = 16;
-        qa.cap.max_recv_wr = 16;
-        qa.cap.max_send_sge = 1;
-        qa.cap.max_recv_sge = 1;
-        qa.qp_type = ibv_qp_type::IBV_QPT_DRIVER;
-        qa.sq_sig_all = 1;
-        qa.comp_mask = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0
-            | ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
-        qa.pd = pd;
-        qa.send_ops_flags = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND.0 as u64;
-        let mut e = efadv_qp_init_attr::default();
-        let qp = efadv_create_qp_ex(ctx, &mut qa, &mut e, inlen::<efadv_qp_init_attr>());
-        assert!(!qp.is_null());
-        let qkey = 0x0123_4567;
-        for (state, mask) in [
-            (ibv_qp_state::IBV_QPS_INIT, 1 | 16 | 32 | 64),
-            (ibv_qp_state::IBV_QPS_RTR, 1),
-            (ibv_qp_state::IBV_QPS_RTS, 1 | 65536),
-        ] {
-            let mut a: ibv_qp_attr = std::mem::zeroed();
-            a.qp_state = state;
-            a.qkey = qkey;
-            a.port_num = 1;
-            assert_eq!(softefa::qp::ibv_modify_qp(qp, &mut a, mask), 0);
-        }
-        let mut gid: ibv_gid = std::mem::zeroed();
-        assert_eq!(sv::ibv_query_gid(ctx, 1, 0, &mut gid), 0);
-        let me = RawAddr { gid: gid.raw, qpn: (*qp).qp_num as u16, connid: qkey };
+        let mr = v.reg(&mut buf, ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
         for i in 0..2 {
             let mut sge =
                 ibv_sge { addr: buf.as_ptr() as u64 + 4096 * i, length: 4096, lkey: (*mr).lkey };
@@ -104,31 +64,28 @@ fn stop_polling_after_one_receive(thread: bool) -> (CqStatus, Duration) {
             rwr.sg_list = &mut sge;
             rwr.num_sge = 1;
             let mut bad = std::ptr::null_mut();
-            assert_eq!(ibv_post_recv(qp, &mut rwr, &mut bad), 0);
+            assert_eq!(ibv_post_recv(v.qp, &mut rwr, &mut bad), 0);
         }
 
         let cfg = UdpConfig { peer_timeout: PEER_TIMEOUT, ..UdpConfig::default() };
         let mut udp = UdpDevice::new(cfg).unwrap();
-        let to_qp = udp.insert_addr(&me).unwrap();
+        let to_qp = udp.insert_addr(&v.me).unwrap();
         udp.buf_mut(0)[..5].copy_from_slice(b"hello");
         assert_eq!(udp.post_send(&[SendWr { ah: to_qp, buf: 0, len: 5, data: None, wr_id: 1 }]), 1);
         let end = Instant::now() + Duration::from_secs(20);
         let mut out = [Cqe::default(); 8];
-        let mut attr: ibv_poll_cq_attr = std::mem::zeroed();
         let mut sent = None;
         // The receive comes; this is the program's last poll.
-        loop {
+        let first = loop {
             assert!(Instant::now() < end, "no receive");
             let n = udp.poll(&mut out);
             sent = sent.or(out[..n].first().map(|c| c.status));
-            if ibv_start_poll(cq, &mut attr) == 0 {
-                assert_eq!((*cq).status, ibv_wc_status::IBV_WC_SUCCESS);
-                assert!(matches!((*cq).wr_id, 70 | 71));
-                break;
+            if let Some((wr_id, status, _)) = v.poll() {
+                assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS);
+                assert!(matches!(wr_id, 70 | 71));
+                break wr_id;
             }
-        }
-        let first = (*cq).wr_id;
-        ibv_end_poll(cq);
+        };
         let took = Instant::now();
         // (Already acknowledged only if the program was held up for the
         // thread's millisecond before it took the receive.)
@@ -144,7 +101,7 @@ fn stop_polling_after_one_receive(thread: bool) -> (CqStatus, Duration) {
             },
         };
         let took = took.elapsed();
-        eprintln!("the send completed {:?} after the receiver's last poll: {sent:?}", took);
+        eprintln!("the send completed {took:?} after the receiver's last poll: {sent:?}");
 
         if thread {
             // Another send while the program still does not poll: taken
@@ -162,18 +119,13 @@ fn stop_polling_after_one_receive(thread: bool) -> (CqStatus, Duration) {
             assert_eq!((c.wr_id, c.status), (2, CqStatus::Ok));
             let at = 4096 * (141 - first as usize - 70);
             assert_eq!(&buf[at..at + 6], b"second", "landed before the program polled");
-            assert_eq!(ibv_start_poll(cq, &mut attr), 0, "held for the program");
-            assert_eq!(((*cq).wr_id, (*cq).status), (141 - first, ibv_wc_status::IBV_WC_SUCCESS));
-            assert_eq!(ibv_wc_read_byte_len(cq), 6);
-            ibv_end_poll(cq);
+            let held = v.poll();
+            assert_eq!(held, Some((141 - first, ibv_wc_status::IBV_WC_SUCCESS, 6)), "held for it");
         }
         let at = 4096 * (first as usize - 70);
         assert_eq!(&buf[at..at + 5], b"hello");
-        assert_eq!(softefa::qp::ibv_destroy_qp(qp), 0);
-        assert_eq!(softefa::cq::ibv_destroy_cq(cq.cast()), 0);
         assert_eq!(sv::ibv_dereg_mr(mr), 0);
-        assert_eq!(sv::ibv_dealloc_pd(pd), 0);
-        assert_eq!(sv::ibv_close_device(ctx), 0);
+        v.close();
         (sent, took)
     }
 }
