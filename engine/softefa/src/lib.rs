@@ -14,8 +14,10 @@
 //!   qkey the udp connid (set at RESET->INIT). A PD is a
 //!   [`UdpDomain`](efapoll::device::udp::UdpDomain) with 32-bit keys; an MR
 //!   is a registration of the caller's memory on it (lkey = rkey = key).
-//! * Sends copy the SGEs into the device's packet buffers, receives copy a
-//!   packet into the posted SGEs; RDMA read and write are the device's.
+//! * A send of one SGE of registered memory goes from it (the device
+//!   gathers it after its header); inline data and two SGEs are copied
+//!   into the device's packet buffers. Receives copy a packet into the
+//!   posted SGEs; RDMA read and write are the device's.
 //! * A CQ polls the QPs attached to it: the udp device makes progress
 //!   (acknowledgements, retransmissions, serving peers' reads) when
 //!   polled. As a NIC does that whatever its program does, a thread

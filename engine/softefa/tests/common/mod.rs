@@ -46,7 +46,8 @@ impl Verbs {
             qa.recv_cq = cq.cast();
             qa.cap.max_send_wr = 16;
             qa.cap.max_recv_wr = 16;
-            qa.cap.max_send_sge = 1;
+            qa.cap.max_send_sge = 2;
+            qa.cap.max_inline_data = 32;
             qa.cap.max_recv_sge = 1;
             qa.qp_type = ibv_qp_type::IBV_QPT_DRIVER;
             qa.sq_sig_all = 1;
