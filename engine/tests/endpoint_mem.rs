@@ -393,6 +393,8 @@ fn lcore_threads_make_their_devices_from_one_shm_domain() {
 
 #[cfg(feature = "efa")]
 mod on_efa {
+    use std::time::Duration;
+
     use efapoll::device::efa::{EfaConfig, EfaDomain};
 
     use super::*;
@@ -423,11 +425,21 @@ mod on_efa {
         });
     }
 
-    // `one_registration_serves_two_endpoints` does not run here yet: a
-    // region a queue's device served an RDMA read from is held by softefa's
-    // udp device until the reader acknowledges the last byte, so
-    // ibv_dereg_mr answers EBUSY where EFA deregisters at once (softefa
-    // drives a QP only when its CQ is polled, and here the reader is polled
-    // by the thread that deregisters); without device RDMA, the emulated
-    // read of the deregistered region gets no answer.
+    /// With device RDMA the domain's last reference deregisters the MR
+    /// while softefa's QP under the second lcore may still hold it for the
+    /// read it served (until the reader, here idle, acknowledges its last
+    /// byte): ibv_dereg_mr waits for that as a NIC finishes its DMA, and the
+    /// region is gone at once after, as on EFA. Without, the read of the
+    /// deregistered region is emulated and gets no answer (libfabric's
+    /// provider answers none either): the reader times out, sooner here.
+    #[test]
+    fn two_endpoints_on_one_domain_use_one_registration_on_efa() {
+        softefa::run("on_efa::two_endpoints_on_one_domain_use_one_registration_on_efa", || {
+            for rdma in [true, false] {
+                let cfg = Config { response_timeout: Duration::from_secs(1), ..Config::default() };
+                let other = domain(rdma).device().unwrap();
+                one_registration_serves_two_endpoints(domain(rdma), other, cfg);
+            }
+        });
+    }
 }

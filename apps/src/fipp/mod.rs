@@ -121,8 +121,9 @@ pub struct Pp<D: Device> {
     timeout: Duration,
     /// Sends posted and not completed: a send's buffer is reused only
     /// once it completes, and nothing waits for one otherwise (a peer
-    /// blocked on the control link acknowledges nothing, as fi_pingpong
-    /// under softefa, whose device moves only when its CQ is polled).
+    /// blocked on the control link may acknowledge late: fi_pingpong under
+    /// softefa is acknowledged for by its progress thread, a millisecond
+    /// or more after its last poll).
     tx_pending: u32,
     /// The receive that completed, not yet taken.
     received: Option<u64>,

@@ -53,6 +53,10 @@ pub(crate) struct CqState {
     cur: Wc,
     /// The QP to drive first at the next refill (round robin).
     next: usize,
+    /// The last refill may have left completions in the QPs (a QP had more
+    /// than a burst, or some were not looked at): the session's next poll
+    /// looks again; else it ends without taking a QP's lock.
+    more: bool,
 }
 
 // SAFETY: the QP pointers are of live QPs (a QP detaches itself before it
@@ -84,14 +88,16 @@ impl Cq {
     fn refill(&self, s: &mut CqState, drive: bool) {
         let me = (self as *const Cq).cast_mut().cast::<ibv_cq>();
         let n = s.qps.len();
+        s.more = false;
         for i in 0..n {
             let k = (s.next + i) % n;
             let a = s.qps[k];
             // SAFETY: attached QPs are live until they detach, which takes
             // this CQ's lock, held here.
-            unsafe { (*a.qp).drain(a.send, a.recv, drive, me, &mut s.buf, BURST) };
+            let left = unsafe { (*a.qp).drain(a.send, a.recv, drive, me, &mut s.buf, BURST) };
             if !s.buf.is_empty() {
                 s.next = k + 1;
+                s.more = left || i + 1 < n;
                 return;
             }
         }
@@ -103,7 +109,7 @@ impl Cq {
     /// doorbell: another device poll per burst would be a syscall that
     /// found nothing on the latency path.
     fn next_wc(&self, s: &mut CqState, drive: bool) -> Option<Wc> {
-        if s.buf.is_empty() {
+        if s.buf.is_empty() && (drive || s.more) {
             self.refill(s, drive);
         }
         s.buf.pop_front()

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::ptr::{NonNull, null_mut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use efapoll::device::udp::{UdpConfig, UdpDomain};
 use efapoll::device::{Access, Domain, Mr as UdpMr};
@@ -15,7 +16,7 @@ use rdma_sys::*;
 
 use crate::efadv::*;
 use crate::limits::*;
-use crate::qp::Qp;
+use crate::qp::{Qp, Revoke};
 use crate::{config, cq, current, qp};
 
 /// The one device: an `ibv_device` that lives as long as the process.
@@ -496,12 +497,9 @@ pub(crate) fn udp_config() -> UdpConfig {
         short_keys: true,
         faults: cfg.faults,
         window: cfg.udp_window,
-        // SRD acknowledges in the NIC, whatever the program does next; the
-        // udp device acknowledges only while polled, so a program that
-        // takes its packet and then blocks (fi_pingpong in its control
-        // socket's sync) would leave the sender waiting for an ack until it
-        // gives up (unresponsive receiver): ack in the poll that received.
-        ack_delay: std::time::Duration::ZERO,
+        // The udp device's acknowledgement delay: an ack owed rides on the
+        // program's answer if one follows, and a program that stops
+        // polling has its acks sent by the progress thread.
         ..UdpConfig::default()
     }
 }
@@ -634,6 +632,18 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     unsafe { ibv_reg_mr_iova2(pd, addr, len, iova, access as c_uint) }
 }
 
+/// How long `ibv_dereg_mr` lets the reads peers make of the region finish
+/// (their readers acknowledge the last bytes, as a NIC's DMA ends) before
+/// it revokes them: the QPs are driven meanwhile, here and by the peers'
+/// progress threads, which answer within a few milliseconds.
+const DEREG_WAIT: Duration = Duration::from_millis(10);
+
+/// Deregisters at once, as EFA does: a read a peer makes of the region is
+/// let finish for `DEREG_WAIT` (10 ms) at most, then revoked (it fails at the
+/// reader, unless all of it had arrived); later ones are refused (remote
+/// access error). EBUSY, the region kept, only while a WR this process
+/// posted still reads or writes it after that wait.
+///
 /// # Safety
 /// `mr` came from one of the `ibv_reg_mr` calls.
 #[unsafe(no_mangle)]
@@ -642,15 +652,20 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     let m = unsafe { &*mr.cast::<Mr>() };
     // SAFETY: the MR's PD outlives it.
     let p = unsafe { Pd::of(m.ibv.pd) };
-    let mut s = p.lock();
-    for &qp in &s.qps {
-        // SAFETY: QPs in the PD's list are live.
-        if !unsafe { (*qp).detach(&m.info) } {
-            return libc::EBUSY;
+    let deadline = Instant::now() + DEREG_WAIT;
+    loop {
+        let mut s = p.lock();
+        match qp::revoke(&s.qps, &m.info, Instant::now() >= deadline) {
+            Revoke::Done => {
+                s.mrs.remove(&m.ibv.lkey);
+                break;
+            }
+            Revoke::Busy => return libc::EBUSY,
+            Revoke::Wait => {}
         }
+        drop(s);
+        std::thread::sleep(Duration::from_micros(50));
     }
-    s.mrs.remove(&m.ibv.lkey);
-    drop(s);
     let _ = p.domain.deregister(&m.info.udp);
     // SAFETY: boxed by ibv_reg_mr_iova2; no QP refers to it any more.
     drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });

@@ -14,12 +14,15 @@
 //!   qkey the udp connid (set at RESET->INIT). A PD is a
 //!   [`UdpDomain`](efapoll::device::udp::UdpDomain) with 32-bit keys; an MR
 //!   is a registration of the caller's memory on it (lkey = rkey = key).
-//! * Sends copy the SGEs into the device's packet buffers, receives copy a
-//!   packet into the posted SGEs; RDMA read and write are the device's.
+//! * A send of one SGE of registered memory goes from it (the device
+//!   gathers it after its header); inline data and two SGEs are copied
+//!   into the device's packet buffers. Receives copy a packet into the
+//!   posted SGEs; RDMA read and write are the device's.
 //! * A CQ polls the QPs attached to it: the udp device makes progress
-//!   (acknowledgements, retransmissions, serving peers' reads) only when
-//!   polled, so a process that is the target of RDMA must poll its CQ, as
-//!   it would to see its receives.
+//!   (acknowledgements, retransmissions, serving peers' reads) when
+//!   polled. As a NIC does that whatever its program does, a thread
+//!   (module `progress`) drives the QPs whose CQ has not been polled for a
+//!   millisecond, and keeps their completions for the next poll.
 //!
 //! # Quirks kept, as EFA has them (rdma-core providers/efa/verbs.c)
 //!
@@ -33,6 +36,11 @@
 //!   its `src_qp`, and its GID through `efadv_wc_read_sgid`; one with an
 //!   AH has `slid` = the AH number, and `efadv_wc_read_sgid` says ENOENT.
 //! * Immediate data is passed through unconverted.
+//! * `ibv_dereg_mr` deregisters at once, whatever a peer is reading from
+//!   the region: the read is let finish for 10 ms at most (the QPs are
+//!   driven meanwhile), then revoked, and fails at the reader (a remote
+//!   access error) unless all of it had arrived. EBUSY only while a WR
+//!   this process posted still reads or writes the region.
 //! * Errors carry EFA's vendor codes (`efa_io_comp_status`) and the
 //!   `ibv_wc_status` rdma-core maps them to.
 //!
@@ -45,7 +53,9 @@
 //! peer, 1 to 64, or `adaptive`, the default; a fixed one to compare with
 //! `efapoll -p udp`, whose apps fix it),
 //! `SOFTEFA_FAULTS` (faults the udp wire injects below SRD, which repairs
-//! them: [`Faults`]' text form, e.g. `seed=7,drop_ppm=10000,reorder_window=8`).
+//! them: [`Faults`]' text form, e.g. `seed=7,drop_ppm=10000,reorder_window=8`),
+//! `SOFTEFA_PROGRESS=0` (no progress thread: a QP progresses only while
+//! its CQ is polled, as before a NIC; for tests that show what it does).
 //!
 //! For tests that change the device between QPs in one process:
 //! `SOFTEFA_CONTROL=<file>`, a file of `NAME=value` lines naming any of
@@ -69,6 +79,7 @@
 pub mod cq;
 pub mod ctx;
 mod lock;
+mod progress;
 pub mod qp;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -88,6 +99,8 @@ pub struct Config {
     /// What the udp wire under each QP injects.
     pub faults: Faults,
     pub udp_window: Window,
+    /// A thread drives the QPs whose CQ is not polled (module `progress`).
+    pub progress: bool,
 }
 
 impl Config {
@@ -112,6 +125,7 @@ impl Config {
                 Some(n @ 1..=64) => Window::Fixed(n),
                 _ => Window::Adaptive,
             },
+            progress: flag("SOFTEFA_PROGRESS"),
         }
     }
 }

@@ -65,6 +65,13 @@ impl<T> SpinLock<T> {
         self.raw_lock();
         Guard { lock: self }
     }
+
+    /// The lock if free now, else None: for a helper that should leave
+    /// alone what someone is using rather than wait for it.
+    pub(crate) fn try_lock(&self) -> Option<Guard<'_, T>> {
+        let took = self.held.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed);
+        took.ok().map(|_| Guard { lock: self })
+    }
 }
 
 pub(crate) struct Guard<'a, T> {

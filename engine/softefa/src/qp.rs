@@ -1,7 +1,8 @@
-//! Queue pairs: an SRD (or UD) QP is one udp device. Posting copies the
-//! caller's SGEs into the device's packet buffers (or names a registered
-//! region for RDMA); completions come back through the CQs, which drain
-//! each QP's device (`Qp::drain`).
+//! Queue pairs: an SRD (or UD) QP is one udp device. A send of one SGE of
+//! registered memory names it to the device, which sends from it; others
+//! (inline data, two SGEs) are copied into the device's packet buffers;
+//! RDMA names a registered region. Completions come back through the CQs,
+//! which drain each QP's device (`Qp::drain`).
 //!
 //! The send path keeps EFA's rules (rdma-core providers/efa/verbs.c,
 //! `efa_post_send_validate`): the QP must be in RTS, every WR signaled
@@ -12,11 +13,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use efapoll::device::udp::UdpDevice;
 use efapoll::device::{
-    Ah as UdpAh, BufId, CqOp, CqStatus, Cqe, Device, RdmaOp, RdmaWr, SendWr, Source,
+    Ah as UdpAh, BufId, CqOp, CqStatus, Cqe, DataSeg, Device, RdmaOp, RdmaWr, SendWr, Source,
 };
 use efapoll::wire::RawAddr;
 use rdma_sys::*;
@@ -45,6 +46,11 @@ struct Pending {
     /// Sends: the packet buffer the payload is gathered into.
     buf: BufId,
     len: u32,
+    /// Sends of one span of registered memory: the span (and its address),
+    /// which the device sends from where it is, as a NIC reads it at send
+    /// time (the caller leaves it alone until the completion); not copied
+    /// into `buf`.
+    data: Option<(DataSeg, u64)>,
     /// RDMA: the local span.
     local: Option<(MrInfo, u64)>,
     dest: Option<(*mut ibv_ah, u32, u32)>,
@@ -80,6 +86,38 @@ struct RecvSlot {
     nsge: u32,
 }
 
+/// The PD's registrations a QP reaches, by key, and the last one looked
+/// up: a program sends from and receives into few regions, so an SGE's
+/// key costs a comparison, not a hash.
+#[derive(Debug, Default)]
+struct Mrs {
+    by_key: HashMap<u32, MrInfo>,
+    last: Option<(u32, MrInfo)>,
+}
+
+impl Mrs {
+    fn get(&mut self, key: u32) -> Option<MrInfo> {
+        if let Some((k, m)) = self.last
+            && k == key
+        {
+            return Some(m);
+        }
+        let m = *self.by_key.get(&key)?;
+        self.last = Some((key, m));
+        Some(m)
+    }
+
+    fn insert(&mut self, key: u32, m: MrInfo) {
+        self.by_key.insert(key, m);
+        self.last = None;
+    }
+
+    fn remove(&mut self, key: u32) {
+        self.by_key.remove(&key);
+        self.last = None;
+    }
+}
+
 pub(crate) struct QpInner {
     dev: UdpDevice,
     state: ibv_qp_state::Type,
@@ -93,7 +131,7 @@ pub(crate) struct QpInner {
     sends: Vec<SendSlot>,
     free_sends: Vec<u32>,
     recvs: Vec<RecvSlot>,
-    mrs: HashMap<u32, MrInfo>,
+    mrs: Mrs,
     /// The udp address handle of the last destination, and each handle's
     /// peer, to name a known sender.
     last_dest: Option<(RawAddr, UdpAh)>,
@@ -125,6 +163,9 @@ pub(crate) struct Qp {
     sq_depth: u32,
     rq_depth: u32,
     qpn: u32,
+    /// Polls of its CQ that drove it: written under `inner`'s lock, read
+    /// by the progress thread, which drives the QP when this stands still.
+    polls: AtomicU64,
     inner: SpinLock<QpInner>,
 }
 
@@ -133,6 +174,15 @@ pub(crate) struct Qp {
 unsafe impl Sync for Qp {}
 // SAFETY: as above.
 unsafe impl Send for QpInner {}
+
+impl Pending {
+    /// Forgets the payload gathered so far: an `ibv_wr_set_*` call sets it
+    /// whole.
+    fn clear_payload(&mut self) {
+        self.len = 0;
+        self.data = None;
+    }
+}
 
 impl Qp {
     /// # Safety
@@ -150,20 +200,9 @@ impl Qp {
         }
     }
 
-    /// Stops using a registration; false while posted work uses it.
-    pub(crate) fn detach(&self, mr: &MrInfo) -> bool {
-        let mut q = self.inner.lock();
-        match q.dev.deregister(mr.udp.id) {
-            Err(efapoll::device::DeviceError::Busy) => false,
-            _ => {
-                q.mrs.remove(&(mr.udp.key as u32));
-                true
-            }
-        }
-    }
-
     /// Drives the device (when `drive`) and moves up to `max` completions
-    /// of the queues `send` and `recv` into `out` (a CQ's poll).
+    /// of the queues `send` and `recv` into `out` (a CQ's poll); whether
+    /// some of them remain.
     pub(crate) fn drain(
         &self,
         send: bool,
@@ -172,22 +211,42 @@ impl Qp {
         _cq: *mut ibv_cq,
         out: &mut VecDeque<Wc>,
         max: usize,
-    ) {
+    ) -> bool {
         let mut q = self.inner.lock();
         let q = &mut *q;
         if drive {
+            // Only the lock's holder writes it: no atomic read-modify-write.
+            let n = self.polls.load(Ordering::Relaxed);
+            self.polls.store(n.wrapping_add(1), Ordering::Relaxed);
             self.progress(q);
         }
-        if send {
+        // (Most polls find nothing: no drain then.)
+        if send && !q.done_send.is_empty() {
             let n = q.done_send.len().min(max);
             out.extend(q.done_send.drain(..n));
             q.sq_used -= n as u32;
         }
-        if recv {
+        if recv && !q.done_recv.is_empty() {
             let n = q.done_recv.len().min(max);
             out.extend(q.done_recv.drain(..n));
             q.rq_used -= n as u32;
         }
+        (send && !q.done_send.is_empty()) || (recv && !q.done_recv.is_empty())
+    }
+
+    /// How many CQ polls drove the QP so far.
+    pub(crate) fn polls(&self) -> u64 {
+        self.polls.load(Ordering::Relaxed)
+    }
+
+    /// Drives the QP as its CQ's poll would, keeping what completed for
+    /// that poll, unless someone holds it (then it is in use: left alone,
+    /// None). Else whether its device has nothing more to do until a
+    /// datagram comes, and the descriptor that comes on.
+    pub(crate) fn try_progress(&self) -> Option<(bool, std::os::fd::RawFd)> {
+        let mut q = self.inner.try_lock()?;
+        self.progress(&mut q);
+        Some((q.dev.is_quiet(), q.dev.rx_fd()))
     }
 
     /// Polls the udp device and turns its completions into work
@@ -257,7 +316,7 @@ impl Qp {
                     let n = (c.len as usize - from).min(s.length as usize);
                     let ok = q
                         .mrs
-                        .get(&s.lkey)
+                        .get(s.lkey)
                         .is_some_and(|m| m.offset_of(s.addr, s.length as u64).is_some());
                     if !ok {
                         vendor = status::LOCAL_ERROR_INVALID_LKEY;
@@ -351,6 +410,7 @@ impl Qp {
             wr_id,
             buf,
             len: 0,
+            data: None,
             local: None,
             dest: None,
             err: if supported { status::OK } else { status::LOCAL_ERROR_UNSUPPORTED_OP },
@@ -362,7 +422,7 @@ impl Qp {
     fn gather(&self, q: &mut QpInner, lkey: Option<u32>, addr: u64, len: u32) {
         let mtu = config().mtu as u64;
         let Some(p) = q.batch.last().copied() else { return };
-        let mr = lkey.map(|k| q.mrs.get(&k).copied());
+        let mr = lkey.map(|k| q.mrs.get(k));
         let mut p = p;
         match p.op {
             Op::Send => {
@@ -373,15 +433,24 @@ impl Qp {
                 {
                     p.err = status::LOCAL_ERROR_INVALID_LKEY;
                 } else if p.err == status::OK && len > 0 {
-                    // SAFETY: a registered span of the caller (checked
-                    // above), or inline data it handed us, readable for
-                    // `len` bytes.
-                    let src =
-                        unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
-                    // SAFETY: the buffer is not posted: it was taken from the
-                    // free list for this WR.
-                    let dst = unsafe { q.dev.buf_mut(p.buf) };
-                    dst[p.len as usize..(p.len + len) as usize].copy_from_slice(src);
+                    match (mr.flatten(), p.len) {
+                        // The first span, registered and large: sent from
+                        // where it is. A small one costs less copied (the
+                        // socket layer copies a small datagram whole anyway)
+                        // than held as busy.
+                        (Some(m), 0) if len >= ZERO_COPY_MIN => {
+                            let offset = addr - m.addr;
+                            p.data = Some((DataSeg { mr: m.udp.id, offset, len }, addr));
+                        }
+                        _ => {
+                            // A second span (or inline data): the first one
+                            // is copied after all, then this one.
+                            if let Some((d, at)) = p.data.take() {
+                                copy_in(&mut q.dev, p.buf, 0, at, d.len);
+                            }
+                            copy_in(&mut q.dev, p.buf, p.len, addr, len);
+                        }
+                    }
                 }
                 p.len += len;
             }
@@ -431,8 +500,8 @@ impl Qp {
                 Op::Send => q.send_wrs.push(SendWr {
                     ah,
                     buf: p.buf,
-                    len: p.len,
-                    data: None,
+                    len: if p.data.is_some() { 0 } else { p.len },
+                    data: p.data.map(|(d, _)| d),
                     wr_id: u64::from(i),
                 }),
                 Op::Read { rkey, raddr } | Op::Write { rkey, raddr, .. } => {
@@ -500,6 +569,72 @@ impl Qp {
         }
         q.batch = batch;
     }
+}
+
+/// What [`revoke`] did with a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Revoke {
+    /// It left every QP.
+    Done,
+    /// Work uses it still: call again.
+    Wait,
+    /// A WR the program posted uses it still: it stays everywhere.
+    Busy,
+}
+
+/// `ibv_dereg_mr`'s work on the QPs of a PD, all locked at once (no WR
+/// starts on the region meanwhile) and each driven first (the
+/// acknowledgements that came end the reads they were holding it for):
+/// the region leaves every QP, or none. While peers' reads of it are
+/// served, [`Revoke::Wait`]; when `now`, they are revoked instead, as an
+/// EFA device deregisters at once (each fails at its reader unless all of
+/// it arrived). While a WR the program posted uses it, `Wait`, or
+/// [`Revoke::Busy`] when `now`.
+pub(crate) fn revoke(qps: &[*const Qp], mr: &MrInfo, now: bool) -> Revoke {
+    let mut held: Vec<_> = qps
+        .iter()
+        .map(|&q| {
+            // SAFETY: QPs in the PD's list are live.
+            let q = unsafe { &*q };
+            (q, q.inner.lock())
+        })
+        .collect();
+    let (mut posted, mut served) = (0, 0);
+    for (q, g) in &mut held {
+        q.progress(g);
+        if let Some(u) = g.dev.region_users(mr.udp.id) {
+            posted += u.posted;
+            served += u.served;
+        }
+    }
+    match (posted, served) {
+        (1.., _) if now => return Revoke::Busy,
+        (1.., _) => return Revoke::Wait,
+        (0, 1..) if !now => return Revoke::Wait,
+        _ => {}
+    }
+    for (_, g) in &mut held {
+        // Unknown here (its attach failed): nothing to undo.
+        let _ = g.dev.revoke(mr.udp.id);
+        g.mrs.remove(mr.udp.key as u32);
+    }
+    Revoke::Done
+}
+
+/// The smallest span of registered memory a send names to the device
+/// rather than copies into a packet buffer: the udp socket layer copies a
+/// datagram of up to 1 KiB into one buffer whatever it is made of.
+const ZERO_COPY_MIN: u32 = 1024;
+
+/// Copies `len` bytes at `addr` into packet buffer `buf` at `at`.
+fn copy_in(dev: &mut UdpDevice, buf: BufId, at: u32, addr: u64, len: u32) {
+    // SAFETY: a registered span of the caller (checked by the caller), or
+    // inline data it handed us, readable for `len` bytes.
+    let src = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+    // SAFETY: the buffer is not posted: it was taken from the free list for
+    // the WR being built.
+    let dst = unsafe { dev.buf_mut(buf) };
+    dst[at as usize..(at + len) as usize].copy_from_slice(src);
 }
 
 // ---- creation ----
@@ -588,7 +723,7 @@ fn create_qp(
             RecvSlot { wr_id: 0, sge: [NO_SGE; MAX_RQ_SGE as usize], nsge: 0 };
             bufs as usize
         ],
-        mrs: HashMap::new(),
+        mrs: Mrs::default(),
         last_dest: None,
         book: Vec::new(),
         batch: Vec::with_capacity(sq_depth as usize),
@@ -616,6 +751,7 @@ fn create_qp(
         sq_depth,
         rq_depth,
         qpn,
+        polls: AtomicU64::new(0),
         inner: SpinLock::new(inner),
     });
     let qp = Box::into_raw(qp);
@@ -674,6 +810,7 @@ fn create_qp(
         // SAFETY: as above.
         unsafe { &*recv_cq }.state.lock().qps.push(Attached { qp, send: false, recv: true });
     }
+    crate::progress::add(qp);
     Ok(qp.cast())
 }
 
@@ -805,6 +942,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: the caller's contract.
     let q = unsafe { Qp::of(qp) };
     let me = (q as *const Qp).cast_mut();
+    crate::progress::remove(me);
     for cq in [q.send_cq, q.recv_cq] {
         // SAFETY: the QP's CQs outlive it.
         unsafe { &*cq }.state.lock().qps.retain(|a| a.qp != me.cast_const());
@@ -1009,7 +1147,7 @@ unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, len: 
     let (q, s) = unsafe { session(qpx) };
     if s.wr_err == 0 {
         if let Some(p) = s.batch.last_mut() {
-            p.len = 0;
+            p.clear_payload();
         }
         q.gather(s, Some(lkey), addr, len);
     }
@@ -1029,7 +1167,7 @@ unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const
     }
     // SAFETY: the caller's list of `n` SGEs.
     let sges = unsafe { std::slice::from_raw_parts(list, n) };
-    s.batch.last_mut().expect("checked").len = 0;
+    s.batch.last_mut().expect("checked").clear_payload();
     for g in sges {
         q.gather(s, Some(g.lkey), g.addr, g.length);
     }
@@ -1046,7 +1184,7 @@ unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, 
         return;
     }
     if let Some(p) = s.batch.last_mut() {
-        p.len = 0;
+        p.clear_payload();
     }
     q.gather(s, None, addr as u64, len as u32);
 }
@@ -1068,7 +1206,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
         return;
     }
     if let Some(p) = s.batch.last_mut() {
-        p.len = 0;
+        p.clear_payload();
     }
     for b in bufs {
         q.gather(s, None, b.addr as u64, b.length as u32);

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
 use efapoll::device::udp::{UdpConfig, UdpDevice};
 use efapoll::device::{CqOp, CqStatus, Cqe, Device, SendWr, Source};
 use efapoll::wire::RawAddr;
@@ -136,5 +138,76 @@ fn a_softefa_qp_and_a_udp_device_exchange_sends() {
         assert_eq!(sv::ibv_dereg_mr(mr), 0);
         assert_eq!(sv::ibv_dealloc_pd(pd), 0);
         assert_eq!(sv::ibv_close_device(ctx), 0);
+    }
+}
+
+/// A send's payload arrives whole however it was given: one span of
+/// registered memory (sent from where it is when large), two spans,
+/// inline data.
+#[test]
+fn sends_of_spans_large_small_and_inline_arrive_whole() {
+    // SAFETY: a verbs program's calls, in order, on objects made here.
+    unsafe {
+        let v = common::Verbs::open(0x5eed);
+        let mut mem: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mr = v.reg(&mut mem, ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
+        let lkey = (*mr).lkey;
+        let at = mem.as_ptr() as u64;
+        let mut udp = UdpDevice::new(UdpConfig::default()).unwrap();
+        let bufs: Vec<u32> = (0..8).collect();
+        assert_eq!(udp.post_recv(&bufs), 8);
+        let mut ah_attr: ibv_ah_attr = std::mem::zeroed();
+        ah_attr.is_global = 1;
+        ah_attr.grh.dgid.raw = udp.addr().gid;
+        ah_attr.port_num = 1;
+        let ah = sv::ibv_create_ah(v.pd, &mut ah_attr);
+        let inline = *b"sixteen bytes!!!";
+        let sge = |off: u64, len: u32| ibv_sge { addr: at + off, length: len, lkey };
+        let cases: [(&[ibv_sge], bool); 5] = [
+            (&[sge(0, 64)], false),
+            (&[sge(100, 8000)], false),
+            (&[sge(0, 3000), sge(5000, 1000)], false),
+            (&[sge(10, 100), sge(2000, 4000)], false),
+            (&[], true),
+        ];
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut out = [Cqe::default(); 8];
+        for (k, (sges, with_inline)) in cases.iter().enumerate() {
+            ibv_wr_start(v.qpx);
+            (*v.qpx).wr_id = k as u64;
+            ibv_wr_send(v.qpx);
+            ibv_wr_set_ud_addr(v.qpx, ah, u32::from(udp.addr().qpn), udp.addr().connid);
+            if *with_inline {
+                ibv_wr_set_inline_data(v.qpx, inline.as_ptr() as *mut _, inline.len());
+            } else {
+                ibv_wr_set_sge_list(v.qpx, sges.len(), sges.as_ptr());
+            }
+            assert_eq!(ibv_wr_complete(v.qpx), 0, "case {k}");
+            let want: Vec<u8> = match with_inline {
+                true => inline.to_vec(),
+                false => sges
+                    .iter()
+                    .flat_map(|g| mem[(g.addr - at) as usize..][..g.length as usize].to_vec())
+                    .collect(),
+            };
+            let (mut got, mut sent) = (None, false);
+            while got.is_none() || !sent {
+                assert!(Instant::now() < end, "case {k}: got {got:?} sent {sent}");
+                let n = udp.poll(&mut out);
+                if let Some(c) = out[..n].first() {
+                    got = Some((c.wr_id as u32, c.len as usize));
+                }
+                if let Some((wr_id, status, _)) = v.poll() {
+                    assert_eq!((wr_id, status), (k as u64, ibv_wc_status::IBV_WC_SUCCESS));
+                    sent = true;
+                }
+            }
+            let (buf, len) = got.unwrap();
+            assert!(udp.buf(buf)[..len] == want[..], "case {k}: {len} bytes");
+            udp.post_recv(&[buf]);
+        }
+        assert_eq!(sv::ibv_destroy_ah(ah), 0);
+        assert_eq!(sv::ibv_dereg_mr(mr), 0);
+        v.close();
     }
 }

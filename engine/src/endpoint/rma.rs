@@ -505,6 +505,12 @@ impl<D: Device> Endpoint<D> {
     /// first, then CTSDATA as the requester grants.
     pub(super) fn handle_rtr(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
         let iovs = self.req_iovs(buf, info.rma_iov);
+        // An iov the registrations refuse (an unknown or deregistered key,
+        // out of bounds, no remote read) is counted and answered with
+        // nothing, so the requester's read times out; the spec is silent.
+        // libfabric 1.17: rxr_pkt_handle_rtr_recv, where a failed
+        // rxr_rma_verified_copy_iov writes FI_EINVAL (FI_EFA_ERR_RMA_ADDR)
+        // to the responder's EQ, releases the RTR and sends nothing back.
         let Ok(src) = self.resolve_iovs(iovs.as_slice(), Access::REMOTE_READ) else { return };
         if iov_total(iovs.as_slice()) != Some(info.msg_length) || info.recv_length == 0 {
             self.counters.drop(DropReason::Invalid);

@@ -489,9 +489,9 @@ pub struct EfaDevice {
     recv_wrs: Box<[ibv_recv_wr]>,
     recv_sges: Box<[ibv_sge]>,
     stats: EfaStats,
-    /// The packet buffers' memory, freed after their MR is deregistered
-    /// (in drop); reached through `frames`.
-    _pool: Bytes,
+    /// The packet buffers' memory, freed once their MR is deregistered
+    /// (in drop; leaked if the provider refuses); reached through `frames`.
+    _pool: std::mem::ManuallyDrop<Bytes>,
     /// Last: the PD and context outlive the queue's objects.
     domain: EfaDomain,
 }
@@ -596,7 +596,7 @@ impl EfaDevice {
             recv_wrs,
             recv_sges,
             stats: EfaStats::default(),
-            _pool: pool,
+            _pool: std::mem::ManuallyDrop::new(pool),
             domain,
         };
         // The device owns the objects now (its drop destroys them).
@@ -1125,28 +1125,47 @@ impl Parts {
     }
 }
 
-impl Drop for Parts {
-    fn drop(&mut self) {
-        // SAFETY: each object was made by this queue's set-up and is
-        // destroyed once, users first: the QP (which stops its DMA), the
-        // pool's MR, the CQ, then the parent and thread domains.
+impl Parts {
+    /// Destroys what exists, users first: the QP (which stops its DMA),
+    /// the pool's MR, the CQ, then the parent and thread domains; each
+    /// once (its pointer is cleared). Whether the pool's memory may be
+    /// freed: its MR is gone (or was never made).
+    fn destroy(&mut self) -> bool {
+        // SAFETY: each object was made by this queue's set-up, and is
+        // destroyed here once, users first.
         unsafe {
             if !self.qp.is_null() {
                 ibv_destroy_qp(self.qp);
+                self.qp = null();
             }
+            let mut pool_gone = true;
             if !self.pool_mr.is_null() {
-                ibv_dereg_mr(self.pool_mr);
+                // Refused (a provider that still uses it): the caller keeps
+                // the memory rather than free it under the provider.
+                pool_gone = ibv_dereg_mr(self.pool_mr) == 0;
+                self.pool_mr = null();
             }
             if !self.cq.is_null() {
                 ibv_destroy_cq(ibv_cq_ex_to_cq(self.cq));
+                self.cq = null();
             }
             if !self.parent.is_null() {
                 ibv_dealloc_pd(self.parent);
+                self.parent = null();
             }
             if !self.td.is_null() {
                 ibv_dealloc_td(self.td);
+                self.td = null();
             }
+            pool_gone
         }
+    }
+}
+
+impl Drop for Parts {
+    fn drop(&mut self) {
+        // A set-up that failed registered no pool, or failed doing so.
+        self.destroy();
     }
 }
 
@@ -1155,7 +1174,7 @@ impl Drop for EfaDevice {
         // The verbs objects go first (Parts' order), then the regions'
         // references (the MRs of the last ones are deregistered), then the
         // pool's memory; the domain last.
-        drop(Parts {
+        let pool_gone = Parts {
             ctx: null(),
             pd: null(),
             td: self.td,
@@ -1165,11 +1184,17 @@ impl Drop for EfaDevice {
             qp: self.qp,
             qpx: self.qpx,
             pool_mr: self.pool_mr,
-        });
+        }
+        .destroy();
         for id in 0..self.regions.len() {
             if self.regions[id].take().is_some() {
                 self.domain.detach(MrId(id as u32));
             }
+        }
+        if pool_gone {
+            // SAFETY: its MR is gone and the frames are not used again;
+            // dropped once, here.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self._pool) };
         }
     }
 }

@@ -126,7 +126,10 @@ pub(crate) mod flags {
     pub const PLEASE_DROP: u8 = 1 << 2;
     /// A Write that carries immediate data (its last fragment).
     pub const IMM: u8 = 1 << 3;
-    pub const KNOWN: u8 = ACK | REQUEST_ACK | PLEASE_DROP | IMM;
+    /// A Read Response that carries no data but says the region read was
+    /// deregistered at its source: the read fails, the rest never comes.
+    pub const REVOKED: u8 = 1 << 4;
+    pub const KNOWN: u8 = ACK | REQUEST_ACK | PLEASE_DROP | IMM | REVOKED;
 }
 
 /// Why a datagram was dropped unread.

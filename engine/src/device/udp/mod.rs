@@ -60,7 +60,11 @@
 //! through the queues that attached it. A Write with immediate data
 //! consumes a posted receive buffer at the target, as on EFA; its
 //! immediate travels in its last fragment, sent once every other one was
-//! acknowledged, so the notice follows the data.
+//! acknowledged, so the notice follows the data. A region served to a
+//! peer's read is held until the reader acknowledged the last byte; one
+//! revoked meanwhile ([`UdpDevice::revoke`], a verbs provider's
+//! deregistration) is read no more, and what of the read remains goes as
+//! a Read Response without data flagged REVOKED, which fails the read.
 //!
 //! # Threat model
 //!
@@ -223,6 +227,20 @@ pub struct UdpStats {
     pub sessions_full: u64,
     /// Bursts the socket took only in part (its buffer was full).
     pub tx_again: u64,
+    /// Peers' reads whose region was deregistered here while they were
+    /// served ([`UdpDevice::revoke`]).
+    pub reads_revoked: u64,
+}
+
+/// What uses a region at one queue ([`UdpDevice::region_users`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegionUsers {
+    /// Operations the queue posted that read or write it (a send's data,
+    /// a write's source, a read's destination).
+    pub posted: u32,
+    /// Peers' reads served from it, held until the reader acknowledged
+    /// their last byte.
+    pub served: u32,
 }
 
 impl UdpStats {
@@ -429,6 +447,13 @@ enum Kind {
     Serve {
         src: MrId,
         src_off: u64,
+        sink: u64,
+    },
+    /// A peer's read whose region was deregistered here while it was
+    /// served ([`UdpDevice::revoke`]): what remained to send, or is resent,
+    /// goes as a Read Response without data flagged REVOKED, which fails
+    /// the read at the peer.
+    Revoked {
         sink: u64,
     },
 }
@@ -716,6 +741,19 @@ impl UdpDevice {
         self.sock().buffers()
     }
 
+    /// The descriptor datagrams arrive on: readable when a poll would
+    /// receive, for a host that waits for traffic rather than polls.
+    pub fn rx_fd(&self) -> std::os::fd::RawFd {
+        self.sock().fd()
+    }
+
+    /// Nothing to do until a datagram comes: no packet in flight or
+    /// waiting for room, no acknowledgement owed, no completion to take,
+    /// and no fault layer (which may hold datagrams to release later).
+    pub fn is_quiet(&self) -> bool {
+        self.active.is_empty() && self.cq.is_empty() && matches!(self.io, Io::Direct(_))
+    }
+
     /// Marks the next `n` sequenced packets this device sends for the
     /// first time to be dropped by their receiver (RAMCloud's pleaseDrop):
     /// scripted loss, which their resends then repair.
@@ -745,6 +783,57 @@ impl UdpDevice {
         let sess = self.sessions.get(s as usize)?;
         let gid = gid_of(sess.peer.ip());
         Some(RawAddr { gid, qpn: sess.peer.port(), connid: sess.connid })
+    }
+
+    /// What uses region `mr` here; None if it is not attached here.
+    pub fn region_users(&self, mr: MrId) -> Option<RegionUsers> {
+        self.regions.get(mr.0 as usize)?.as_ref()?;
+        let mut u = RegionUsers::default();
+        for op in self.ops.iter().filter(|o| o.live) {
+            match op.kind {
+                Kind::Serve { src, .. } if src == mr => u.served += 1,
+                Kind::Send { data: Some(d), .. } if d.mr == mr => u.posted += 1,
+                Kind::Write { local, .. } | Kind::Read { local, .. } if local == mr => {
+                    u.posted += 1
+                }
+                _ => {}
+            }
+        }
+        Some(u)
+    }
+
+    /// Deregisters `mr` here at once, as an EFA device deregisters a
+    /// region whatever a peer is reading from it: each read served from
+    /// it stops reading it, and what of the read is unsent or is resent
+    /// goes as a notice (a Read Response flagged REVOKED) that fails the
+    /// read at the peer; a read whose bytes all arrived completes as it
+    /// would have. Busy while an operation this queue posted uses the
+    /// region: that is the caller's to wait for.
+    pub fn revoke(&mut self, mr: MrId) -> Result<(), DeviceError> {
+        let users = self.region_users(mr).ok_or(DeviceError::UnknownHandle)?;
+        if users.posted > 0 {
+            return Err(DeviceError::Busy);
+        }
+        for op in self.ops.iter_mut().filter(|o| o.live) {
+            if let Kind::Serve { src, sink, .. } = op.kind
+                && src == mr
+            {
+                op.kind = Kind::Revoked { sink };
+            }
+        }
+        // What of them is in flight is resent as a notice.
+        for sess in &mut self.sessions {
+            for slot in sess.slots.iter_mut().filter(|t| t.live && t.ty == Type::ReadResp) {
+                if let Kind::Revoked { .. } = self.ops[slot.op as usize].kind {
+                    slot.flags |= flags::REVOKED;
+                }
+            }
+        }
+        self.stats.reads_revoked += u64::from(users.served);
+        if let Some(Some(r)) = self.regions.get_mut(mr.0 as usize) {
+            r.busy -= users.served;
+        }
+        Device::deregister(self, mr)
     }
 
     fn sock(&self) -> &Sock {
@@ -877,6 +966,7 @@ impl UdpDevice {
             Kind::Write { local, .. } => (Some(CqOp::Write), [Some(local)]),
             Kind::Read { local, .. } => (Some(CqOp::Read), [Some(local)]),
             Kind::Serve { src, .. } => (None, [Some(src)]),
+            Kind::Revoked { .. } => (None, [None]),
         };
         for mr in regions.into_iter().flatten() {
             if let Some(Some(r)) = self.regions.get_mut(mr.0 as usize) {
@@ -996,6 +1086,8 @@ impl UdpDevice {
                     Kind::Serve { .. } => {
                         (Type::ReadResp, (op.len - op.emitted).min(frag_cap(ReadRespHdr::LEN)), 0)
                     }
+                    // One notice stands for the rest.
+                    Kind::Revoked { .. } => (Type::ReadResp, 0, flags::REVOKED),
                 };
                 if self.please_drop > 0 {
                     self.please_drop -= 1;
@@ -1024,6 +1116,9 @@ impl UdpDevice {
                 };
                 let o = &mut self.ops[i as usize];
                 o.emitted += if ty == Type::ReadReq { o.len } else { len };
+                if let Kind::Revoked { .. } = o.kind {
+                    o.emitted = o.len;
+                }
                 o.unresolved += 1;
                 let done = ty == Type::ReadReq || ty == Type::Send || o.emitted >= o.len;
                 if done {
@@ -1084,6 +1179,9 @@ impl UdpDevice {
                 // request came; the region is busy until served.
                 let at = unsafe { p.add((src_off + slot.off) as usize) };
                 parts[1] = (at.cast_const(), slot.len as usize);
+            }
+            Kind::Revoked { sink } => {
+                ReadRespHdr { sink_stag: sink, sink_to: slot.off }.emit(&mut hb);
             }
         }
         let hdrs = hdr::HDR_LEN + slot.ty.ext_len();
@@ -1370,7 +1468,9 @@ impl UdpDevice {
         }
         let done = match op.kind {
             Kind::Send { .. } => true,
-            Kind::Write { .. } | Kind::Serve { .. } => op.emitted >= op.len && op.unresolved == 0,
+            Kind::Write { .. } | Kind::Serve { .. } | Kind::Revoked { .. } => {
+                op.emitted >= op.len && op.unresolved == 0
+            }
             Kind::Read { .. } => {
                 op.req_taken = status == CqStatus::Ok;
                 status != CqStatus::Ok || op.got >= op.len
@@ -1533,11 +1633,26 @@ impl UdpDevice {
                 let i = (r.sink_stag & 0xffff_ffff) as usize;
                 let generation = (r.sink_stag >> 32) as u32;
                 let Some(op) = self.ops.get(i).copied() else { return Taken::Malformed };
+                let current = op.live && op.generation == generation && op.sess == s;
+                if h.flags & flags::REVOKED != 0 {
+                    // The region went at the peer before all of it came (a
+                    // duplicate never gets here): the read fails. For a
+                    // read that ended meanwhile, nothing to do.
+                    if current && let Kind::Read { .. } = op.kind {
+                        let o = &mut self.ops[i];
+                        o.status = CqStatus::RemoteAccess;
+                        o.got = o.len;
+                        if o.req_taken && o.unresolved == 0 {
+                            self.finish(i as u32);
+                        }
+                    }
+                    return Taken::Yes;
+                }
                 let Kind::Read { local, local_off, .. } = op.kind else {
                     return Taken::Malformed;
                 };
                 let fits = r.sink_to.checked_add(data.len() as u64).is_some_and(|e| e <= op.len);
-                if !op.live || op.generation != generation || op.sess != s || !fits {
+                if !current || !fits {
                     // Late, for a read that ended (the peer was lost), or
                     // garbage: taken, so it is not resent, and dropped.
                     return Taken::Malformed;
@@ -1912,6 +2027,7 @@ impl Device for UdpDevice {
             ("peers_lost", s.peers_lost),
             ("sessions_full", s.sessions_full),
             ("tx_again", s.tx_again),
+            ("reads_revoked", s.reads_revoked),
         ]
     }
 

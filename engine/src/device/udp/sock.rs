@@ -251,6 +251,11 @@ impl Sock {
         self.local
     }
 
+    /// The socket's descriptor.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
     /// The socket buffers the kernel granted: (send, receive) bytes.
     pub(crate) fn buffers(&self) -> (usize, usize) {
         (self.sndbuf, self.rcvbuf)

@@ -154,6 +154,58 @@ fn rdma_read_write_and_write_with_immediate_of_every_size() {
     }
 }
 
+/// A region deregistered while a peer reads it goes at once, as on EFA:
+/// the read fails at the reader (what was never sent comes as a notice),
+/// unless its every byte had arrived; later reads are refused. A queue's
+/// own read into a region keeps it until that read completes.
+#[test]
+fn a_region_revoked_while_served_fails_the_unfinished_read() {
+    let mut a = UdpDevice::new(cfg()).unwrap();
+    // Two packets in flight at most: a long read is served over many turns.
+    let mut b = UdpDevice::new(UdpConfig { window: Window::Fixed(2), ..cfg() }).unwrap();
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    let len = 100_000u64;
+    let local = a.register(len, Access::empty()).unwrap();
+    let mut out = [Cqe::default(); 8];
+    for (n, finished) in [(len, false), (100, true)] {
+        let remote = b.register(len, Access::REMOTE_READ).unwrap();
+        b.write_region(remote.id, 0, &pattern(3, len as usize));
+        assert_eq!(a.post_rdma(&[rdma(RdmaOp::Read, to_b, &local, &remote, 0, n, 1)]), 1);
+        assert_eq!(a.revoke(local.id), Err(DeviceError::Busy), "a's read writes it");
+        let end = Instant::now() + SEC;
+        while b.region_users(remote.id).unwrap().served == 0 {
+            assert!(Instant::now() < end, "the request never came");
+            assert_eq!(b.poll(&mut out), 0);
+        }
+        let mut ca = Vec::new();
+        if finished {
+            // Every byte arrives (one packet), its acknowledgement not yet.
+            ca = drive_one(&mut a, |ca| !ca.is_empty());
+            assert_eq!(b.region_users(remote.id).unwrap().served, 1, "held until acknowledged");
+        }
+        assert_eq!(b.revoke(remote.id), Ok(()));
+        assert_eq!(b.region_users(remote.id), None, "gone at once");
+        if !finished {
+            ca = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty()).0;
+        }
+        let want = if finished { CqStatus::Ok } else { CqStatus::RemoteAccess };
+        assert_eq!((ca[0].op, ca[0].status), (CqOp::Read, want), "a read of {n} bytes");
+        // Later reads of it are refused.
+        assert_eq!(a.post_rdma(&[rdma(RdmaOp::Read, to_b, &local, &remote, 0, 10, 2)]), 1);
+        let (ca, _) = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
+        assert_eq!((ca[0].wr_id, ca[0].status), (2, CqStatus::RemoteAccess));
+    }
+    assert_eq!(b.stats().reads_revoked, 2);
+    // The serve slots were freed: nothing in flight is left behind.
+    let end = Instant::now() + SEC;
+    while !b.is_quiet() {
+        assert!(Instant::now() < end, "b never settled");
+        a.poll(&mut out);
+        b.poll(&mut out);
+    }
+    assert_eq!(a.revoke(local.id), Ok(()), "a's reads are over");
+}
+
 #[test]
 fn protection_violations_are_terminated_and_leave_the_target_untouched() {
     let (mut a, mut b) = pair(cfg());
@@ -255,6 +307,28 @@ fn a_device_dropped_right_after_receiving_still_acknowledges() {
     let ca = drive_one(&mut a, |ca| !ca.is_empty());
     assert_eq!((ca[0].wr_id, ca[0].status), (5, CqStatus::Ok));
     assert_eq!(a.stats().retransmits, 0);
+}
+
+/// A device says when it has nothing to do until a datagram comes (a
+/// host may then wait on its socket instead of polling it): not while a
+/// packet is in flight, an acknowledgement owed or a completion waiting.
+#[test]
+fn a_device_is_quiet_only_with_nothing_in_flight_owed_or_waiting() {
+    let (mut a, mut b) = pair(cfg());
+    assert!(a.is_quiet() && b.is_quiet(), "new");
+    let to_b = a.insert_addr(&b.addr()).unwrap();
+    assert_eq!(b.post_recv(&[0]), 1);
+    send(&mut a, to_b, 1, b"hi", 5);
+    assert!(!a.is_quiet(), "in flight");
+    // The datagram makes b's socket readable.
+    let mut p = libc::pollfd { fd: b.rx_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, of b's open socket.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 10_000) }, 1);
+    let mut out = [Cqe::default(); 1];
+    assert_eq!(b.poll(&mut out), 1);
+    assert!(!b.is_quiet(), "an acknowledgement is owed");
+    drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
+    assert!(a.is_quiet() && b.is_quiet(), "all acknowledged and taken");
 }
 
 /// Polls `a` alone until `done` holds.
