@@ -8,10 +8,10 @@
 //! the target in between, which is what makes it atomic.
 
 use super::ops::{AtomicReq, MAX_IOV, Proto, Sgl, TxKind};
-use super::rx::ReqInfo;
-use super::tx::{Ctrl, Owner};
+pub(crate) use super::types::RtaClass;
+use super::types::{BufId, Ctrl, Owner, RemoteId, ReqInfo, TxId};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
-use crate::device::{Access, BufId, Device, HeldBufs};
+use crate::device::{Access, Device, HeldBufs};
 use crate::wire::{AtomRspRepr, PacketType, PktFlags, RmaIov, WireItem};
 
 /// libfabric's `enum fi_datatype`: the ones the provider accepts.
@@ -134,17 +134,6 @@ impl AtomicOp {
         !(dt.is_float()
             && matches!(self, AtomicOp::Bor | AtomicOp::Band | AtomicOp::Bxor | AtomicOp::Mswap))
     }
-}
-
-/// The three RTA requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RtaClass {
-    /// No result (WRITE_RTA, DC_WRITE_RTA).
-    Write,
-    /// The old values come back (FETCH_RTA).
-    Fetch,
-    /// Compare operands follow the operands (COMPARE_RTA).
-    Compare,
 }
 
 /// One element: `target` updated in place, its old value returned.
@@ -319,7 +308,7 @@ impl<D: Device> Endpoint<D> {
         }
         let ptype =
             if class == RtaClass::Write { PacketType::WriteRta } else { PacketType::FetchRta };
-        let hdr = self.req_header_len(ptype, peer.0, false) + <RmaIov as WireItem>::LEN;
+        let hdr = self.req_header_len(ptype, peer, false) + <RmaIov as WireItem>::LEN;
         let data = operand.len * if compare.is_some() { 2 } else { 1 };
         let rsp_room = (self.caps.mtu - AtomRspRepr::default().buffer_len()) as u64;
         if hdr as u64 + data > self.caps.mtu as u64 || operand.len > rsp_room {
@@ -327,17 +316,17 @@ impl<D: Device> Endpoint<D> {
         }
         let dc = self.cfg.delivery_complete && class == RtaClass::Write;
         if dc {
-            self.check_dc(peer.0)?;
+            self.check_dc(peer)?;
         }
         if self.tx_ops.is_full() {
             return Err(Error::Again);
         }
-        let msg_id = self.next_msg_id(peer.0);
+        let msg_id = self.next_msg_id(peer);
         let watch = dc || class != RtaClass::Write;
         let id = self
             .tx_ops
             .insert_with(|t| {
-                t.reset(TxKind::Atomic, peer.0, Proto::Eager, ctx);
+                t.reset(TxKind::Atomic, peer, Proto::Eager, ctx);
                 t.set_src(operand);
                 t.atomic =
                     Some(AtomicReq { datatype: dt as u32, op: op as u32, class, result, compare });
@@ -364,7 +353,7 @@ impl<D: Device> Endpoint<D> {
 
     /// An RTA whose msg_id turn has come. Returns false, leaving the
     /// packet to the caller, when no buffer is free for the response.
-    pub(super) fn handle_rta(&mut self, buf: BufId, peer: u32, info: &ReqInfo) -> bool {
+    pub(super) fn handle_rta(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) -> bool {
         let class = match info.ptype {
             PacketType::WriteRta | PacketType::DcWriteRta => RtaClass::Write,
             PacketType::FetchRta => RtaClass::Fetch,
@@ -478,7 +467,8 @@ impl<D: Device> Endpoint<D> {
             self.push_packet(peer, PacketType::AtomRsp, b, hdr + n, None);
         }
         if info.ptype == PacketType::DcWriteRta {
-            self.queue_ctrl(Ctrl::Receipt { peer, send_id: info.send_id, msg_id: info.msg_id });
+            let send_id = RemoteId(info.send_id);
+            self.queue_ctrl(Ctrl::Receipt { peer, send_id, msg_id: info.msg_id });
         }
         true
     }
@@ -510,11 +500,12 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn handle_atomrsp(
         &mut self,
         buf: BufId,
-        peer: u32,
+        peer: PeerId,
         r: &AtomRspRepr,
         payload_off: u32,
     ) {
-        let Some(op) = self.tx_ops.get(r.recv_id) else {
+        let id = TxId(r.recv_id);
+        let Some(op) = self.tx_ops.get(id) else {
             self.counters.drop(DropReason::StaleId);
             return;
         };
@@ -530,10 +521,10 @@ impl<D: Device> Endpoint<D> {
         }
         let (off, n) = (payload_off as usize, result.len as usize);
         self.dev.copy_to_region(buf, off, result.mr, result.offset as usize, n);
-        let op = self.tx_ops.get_mut(r.recv_id).expect("live op");
+        let op = self.tx_ops.get_mut(id).expect("live op");
         op.awaiting_peer = false;
         if op.is_done() {
-            self.finish_tx_op(r.recv_id);
+            self.finish_tx_op(id);
         }
     }
 }

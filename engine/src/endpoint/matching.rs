@@ -19,31 +19,23 @@
 
 use super::TagMatch;
 use super::ops::{Posted, RxOp};
-use super::peer::NONE;
 use super::slab::{self, Slab};
+use super::types::{Link, PeerId, PostedId, RxId, SlabId};
 use crate::intmap::FlatMap;
-
-/// An entry's place in one of the matcher's lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Link {
-    pub(crate) prev: u32,
-    pub(crate) next: u32,
-}
-
-impl Link {
-    pub(crate) const NONE: Link = Link { prev: NONE, next: NONE };
-}
 
 /// Entries that lists thread through.
 pub(crate) trait Linked {
+    /// The id of an entry in its slab.
+    type Id: SlabId;
     fn link(&self) -> &Link;
     fn link_mut(&mut self) -> &mut Link;
 }
 
 /// Entries with a `link` field.
 macro_rules! linked {
-    ($($t:ty),*) => {$(
+    ($($t:ty: $id:ty),*) => {$(
         impl Linked for $t {
+            type Id = $id;
             #[inline(always)]
             fn link(&self) -> &Link {
                 &self.link
@@ -56,9 +48,9 @@ macro_rules! linked {
     )*};
 }
 
-linked!(Posted, RxOp);
+linked!(Posted: PostedId, RxOp: RxId);
 
-/// An intrusive FIFO of slab ids.
+/// An intrusive FIFO of slab ids (raw: one list type serves both slabs).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct List {
     head: u32,
@@ -67,37 +59,38 @@ pub(crate) struct List {
 
 impl Default for List {
     fn default() -> Self {
-        List { head: NONE, tail: NONE }
+        List { head: Link::END, tail: Link::END }
     }
 }
 
 impl List {
     fn is_empty(&self) -> bool {
-        self.head == NONE
+        self.head == Link::END
     }
 
     #[inline(always)]
-    fn push_back<T: Linked>(&mut self, ops: &mut Slab<T>, id: u32) {
-        *ops.get_mut(id).expect("live entry").link_mut() = Link { prev: self.tail, next: NONE };
-        if self.tail == NONE {
-            self.head = id;
+    fn push_back<T: Linked>(&mut self, ops: &mut Slab<T, T::Id>, id: T::Id) {
+        *ops.get_mut(id).expect("live entry").link_mut() =
+            Link { prev: self.tail, next: Link::END };
+        if self.tail == Link::END {
+            self.head = id.raw();
         } else {
-            ops.get_mut(self.tail).expect("live tail").link_mut().next = id;
+            ops.get_mut(T::Id::from_raw(self.tail)).expect("live tail").link_mut().next = id.raw();
         }
-        self.tail = id;
+        self.tail = id.raw();
     }
 
-    fn remove<T: Linked>(&mut self, ops: &mut Slab<T>, id: u32) {
+    fn remove<T: Linked>(&mut self, ops: &mut Slab<T, T::Id>, id: T::Id) {
         let Link { prev, next } = *ops.get(id).expect("live entry").link();
-        if prev == NONE {
+        if prev == Link::END {
             self.head = next;
         } else {
-            ops.get_mut(prev).expect("live prev").link_mut().next = next;
+            ops.get_mut(T::Id::from_raw(prev)).expect("live prev").link_mut().next = next;
         }
-        if next == NONE {
+        if next == Link::END {
             self.tail = prev;
         } else {
-            ops.get_mut(next).expect("live next").link_mut().prev = prev;
+            ops.get_mut(T::Id::from_raw(next)).expect("live next").link_mut().prev = prev;
         }
     }
 
@@ -105,43 +98,48 @@ impl List {
     #[inline(always)]
     fn pop_front_if<T: Linked>(
         &mut self,
-        ops: &mut Slab<T>,
+        ops: &mut Slab<T, T::Id>,
         f: impl FnOnce(&T) -> bool,
-    ) -> Option<u32> {
-        let id = self.head;
+    ) -> Option<T::Id> {
+        let id = T::Id::from_raw(self.head);
         let op = ops.get(id)?;
         if !f(op) {
             return None;
         }
         let next = op.link().next;
         self.head = next;
-        if next == NONE {
-            self.tail = NONE;
+        if next == Link::END {
+            self.tail = Link::END;
         } else {
-            ops.get_mut(next).expect("live next").link_mut().prev = NONE;
+            ops.get_mut(T::Id::from_raw(next)).expect("live next").link_mut().prev = Link::END;
         }
         Some(id)
     }
 
     /// The first id for which `f` holds.
-    fn find<T: Linked>(&self, ops: &Slab<T>, mut f: impl FnMut(u32, &T) -> bool) -> Option<u32> {
-        let mut id = self.head;
-        while id != NONE {
+    fn find<T: Linked>(
+        &self,
+        ops: &Slab<T, T::Id>,
+        mut f: impl FnMut(T::Id, &T) -> bool,
+    ) -> Option<T::Id> {
+        let mut raw = self.head;
+        while raw != Link::END {
+            let id = T::Id::from_raw(raw);
             let op = ops.get(id).expect("live entry");
             if f(id, op) {
                 return Some(id);
             }
-            id = op.link().next;
+            raw = op.link().next;
         }
         None
     }
 }
 
-/// Whether a receive posted for `want_peer` (`NONE`: any) takes a message
+/// Whether a receive posted for `want_peer` (`None`: any) takes a message
 /// from `peer`.
 #[inline]
-fn peer_ok(want_peer: u32, peer: u32) -> bool {
-    want_peer == NONE || want_peer == peer
+fn peer_ok(want_peer: Option<PeerId>, peer: PeerId) -> bool {
+    want_peer.is_none_or(|w| w == peer)
 }
 
 /// Whether a tagged receive takes a message with `tag`.
@@ -179,7 +177,12 @@ impl Matcher {
 
     /// Queues posted receive `id`, untagged or matching `tag`.
     #[inline(always)]
-    pub(crate) fn post(&mut self, posted: &mut Slab<Posted>, id: u32, tag: Option<TagMatch>) {
+    pub(crate) fn post(
+        &mut self,
+        posted: &mut Slab<Posted, PostedId>,
+        id: PostedId,
+        tag: Option<TagMatch>,
+    ) {
         match tag {
             None => self.posted_msg.push_back(posted, id),
             Some(t) if t.ignore == 0 => {
@@ -196,11 +199,11 @@ impl Matcher {
     #[inline(always)]
     pub(crate) fn take_posted(
         &mut self,
-        posted: &mut Slab<Posted>,
+        posted: &mut Slab<Posted, PostedId>,
         tagged: bool,
         tag: u64,
-        peer: u32,
-    ) -> Option<u32> {
+        peer: PeerId,
+    ) -> Option<PostedId> {
         if !tagged {
             // The head, a receive from any peer or from this one, is the
             // usual answer.
@@ -223,7 +226,7 @@ impl Matcher {
                 tag_ok(wild[slab::index(id)], tag) && peer_ok(p.want_peer, peer)
             })
         };
-        let seq = |id: u32| posted.get(id).expect("live entry").seq;
+        let seq = |id: PostedId| posted.get(id).expect("live entry").seq;
         match (exact, wild) {
             (Some(e), Some(w)) if seq(w) < seq(e) => {
                 self.posted_wild.remove(posted, w);
@@ -249,16 +252,16 @@ impl Matcher {
     /// holds; returns its id (still in the slab, for the caller to free).
     pub(crate) fn withdraw_untagged(
         &mut self,
-        posted: &mut Slab<Posted>,
-        f: impl FnMut(u32, &Posted) -> bool,
-    ) -> Option<u32> {
+        posted: &mut Slab<Posted, PostedId>,
+        f: impl FnMut(PostedId, &Posted) -> bool,
+    ) -> Option<PostedId> {
         let id = self.posted_msg.find(posted, f)?;
         self.posted_msg.remove(posted, id);
         Some(id)
     }
 
     /// Queues an unexpected message.
-    pub(crate) fn push_unexpected(&mut self, ops: &mut Slab<RxOp>, id: u32) {
+    pub(crate) fn push_unexpected(&mut self, ops: &mut Slab<RxOp, RxId>, id: RxId) {
         if ops.get(id).expect("live op").tagged {
             self.unexp_tag.push_back(ops, id);
         } else {
@@ -270,10 +273,10 @@ impl Matcher {
     #[inline(always)]
     pub(crate) fn take_unexpected(
         &mut self,
-        ops: &mut Slab<RxOp>,
+        ops: &mut Slab<RxOp, RxId>,
         tag: Option<TagMatch>,
-        want_peer: u32,
-    ) -> Option<u32> {
+        want_peer: Option<PeerId>,
+    ) -> Option<RxId> {
         let list = if tag.is_some() { &mut self.unexp_tag } else { &mut self.unexp_msg };
         // Usually none wait: say so without a call.
         if list.is_empty() {
@@ -285,10 +288,10 @@ impl Matcher {
     #[inline(never)]
     fn take_first_match(
         list: &mut List,
-        ops: &mut Slab<RxOp>,
+        ops: &mut Slab<RxOp, RxId>,
         tag: Option<TagMatch>,
-        want_peer: u32,
-    ) -> Option<u32> {
+        want_peer: Option<PeerId>,
+    ) -> Option<RxId> {
         let id = list
             .find(ops, |_, m| peer_ok(want_peer, m.peer) && tag.is_none_or(|t| tag_ok(t, m.tag)))?;
         list.remove(ops, id);
@@ -309,22 +312,22 @@ impl MsgIndex {
     }
 
     #[inline]
-    fn key(peer: u32, msg_id: u32) -> u64 {
-        ((peer as u64) << 32) | msg_id as u64
+    fn key(peer: PeerId, msg_id: u32) -> u64 {
+        ((peer.0 as u64) << 32) | msg_id as u64
     }
 
     #[inline]
-    pub(crate) fn get(&self, peer: u32, msg_id: u32) -> Option<u32> {
-        self.map.get(Self::key(peer, msg_id)).copied()
+    pub(crate) fn get(&self, peer: PeerId, msg_id: u32) -> Option<RxId> {
+        self.map.get(Self::key(peer, msg_id)).copied().map(RxId)
     }
 
     #[inline]
-    pub(crate) fn insert(&mut self, peer: u32, msg_id: u32, rx_id: u32) {
-        self.map.insert(Self::key(peer, msg_id), rx_id);
+    pub(crate) fn insert(&mut self, peer: PeerId, msg_id: u32, rx_id: RxId) {
+        self.map.insert(Self::key(peer, msg_id), rx_id.0);
     }
 
     #[inline]
-    pub(crate) fn remove(&mut self, peer: u32, msg_id: u32) {
+    pub(crate) fn remove(&mut self, peer: PeerId, msg_id: u32) {
         self.map.remove(Self::key(peer, msg_id));
     }
 }

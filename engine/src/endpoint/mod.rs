@@ -71,6 +71,7 @@ mod rx;
 mod slab;
 mod timer;
 mod tx;
+mod types;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -79,8 +80,9 @@ pub use crate::mem::Span;
 pub use atomic::{AtomicOp, Datatype, apply as atomic_apply};
 pub use counters::{Counters, DropReason};
 pub use cq::{Completion, Op, Status};
+pub use types::PeerId;
 
-use crate::device::{Access, BufId, Caps, Cqe, Device, DeviceError, Mr, MrId};
+use crate::device::{Access, Caps, Cqe, Device, DeviceError, Mr, MrId};
 use crate::mem::Registry;
 use crate::wire::RawAddr;
 use matching::Matcher;
@@ -88,10 +90,7 @@ use ops::{Posted, RxOp, TxOp};
 use peer::Peers;
 use slab::Slab;
 use tx::TxQueue;
-
-/// A peer in the endpoint's address vector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PeerId(pub u32);
+use types::{BufId, Held, PostedId, RxId, TxId};
 
 /// Why a command was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -298,10 +297,10 @@ pub struct Endpoint<D: Device> {
     /// This endpoint's raw address as REQ raw address headers carry it.
     addr_hdr: [u8; RawAddr::REQ_HDR_SIZE],
     peers: Peers,
-    tx_ops: Slab<TxOp>,
-    rx_ops: Slab<RxOp>,
+    tx_ops: Slab<TxOp, TxId>,
+    rx_ops: Slab<RxOp, RxId>,
     /// Receives waiting for a message.
-    posted: Slab<Posted>,
+    posted: Slab<Posted, PostedId>,
     /// The spans of posted receives that scatter (`recvv`), by the
     /// entry's slab index; empty where none is.
     scattered: Vec<ops::Sgl>,
@@ -331,7 +330,7 @@ pub struct Endpoint<D: Device> {
     /// by (receive entry, message offset): their lengths.
     ooo_segs: OooSegs,
     /// Peers whose next message waits for a receive entry (ordered).
-    stalled_peers: VecDeque<u32>,
+    stalled_peers: VecDeque<PeerId>,
     /// Packets waiting for a receive entry (unordered).
     stalled_bufs: VecDeque<BufId>,
     timer: timer::Timer,
@@ -345,7 +344,7 @@ const POLL_BURST: usize = 32;
 
 /// Out-of-order segments recorded, by (receive entry id, message offset).
 type OooSegs = std::collections::HashMap<
-    (u32, u64),
+    (RxId, u64),
     u64,
     std::hash::BuildHasherDefault<crate::intmap::IntHasher>,
 >;
@@ -354,14 +353,12 @@ type OooSegs = std::collections::HashMap<
 /// worth (more only allocate).
 const OOO_SEGS: usize = 256;
 
-/// "No buffer" in chains of held packets.
-const NO_BUF: u32 = u32::MAX;
-
 #[derive(Debug, Clone, Copy)]
 struct RxMeta {
     len: u32,
-    peer: u32,
-    next: u32,
+    peer: PeerId,
+    /// The rest of the chain of held packets this one heads.
+    next: Held,
     /// REQs: where the payload starts, so that a held eager message is
     /// landed without parsing its packet again.
     payload_off: u32,
@@ -405,7 +402,7 @@ impl<D: Device> Endpoint<D> {
                 caps.rx_depth
             },
             rx_meta: vec![
-                RxMeta { len: 0, peer: 0, next: NO_BUF, payload_off: 0 };
+                RxMeta { len: 0, peer: PeerId(0), next: Held::EMPTY, payload_off: 0 };
                 caps.bufs as usize
             ],
             mem: Registry::default(),
@@ -456,24 +453,24 @@ impl<D: Device> Endpoint<D> {
     pub fn insert_peer(&mut self, addr: &RawAddr) -> Result<PeerId, Error> {
         let id = self.peer_for_addr(addr)?;
         if self.cfg.handshake_on_insert {
-            self.request_handshake(id.0);
+            self.request_handshake(id);
         }
         Ok(id)
     }
 
     /// A peer's raw address.
     pub fn peer_addr(&self, peer: PeerId) -> Option<RawAddr> {
-        self.peers.get(peer.0).map(|p| p.addr)
+        self.peers.get(peer).map(|p| p.addr)
     }
 
     /// Whether the peer's HANDSHAKE has arrived (its features are known).
     pub fn peer_handshake_received(&self, peer: PeerId) -> bool {
-        self.peers.get(peer.0).is_some_and(|p| p.handshake_received)
+        self.peers.get(peer).is_some_and(|p| p.handshake_received)
     }
 
     /// The extra features the peer advertised (0 before its HANDSHAKE).
     pub fn peer_features(&self, peer: PeerId) -> u64 {
-        self.peers.get(peer.0).map_or(0, |p| p.features)
+        self.peers.get(peer).map_or(0, |p| p.features)
     }
 
     /// The largest message that goes to `peer` in one packet now (it grows
@@ -482,7 +479,7 @@ impl<D: Device> Endpoint<D> {
     pub fn max_eager_size(&self, peer: PeerId, tagged: bool) -> u64 {
         use crate::wire::PacketType;
         let ptype = if tagged { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-        let room = (self.caps.mtu - self.req_header_len(ptype, peer.0, false)) as u64;
+        let room = (self.caps.mtu - self.req_header_len(ptype, peer, false)) as u64;
         self.cfg.eager_max.map_or(room, |m| m.min(room))
     }
 
@@ -681,7 +678,7 @@ impl<D: Device> Endpoint<D> {
     #[inline]
     fn release_rx(&mut self, buf: BufId) {
         debug_assert!(buf >= self.bufs.tx && buf < self.bufs.total);
-        self.rx_meta[buf as usize].next = NO_BUF;
+        self.rx_meta[buf as usize].next = Held::EMPTY;
         self.rx_free.push(buf);
     }
 

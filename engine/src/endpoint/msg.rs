@@ -3,13 +3,12 @@
 //! protocols, delivery complete, unexpected messages, truncation.
 
 use super::cq::{Completion, Op, Status};
-use super::matching::Link;
 use super::ops::{MAX_IOV, Posted, Proto, RxKind, RxState, Sgl, TxKind};
-use super::peer::NONE;
-use super::rx::ReqInfo;
-use super::tx::{Ctrl, EagerSend, Owner};
-use super::{DropReason, Endpoint, Error, NO_BUF, PeerId, Span, TagMatch};
-use crate::device::{Access, BufId, DataSeg, Device, HeldBufs, MrId, Source};
+use super::types::{
+    BufId, Ctrl, EagerSend, Held, Link, Owner, PostedId, RemoteId, ReqInfo, RxId, TxId,
+};
+use super::{DropReason, Endpoint, Error, PeerId, Span, TagMatch};
+use crate::device::{Access, DataSeg, Device, HeldBufs, MrId, Source};
 use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, EagerRtm, PacketType, extra};
 
 /// What an arriving message is, by its REQ type: protocol, tagged,
@@ -85,7 +84,7 @@ impl<D: Device> Endpoint<D> {
     /// The spans of scattered receive `id` (posted with `dst`), taken out of
     /// the table.
     #[inline(never)]
-    fn take_scattered(&mut self, id: u32, dst: &Span) -> Sgl {
+    fn take_scattered(&mut self, id: PostedId, dst: &Span) -> Sgl {
         if dst.mr != SCATTERED {
             return Sgl::EMPTY;
         }
@@ -178,26 +177,26 @@ impl<D: Device> Endpoint<D> {
         self.check_span(&src)?;
         let total = head_len as u64 + src.len;
         // The eager size: a read is never chosen below it.
-        let proto = self.choose_proto(peer.0, total, false, cq_data.is_some(), || false);
+        let proto = self.choose_proto(peer, total, false, cq_data.is_some(), || false);
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || self.cfg.delivery_complete {
             return Ok(false);
         }
-        let msg_id = self.next_msg_id(peer.0);
-        let done = EagerSend { ctx, tag: 0, len: total as u32, peer: peer.0, tagged: false };
+        let msg_id = self.next_msg_id(peer);
+        let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
         let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer.0, msg_id, None, cq_data);
+        let hdr = self.emit_eager(buf, peer, msg_id, None, cq_data);
         let at = hdr + head_len;
         write_head(&mut self.dev.held_mut(buf)[hdr..at]);
         let n = src.len as usize;
         if n > 0 && self.gathers(at, n) {
             let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
-            self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at, Some(data));
+            self.push_packet(peer, PacketType::EagerMsgRtm, buf, at, Some(data));
         } else {
             if n > 0 {
                 self.dev.copy_from_region(src.mr, src.offset as usize, buf, at, n);
             }
-            self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at + n, None);
+            self.push_packet(peer, PacketType::EagerMsgRtm, buf, at + n, None);
         }
         self.maybe_post();
         Ok(true)
@@ -274,7 +273,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Whether RDMA read works between us and `peer` for a source in `src`
     /// (the receiver reads it, so it must grant remote read).
-    pub(super) fn can_long_read(&self, peer: u32, src: &Span) -> bool {
+    pub(super) fn can_long_read(&self, peer: PeerId, src: &Span) -> bool {
         self.caps.rdma_read
             && self.peers.get(peer).is_some_and(|p| p.supports(extra::RDMA_READ))
             && self.mem.get(src.mr).is_some_and(|m| m.access.contains(Access::REMOTE_READ))
@@ -282,7 +281,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Whether RDMA read works between us and `peer` for a source in every
     /// span of `src`.
-    fn can_long_read_all(&self, peer: u32, src: &Sgl) -> bool {
+    fn can_long_read_all(&self, peer: PeerId, src: &Sgl) -> bool {
         src.segs().iter().all(|s| self.can_long_read(peer, s))
     }
 
@@ -292,7 +291,7 @@ impl<D: Device> Endpoint<D> {
     #[inline(always)]
     fn choose_proto(
         &self,
-        peer: u32,
+        peer: PeerId,
         len: u64,
         tagged: bool,
         cq_data: bool,
@@ -320,7 +319,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Delivery complete needs the peer's support, known from its
     /// HANDSHAKE: ask for it (and retry) or refuse.
-    pub(super) fn check_dc(&mut self, peer: u32) -> Result<(), Error> {
+    pub(super) fn check_dc(&mut self, peer: PeerId) -> Result<(), Error> {
         let p = self.peers.get(peer).expect("checked peer");
         if !p.handshake_received {
             self.request_handshake(peer);
@@ -344,10 +343,10 @@ impl<D: Device> Endpoint<D> {
         self.check_span(&src)?;
         let dc = self.cfg.delivery_complete;
         if dc {
-            self.check_dc(peer.0)?;
+            self.check_dc(peer)?;
         }
-        let proto = self.choose_proto(peer.0, src.len, tag.is_some(), cq_data.is_some(), || {
-            self.can_long_read(peer.0, &src)
+        let proto = self.choose_proto(peer, src.len, tag.is_some(), cq_data.is_some(), || {
+            self.can_long_read(peer, &src)
         });
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
@@ -355,26 +354,26 @@ impl<D: Device> Endpoint<D> {
         }
         // The packet is the whole operation; its TX buffer remembers what
         // to report.
-        let msg_id = self.next_msg_id(peer.0);
+        let msg_id = self.next_msg_id(peer);
         let done = EagerSend {
             ctx,
             tag: tag.unwrap_or(0),
             len: src.len as u32,
-            peer: peer.0,
+            peer,
             tagged: tag.is_some(),
         };
         let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer.0, msg_id, tag, cq_data);
+        let hdr = self.emit_eager(buf, peer, msg_id, tag, cq_data);
         let n = src.len as usize;
         let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
         if n > 0 && self.gathers(hdr, n) {
             let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
-            self.push_packet(peer.0, ptype, buf, hdr, Some(data));
+            self.push_packet(peer, ptype, buf, hdr, Some(data));
         } else {
             if n > 0 {
                 self.dev.copy_from_region(src.mr, src.offset as usize, buf, hdr, n);
             }
-            self.push_packet(peer.0, ptype, buf, hdr + n, None);
+            self.push_packet(peer, ptype, buf, hdr + n, None);
         }
         self.maybe_post();
         Ok(())
@@ -407,19 +406,19 @@ impl<D: Device> Endpoint<D> {
         }
         let dc = self.cfg.delivery_complete;
         if dc {
-            self.check_dc(peer.0)?;
+            self.check_dc(peer)?;
         }
-        let proto = self.choose_proto(peer.0, total, false, cq_data.is_some(), || {
-            self.can_long_read_all(peer.0, &sgl)
+        let proto = self.choose_proto(peer, total, false, cq_data.is_some(), || {
+            self.can_long_read_all(peer, &sgl)
         });
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
             return self.send_msg_op(peer, srcs[0], Some(&sgl), proto, None, cq_data, ctx);
         }
-        let msg_id = self.next_msg_id(peer.0);
-        let done = EagerSend { ctx, tag: 0, len: total as u32, peer: peer.0, tagged: false };
+        let msg_id = self.next_msg_id(peer);
+        let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
         let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer.0, msg_id, None, cq_data);
+        let hdr = self.emit_eager(buf, peer, msg_id, None, cq_data);
         let mut at = hdr;
         for s in sgl.segs() {
             let n = s.len as usize;
@@ -428,7 +427,7 @@ impl<D: Device> Endpoint<D> {
             }
             at += n;
         }
-        self.push_packet(peer.0, PacketType::EagerMsgRtm, buf, at, None);
+        self.push_packet(peer, PacketType::EagerMsgRtm, buf, at, None);
         self.maybe_post();
         Ok(())
     }
@@ -453,10 +452,10 @@ impl<D: Device> Endpoint<D> {
         }
         let dc = self.cfg.delivery_complete;
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
-        let msg_id = self.next_msg_id(peer.0);
+        let msg_id = self.next_msg_id(peer);
         let (granted, awaiting_peer) = match proto {
             Proto::RuntRead => {
-                let p = self.peers.get_mut(peer.0).expect("checked peer");
+                let p = self.peers.get_mut(peer).expect("checked peer");
                 let len = srcv.map_or(src.len, Sgl::len);
                 let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight).min(len);
                 p.runt_in_flight += runt;
@@ -469,7 +468,7 @@ impl<D: Device> Endpoint<D> {
         let id = self
             .tx_ops
             .insert_with(|op| {
-                op.reset(TxKind::Msg, peer.0, proto, ctx);
+                op.reset(TxKind::Msg, peer, proto, ctx);
                 match srcv {
                     Some(v) => {
                         op.src = *v;
@@ -499,7 +498,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Takes the next msg_id to `peer`; a REQ goes out to it.
     #[inline]
-    pub(super) fn next_msg_id(&mut self, peer: u32) -> u32 {
+    pub(super) fn next_msg_id(&mut self, peer: PeerId) -> u32 {
         let p = self.peers.get_mut(peer).expect("checked peer");
         let msg_id = p.next_msg_id;
         p.next_msg_id = msg_id.wrapping_add(1);
@@ -513,11 +512,11 @@ impl<D: Device> Endpoint<D> {
             return Err(Error::TooLarge);
         }
         let Some(buf) = self.take_tx_buf(Owner::Ctrl) else { return Err(Error::Again) };
-        let msg_id = self.next_msg_id(peer.0);
-        let hdr = self.emit_eager(buf, peer.0, msg_id, tag, None);
+        let msg_id = self.next_msg_id(peer);
+        let hdr = self.emit_eager(buf, peer, msg_id, tag, None);
         self.dev.held_mut(buf)[hdr..hdr + data.len()].copy_from_slice(data);
         let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-        self.push_packet(peer.0, ptype, buf, hdr + data.len(), None);
+        self.push_packet(peer, ptype, buf, hdr + data.len(), None);
         self.maybe_post();
         Ok(())
     }
@@ -539,14 +538,15 @@ impl<D: Device> Endpoint<D> {
         if let Some(p) = from {
             self.check_peer(p)?;
         }
-        let want_peer = from.map_or(NONE, |p| p.0);
+        let want_peer = from;
         if let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, tag, want_peer) {
             let op = self.rx_ops.get_mut(id).expect("live op");
             if op.proto == Proto::Eager && !op.dc {
                 // The whole message waits in one held packet, whose payload
                 // offset was noted when it was held: land it and report it.
-                let (buf, total, tagged, tag, cq_data, peer) =
+                let (held, total, tagged, tag, cq_data, peer) =
                     (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
+                let buf = held.first().expect("its packet");
                 let from = self.rx_meta[buf as usize].payload_off as usize;
                 match sgl {
                     Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
@@ -627,7 +627,7 @@ impl<D: Device> Endpoint<D> {
     /// turn, held until then as `handle_req` would; false, with nothing
     /// changed, when it is not ahead within the reorder window.
     #[inline(never)]
-    fn hold_predicted(&mut self, buf: BufId, len: usize, peer: u32, e: &EagerRtm) -> bool {
+    fn hold_predicted(&mut self, buf: BufId, len: usize, peer: PeerId, e: &EagerRtm) -> bool {
         let expected = self.peers.get(peer).expect("live peer").expected_msg_id;
         let ahead = e.msg_id.wrapping_sub(expected);
         if ahead == 0 || ahead >= self.cfg.reorder_window {
@@ -646,7 +646,13 @@ impl<D: Device> Endpoint<D> {
     /// the posted receive that takes it, reports it and frees the buffer;
     /// false, with nothing changed, when no posted receive takes it.
     #[inline(always)]
-    pub(super) fn land_eager(&mut self, buf: BufId, len: usize, peer: u32, e: &EagerRtm) -> bool {
+    pub(super) fn land_eager(
+        &mut self,
+        buf: BufId,
+        len: usize,
+        peer: PeerId,
+        e: &EagerRtm,
+    ) -> bool {
         let Some(pid) = self.matcher.take_posted(&mut self.posted, e.tagged, e.tag, peer) else {
             return false;
         };
@@ -668,7 +674,7 @@ impl<D: Device> Endpoint<D> {
     /// An RTM whose turn has come: match it or keep it as unexpected.
     /// Returns false, leaving the packet to the caller, when there is no
     /// room to keep an unexpected message.
-    pub(super) fn handle_new_msg(&mut self, buf: BufId, peer: u32, info: &ReqInfo) -> bool {
+    pub(super) fn handle_new_msg(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) -> bool {
         let Some((proto, tagged, dc)) = msg_proto(info.ptype) else {
             self.counters.drop(DropReason::Unsupported);
             self.release_rx(buf);
@@ -768,9 +774,9 @@ impl<D: Device> Endpoint<D> {
     #[allow(clippy::too_many_arguments)]
     fn set_message(
         &mut self,
-        id: u32,
+        id: RxId,
         buf: BufId,
-        peer: u32,
+        peer: PeerId,
         proto: Proto,
         tagged: bool,
         dc: bool,
@@ -793,7 +799,7 @@ impl<D: Device> Endpoint<D> {
         op.cq_data = info.cq_data;
         op.total = total;
         op.received = 0;
-        op.send_id = info.send_id;
+        op.send_id = RemoteId(info.send_id);
         op.granted = 0;
         if let Some(v) = read_iov {
             op.read_iov = v;
@@ -806,7 +812,7 @@ impl<D: Device> Endpoint<D> {
 
     /// A later packet of a message in progress (a medium or runting-read
     /// segment).
-    pub(super) fn handle_segment(&mut self, buf: BufId, id: u32, info: &ReqInfo) {
+    pub(super) fn handle_segment(&mut self, buf: BufId, id: RxId, info: &ReqInfo) {
         let Some(op) = self.rx_ops.get(id) else {
             self.counters.drop(DropReason::StaleId);
             self.release_rx(buf);
@@ -840,7 +846,7 @@ impl<D: Device> Endpoint<D> {
 
     /// The long-CTS REQ a sender re-sends after our READ_NACK: the rest of
     /// the message comes by CTS flow control.
-    pub(super) fn handle_nack_retry(&mut self, buf: BufId, id: u32, info: &ReqInfo) {
+    pub(super) fn handle_nack_retry(&mut self, buf: BufId, id: RxId, info: &ReqInfo) {
         self.release_rx(buf);
         let Some(op) = self.rx_ops.get_mut(id) else { return };
         let retry_ok = matches!(op.proto, Proto::LongRead | Proto::RuntRead)
@@ -852,7 +858,7 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         op.proto = Proto::LongCts;
-        op.send_id = info.send_id;
+        op.send_id = RemoteId(info.send_id);
         op.granted = 0;
         if op.state == RxState::Matched {
             self.advance_rx(id);
@@ -860,18 +866,18 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Adds a packet to an unexpected message's chain.
-    fn hold(&mut self, id: u32, buf: BufId) {
+    fn hold(&mut self, id: RxId, buf: BufId) {
         let op = self.rx_ops.get_mut(id).expect("live op");
         self.rx_meta[buf as usize].next = op.held;
-        op.held = buf;
+        op.held = Held::at(buf);
     }
 
     /// A receive was posted for an unexpected message: lands what it held.
-    fn deliver_held(&mut self, id: u32) {
-        let mut buf =
-            std::mem::replace(&mut self.rx_ops.get_mut(id).expect("live op").held, NO_BUF);
-        while buf != NO_BUF {
-            let next = self.rx_meta[buf as usize].next;
+    fn deliver_held(&mut self, id: RxId) {
+        let mut next =
+            std::mem::replace(&mut self.rx_ops.get_mut(id).expect("live op").held, Held::EMPTY);
+        while let Some(buf) = next.first() {
+            next = self.rx_meta[buf as usize].next;
             if let Some(r) = self.held_info(buf) {
                 let seg = match msg_proto(r.ptype) {
                     Some((Proto::Medium | Proto::RuntRead, _, _)) => r.seg_offset,
@@ -880,7 +886,6 @@ impl<D: Device> Endpoint<D> {
                 self.land(id, buf, r.payload_off, r.payload_len, seg);
             }
             self.release_rx(buf);
-            buf = next;
         }
         self.advance_rx(id);
     }
@@ -892,7 +897,7 @@ impl<D: Device> Endpoint<D> {
     /// would complete its message with a hole. Returns whether it landed.
     pub(super) fn land(
         &mut self,
-        id: u32,
+        id: RxId,
         buf: BufId,
         off: u32,
         len: u32,
@@ -922,7 +927,7 @@ impl<D: Device> Endpoint<D> {
     /// sender's own corruption and are not looked for.
     #[cold]
     #[inline(never)]
-    fn record_ooo(&mut self, id: u32, seg_offset: u64, len: u64) -> bool {
+    fn record_ooo(&mut self, id: RxId, seg_offset: u64, len: u64) -> bool {
         let op = self.rx_ops.get_mut(id).expect("live op");
         if seg_offset < op.prefix {
             return false;
@@ -940,7 +945,7 @@ impl<D: Device> Endpoint<D> {
     /// Moves entry `id`'s prefix over the recorded segments it reached.
     #[cold]
     #[inline(never)]
-    fn absorb_ooo(&mut self, id: u32) {
+    fn absorb_ooo(&mut self, id: RxId) {
         let op = self.rx_ops.get_mut(id).expect("live op");
         while op.ooo > 0
             && let Some(len) = self.ooo_segs.remove(&(id, op.prefix))
@@ -963,7 +968,7 @@ impl<D: Device> Endpoint<D> {
         tagged: bool,
         tag: u64,
         cq_data: Option<u64>,
-        peer: u32,
+        peer: PeerId,
     ) {
         self.cq.push(Completion {
             ctx,
@@ -973,13 +978,13 @@ impl<D: Device> Endpoint<D> {
             tag,
             tagged,
             cq_data,
-            peer: Some(PeerId(peer)),
+            peer: Some(peer),
         });
     }
 
     /// After data landed: complete the operation, grant more (long-CTS),
     /// or start reading the rest (long-read, runting read).
-    pub(super) fn advance_rx(&mut self, id: u32) {
+    pub(super) fn advance_rx(&mut self, id: RxId) {
         let deadline = self.fresh_deadline();
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.deadline = deadline;
@@ -998,7 +1003,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Grants the next window of a long-CTS receive once half the current
     /// one arrived, so the sender never idles waiting for a CTS.
-    pub(super) fn maybe_grant(&mut self, id: u32) {
+    pub(super) fn maybe_grant(&mut self, id: RxId) {
         let window = self.cts_window_bytes(self.rx_ops.get(id).expect("live op").peer);
         let op = self.rx_ops.get_mut(id).expect("live op");
         if op.kind != RxKind::Read && op.granted == 0 {
@@ -1007,7 +1012,7 @@ impl<D: Device> Endpoint<D> {
         }
         // A read's CTS names the responder's operation, which its READRSP
         // tells; CTSDATA that overtook it must wait for it.
-        let unknown_responder = op.kind == RxKind::Read && op.send_id == u32::MAX;
+        let unknown_responder = op.kind == RxKind::Read && op.send_id == RemoteId::UNKNOWN;
         if op.granted >= op.total || op.received + window / 2 < op.granted || unknown_responder {
             return;
         }
@@ -1023,7 +1028,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Bytes one CTS grants to `peer`: the window in packets times what a
     /// CTSDATA packet carries.
-    pub(super) fn cts_window_bytes(&self, peer: u32) -> u64 {
+    pub(super) fn cts_window_bytes(&self, peer: PeerId) -> u64 {
         let p = self.peers.get(peer).expect("live peer");
         let hdr = CtsDataRepr { connid: p.wants_connid().then_some(0), ..CtsDataRepr::default() }
             .buffer_len();
@@ -1032,7 +1037,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Reports a finished receive-side operation, answers its sender
     /// (RECEIPT, EOR) and frees it.
-    pub(super) fn finish_rx(&mut self, id: u32) {
+    pub(super) fn finish_rx(&mut self, id: RxId) {
         let Some(op) = self.rx_ops.get(id) else { return };
         let dst_len = op.dst.len();
         let (kind, proto, peer) = (op.kind, op.proto, op.peer);
@@ -1062,7 +1067,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Frees a receive-side entry and its index by msg_id.
-    pub(super) fn free_rx_op(&mut self, id: u32) {
+    pub(super) fn free_rx_op(&mut self, id: RxId) {
         if let Some(op) = self.rx_ops.get(id) {
             if op.kind == RxKind::Msg && op.proto != Proto::Eager {
                 self.in_progress.remove(op.peer, op.msg_id);
@@ -1072,21 +1077,18 @@ impl<D: Device> Endpoint<D> {
                 // timeout): rare, so a sweep.
                 self.ooo_segs.retain(|&(op_id, _), _| op_id != id);
             }
-            let mut b = op.held;
-            while b != NO_BUF {
-                let next = self.rx_meta[b as usize].next;
-                self.release_rx(b);
-                b = next;
-            }
+            let held = op.held;
+            self.release_chain(held);
         }
         self.rx_ops.free(id);
     }
 
     /// A CTS at the sender (or, flagged, at an emulated read's responder):
     /// more of a long-CTS transfer may go.
-    pub(super) fn handle_cts(&mut self, peer: u32, cts: &CtsRepr) {
+    pub(super) fn handle_cts(&mut self, peer: PeerId, cts: &CtsRepr) {
         let deadline = self.fresh_deadline();
-        let Some(op) = self.tx_ops.get_mut(cts.send_id) else {
+        let send_id = TxId(cts.send_id);
+        let Some(op) = self.tx_ops.get_mut(send_id) else {
             self.counters.drop(DropReason::StaleId);
             return;
         };
@@ -1106,10 +1108,10 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::Invalid);
             return;
         }
-        op.recv_id = cts.recv_id;
+        op.recv_id = RemoteId(cts.recv_id);
         op.granted = op.granted.saturating_add(cts.recv_length).min(op.total);
         op.deadline = deadline;
-        self.mark_ready(cts.send_id);
+        self.mark_ready(send_id);
     }
 
     /// CTSDATA (or READRSP, which also names the responder's operation)
@@ -1118,12 +1120,12 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn handle_data(
         &mut self,
         buf: BufId,
-        peer: u32,
-        recv_id: u32,
+        peer: PeerId,
+        recv_id: RxId,
         seg_offset: u64,
         seg_length: u64,
         payload_off: u32,
-        readrsp_send_id: Option<u32>,
+        readrsp_send_id: Option<RemoteId>,
     ) {
         let Some(op) = self.rx_ops.get_mut(recv_id) else {
             self.counters.drop(DropReason::StaleId);

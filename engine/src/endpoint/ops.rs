@@ -2,13 +2,11 @@
 //! read and atomic, and the scatter lists their data lives in.
 
 use super::cq::Status;
-use super::matching::Link;
+pub(crate) use super::types::MAX_IOV;
+use super::types::{Held, Link, PeerId, RemoteId, RtaClass};
 use crate::device::MrId;
 use crate::mem::Span;
 use crate::wire::RmaIov;
-
-/// Most iovs a REQ may name (libfabric's EFA_RDM_IOV_LIMIT).
-pub(crate) const MAX_IOV: usize = 4;
 
 /// Where an operation's bytes are: up to four ranges of local regions, in
 /// order, forming one contiguous message. Spans past `n` mean nothing (and
@@ -140,7 +138,7 @@ pub(crate) enum TxKind {
 pub(crate) struct AtomicReq {
     pub(crate) datatype: u32,
     pub(crate) op: u32,
-    pub(crate) class: super::atomic::RtaClass,
+    pub(crate) class: RtaClass,
     /// FETCH (or COMPARE): where the old values go.
     pub(crate) result: Option<Span>,
     /// COMPARE: the compare operands, sent after the operands.
@@ -151,7 +149,7 @@ pub(crate) struct AtomicReq {
 #[derive(Debug, Clone)]
 pub(crate) struct TxOp {
     pub(crate) kind: TxKind,
-    pub(crate) peer: u32,
+    pub(crate) peer: PeerId,
     pub(crate) proto: Proto,
     /// Delivery complete: done only when the peer's RECEIPT (or EOR)
     /// arrives.
@@ -176,7 +174,7 @@ pub(crate) struct TxOp {
     pub(crate) granted: u64,
     /// Long-CTS: the receiver's operation, from its CTS (ReadRsp: the
     /// requester's, from its RTR).
-    pub(crate) recv_id: u32,
+    pub(crate) recv_id: RemoteId,
     /// The REQ (first packet) is built.
     pub(crate) req_built: bool,
     /// Packets or RDMA operations posted and not yet completed.
@@ -198,11 +196,11 @@ pub(crate) struct TxOp {
 impl TxOp {
     /// What a free slab entry holds.
     pub(crate) fn blank() -> TxOp {
-        TxOp::new(TxKind::Msg, 0, Proto::Eager, Sgl::EMPTY, 0)
+        TxOp::new(TxKind::Msg, PeerId(0), Proto::Eager, Sgl::EMPTY, 0)
     }
 
     /// A new operation with every progress field zero.
-    pub(crate) fn new(kind: TxKind, peer: u32, proto: Proto, src: Sgl, ctx: u64) -> TxOp {
+    pub(crate) fn new(kind: TxKind, peer: PeerId, proto: Proto, src: Sgl, ctx: u64) -> TxOp {
         TxOp {
             kind,
             peer,
@@ -220,7 +218,7 @@ impl TxOp {
             sent: 0,
             done_bytes: 0,
             granted: 0,
-            recv_id: 0,
+            recv_id: RemoteId(0),
             req_built: false,
             in_flight: 0,
             awaiting_peer: false,
@@ -236,7 +234,7 @@ impl TxOp {
     /// and no data, field by field in place (no temporary of the whole
     /// entry); the caller sets `src` and `total`.
     #[inline]
-    pub(crate) fn reset(&mut self, kind: TxKind, peer: u32, proto: Proto, ctx: u64) {
+    pub(crate) fn reset(&mut self, kind: TxKind, peer: PeerId, proto: Proto, ctx: u64) {
         self.kind = kind;
         self.peer = peer;
         self.proto = proto;
@@ -253,7 +251,7 @@ impl TxOp {
         self.sent = 0;
         self.done_bytes = 0;
         self.granted = 0;
-        self.recv_id = 0;
+        self.recv_id = RemoteId(0);
         self.req_built = false;
         self.in_flight = 0;
         self.awaiting_peer = false;
@@ -412,8 +410,8 @@ impl Iovs {
 pub(crate) struct Posted {
     /// Links in the matcher's lists.
     pub(crate) link: Link,
-    /// The peer it takes a message from; `NONE`: any.
-    pub(crate) want_peer: u32,
+    /// The peer it takes a message from; `None`: any.
+    pub(crate) want_peer: Option<PeerId>,
     pub(crate) ctx: u64,
     /// Posting order, to pick the earliest of several matching receives.
     pub(crate) seq: u64,
@@ -423,7 +421,7 @@ pub(crate) struct Posted {
 impl Posted {
     pub(crate) const BLANK: Posted = Posted {
         link: Link::NONE,
-        want_peer: super::peer::NONE,
+        want_peer: None,
         ctx: 0,
         seq: 0,
         dst: Span { mr: MrId(0), offset: 0, len: 0 },
@@ -446,18 +444,19 @@ pub(crate) struct RxOp {
     pub(crate) dc: bool,
     /// Links in the matcher's lists.
     pub(crate) link: Link,
-    pub(crate) peer: u32,
+    pub(crate) peer: PeerId,
     pub(crate) tag: u64,
     pub(crate) ctx: u64,
-    /// Unexpected: the held packets (a chain of RX buffers).
-    pub(crate) held: u32,
+    /// Unexpected: the held packets.
+    pub(crate) held: Held,
     /// Its deadline is on the timer.
     pub(crate) watched: bool,
     pub(crate) dst: Sgl,
     // The message.
     pub(crate) msg_id: u32,
-    /// The sender's operation (long-CTS, long-read, DC receipts).
-    pub(crate) send_id: u32,
+    /// The sender's operation (long-CTS, long-read, DC receipts; an
+    /// emulated read's responder).
+    pub(crate) send_id: RemoteId,
     /// RDMA reads in flight.
     pub(crate) reads_in_flight: u32,
     pub(crate) proto: Proto,
@@ -494,9 +493,9 @@ impl RxOp {
         self.tagged = false;
         self.dc = false;
         self.link = Link::NONE;
-        self.peer = 0;
+        self.peer = PeerId(0);
         self.ctx = 0;
-        self.held = super::NO_BUF;
+        self.held = Held::EMPTY;
         self.watched = false;
         self.dst.n = 0;
     }
@@ -505,7 +504,7 @@ impl RxOp {
     #[inline]
     pub(crate) fn reset_message(&mut self) {
         self.msg_id = 0;
-        self.send_id = 0;
+        self.send_id = RemoteId(0);
         self.reads_in_flight = 0;
         self.proto = Proto::Eager;
         self.tag = 0;
@@ -529,7 +528,7 @@ impl RxOp {
             tagged: false,
             ctx: 0,
             dst: Sgl::EMPTY,
-            peer: 0,
+            peer: PeerId(0),
             msg_id: 0,
             proto: Proto::Eager,
             dc: false,
@@ -539,13 +538,13 @@ impl RxOp {
             received: 0,
             prefix: 0,
             ooo: 0,
-            send_id: 0,
+            send_id: RemoteId(0),
             granted: 0,
             read_iov: Iovs::default(),
             runt: 0,
             read_next: 0,
             reads_in_flight: 0,
-            held: super::NO_BUF,
+            held: Held::EMPTY,
             link: Link::NONE,
             deadline: 0,
             watched: false,
@@ -564,7 +563,7 @@ mod tests {
     #[test]
     fn a_reset_send_side_entry_is_a_new_one() {
         let span = Span { mr: MrId(3), offset: 5, len: 7 };
-        let mut op = TxOp::new(TxKind::Write, 9, Proto::LongRead, Sgl::one(span), 4);
+        let mut op = TxOp::new(TxKind::Write, PeerId(9), Proto::LongRead, Sgl::one(span), 4);
         op.dc = true;
         op.tagged = true;
         op.tag = 1;
@@ -573,7 +572,7 @@ mod tests {
         op.atomic = Some(AtomicReq {
             datatype: 1,
             op: 2,
-            class: super::super::atomic::RtaClass::Fetch,
+            class: RtaClass::Fetch,
             result: Some(span),
             compare: None,
         });
@@ -581,7 +580,7 @@ mod tests {
         op.sent = 6;
         op.done_bytes = 7;
         op.granted = 8;
-        op.recv_id = 9;
+        op.recv_id = RemoteId(9);
         op.req_built = true;
         op.in_flight = 10;
         op.awaiting_peer = true;
@@ -590,9 +589,9 @@ mod tests {
         op.after_nack = true;
         op.error = Some(Status::Timeout);
         op.deadline = 11;
-        op.reset(TxKind::Msg, 1, Proto::Eager, 2);
+        op.reset(TxKind::Msg, PeerId(1), Proto::Eager, 2);
         op.set_src(span);
-        let new = TxOp::new(TxKind::Msg, 1, Proto::Eager, Sgl::one(span), 2);
+        let new = TxOp::new(TxKind::Msg, PeerId(1), Proto::Eager, Sgl::one(span), 2);
         assert_eq!(format!("{op:?}"), format!("{new:?}"));
     }
 
@@ -604,7 +603,7 @@ mod tests {
         op.ctx = 1;
         op.dst = Sgl::one(span);
         op.dst.push(span);
-        op.peer = 6;
+        op.peer = PeerId(6);
         op.msg_id = 7;
         op.proto = Proto::LongRead;
         op.dc = true;
@@ -612,13 +611,13 @@ mod tests {
         op.cq_data = Some(9);
         op.total = 10;
         op.received = 11;
-        op.send_id = 12;
+        op.send_id = RemoteId(12);
         op.granted = 13;
         op.read_iov = Iovs::one(RmaIov { addr: 1, len: 2, key: 3 });
         op.runt = 14;
         op.read_next = 15;
         op.reads_in_flight = 16;
-        op.held = 17;
+        op.held = Held::at(17);
         op.link = Link { prev: 18, next: 19 };
         op.deadline = 20;
         op.watched = true;

@@ -3,27 +3,28 @@
 
 use std::collections::HashMap;
 
+use super::types::{Held, PeerId};
 use crate::device::Ah;
 use crate::wire::RawAddr;
 
 /// A REQ raw address header as current providers send it: size + 36.
 pub(crate) const RAW_ADDR_HDR_LEN: u8 = 4 + RawAddr::REQ_HDR_SIZE as u8;
 
-/// "No buffer" / "no entry" in the per-peer tables.
-pub(crate) const NONE: u32 = u32::MAX;
+/// In `Peers::by_ah`: the address handle names no peer.
+const NO_PEER: u32 = u32::MAX;
 
 /// Packets that arrived ahead of their msg_id's turn, by msg_id modulo the
-/// window: each slot is the head of a chain of RX buffers.
+/// window: each slot is a chain of RX buffers.
 #[derive(Debug)]
 pub(crate) struct ReorderBuf {
-    pub(crate) slots: Box<[u32]>,
+    pub(crate) slots: Box<[Held]>,
     /// Packets held.
     pub(crate) held: u32,
 }
 
 impl ReorderBuf {
     pub(crate) fn new(window: u32) -> ReorderBuf {
-        ReorderBuf { slots: vec![NONE; window as usize].into_boxed_slice(), held: 0 }
+        ReorderBuf { slots: vec![Held::EMPTY; window as usize].into_boxed_slice(), held: 0 }
     }
 }
 
@@ -94,7 +95,7 @@ impl Peer {
 pub(crate) struct Peers {
     list: Vec<Peer>,
     /// Full raw address (with connid) to peer.
-    by_addr: HashMap<RawAddr, u32>,
+    by_addr: HashMap<RawAddr, PeerId>,
     /// Device address handle to the peer it currently names. A restarted
     /// process that reused a QPN shares the handle of its predecessor; the
     /// newest peer inserted for a handle owns it.
@@ -103,26 +104,26 @@ pub(crate) struct Peers {
 
 impl Peers {
     #[inline]
-    pub(crate) fn get(&self, id: u32) -> Option<&Peer> {
-        self.list.get(id as usize)
+    pub(crate) fn get(&self, id: PeerId) -> Option<&Peer> {
+        self.list.get(id.0 as usize)
     }
 
     #[inline]
-    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Peer> {
-        self.list.get_mut(id as usize)
+    pub(crate) fn get_mut(&mut self, id: PeerId) -> Option<&mut Peer> {
+        self.list.get_mut(id.0 as usize)
     }
 
     #[inline]
-    pub(crate) fn by_ah(&self, ah: Ah) -> Option<u32> {
-        self.by_ah.get(ah.0 as usize).copied().filter(|&p| p != NONE)
+    pub(crate) fn by_ah(&self, ah: Ah) -> Option<PeerId> {
+        self.by_ah.get(ah.0 as usize).copied().filter(|&p| p != NO_PEER).map(PeerId)
     }
 
-    pub(crate) fn by_addr(&self, addr: &RawAddr) -> Option<u32> {
+    pub(crate) fn by_addr(&self, addr: &RawAddr) -> Option<PeerId> {
         self.by_addr.get(addr).copied()
     }
 
-    pub(crate) fn insert(&mut self, addr: RawAddr, ah: Ah, first_msg_id: u32) -> u32 {
-        let id = self.list.len() as u32;
+    pub(crate) fn insert(&mut self, addr: RawAddr, ah: Ah, first_msg_id: u32) -> PeerId {
+        let id = PeerId(self.list.len() as u32);
         self.list.push(Peer {
             addr,
             ah,
@@ -139,9 +140,9 @@ impl Peers {
         self.by_addr.insert(addr, id);
         let i = ah.0 as usize;
         if self.by_ah.len() <= i {
-            self.by_ah.resize(i + 1, NONE);
+            self.by_ah.resize(i + 1, NO_PEER);
         }
-        self.by_ah[i] = id;
+        self.by_ah[i] = id.0;
         id
     }
 

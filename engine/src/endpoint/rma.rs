@@ -12,10 +12,10 @@
 use super::cq::{Completion, Op};
 use super::msg::{copy_in, iov_total};
 use super::ops::{Iovs, Proto, RxKind, RxOp, RxState, Sgl, TxKind};
-use super::rx::ReqInfo;
-use super::tx::{Ctrl, device_status};
+use super::tx::device_status;
+use super::types::{BufId, Ctrl, RemoteId, ReqInfo, RxId, TxId};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
-use crate::device::{Access, BufId, CqStatus, Cqe, Device, RdmaOp, RdmaWr, Source};
+use crate::device::{Access, CqStatus, Cqe, Device, RdmaOp, RdmaWr, Source};
 use crate::mem::AccessError;
 use crate::wire::{PacketType, ReadRspRepr, RmaIov, extra};
 
@@ -97,15 +97,15 @@ impl<D: Device> Endpoint<D> {
         if remote.len != dst.len {
             return Err(Error::Invalid);
         }
-        let p = self.peers.get(peer.0).expect("checked peer");
+        let p = self.peers.get(peer).expect("checked peer");
         if !p.handshake_received {
             // Which protocol depends on the peer (libfabric does the same:
             // efa_rdm_ep_trigger_handshake, then -FI_EAGAIN).
-            self.request_handshake(peer.0);
+            self.request_handshake(peer);
             return Err(Error::Again);
         }
         if self.caps.rdma_read && p.supports(extra::RDMA_READ) {
-            return self.start_rdma(peer.0, TxKind::Rdma { read: true }, dst, remote, None, ctx);
+            return self.start_rdma(peer, TxKind::Rdma { read: true }, dst, remote, None, ctx);
         }
         if dst.len == 0 {
             // Nothing to ask for (an RTR must request > 0 bytes).
@@ -118,16 +118,16 @@ impl<D: Device> Endpoint<D> {
         let mut op = RxOp::new(RxKind::Read, RxState::Matched);
         op.ctx = ctx;
         op.dst = Sgl::one(dst);
-        op.peer = peer.0;
+        op.peer = peer;
         op.proto = Proto::LongCts;
         op.total = dst.len;
-        op.send_id = u32::MAX;
+        op.send_id = RemoteId::UNKNOWN;
         op.read_iov = Iovs::one(remote);
         let readrsp_room = (self.caps.mtu - ReadRspRepr::default().buffer_len()) as u64;
-        let window = self.cts_window_bytes(peer.0).max(readrsp_room);
+        let window = self.cts_window_bytes(peer).max(readrsp_room);
         op.granted = if dst.len <= readrsp_room { dst.len } else { window.min(dst.len) };
         let rx = self.rx_ops.insert(op).ok_or(Error::Again)?;
-        self.peers.get_mut(peer.0).expect("checked peer").req_sent = true;
+        self.peers.get_mut(peer).expect("checked peer").req_sent = true;
         self.queue_ctrl(Ctrl::Rtr { rx });
         self.watch_rx(rx);
         if self.txq.pending_len() == 0 {
@@ -149,30 +149,23 @@ impl<D: Device> Endpoint<D> {
         if remote.len != src.len {
             return Err(Error::Invalid);
         }
-        if !self.peers.get(peer.0).expect("checked peer").handshake_received {
-            self.request_handshake(peer.0);
+        if !self.peers.get(peer).expect("checked peer").handshake_received {
+            self.request_handshake(peer);
             return Err(Error::Again);
         }
         let dc = self.cfg.delivery_complete;
         if dc {
-            self.check_dc(peer.0)?;
+            self.check_dc(peer)?;
         }
-        let p = self.peers.get(peer.0).expect("checked peer");
+        let p = self.peers.get(peer).expect("checked peer");
         if self.caps.rdma_write && p.supports(extra::RDMA_WRITE) {
-            return self.start_rdma(
-                peer.0,
-                TxKind::Rdma { read: false },
-                src,
-                remote,
-                cq_data,
-                ctx,
-            );
+            return self.start_rdma(peer, TxKind::Rdma { read: false }, src, remote, cq_data, ctx);
         }
         let room =
-            self.caps.mtu - self.req_header_len(PacketType::EagerRtw, peer.0, cq_data.is_some());
+            self.caps.mtu - self.req_header_len(PacketType::EagerRtw, peer, cq_data.is_some());
         let proto = if src.len + 24 <= room as u64 {
             Proto::Eager
-        } else if src.len >= self.cfg.long_read_write_min && self.can_long_read(peer.0, &src) {
+        } else if src.len >= self.cfg.long_read_write_min && self.can_long_read(peer, &src) {
             Proto::LongRead
         } else {
             Proto::LongCts
@@ -184,7 +177,7 @@ impl<D: Device> Endpoint<D> {
         let id = self
             .tx_ops
             .insert_with(|op| {
-                op.reset(TxKind::Write, peer.0, proto, ctx);
+                op.reset(TxKind::Write, peer, proto, ctx);
                 op.set_src(src);
                 op.cq_data = cq_data;
                 op.set_remote(remote);
@@ -205,7 +198,7 @@ impl<D: Device> Endpoint<D> {
     /// A direct RDMA read or write, posted in segments by `post_next_rdma`.
     fn start_rdma(
         &mut self,
-        peer: u32,
+        peer: PeerId,
         kind: TxKind,
         local: Span,
         remote: RmaIov,
@@ -229,7 +222,7 @@ impl<D: Device> Endpoint<D> {
                     // No bytes, but the CQ data must still reach the
                     // target: a zero-length write with immediate.
                     let write = RdmaOp::Write { imm: Some(data as u32) };
-                    let wr_id = rdma_wr_id(false, id, 0);
+                    let wr_id = rdma_wr_id(false, id.0, 0);
                     let wr = self.rdma_wr(write, peer, local, remote.addr, remote.key, wr_id);
                     if !self.post_rdma_wr(wr) {
                         self.tx_ops.free(id);
@@ -266,7 +259,7 @@ impl<D: Device> Endpoint<D> {
     fn rdma_wr(
         &self,
         op: RdmaOp,
-        peer: u32,
+        peer: PeerId,
         local: Span,
         remote_addr: u64,
         remote_key: u64,
@@ -311,7 +304,7 @@ impl<D: Device> Endpoint<D> {
             let last = op.sent + local.len == op.total;
             let imm = if last { op.cq_data.map(|d| d as u32) } else { None };
             let rdma_op = if read { RdmaOp::Read } else { RdmaOp::Write { imm } };
-            let wr_id = rdma_wr_id(false, id, local.len);
+            let wr_id = rdma_wr_id(false, id.0, local.len);
             let wr = self.rdma_wr(rdma_op, op.peer, local, raddr, rkey, wr_id);
             if !self.post_rdma_wr(wr) {
                 return false;
@@ -337,7 +330,7 @@ impl<D: Device> Endpoint<D> {
                 self.txq.reads.pop_front();
                 continue;
             };
-            let wr_id = rdma_wr_id(true, id, local.len);
+            let wr_id = rdma_wr_id(true, id.0, local.len);
             let wr = self.rdma_wr(RdmaOp::Read, op.peer, local, raddr, rkey, wr_id);
             if !self.post_rdma_wr(wr) {
                 return false;
@@ -352,9 +345,10 @@ impl<D: Device> Endpoint<D> {
 
     /// An RDMA segment finished.
     pub(super) fn handle_rdma_done(&mut self, cqe: &Cqe) {
-        let (rx, id, len) = split_wr_id(cqe.wr_id);
+        let (rx, raw, len) = split_wr_id(cqe.wr_id);
         let deadline = self.fresh_deadline();
         if rx {
+            let id = RxId(raw);
             let Some(op) = self.rx_ops.get_mut(id) else { return };
             op.reads_in_flight -= 1;
             op.deadline = deadline;
@@ -364,7 +358,7 @@ impl<D: Device> Endpoint<D> {
                 self.counters.drop(DropReason::DeviceError);
                 let mut c = Completion::new(Op::Recv, op.ctx);
                 c.status = device_status(cqe.status);
-                c.peer = Some(PeerId(op.peer));
+                c.peer = Some(op.peer);
                 if op.kind == RxKind::Msg {
                     self.cq.push(c);
                 }
@@ -382,6 +376,7 @@ impl<D: Device> Endpoint<D> {
             }
             return;
         }
+        let id = TxId(raw);
         let Some(op) = self.tx_ops.get_mut(id) else { return };
         op.in_flight -= 1;
         op.deadline = deadline;
@@ -415,7 +410,7 @@ impl<D: Device> Endpoint<D> {
         c.len = cqe.len as u64;
         c.cq_data = Some(cqe.imm as u64);
         c.peer = match cqe.src {
-            Source::Known(ah) => self.peers.by_ah(ah).map(PeerId),
+            Source::Known(ah) => self.peers.by_ah(ah),
             _ => None,
         };
         self.cq.push(c);
@@ -439,7 +434,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// EAGER_RTW / DC_EAGER_RTW: the data is in the packet.
-    pub(super) fn handle_eager_rtw(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
+    pub(super) fn handle_eager_rtw(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
         // A zero-byte write with no iov is the handshake trigger: the
         // HANDSHAKE is queued already.
         if info.rma_iov.n == 0 && info.payload_len == 0 {
@@ -456,17 +451,18 @@ impl<D: Device> Endpoint<D> {
             let mut c = Completion::new(Op::RemoteWrite, 0);
             c.len = dst.len();
             c.cq_data = Some(data);
-            c.peer = Some(PeerId(peer));
+            c.peer = Some(peer);
             self.cq.push(c);
         }
         if info.ptype == PacketType::DcEagerRtw {
-            self.queue_ctrl(Ctrl::Receipt { peer, send_id: info.send_id, msg_id: 0 });
+            let send_id = RemoteId(info.send_id);
+            self.queue_ctrl(Ctrl::Receipt { peer, send_id, msg_id: 0 });
         }
     }
 
     /// LONGCTS_RTW, DC_LONGCTS_RTW, LONGREAD_RTW: a receive-side entry
     /// takes the rest.
-    pub(super) fn handle_long_rtw(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
+    pub(super) fn handle_long_rtw(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
         let iovs = self.req_iovs(buf, info.rma_iov);
         let Ok(dst) = self.resolve_iovs(iovs.as_slice(), Access::REMOTE_WRITE) else {
             self.release_rx(buf);
@@ -488,7 +484,7 @@ impl<D: Device> Endpoint<D> {
         op.dc = info.ptype == PacketType::DcLongCtsRtw;
         op.cq_data = info.cq_data;
         op.total = info.msg_length;
-        op.send_id = info.send_id;
+        op.send_id = RemoteId(info.send_id);
         op.read_iov = self.req_iovs(buf, info.read_iov);
         let Some(id) = self.rx_ops.insert(op) else {
             // Waits, holding its buffer, for a free entry.
@@ -503,7 +499,7 @@ impl<D: Device> Endpoint<D> {
 
     /// SHORT_RTR / LONGCTS_RTR: send the requested bytes back, READRSP
     /// first, then CTSDATA as the requester grants.
-    pub(super) fn handle_rtr(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
+    pub(super) fn handle_rtr(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
         let iovs = self.req_iovs(buf, info.rma_iov);
         // An iov the registrations refuse (an unknown or deregistered key,
         // out of bounds, no remote read) is counted and answered with
@@ -521,7 +517,7 @@ impl<D: Device> Endpoint<D> {
             op.src = src;
             op.total = src.len();
             op.report = false;
-            op.recv_id = info.recv_id;
+            op.recv_id = RemoteId(info.recv_id);
             op.granted = (info.recv_length as u64).min(op.total);
         }) else {
             // The requester times out; nothing here is lost.
@@ -534,7 +530,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Long-read (or runting-read) data is to be read: prepare the buffer
     /// and queue the reads, or answer READ_NACK when it cannot be prepared.
-    pub(super) fn start_reads(&mut self, id: u32) {
+    pub(super) fn start_reads(&mut self, id: RxId) {
         let op = self.rx_ops.get(id).expect("live op");
         let dst = op.dst;
         let mut prepared = true;
@@ -580,7 +576,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// EOR: the receiver read everything; the sender's buffer is free.
-    pub(super) fn handle_eor(&mut self, peer: u32, send_id: u32) {
+    pub(super) fn handle_eor(&mut self, peer: PeerId, send_id: TxId) {
         let Some(op) = self.tx_ops.get_mut(send_id) else {
             self.counters.drop(DropReason::StaleId);
             return;
@@ -598,7 +594,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// RECEIPT: a delivery-complete operation's data reached its target.
-    pub(super) fn handle_receipt(&mut self, peer: u32, send_id: u32) {
+    pub(super) fn handle_receipt(&mut self, peer: PeerId, send_id: TxId) {
         let Some(op) = self.tx_ops.get_mut(send_id) else {
             self.counters.drop(DropReason::StaleId);
             return;
@@ -618,7 +614,7 @@ impl<D: Device> Endpoint<D> {
     /// READ_NACK: the receiver cannot read our buffer; re-send the message
     /// or write as long-CTS, flagged, with no data in the REQ (spec 4.7;
     /// for a write, LONGCTS_RTW as libfabric's handle_read_nack_recv).
-    pub(super) fn handle_read_nack(&mut self, peer: u32, send_id: u32) {
+    pub(super) fn handle_read_nack(&mut self, peer: PeerId, send_id: TxId) {
         let Some(op) = self.tx_ops.get_mut(send_id) else {
             self.counters.drop(DropReason::StaleId);
             return;

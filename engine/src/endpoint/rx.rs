@@ -1,132 +1,15 @@
 //! The receive side: parse, resolve the sender, answer with a HANDSHAKE,
 //! put messages in msg_id order, dispatch.
 
-use super::ops::{Iovs, MAX_IOV};
-use super::peer::{NONE, ReorderBuf};
-use super::{DropReason, Endpoint, Error, NO_BUF, PeerId};
-use crate::device::{BufId, CqStatus, Cqe, Device, HeldBufs, Source};
+use super::ops::Iovs;
+use super::peer::ReorderBuf;
+use super::types::{BufId, Ctrl, Held, IovAt, RemoteId, ReqInfo, RxId, TxId};
+use super::{DropReason, Endpoint, Error, PeerId};
+use crate::device::{CqStatus, Cqe, Device, HeldBufs, Source};
 use crate::wire::{
     AtomRspRepr, CtsDataRepr, CtsRepr, EagerRtm, EorRepr, Packet, PacketType, RawAddr,
-    ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqClass, ReqFlags, ReqPacket, RmaIov, WireItem,
+    ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqClass, ReqFlags, RmaIov, WireItem,
 };
-
-/// The headers of a received REQ, copied out of its buffer so that the
-/// endpoint can act on it while the buffer stays where it is. `repr(C)`
-/// keeps the type first, where the wide stores that build the struct
-/// start: its reads, the first of every handler, are then served from
-/// those stores without waiting for them to reach the cache.
-#[derive(Debug, Clone, Copy)]
-#[repr(C)]
-pub(super) struct ReqInfo {
-    pub(super) ptype: PacketType,
-    pub(super) class: ReqClass,
-    pub(super) flags: ReqFlags,
-    pub(super) msg_id: u32,
-    pub(super) tag: u64,
-    pub(super) msg_length: u64,
-    pub(super) seg_offset: u64,
-    pub(super) send_id: u32,
-    pub(super) recv_id: u32,
-    pub(super) recv_length: u32,
-    pub(super) atomic_datatype: u32,
-    pub(super) atomic_op: u32,
-    pub(super) runt_length: u64,
-    pub(super) rma_iov: IovAt,
-    pub(super) read_iov: IovAt,
-    /// More than `MAX_IOV` iovs of either kind.
-    pub(super) too_many_iovs: bool,
-    pub(super) cq_data: Option<u64>,
-    /// The sender's connid: its raw address's, or the connid header.
-    pub(super) connid: Option<u32>,
-    /// Where the raw address header's address starts in the packet, if
-    /// it has one: parsed only for a sender not known yet.
-    pub(super) raw_addr_at: Option<u32>,
-    pub(super) payload_off: u32,
-    pub(super) payload_len: u32,
-}
-
-/// Where one of a REQ's iov arrays sits in its packet. Handlers that need
-/// the iovs read them from the packet (see [`Endpoint::req_iovs`]), so the
-/// common REQ, which has none, copies none.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct IovAt {
-    at: u32,
-    pub(super) n: u8,
-}
-
-impl IovAt {
-    fn new(list: crate::wire::IovList<'_>, at: usize) -> (IovAt, bool) {
-        let n = list.len();
-        (IovAt { at: at as u32, n: n.min(MAX_IOV) as u8 }, n > MAX_IOV)
-    }
-}
-
-impl ReqInfo {
-    /// Copies what the endpoint needs out of a checked REQ. Inlined: a
-    /// call would return the struct through memory, and its caller read
-    /// it back wider than it was written, stalling store forwarding.
-    #[inline(always)]
-    fn from_view(p: &ReqPacket<&[u8]>) -> ReqInfo {
-        let f = p.fields();
-        // The codec checked the raw address is at least 24 bytes.
-        let raw_connid = p.raw_addr().and_then(|a| RawAddr::from_bytes(a).ok()).map(|a| a.connid);
-        let (rma_iov, more_rma) = IovAt::new(p.rma_iov(), p.layout().header_len());
-        let (read_iov, more_read) = IovAt::new(p.read_iov(), p.header_len());
-        ReqInfo {
-            ptype: p.packet_type(),
-            class: p.layout().class,
-            flags: p.flags(),
-            msg_id: f.msg_id,
-            tag: f.tag,
-            msg_length: f.msg_length,
-            seg_offset: f.seg_offset,
-            send_id: f.send_id,
-            recv_id: f.recv_id,
-            recv_length: f.recv_length,
-            atomic_datatype: f.atomic_datatype,
-            atomic_op: f.atomic_op,
-            runt_length: f.runt_length,
-            rma_iov,
-            read_iov,
-            too_many_iovs: more_rma || more_read,
-            cq_data: p.cq_data(),
-            // A raw address and a connid header together: the address's
-            // connid is the sender's (interop notes).
-            connid: raw_connid.or(p.connid()),
-            raw_addr_at: p.raw_addr_offset().map(|at| at as u32),
-            payload_off: p.payload_offset() as u32,
-            payload_len: p.payload().len() as u32,
-        }
-    }
-
-    /// Checks and reads a REQ packet.
-    #[inline(always)]
-    pub(super) fn parse(bytes: &[u8]) -> Result<ReqInfo, crate::wire::WireError> {
-        ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p))
-    }
-
-    /// Whether the type is ordered with messages (it has a msg_id).
-    #[inline]
-    pub(super) fn has_msg_id(&self) -> bool {
-        matches!(self.class, ReqClass::Rtm | ReqClass::Rta)
-    }
-
-    /// Whether later packets of its message carry the same msg_id (medium
-    /// and runting-read segments), so that one already begun must be
-    /// looked up.
-    #[inline]
-    pub(super) fn continues_a_message(&self) -> bool {
-        matches!(
-            self.ptype,
-            PacketType::MediumMsgRtm
-                | PacketType::MediumTagRtm
-                | PacketType::DcMediumMsgRtm
-                | PacketType::DcMediumTagRtm
-                | PacketType::RuntReadMsgRtm
-                | PacketType::RuntReadTagRtm
-        )
-    }
-}
 
 /// A received packet's headers, owned. A stack temporary of one packet's
 /// handling: its size costs a copy, a box would cost an allocation.
@@ -181,21 +64,21 @@ impl<D: Device> Endpoint<D> {
     /// the address vector if new.
     pub(super) fn peer_for_addr(&mut self, addr: &RawAddr) -> Result<PeerId, Error> {
         if let Some(id) = self.peers.by_addr(addr) {
-            return Ok(PeerId(id));
+            return Ok(id);
         }
         let ah = self.dev.insert_addr(addr)?;
-        Ok(PeerId(self.peers.insert(*addr, ah, self.cfg.first_msg_id)))
+        Ok(self.peers.insert(*addr, ah, self.cfg.first_msg_id))
     }
 
     /// Sends the zero-byte write that makes a peer answer with its
     /// HANDSHAKE, unless one is known or a REQ already went out.
-    pub(super) fn request_handshake(&mut self, peer: u32) {
+    pub(super) fn request_handshake(&mut self, peer: PeerId) {
         let p = self.peers.get_mut(peer).expect("live peer");
         if p.handshake_received || p.req_sent {
             return;
         }
         p.req_sent = true;
-        self.queue_ctrl(super::tx::Ctrl::HandshakeTrigger { peer });
+        self.queue_ctrl(Ctrl::HandshakeTrigger { peer });
     }
 
     /// A receive buffer completed.
@@ -243,7 +126,7 @@ impl<D: Device> Endpoint<D> {
             Parsed::CtsData { repr, payload_off } => self.handle_data(
                 buf,
                 peer,
-                repr.recv_id,
+                RxId(repr.recv_id),
                 repr.seg_offset,
                 repr.seg_length,
                 payload_off,
@@ -252,18 +135,18 @@ impl<D: Device> Endpoint<D> {
             Parsed::ReadRsp { repr, payload_off } => self.handle_data(
                 buf,
                 peer,
-                repr.recv_id,
+                RxId(repr.recv_id),
                 0,
                 repr.recv_length,
                 payload_off,
-                Some(repr.send_id),
+                Some(RemoteId(repr.send_id)),
             ),
             Parsed::AtomRsp { repr, payload_off } => {
                 self.handle_atomrsp(buf, peer, &repr, payload_off)
             }
-            Parsed::Eor(eor) => self.handle_eor(peer, eor.send_id),
-            Parsed::Receipt(r) => self.handle_receipt(peer, r.send_id),
-            Parsed::ReadNack(n) => self.handle_read_nack(peer, n.send_id),
+            Parsed::Eor(eor) => self.handle_eor(peer, TxId(eor.send_id)),
+            Parsed::Receipt(r) => self.handle_receipt(peer, TxId(r.send_id)),
+            Parsed::ReadNack(n) => self.handle_read_nack(peer, TxId(n.send_id)),
             Parsed::Handshake { features, .. } => {
                 self.peers.get_mut(peer).expect("resolved peer").handshake_arrived(features);
                 self.counters.handshakes_received += 1;
@@ -290,7 +173,7 @@ impl<D: Device> Endpoint<D> {
         src: Source,
         connid: Option<u32>,
         raw_at: Option<u32>,
-    ) -> Option<u32> {
+    ) -> Option<PeerId> {
         let ptype = self.dev.held(buf)[0];
         self.counters.rx_by_type[ptype as usize] += 1;
         let peer = match self.resolve_sender(buf, src, connid, raw_at) {
@@ -304,7 +187,7 @@ impl<D: Device> Endpoint<D> {
         let p = self.peers.get_mut(peer).expect("resolved peer");
         if !p.handshake_sent {
             p.handshake_sent = true;
-            self.queue_ctrl(super::tx::Ctrl::Handshake { peer });
+            self.queue_ctrl(Ctrl::Handshake { peer });
         }
         let meta = &mut self.rx_meta[buf as usize];
         meta.len = len as u32;
@@ -322,7 +205,7 @@ impl<D: Device> Endpoint<D> {
         src: Source,
         connid: Option<u32>,
         raw_at: Option<u32>,
-    ) -> Result<u32, DropReason> {
+    ) -> Result<PeerId, DropReason> {
         let known = match src {
             Source::Known(ah) => self.peers.by_ah(ah),
             Source::Unknown { .. } | Source::None => None,
@@ -347,11 +230,11 @@ impl<D: Device> Endpoint<D> {
             // The header names a queue pair other than the sender's.
             return Err(DropReason::Invalid);
         }
-        self.peer_for_addr(&addr).map(|p| p.0).map_err(|_| DropReason::UnknownSender)
+        self.peer_for_addr(&addr).map_err(|_| DropReason::UnknownSender)
     }
 
     /// A REQ: in msg_id order if its type carries one, else at once.
-    pub(super) fn handle_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
+    pub(super) fn handle_req(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
         if !info.has_msg_id() {
             self.handle_unordered_req(buf, peer, info);
             return;
@@ -377,7 +260,7 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         if !self.cfg.ordered {
-            if !self.handle_ordered_req(buf, peer, info) {
+            if !self.deliver_req(buf, peer, info) {
                 self.stalled_bufs.push_back(buf);
             }
             return;
@@ -386,9 +269,11 @@ impl<D: Device> Endpoint<D> {
         let p = self.peers.get(peer).expect("live peer");
         let ahead = info.msg_id.wrapping_sub(p.expected_msg_id);
         if ahead == 0
-            && p.reorder.as_ref().is_none_or(|r| r.slots[(info.msg_id % window) as usize] == NONE)
+            && p.reorder
+                .as_ref()
+                .is_none_or(|r| r.slots[(info.msg_id % window) as usize].is_empty())
         {
-            if self.handle_ordered_req(buf, peer, info) {
+            if self.deliver_req(buf, peer, info) {
                 let p = self.peers.get_mut(peer).expect("live peer");
                 p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
                 self.drain_reorder(peer);
@@ -407,11 +292,12 @@ impl<D: Device> Endpoint<D> {
         }
     }
 
-    /// A REQ with a msg_id whose turn has come: a message or an atomic.
+    /// Takes in a REQ with a msg_id (a message or an atomic) that may go
+    /// now: its turn has come, or the endpoint does not order messages.
     /// Returns false, leaving the packet to the caller, when it cannot be
     /// taken in yet.
     #[inline(always)]
-    fn handle_ordered_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) -> bool {
+    fn deliver_req(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) -> bool {
         match info.class {
             ReqClass::Rta => self.handle_rta(buf, peer, info),
             _ => self.handle_new_msg(buf, peer, info),
@@ -420,20 +306,20 @@ impl<D: Device> Endpoint<D> {
 
     /// Keeps `buf` in `peer`'s reorder buffer under `msg_id`, after the
     /// packets of that msg_id already there (arrival order).
-    pub(super) fn hold_in_order(&mut self, peer: u32, msg_id: u32, buf: BufId) {
+    pub(super) fn hold_in_order(&mut self, peer: PeerId, msg_id: u32, buf: BufId) {
         let window = self.cfg.reorder_window;
         let p = self.peers.get_mut(peer).expect("live peer");
         let rb = p.reorder.get_or_insert_with(|| ReorderBuf::new(window));
         let slot = &mut rb.slots[(msg_id % window) as usize];
-        self.rx_meta[buf as usize].next = NO_BUF;
-        if *slot == NONE {
-            *slot = buf;
-        } else {
-            let mut last = *slot;
-            while self.rx_meta[last as usize].next != NO_BUF {
-                last = self.rx_meta[last as usize].next;
+        self.rx_meta[buf as usize].next = Held::EMPTY;
+        match slot.first() {
+            None => *slot = Held::at(buf),
+            Some(mut last) => {
+                while let Some(next) = self.rx_meta[last as usize].next.first() {
+                    last = next;
+                }
+                self.rx_meta[last as usize].next = Held::at(buf);
             }
-            self.rx_meta[last as usize].next = buf;
         }
         rb.held += 1;
     }
@@ -441,13 +327,13 @@ impl<D: Device> Endpoint<D> {
     /// Delivers held packets whose turn has come; stops (and stalls the
     /// peer) when a message cannot be taken in yet.
     #[inline]
-    fn drain_reorder(&mut self, peer: u32) {
+    fn drain_reorder(&mut self, peer: PeerId) {
         if self.peers.get(peer).is_some_and(|p| p.reorder.as_ref().is_some_and(|r| r.held > 0)) {
             self.drain_reorder_held(peer);
         }
     }
 
-    fn drain_reorder_held(&mut self, peer: u32) {
+    fn drain_reorder_held(&mut self, peer: PeerId) {
         let window = self.cfg.reorder_window;
         loop {
             let p = self.peers.get_mut(peer).expect("live peer");
@@ -455,32 +341,26 @@ impl<D: Device> Endpoint<D> {
             let Some(rb) = p.reorder.as_mut() else { return };
             let slot = (expected % window) as usize;
             let head = rb.slots[slot];
-            if rb.held == 0 || head == NONE {
-                return;
-            }
+            let Some(head) = head.first().filter(|_| rb.held > 0) else { return };
             if self.drain_predicted(peer, slot, head) {
                 continue;
             }
             // The first packet of the message decides whether it can go.
             let Some(info) = self.held_info(head) else {
                 // Cannot happen for a packet accepted once; drop the chain.
-                let mut b = self.take_slot(peer, slot);
-                while b != NO_BUF {
-                    let next = self.rx_meta[b as usize].next;
-                    self.release_rx(b);
-                    b = next;
-                }
+                let chain = self.take_slot(peer, slot);
+                self.release_chain(chain);
                 continue;
             };
-            let chain = self.take_slot(peer, slot);
+            let chain = self.take_slot(peer, slot).first().expect("a packet");
             let rest = self.rx_meta[chain as usize].next;
-            self.rx_meta[chain as usize].next = NO_BUF;
+            self.rx_meta[chain as usize].next = Held::EMPTY;
             let taken = match self.in_progress.get(peer, info.msg_id) {
                 Some(rx) if info.continues_a_message() => {
                     self.handle_segment(chain, rx, &info);
                     true
                 }
-                _ => self.handle_ordered_req(chain, peer, &info),
+                _ => self.deliver_req(chain, peer, &info),
             };
             if !taken {
                 // Put the chain back whole and wait for resources.
@@ -488,17 +368,17 @@ impl<D: Device> Endpoint<D> {
                 let held = 1 + self.chain_len(rest);
                 let p = self.peers.get_mut(peer).expect("live peer");
                 let rb = p.reorder.as_mut().expect("reorder buffer");
-                rb.slots[slot] = chain;
+                rb.slots[slot] = Held::at(chain);
                 rb.held += held;
                 self.stall(peer);
                 return;
             }
             let p = self.peers.get_mut(peer).expect("live peer");
             p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
-            let mut buf = rest;
-            while buf != NO_BUF {
-                let next = self.rx_meta[buf as usize].next;
-                self.rx_meta[buf as usize].next = NO_BUF;
+            let mut next = rest;
+            while let Some(buf) = next.first() {
+                next = self.rx_meta[buf as usize].next;
+                self.rx_meta[buf as usize].next = Held::EMPTY;
                 match self.held_info(buf) {
                     Some(info) => match self.in_progress.get(peer, info.msg_id) {
                         Some(rx) if info.continues_a_message() => {
@@ -512,7 +392,6 @@ impl<D: Device> Endpoint<D> {
                     },
                     None => self.release_rx(buf),
                 }
-                buf = next;
             }
         }
     }
@@ -522,9 +401,9 @@ impl<D: Device> Endpoint<D> {
     /// takes (see `recv_predicted`); false, with nothing changed,
     /// otherwise.
     #[inline]
-    fn drain_predicted(&mut self, peer: u32, slot: usize, head: BufId) -> bool {
+    fn drain_predicted(&mut self, peer: PeerId, slot: usize, head: BufId) -> bool {
         let meta = self.rx_meta[head as usize];
-        if meta.next != NO_BUF {
+        if !meta.next.is_empty() {
             return false;
         }
         let len = meta.len as usize;
@@ -535,17 +414,17 @@ impl<D: Device> Endpoint<D> {
         let p = self.peers.get_mut(peer).expect("live peer");
         p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
         let rb = p.reorder.as_mut().expect("reorder buffer");
-        rb.slots[slot] = NONE;
+        rb.slots[slot] = Held::EMPTY;
         rb.held -= 1;
         true
     }
 
     /// Empties a reorder slot, returning its chain.
-    fn take_slot(&mut self, peer: u32, slot: usize) -> BufId {
+    fn take_slot(&mut self, peer: PeerId, slot: usize) -> Held {
         let head = {
             let p = self.peers.get_mut(peer).expect("live peer");
             let rb = p.reorder.as_mut().expect("reorder buffer");
-            std::mem::replace(&mut rb.slots[slot], NONE)
+            std::mem::replace(&mut rb.slots[slot], Held::EMPTY)
         };
         let n = self.chain_len(head);
         let rb = self.peers.get_mut(peer).and_then(|p| p.reorder.as_mut()).expect("reorder buffer");
@@ -553,13 +432,21 @@ impl<D: Device> Endpoint<D> {
         head
     }
 
-    fn chain_len(&self, mut buf: BufId) -> u32 {
+    fn chain_len(&self, mut chain: Held) -> u32 {
         let mut n = 0;
-        while buf != NO_BUF {
+        while let Some(buf) = chain.first() {
             n += 1;
-            buf = self.rx_meta[buf as usize].next;
+            chain = self.rx_meta[buf as usize].next;
         }
         n
+    }
+
+    /// Frees every buffer of a chain of held packets.
+    pub(super) fn release_chain(&mut self, mut chain: Held) {
+        while let Some(buf) = chain.first() {
+            chain = self.rx_meta[buf as usize].next;
+            self.release_rx(buf);
+        }
     }
 
     /// The headers of a held packet (it was valid when it arrived).
@@ -576,7 +463,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Marks a peer whose next message waits for resources.
-    fn stall(&mut self, peer: u32) {
+    fn stall(&mut self, peer: PeerId) {
         if !self.stalled_peers.contains(&peer) {
             self.stalled_peers.push_back(peer);
         }
@@ -602,7 +489,7 @@ impl<D: Device> Endpoint<D> {
             let peer = self.rx_meta[buf as usize].peer;
             match self.held_info(buf) {
                 Some(info) => {
-                    if !self.handle_ordered_req(buf, peer, &info) {
+                    if !self.deliver_req(buf, peer, &info) {
                         self.stalled_bufs.push_back(buf);
                         return;
                     }
@@ -613,7 +500,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// REQs without a msg_id: the emulated write and read protocols.
-    fn handle_unordered_req(&mut self, buf: BufId, peer: u32, info: &ReqInfo) {
+    fn handle_unordered_req(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
         match info.ptype {
             PacketType::ShortRtr | PacketType::LongCtsRtr => self.handle_rtr(buf, peer, info),
             PacketType::EagerRtw | PacketType::DcEagerRtw => self.handle_eager_rtw(buf, peer, info),

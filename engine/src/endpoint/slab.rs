@@ -1,6 +1,10 @@
 //! A fixed-capacity slab whose ids carry a generation, so that an id from
 //! the wire that names a freed or reused entry is detected, not misused.
 
+use std::marker::PhantomData;
+
+use super::types::SlabId;
+
 /// Bits of an id that index the slab; the other 12 are the generation.
 /// 2^20 entries let an application post a million receives; a stale id
 /// aliases a live one only after its slot was reused exactly 4096 times.
@@ -12,8 +16,8 @@ const LIVE: u32 = 1 << 31;
 
 /// The slab index an id names, whatever its generation.
 #[inline(always)]
-pub(crate) fn index(id: u32) -> usize {
-    (id & INDEX_MASK) as usize
+pub(crate) fn index(id: impl SlabId) -> usize {
+    (id.raw() & INDEX_MASK) as usize
 }
 
 /// Largest capacity a slab can have.
@@ -43,72 +47,76 @@ pub(crate) const fn value_placement<T>() -> (usize, usize) {
     (std::mem::offset_of!(Entry<T>, value), std::mem::align_of::<Entry<T>>())
 }
 
-/// Entries addressed by `u32` ids: index in the low 20 bits, generation in
-/// the high 12. All memory is allocated at construction.
+/// Entries addressed by ids of type `I` over `u32`: index in the low 20
+/// bits, generation in the high 12. All memory is allocated at
+/// construction.
 #[derive(Debug)]
-pub(crate) struct Slab<T> {
+pub(crate) struct Slab<T, I = u32> {
     entries: Vec<Entry<T>>,
     free: Vec<u32>,
+    _id: PhantomData<fn(I) -> I>,
 }
 
-impl<T: Clone> Slab<T> {
+impl<T: Clone, I: SlabId> Slab<T, I> {
     /// A slab of `capacity` entries (at most [`MAX_CAPACITY`]), each
     /// holding `blank` until first used.
-    pub(crate) fn with_capacity(capacity: usize, blank: T) -> Slab<T> {
+    pub(crate) fn with_capacity(capacity: usize, blank: T) -> Slab<T, I> {
         assert!(capacity > 0 && capacity <= MAX_CAPACITY, "slab capacity {capacity}");
         let entries = (0..capacity).map(|_| Entry { stamp: 0, value: blank.clone() }).collect();
         // Pop from the end: low indices first, which keeps ids small.
         let free = (0..capacity as u32).rev().collect();
-        Slab { entries, free }
+        Slab { entries, free, _id: PhantomData }
     }
 }
 
-impl<T> Slab<T> {
+impl<T, I: SlabId> Slab<T, I> {
     /// Takes a free entry and lets `init` set its value in place (the
     /// entry holds a stale value: `init` must set every field it cares
     /// about, typically by assigning a whole new value first); `None` when
     /// full. Always inlined, as is `insert`: a call would move the value
     /// through the stack.
     #[inline(always)]
-    pub(crate) fn insert_with(&mut self, init: impl FnOnce(&mut T)) -> Option<u32> {
+    pub(crate) fn insert_with(&mut self, init: impl FnOnce(&mut T)) -> Option<I> {
         let index = self.free.pop()?;
         let e = &mut self.entries[index as usize];
         let generation = e.stamp;
         e.stamp = generation | LIVE;
         init(&mut e.value);
-        Some((generation << INDEX_BITS) | index)
+        Some(I::from_raw((generation << INDEX_BITS) | index))
     }
 
     /// Stores `value`; `None` when full.
     #[inline(always)]
-    pub(crate) fn insert(&mut self, value: T) -> Option<u32> {
+    pub(crate) fn insert(&mut self, value: T) -> Option<I> {
         self.insert_with(|v| *v = value)
     }
 
     /// The entry `id` names, if it is live and of this generation.
     #[inline]
-    pub(crate) fn get(&self, id: u32) -> Option<&T> {
+    pub(crate) fn get(&self, id: I) -> Option<&T> {
+        let id = id.raw();
         let e = self.entries.get(index(id))?;
         (e.stamp == (id >> INDEX_BITS) | LIVE).then_some(&e.value)
     }
 
     /// The entry `id` names, if it is live and of this generation.
     #[inline]
-    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut T> {
+    pub(crate) fn get_mut(&mut self, id: I) -> Option<&mut T> {
+        let id = id.raw();
         let e = self.entries.get_mut(index(id))?;
         (e.stamp == (id >> INDEX_BITS) | LIVE).then_some(&mut e.value)
     }
 
     /// Frees entry `id`, if it is live and of this generation.
     #[inline]
-    pub(crate) fn free(&mut self, id: u32) {
+    pub(crate) fn free(&mut self, id: I) {
         self.retire(id);
     }
 
     /// Frees entry `id` and returns its value, if it is live and of this
     /// generation: one check where `get` then `free` would make two.
     #[inline(always)]
-    pub(crate) fn take(&mut self, id: u32) -> Option<T>
+    pub(crate) fn take(&mut self, id: I) -> Option<T>
     where
         T: Copy,
     {
@@ -118,7 +126,8 @@ impl<T> Slab<T> {
     /// Frees entry `id` if it is live and of this generation; its value
     /// stays in place until the next insert.
     #[inline(always)]
-    fn retire(&mut self, id: u32) -> Option<&T> {
+    fn retire(&mut self, id: I) -> Option<&T> {
+        let id = id.raw();
         let index = id & INDEX_MASK;
         let e = self.entries.get_mut(index as usize)?;
         if e.stamp != (id >> INDEX_BITS) | LIVE {
@@ -153,7 +162,7 @@ mod tests {
 
     #[test]
     fn stale_and_forged_ids_are_refused() {
-        let mut s = Slab::with_capacity(2, "");
+        let mut s: Slab<&str> = Slab::with_capacity(2, "");
         let a = s.insert("a").unwrap();
         let b = s.insert("b").unwrap();
         assert!(s.insert("c").is_none(), "full");
@@ -179,7 +188,7 @@ mod tests {
 
     #[test]
     fn generations_wrap_within_their_bits() {
-        let mut s = Slab::with_capacity(1, 0);
+        let mut s: Slab<i32> = Slab::with_capacity(1, 0);
         let first = s.insert(0).unwrap();
         s.free(first);
         for _ in 0..4095 {

@@ -11,19 +11,20 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::Endpoint;
 use super::cq::{Completion, Op, Status};
 use super::ops::{RxKind, TxKind};
-use super::{Endpoint, PeerId};
+use super::types::{RxId, TxId};
 use crate::device::Device;
 
 /// Progress calls between clock reads while something waits.
 const TICK: u32 = 64;
 
-/// Which slab an operation lives in.
+/// An operation on the timer, in the slab it lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Side {
-    Tx,
-    Rx,
+    Tx(TxId),
+    Rx(RxId),
 }
 
 #[derive(Debug)]
@@ -31,11 +32,11 @@ pub(crate) struct Timer {
     timeout_ns: u64,
     now_ns: u64,
     calls: u32,
-    /// (deadline, side, id), deadlines ascending: every deadline is
+    /// (deadline, operation), deadlines ascending: every deadline is
     /// `now + timeout` when pushed, and `now` only grows. Entries of
     /// operations that finished stay until pruned (at each tick, or when
     /// the queue reaches `limit`).
-    queue: VecDeque<(u64, Side, u32)>,
+    queue: VecDeque<(u64, Side)>,
     /// Entries at which the whole queue is pruned: twice the operations
     /// that can wait at once, so the queue never outgrows the memory
     /// reserved for it.
@@ -67,12 +68,12 @@ impl Timer {
     /// Starts watching an operation at `now_ns` (read when the queue is
     /// empty: the cached time may be old after a quiet spell); returns its
     /// deadline.
-    pub(crate) fn arm(&mut self, side: Side, id: u32, now_ns: impl FnOnce() -> u64) -> u64 {
+    pub(crate) fn arm(&mut self, side: Side, now_ns: impl FnOnce() -> u64) -> u64 {
         if self.queue.is_empty() {
             self.now_ns = now_ns();
         }
         let d = self.deadline();
-        self.queue.push_back((d, side, id));
+        self.queue.push_back((d, side));
         d
     }
 
@@ -87,15 +88,15 @@ impl Timer {
     }
 
     /// The next entry whose deadline has passed.
-    fn pop_due(&mut self) -> Option<(u64, Side, u32)> {
+    fn pop_due(&mut self) -> Option<(u64, Side)> {
         match self.queue.front() {
-            Some(&(d, _, _)) if d <= self.now_ns => self.queue.pop_front(),
+            Some(&(d, _)) if d <= self.now_ns => self.queue.pop_front(),
             _ => None,
         }
     }
 
-    fn rearm(&mut self, deadline: u64, side: Side, id: u32) {
-        self.queue.push_back((deadline, side, id));
+    fn rearm(&mut self, deadline: u64, side: Side) {
+        self.queue.push_back((deadline, side));
     }
 }
 
@@ -107,12 +108,12 @@ impl<D: Device> Endpoint<D> {
         }
         self.timer.now_ns = self.dev.now_ns();
         self.prune_finished();
-        while let Some((_, side, id)) = self.timer.pop_due() {
+        while let Some((_, side)) = self.timer.pop_due() {
             match side {
-                Side::Tx => {
+                Side::Tx(id) => {
                     let Some(op) = self.tx_ops.get(id) else { continue };
                     if op.deadline > self.timer.now_ns {
-                        self.timer.rearm(op.deadline, side, id);
+                        self.timer.rearm(op.deadline, side);
                         continue;
                     }
                     let (kind, ctx, peer, report) = (op.kind, op.ctx, op.peer, op.report);
@@ -127,16 +128,16 @@ impl<D: Device> Endpoint<D> {
                         };
                         let mut c = Completion::new(op, ctx);
                         c.status = Status::Timeout;
-                        c.peer = Some(PeerId(peer));
+                        c.peer = Some(peer);
                         self.cq.push(c);
                     }
                     self.counters.timeouts += 1;
                     self.tx_ops.free(id);
                 }
-                Side::Rx => {
+                Side::Rx(id) => {
                     let Some(op) = self.rx_ops.get(id) else { continue };
                     if op.deadline > self.timer.now_ns {
-                        self.timer.rearm(op.deadline, side, id);
+                        self.timer.rearm(op.deadline, side);
                         continue;
                     }
                     let (kind, ctx, peer, msg_id) = (op.kind, op.ctx, op.peer, op.msg_id);
@@ -146,7 +147,7 @@ impl<D: Device> Endpoint<D> {
                             ctx,
                         );
                         c.status = Status::Timeout;
-                        c.peer = Some(PeerId(peer));
+                        c.peer = Some(peer);
                         self.cq.push(c);
                     }
                     if kind == RxKind::Msg {
@@ -159,12 +160,12 @@ impl<D: Device> Endpoint<D> {
         }
     }
 
-    /// Whether the timer entry (`side`, `id`) still watches a live
+    /// Whether the timer entry `side` still watches a live
     /// operation.
-    fn watched(&self, side: Side, id: u32) -> bool {
+    fn watched(&self, side: Side) -> bool {
         match side {
-            Side::Tx => self.tx_ops.get(id).is_some(),
-            Side::Rx => self.rx_ops.get(id).is_some_and(|op| op.watched),
+            Side::Tx(id) => self.tx_ops.get(id).is_some(),
+            Side::Rx(id) => self.rx_ops.get(id).is_some_and(|op| op.watched),
         }
     }
 
@@ -173,8 +174,8 @@ impl<D: Device> Endpoint<D> {
     /// they started): at each clock tick, so that a stream of watched
     /// operations (atomics, reads) keeps the queue short.
     fn prune_finished(&mut self) {
-        while let Some(&(_, side, id)) = self.timer.queue.front()
-            && !self.watched(side, id)
+        while let Some(&(_, side)) = self.timer.queue.front()
+            && !self.watched(side)
         {
             self.timer.queue.pop_front();
         }
@@ -187,27 +188,27 @@ impl<D: Device> Endpoint<D> {
     fn bound_timer(&mut self) {
         if self.timer.queue.len() >= self.timer.limit {
             let mut queue = std::mem::take(&mut self.timer.queue);
-            queue.retain(|&(_, side, id)| self.watched(side, id));
+            queue.retain(|&(_, side)| self.watched(side));
             self.timer.queue = queue;
         }
     }
 
     /// Starts the response clock of send-side operation `id`.
-    pub(super) fn watch_tx(&mut self, id: u32) {
+    pub(super) fn watch_tx(&mut self, id: TxId) {
         self.bound_timer();
-        let d = self.timer.arm(Side::Tx, id, || self.dev.now_ns());
+        let d = self.timer.arm(Side::Tx(id), || self.dev.now_ns());
         if let Some(op) = self.tx_ops.get_mut(id) {
             op.deadline = d;
         }
     }
 
     /// Starts the response clock of receive-side operation `id`, once.
-    pub(super) fn watch_rx(&mut self, id: u32) {
+    pub(super) fn watch_rx(&mut self, id: RxId) {
         if self.rx_ops.get(id).is_none_or(|op| op.watched) {
             return;
         }
         self.bound_timer();
-        let d = self.timer.arm(Side::Rx, id, || self.dev.now_ns());
+        let d = self.timer.arm(Side::Rx(id), || self.dev.now_ns());
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.deadline = d;
         op.watched = true;

@@ -9,11 +9,11 @@
 
 use std::collections::VecDeque;
 
-use super::atomic::RtaClass;
 use super::cq::{Completion, Op, Status};
 use super::ops::{MAX_IOV, Proto, Sgl, TxKind};
+use super::types::{BufId, Ctrl, Owner, RtaClass, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId, Span};
-use crate::device::{BufId, CqStatus, Cqe, DataSeg, Device, HeldBufs, MrId, SendWr};
+use crate::device::{CqStatus, Cqe, DataSeg, Device, HeldBufs, MrId, SendWr};
 use crate::wire::{
     CtsDataRepr, CtsFlags, CtsRepr, EorRepr, HandshakeFlags, HandshakeRepr, IovList, PacketType,
     PktFlags, ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqFlags, ReqLayout, ReqRepr, RmaIov,
@@ -29,68 +29,25 @@ const POST_BURST: usize = 32;
 /// [`Endpoint::gathers`]).
 const ZERO_COPY_MIN: usize = 1024;
 
-/// A control packet to build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ctrl {
-    /// Our capabilities, answering a peer's first packet (spec 2.1).
-    Handshake { peer: u32 },
-    /// A zero-byte EAGER_RTW: makes the peer answer with its HANDSHAKE
-    /// (libfabric: efa_rdm_ep_trigger_handshake).
-    HandshakeTrigger { peer: u32 },
-    /// Clear to send `recv_length` more bytes (spec 3.2); `read` marks the
-    /// CTS of an emulated read (flag 0x80).
-    Cts { peer: u32, send_id: u32, recv_id: u32, recv_length: u64, read: bool },
-    /// The data of a delivery-complete operation reached its target.
-    Receipt { peer: u32, send_id: u32, msg_id: u32 },
-    /// The receiver finished reading a long-read transfer.
-    Eor { peer: u32, send_id: u32, recv_id: u32 },
-    /// The receiver could not prepare to read: fall back to long-CTS.
-    ReadNack { peer: u32, send_id: u32, recv_id: u32 },
-    /// The request of emulated read `rx` (SHORT_RTR or LONGCTS_RTR).
-    Rtr { rx: u32 },
-}
-
-/// Who a TX buffer's packet belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Owner {
-    /// A control packet or an inject: nothing waits for it.
-    Ctrl,
-    /// A send-side operation's packet.
-    Op(u32),
-    /// An eager message built when it was sent: the whole operation, so
-    /// that its completion needs no operation entry.
-    Eager(EagerSend),
-}
-
-/// What an eager send reports when its packet completes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct EagerSend {
-    pub(crate) ctx: u64,
-    pub(crate) tag: u64,
-    pub(crate) len: u32,
-    pub(crate) peer: u32,
-    pub(crate) tagged: bool,
-}
-
 #[derive(Debug)]
 pub(crate) struct TxQueue {
     free: Vec<BufId>,
     owner: Vec<Owner>,
-    /// By TX buffer: the region its packet gathers data from, if any
-    /// (`u32::MAX`: none), so that a region a send still reads is not
-    /// deregistered. Meaningful while the buffer is out of `free`.
-    gather: Vec<u32>,
+    /// By TX buffer: the region its packet gathers data from, if any, so
+    /// that a region a send still reads is not deregistered. Meaningful
+    /// while the buffer is out of `free`.
+    gather: Vec<Option<MrId>>,
     /// Built packets the device has not taken yet: `pending[posted..]`.
     pending: Vec<SendWr>,
     posted: usize,
     ctrl: VecDeque<Ctrl>,
     /// Send-side operations with packets (or RDMA) due, in the order they
     /// became due.
-    ready: VecDeque<u32>,
+    ready: VecDeque<TxId>,
     /// Send-side device RDMA operations with segments due.
-    pub(crate) rdma: VecDeque<u32>,
+    pub(crate) rdma: VecDeque<TxId>,
     /// Receive-side operations with RDMA reads due.
-    pub(crate) reads: VecDeque<u32>,
+    pub(crate) reads: VecDeque<RxId>,
 }
 
 impl TxQueue {
@@ -99,7 +56,7 @@ impl TxQueue {
         TxQueue {
             free: (0..bufs).rev().collect(),
             owner: vec![Owner::Ctrl; bufs as usize],
-            gather: vec![u32::MAX; bufs as usize],
+            gather: vec![None; bufs as usize],
             pending: Vec::with_capacity(bufs as usize),
             posted: 0,
             ctrl: VecDeque::with_capacity(ops),
@@ -177,7 +134,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Puts a send-side operation on the list of those with packets due.
-    pub(super) fn mark_ready(&mut self, id: u32) {
+    pub(super) fn mark_ready(&mut self, id: TxId) {
         if let Some(op) = self.tx_ops.get_mut(id)
             && !op.queued
             && op.has_packet_due()
@@ -264,7 +221,7 @@ impl<D: Device> Endpoint<D> {
         for &b in &self.txq.free {
             free[b as usize] = true;
         }
-        self.txq.gather.iter().zip(&free).any(|(&g, &is_free)| g == mr.0 && !is_free)
+        self.txq.gather.iter().zip(&free).any(|(&g, &is_free)| g == Some(mr) && !is_free)
     }
 
     /// Returns a TX buffer taken and not used.
@@ -278,7 +235,7 @@ impl<D: Device> Endpoint<D> {
     #[inline(always)]
     pub(super) fn push_packet(
         &mut self,
-        peer: u32,
+        peer: PeerId,
         ptype: PacketType,
         buf: BufId,
         len: usize,
@@ -286,7 +243,7 @@ impl<D: Device> Endpoint<D> {
     ) {
         let ah = self.peers.get(peer).expect("live peer").ah;
         self.counters.tx_by_type[ptype.id() as usize] += 1;
-        self.txq.gather[buf as usize] = data.map_or(u32::MAX, |d| d.mr.0);
+        self.txq.gather[buf as usize] = data.map(|d| d.mr);
         self.txq.pending.push(SendWr { ah, buf, len: len as u32, data, wr_id: buf as u64 });
     }
 
@@ -318,7 +275,7 @@ impl<D: Device> Endpoint<D> {
                     tag: e.tag,
                     tagged: e.tagged,
                     cq_data: None,
-                    peer: Some(PeerId(e.peer)),
+                    peer: Some(e.peer),
                 });
             }
             Owner::Op(id) => {
@@ -335,7 +292,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Reports a finished send-side operation and frees it.
-    pub(super) fn finish_tx_op(&mut self, id: u32) {
+    pub(super) fn finish_tx_op(&mut self, id: TxId) {
         let Some(op) = self.tx_ops.get(id) else { return };
         if op.report {
             let kind = match op.kind {
@@ -348,7 +305,7 @@ impl<D: Device> Endpoint<D> {
             c.len = op.total;
             c.tag = op.tag;
             c.tagged = op.tagged;
-            c.peer = Some(PeerId(op.peer));
+            c.peer = Some(op.peer);
             c.status = op.error.unwrap_or(Status::Ok);
             self.cq.push(c);
         }
@@ -365,7 +322,7 @@ impl<D: Device> Endpoint<D> {
     /// until its HANDSHAKE arrives (spec 2.2), then our connid if it asked
     /// for it (spec 4.4).
     #[inline(always)]
-    pub(super) fn req_opt_headers(&self, peer: u32) -> (bool, Option<u32>) {
+    pub(super) fn req_opt_headers(&self, peer: PeerId) -> (bool, Option<u32>) {
         let p = self.peers.get(peer).expect("live peer");
         if !p.handshake_received {
             (true, None)
@@ -376,14 +333,14 @@ impl<D: Device> Endpoint<D> {
 
     /// The connid field of a non-REQ packet to `peer`.
     #[inline]
-    pub(super) fn ctrl_connid(&self, peer: u32) -> Option<u32> {
+    pub(super) fn ctrl_connid(&self, peer: PeerId) -> Option<u32> {
         self.peers.get(peer).expect("live peer").wants_connid().then_some(self.addr.connid)
     }
 
     /// Bytes of header a REQ of `ptype` to `peer` takes now (without iov
     /// arrays).
     #[inline]
-    pub(super) fn req_header_len(&self, ptype: PacketType, peer: u32, cq_data: bool) -> usize {
+    pub(super) fn req_header_len(&self, ptype: PacketType, peer: PeerId, cq_data: bool) -> usize {
         let fixed = ReqLayout::of(ptype).expect("REQ type").header_len();
         let opt = self.peers.get(peer).expect("live peer").req_opt_len as usize;
         fixed + opt + if cq_data { 8 } else { 0 }
@@ -421,8 +378,8 @@ impl<D: Device> Endpoint<D> {
                 let repr = CtsRepr {
                     flags,
                     connid: self.ctrl_connid(peer),
-                    send_id,
-                    recv_id,
+                    send_id: send_id.0,
+                    recv_id: recv_id.0,
                     recv_length,
                 };
                 (peer, PacketType::Cts, repr.emit(self.dev.held_mut(buf)))
@@ -430,7 +387,7 @@ impl<D: Device> Endpoint<D> {
             Ctrl::Receipt { peer, send_id, msg_id } => {
                 let repr = ReceiptRepr {
                     flags: PktFlags::empty(),
-                    send_id,
+                    send_id: send_id.0,
                     msg_id,
                     connid: self.ctrl_connid(peer),
                 };
@@ -439,8 +396,8 @@ impl<D: Device> Endpoint<D> {
             Ctrl::Eor { peer, send_id, recv_id } => {
                 let repr = EorRepr {
                     flags: PktFlags::empty(),
-                    send_id,
-                    recv_id,
+                    send_id: send_id.0,
+                    recv_id: recv_id.0,
                     connid: self.ctrl_connid(peer),
                 };
                 (peer, PacketType::Eor, repr.emit(self.dev.held_mut(buf)))
@@ -448,8 +405,8 @@ impl<D: Device> Endpoint<D> {
             Ctrl::ReadNack { peer, send_id, recv_id } => {
                 let repr = ReadNackRepr {
                     flags: PktFlags::empty(),
-                    send_id,
-                    recv_id,
+                    send_id: send_id.0,
+                    recv_id: recv_id.0,
                     connid: self.ctrl_connid(peer),
                 };
                 self.counters.read_nacks += 1;
@@ -471,7 +428,7 @@ impl<D: Device> Endpoint<D> {
                 };
                 let mut r = ReqRepr::new(ptype);
                 r.msg_length = total;
-                r.recv_id = rx;
+                r.recv_id = rx.0;
                 // SHORT_RTR carries the read length here too (interop notes).
                 r.recv_length = granted.min(u32::MAX as u64) as u32;
                 r.rma_iov = IovList::Host(remote.as_slice());
@@ -492,7 +449,7 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn emit_eager(
         &mut self,
         buf: BufId,
-        peer: u32,
+        peer: PeerId,
         msg_id: u32,
         tag: Option<u64>,
         cq_data: Option<u64>,
@@ -510,7 +467,7 @@ impl<D: Device> Endpoint<D> {
         &mut self,
         ptype: PacketType,
         buf: BufId,
-        peer: u32,
+        peer: PeerId,
         msg_id: u32,
         tag: u64,
         cq_data: Option<u64>,
@@ -571,7 +528,7 @@ impl<D: Device> Endpoint<D> {
 
     /// Builds one packet of send-side operation `id`: its REQ (with as
     /// much data as fits), then medium/runt segments, CTSDATA or READRSP.
-    pub(super) fn build_op_packet(&mut self, id: u32) {
+    pub(super) fn build_op_packet(&mut self, id: TxId) {
         if let Some(a) = self.tx_ops.get(id).expect("live op").atomic {
             self.build_rta(id, a.class);
             return;
@@ -584,8 +541,8 @@ impl<D: Device> Endpoint<D> {
                 let mut r = ReadRspRepr {
                     flags: PktFlags::empty(),
                     connid: self.ctrl_connid(op.peer),
-                    recv_id: op.recv_id,
-                    send_id: id,
+                    recv_id: op.recv_id.0,
+                    send_id: id.0,
                     recv_length: 0,
                 };
                 let room = (self.caps.mtu - r.buffer_len()) as u64;
@@ -596,7 +553,7 @@ impl<D: Device> Endpoint<D> {
             | (TxKind::ReadRsp, _, false) => {
                 let mut d = CtsDataRepr {
                     flags: PktFlags::empty(),
-                    recv_id: op.recv_id,
+                    recv_id: op.recv_id.0,
                     seg_length: 0,
                     seg_offset: op.sent,
                     connid: self.ctrl_connid(op.peer),
@@ -647,7 +604,7 @@ impl<D: Device> Endpoint<D> {
     /// Builds the one packet of atomic operation `id`: its RTA, operands
     /// and all. One call per type, each with its type a constant, so that
     /// the header's emit folds to its stores.
-    pub(super) fn build_rta(&mut self, id: u32, class: RtaClass) {
+    pub(super) fn build_rta(&mut self, id: TxId, class: RtaClass) {
         let dc = self.tx_ops.get(id).expect("live op").dc;
         match class {
             RtaClass::Write if dc => self.build_rta_as(PacketType::DcWriteRta, id),
@@ -658,7 +615,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     #[inline(always)]
-    fn build_rta_as(&mut self, ptype: PacketType, id: u32) {
+    fn build_rta_as(&mut self, ptype: PacketType, id: TxId) {
         let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
         let peer = self.tx_ops.get(id).expect("live op").peer;
         let (raw, connid) = self.req_opt_headers(peer);
@@ -666,8 +623,8 @@ impl<D: Device> Endpoint<D> {
         let (a, src) = (op.atomic.expect("atomic op"), op.src.single().expect("one operand span"));
         let mut r = ReqRepr::new(ptype);
         r.msg_id = op.msg_id;
-        r.send_id = id;
-        r.recv_id = id;
+        r.send_id = id.0;
+        r.recv_id = id.0;
         r.rma_iov = IovList::Host(op.remote.as_slice());
         r.atomic_datatype = a.datatype;
         r.atomic_op = a.op;
@@ -692,15 +649,15 @@ impl<D: Device> Endpoint<D> {
     /// Writes the REQ of type `ptype` for send-side operation `id` into
     /// `buf`; returns the type, the header length (with iov arrays and,
     /// for atomics, the operands) and how much data follows it.
-    fn emit_req(&mut self, buf: BufId, id: u32, ptype: PacketType) -> (PacketType, usize, u64) {
+    fn emit_req(&mut self, buf: BufId, id: TxId, ptype: PacketType) -> (PacketType, usize, u64) {
         let op = self.tx_ops.get(id).expect("live op");
         let mut r = ReqRepr::new(ptype);
         r.msg_id = op.msg_id;
         r.tag = op.tag;
         r.msg_length = op.total;
         r.seg_offset = op.sent;
-        r.send_id = id;
-        r.recv_id = id;
+        r.send_id = id.0;
+        r.recv_id = id.0;
         r.credit_request = self.cfg.cts_window;
         r.cq_data = op.cq_data;
         if op.after_nack {
