@@ -9,7 +9,7 @@
 
 use super::ops::{AtomicReq, MAX_IOV, Proto, Sgl, TxKind};
 pub(crate) use super::types::RtaClass;
-use super::types::{BufId, Ctrl, Owner, RemoteId, ReqInfo, TxId};
+use super::types::{BufId, Ctrl, FAST_PATHS, Owner, RemoteId, ReqInfo, TxId};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
 use crate::device::{Access, Device, HeldBufs};
 use crate::wire::{AtomRspRepr, PacketType, PktFlags, RmaIov, WireItem};
@@ -339,7 +339,7 @@ impl<D: Device> Endpoint<D> {
         if watch {
             self.watch_tx(id);
         }
-        if self.txq.has_free_buf() && self.txq.waiting() == 0 {
+        if FAST_PATHS && self.txq.has_free_buf() && self.txq.waiting() == 0 {
             self.build_rta(id, class);
             self.post_pending();
         } else {
@@ -395,7 +395,7 @@ impl<D: Device> Endpoint<D> {
         // One target, the common case, without a list.
         let (one, list);
         let targets = match iovs.as_slice() {
-            [iov] => match self.resolve_target(iov) {
+            [iov] if FAST_PATHS => match self.resolve_target(iov) {
                 Some(s) => {
                     one = [s];
                     Some(&one[..])
@@ -424,7 +424,7 @@ impl<D: Device> Endpoint<D> {
         // A few elements, the common case, on the stack.
         let mut small = [0u8; 64];
         let mut big = Box::default();
-        let operands: &mut [u8] = if info.payload_len as usize <= small.len() {
+        let operands: &mut [u8] = if FAST_PATHS && info.payload_len as usize <= small.len() {
             &mut small
         } else {
             big = std::mem::take(&mut self.scratch);

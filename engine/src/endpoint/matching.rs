@@ -20,7 +20,7 @@
 use super::TagMatch;
 use super::ops::{Posted, RxOp};
 use super::slab::{self, Slab};
-use super::types::{Link, PeerId, PostedId, RxId, SlabId};
+use super::types::{FAST_PATHS, Link, PeerId, PostedId, RxId, SlabId};
 use crate::intmap::FlatMap;
 
 /// Entries that lists thread through.
@@ -207,7 +207,10 @@ impl Matcher {
         if !tagged {
             // The head, a receive from any peer or from this one, is the
             // usual answer.
-            if let Some(id) = self.posted_msg.pop_front_if(posted, |p| peer_ok(p.want_peer, peer)) {
+            if FAST_PATHS
+                && let Some(id) =
+                    self.posted_msg.pop_front_if(posted, |p| peer_ok(p.want_peer, peer))
+            {
                 return Some(id);
             }
             let id = self.posted_msg.find(posted, |_, p| peer_ok(p.want_peer, peer))?;

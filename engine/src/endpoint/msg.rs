@@ -5,7 +5,7 @@
 use super::cq::{Completion, Op, Status};
 use super::ops::{MAX_IOV, Posted, Proto, RxKind, RxState, Sgl, TxKind};
 use super::types::{
-    BufId, Ctrl, EagerSend, Held, Link, Owner, PostedId, RemoteId, ReqInfo, RxId, TxId,
+    BufId, Ctrl, EagerSend, FAST_PATHS, Held, Link, Owner, PostedId, RemoteId, ReqInfo, RxId, TxId,
 };
 use super::{DropReason, Endpoint, Error, PeerId, Span, TagMatch};
 use crate::device::{Access, DataSeg, Device, HeldBufs, MrId, Source};
@@ -47,7 +47,7 @@ pub(super) fn copy_in<D: Device>(
     seg_offset: u64,
     len: u64,
 ) {
-    if let Some(s) = dst.single() {
+    if FAST_PATHS && let Some(s) = dst.single() {
         // One span, the common case: no walk over the list.
         copy_in_span(dev, buf, from, &s, seg_offset, len);
         return;
@@ -348,7 +348,7 @@ impl<D: Device> Endpoint<D> {
         let proto = self.choose_proto(peer, src.len, tag.is_some(), cq_data.is_some(), || {
             self.can_long_read(peer, &src)
         });
-        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
+        let now = FAST_PATHS && self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
             return self.send_msg_op(peer, src, None, proto, tag, cq_data, ctx);
         }
@@ -411,7 +411,7 @@ impl<D: Device> Endpoint<D> {
         let proto = self.choose_proto(peer, total, false, cq_data.is_some(), || {
             self.can_long_read_all(peer, &sgl)
         });
-        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
+        let now = FAST_PATHS && self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
             return self.send_msg_op(peer, srcs[0], Some(&sgl), proto, None, cq_data, ctx);
         }
@@ -541,7 +541,7 @@ impl<D: Device> Endpoint<D> {
         let want_peer = from;
         if let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, tag, want_peer) {
             let op = self.rx_ops.get_mut(id).expect("live op");
-            if op.proto == Proto::Eager && !op.dc {
+            if FAST_PATHS && op.proto == Proto::Eager && !op.dc {
                 // The whole message waits in one held packet, whose payload
                 // offset was noted when it was held: land it and report it.
                 let (held, total, tagged, tag, cq_data, peer) =
@@ -593,7 +593,8 @@ impl<D: Device> Endpoint<D> {
     /// held for its turn when it is ahead. Anything else answers false
     /// before any state changes, and the packet takes the full path
     /// (`handle_recv`'s parse, `accept_from`, `handle_req`,
-    /// `handle_new_msg`), whose outcome for this packet would be the same.
+    /// `handle_new_msg`), whose outcome for this packet would be the same:
+    /// the suites check so with it off ([`super::types::FAST_PATHS`]).
     #[inline(always)]
     pub(super) fn recv_predicted(&mut self, buf: BufId, len: usize, src: Source) -> bool {
         let Source::Known(ah) = src else { return false };
@@ -703,7 +704,7 @@ impl<D: Device> Endpoint<D> {
         // Everything but an eager message that nothing answers is recorded
         // in an entry, matched or not: without room, the packet waits
         // (holding its buffer) until entries are freed or receives posted.
-        let needs_entry = proto != Proto::Eager || dc;
+        let needs_entry = proto != Proto::Eager || dc || !FAST_PATHS;
         if needs_entry && self.rx_ops.is_full() {
             self.counters.rx_ops_exhausted += 1;
             return false;

@@ -3,7 +3,7 @@
 
 use super::ops::Iovs;
 use super::peer::ReorderBuf;
-use super::types::{BufId, Ctrl, Held, IovAt, RemoteId, ReqInfo, RxId, TxId};
+use super::types::{BufId, Ctrl, FAST_PATHS, Held, IovAt, RemoteId, ReqInfo, RxId, TxId};
 use super::{DropReason, Endpoint, Error, PeerId};
 use crate::device::{CqStatus, Cqe, Device, HeldBufs, Source};
 use crate::wire::{
@@ -91,7 +91,7 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         let len = (cqe.len as usize).min(self.caps.mtu);
-        if self.recv_predicted(buf, len, cqe.src) {
+        if FAST_PATHS && self.recv_predicted(buf, len, cqe.src) {
             return;
         }
         let bytes = &self.dev.held(buf)[..len];
@@ -342,7 +342,7 @@ impl<D: Device> Endpoint<D> {
             let slot = (expected % window) as usize;
             let head = rb.slots[slot];
             let Some(head) = head.first().filter(|_| rb.held > 0) else { return };
-            if self.drain_predicted(peer, slot, head) {
+            if FAST_PATHS && self.drain_predicted(peer, slot, head) {
                 continue;
             }
             // The first packet of the message decides whether it can go.
