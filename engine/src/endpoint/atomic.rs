@@ -8,11 +8,10 @@
 //! the target in between, which is what makes it atomic.
 
 use super::ops::{AtomicReq, MAX_IOV, Proto, Sgl, TxKind};
-pub(crate) use super::types::RtaClass;
-use super::types::{BufId, Ctrl, FAST_PATHS, Owner, RemoteId, ReqInfo, TxId};
+use super::types::{BufId, Ctrl, FAST_PATHS, Owner, RemoteId, ReqInfo, RtaClass, TxId};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
 use crate::device::{Access, Device, HeldBufs};
-use crate::wire::{AtomRspRepr, PacketType, PktFlags, RmaIov, WireItem};
+use crate::wire::{AtomRspRepr, IovList, PacketType, PktFlags, ReqRepr, RmaIov, WireItem};
 
 /// libfabric's `enum fi_datatype`: the ones the provider accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -526,6 +525,59 @@ impl<D: Device> Endpoint<D> {
         if op.is_done() {
             self.finish_tx_op(id);
         }
+    }
+
+    /// Builds the one packet of atomic operation `id`: its RTA, operands
+    /// and all. One call per type, each with its type a constant, so that
+    /// the header's emit folds to its stores.
+    pub(super) fn build_rta(&mut self, id: TxId, class: RtaClass) {
+        let dc = self.tx_ops.get(id).expect("live op").dc;
+        match class {
+            RtaClass::Write if dc => self.build_rta_as(PacketType::DcWriteRta, id),
+            RtaClass::Write => self.build_rta_as(PacketType::WriteRta, id),
+            RtaClass::Fetch => self.build_rta_as(PacketType::FetchRta, id),
+            RtaClass::Compare => self.build_rta_as(PacketType::CompareRta, id),
+        }
+    }
+
+    #[inline(always)]
+    fn build_rta_as(&mut self, ptype: PacketType, id: TxId) {
+        let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
+        let peer = self.tx_ops.get(id).expect("live op").peer;
+        let (raw, connid) = self.req_opt_headers(peer);
+        let op = self.tx_ops.get(id).expect("live op");
+        let (a, src) = (op.atomic.expect("atomic op"), op.src.single().expect("one operand span"));
+        let mut r = ReqRepr::new(ptype);
+        r.msg_id = op.msg_id;
+        r.send_id = id.0;
+        r.recv_id = id.0;
+        r.rma_iov = IovList::Host(op.remote.as_slice());
+        r.atomic_datatype = a.datatype;
+        r.atomic_op = a.op;
+        if raw {
+            r.raw_addr = Some(&self.addr_hdr);
+        }
+        r.connid = connid;
+        let hdr = r.emit(self.dev.held_mut(buf));
+        let mut at = self.copy_operand(buf, hdr, &src);
+        if let Some(c) = a.compare {
+            at = self.copy_operand(buf, at, &c);
+        }
+        let op = self.tx_ops.get_mut(id).expect("live op");
+        op.req_built = true;
+        // The operands went in the REQ.
+        op.sent = op.total;
+        op.in_flight += 1;
+        self.push_packet(peer, ptype, buf, at, None);
+        self.peers.get_mut(peer).expect("live peer").req_sent = true;
+    }
+
+    /// Copies `s` into packet `buf` at `at`; returns where it ends.
+    #[inline(always)]
+    fn copy_operand(&mut self, buf: BufId, at: usize, s: &Span) -> usize {
+        let n = s.len as usize;
+        self.dev.copy_from_region(s.mr, s.offset as usize, buf, at, n);
+        at + n
     }
 }
 

@@ -1,40 +1,19 @@
-//! Two-sided messages (spec 3.2, 4.1, 4.2, 4.5, 4.7): send/recv, tagged or
-//! not, with the eager, medium, long-CTS, long-read and runting-read
-//! protocols, delivery complete, unexpected messages, truncation.
+//! Two-sided messages, what every message protocol shares (spec 3.2):
+//! send/recv, tagged or not; the choice of protocol; a new message
+//! matched against posted receives or kept as unexpected; its data landed
+//! in order or recorded out of order; its completion, truncated if it did
+//! not fit. Each protocol's own steps are in its module (`eager`,
+//! `medium`, `longcts`, `longread`, `runtread`, `dc`, `nack`).
 
 use super::cq::{Completion, Op, Status};
+use super::dispatch::msg_proto;
 use super::ops::{MAX_IOV, Posted, Proto, RxKind, RxState, Sgl, TxKind};
 use super::types::{
-    BufId, Ctrl, EagerSend, FAST_PATHS, Held, Link, Owner, PostedId, RemoteId, ReqInfo, RxId, TxId,
+    BufId, Ctrl, EagerSend, FAST_PATHS, Held, Link, Owner, PostedId, RemoteId, ReqInfo, RxId,
 };
 use super::{DropReason, Endpoint, Error, PeerId, Span, TagMatch};
-use crate::device::{Access, DataSeg, Device, HeldBufs, MrId, Source};
-use crate::wire::{CtsDataRepr, CtsFlags, CtsRepr, EagerRtm, PacketType, extra};
-
-/// What an arriving message is, by its REQ type: protocol, tagged,
-/// delivery complete.
-fn msg_proto(ptype: PacketType) -> Option<(Proto, bool, bool)> {
-    use PacketType::*;
-    Some(match ptype {
-        EagerMsgRtm => (Proto::Eager, false, false),
-        EagerTagRtm => (Proto::Eager, true, false),
-        MediumMsgRtm => (Proto::Medium, false, false),
-        MediumTagRtm => (Proto::Medium, true, false),
-        LongCtsMsgRtm => (Proto::LongCts, false, false),
-        LongCtsTagRtm => (Proto::LongCts, true, false),
-        DcEagerMsgRtm => (Proto::Eager, false, true),
-        DcEagerTagRtm => (Proto::Eager, true, true),
-        DcMediumMsgRtm => (Proto::Medium, false, true),
-        DcMediumTagRtm => (Proto::Medium, true, true),
-        DcLongCtsMsgRtm => (Proto::LongCts, false, true),
-        DcLongCtsTagRtm => (Proto::LongCts, true, true),
-        LongReadMsgRtm => (Proto::LongRead, false, false),
-        LongReadTagRtm => (Proto::LongRead, true, false),
-        RuntReadMsgRtm => (Proto::RuntRead, false, false),
-        RuntReadTagRtm => (Proto::RuntRead, true, false),
-        _ => return None,
-    })
-}
+use crate::device::{DataSeg, Device, MrId};
+use crate::wire::PacketType;
 
 /// Copies `len` bytes of packet `buf` from offset `from` into `dst` at
 /// message offset `seg_offset`, clipped to `dst`'s end.
@@ -62,7 +41,7 @@ pub(super) fn copy_in<D: Device>(
 
 /// [`copy_in`] into one span.
 #[inline(always)]
-fn copy_in_span<D: Device>(
+pub(super) fn copy_in_span<D: Device>(
     dev: &mut D,
     buf: BufId,
     from: usize,
@@ -139,79 +118,6 @@ impl<D: Device> Endpoint<D> {
         self.send_msgv(peer, srcs, Some(data), ctx)
     }
 
-    /// Sends `head`, copied now, followed by `src` as one message (with
-    /// CQ data when given), if that goes in one packet at once: true, and
-    /// it completes with `ctx` as a send does. False, with nothing sent,
-    /// when it would not (too long, no packet buffer free now, delivery
-    /// complete): then send the head from registered memory with
-    /// [`Endpoint::sendv`]. For a protocol framed on top of messages whose
-    /// header is built per message: no copy of it into registered memory
-    /// first.
-    pub fn send_inline_head(
-        &mut self,
-        peer: PeerId,
-        head: &[u8],
-        src: Span,
-        cq_data: Option<u64>,
-        ctx: u64,
-    ) -> Result<bool, Error> {
-        let write = |b: &mut [u8]| b.copy_from_slice(head);
-        self.send_inline_head_with(peer, head.len(), write, src, cq_data, ctx)
-    }
-
-    /// [`Endpoint::send_inline_head`] with a head of `head_len` bytes that
-    /// `write_head` writes straight into the packet (it is called only when
-    /// the message goes): a header emitted where it travels, not built
-    /// aside and copied.
-    #[inline]
-    pub fn send_inline_head_with(
-        &mut self,
-        peer: PeerId,
-        head_len: usize,
-        write_head: impl FnOnce(&mut [u8]),
-        src: Span,
-        cq_data: Option<u64>,
-        ctx: u64,
-    ) -> Result<bool, Error> {
-        self.check_peer(peer)?;
-        self.check_span(&src)?;
-        let total = head_len as u64 + src.len;
-        // The eager size: a read is never chosen below it.
-        let proto = self.choose_proto(peer, total, false, cq_data.is_some(), || false);
-        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
-        if proto != Proto::Eager || !now || self.cfg.delivery_complete {
-            return Ok(false);
-        }
-        let msg_id = self.next_msg_id(peer);
-        let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
-        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer, msg_id, None, cq_data);
-        let at = hdr + head_len;
-        write_head(&mut self.dev.held_mut(buf)[hdr..at]);
-        let n = src.len as usize;
-        if n > 0 && self.gathers(at, n) {
-            let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
-            self.push_packet(peer, PacketType::EagerMsgRtm, buf, at, Some(data));
-        } else {
-            if n > 0 {
-                self.dev.copy_from_region(src.mr, src.offset as usize, buf, at, n);
-            }
-            self.push_packet(peer, PacketType::EagerMsgRtm, buf, at + n, None);
-        }
-        self.maybe_post();
-        Ok(true)
-    }
-
-    /// Sends `data`, copied now, in one packet, with no completion.
-    pub fn inject(&mut self, peer: PeerId, data: &[u8]) -> Result<(), Error> {
-        self.inject_msg(peer, data, None)
-    }
-
-    /// Tagged inject.
-    pub fn tinject(&mut self, peer: PeerId, data: &[u8], tag: u64) -> Result<(), Error> {
-        self.inject_msg(peer, data, Some(tag))
-    }
-
     /// Posts a receive for the next untagged message (from `from`, or any
     /// peer); completes with `ctx`.
     pub fn recv(&mut self, dst: Span, from: Option<PeerId>, ctx: u64) -> Result<(), Error> {
@@ -271,25 +177,11 @@ impl<D: Device> Endpoint<D> {
         if (peer.0 as usize) < self.peers.len() { Ok(()) } else { Err(Error::UnknownPeer) }
     }
 
-    /// Whether RDMA read works between us and `peer` for a source in `src`
-    /// (the receiver reads it, so it must grant remote read).
-    pub(super) fn can_long_read(&self, peer: PeerId, src: &Span) -> bool {
-        self.caps.rdma_read
-            && self.peers.get(peer).is_some_and(|p| p.supports(extra::RDMA_READ))
-            && self.mem.get(src.mr).is_some_and(|m| m.access.contains(Access::REMOTE_READ))
-    }
-
-    /// Whether RDMA read works between us and `peer` for a source in every
-    /// span of `src`.
-    fn can_long_read_all(&self, peer: PeerId, src: &Sgl) -> bool {
-        src.segs().iter().all(|s| self.can_long_read(peer, s))
-    }
-
     /// The protocol for a message of `len` bytes to `peer` now;
     /// `readable` says whether the peer can read its source by RDMA (asked
     /// only of a message long enough for it).
     #[inline(always)]
-    fn choose_proto(
+    pub(super) fn choose_proto(
         &self,
         peer: PeerId,
         len: u64,
@@ -303,29 +195,12 @@ impl<D: Device> Endpoint<D> {
         if len <= eager_max {
             Proto::Eager
         } else if len >= self.cfg.long_read_min && readable() {
-            let p = self.peers.get(peer).expect("live peer");
-            let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight);
-            if p.supports(extra::RUNTING_READ) && runt > 0 {
-                Proto::RuntRead
-            } else {
-                Proto::LongRead
-            }
+            if self.runt_allowed(peer) { Proto::RuntRead } else { Proto::LongRead }
         } else if len <= self.cfg.medium_max {
             Proto::Medium
         } else {
             Proto::LongCts
         }
-    }
-
-    /// Delivery complete needs the peer's support, known from its
-    /// HANDSHAKE: ask for it (and retry) or refuse.
-    pub(super) fn check_dc(&mut self, peer: PeerId) -> Result<(), Error> {
-        let p = self.peers.get(peer).expect("checked peer");
-        if !p.handshake_received {
-            self.request_handshake(peer);
-            return Err(Error::Again);
-        }
-        if p.supports(extra::DELIVERY_COMPLETE) { Ok(()) } else { Err(Error::NotSupported) }
     }
 
     /// A message send. The eager packet built at once, the common case, is
@@ -454,13 +329,7 @@ impl<D: Device> Endpoint<D> {
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         let msg_id = self.next_msg_id(peer);
         let (granted, awaiting_peer) = match proto {
-            Proto::RuntRead => {
-                let p = self.peers.get_mut(peer).expect("checked peer");
-                let len = srcv.map_or(src.len, Sgl::len);
-                let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight).min(len);
-                p.runt_in_flight += runt;
-                (runt, true)
-            }
+            Proto::RuntRead => (self.take_runt(peer, srcv.map_or(src.len, Sgl::len)), true),
             Proto::LongRead => (0, true),
             _ => (0, dc),
         };
@@ -504,21 +373,6 @@ impl<D: Device> Endpoint<D> {
         p.next_msg_id = msg_id.wrapping_add(1);
         p.req_sent = true;
         msg_id
-    }
-
-    fn inject_msg(&mut self, peer: PeerId, data: &[u8], tag: Option<u64>) -> Result<(), Error> {
-        self.check_peer(peer)?;
-        if data.len() as u64 > self.max_eager_size(peer, tag.is_some()) {
-            return Err(Error::TooLarge);
-        }
-        let Some(buf) = self.take_tx_buf(Owner::Ctrl) else { return Err(Error::Again) };
-        let msg_id = self.next_msg_id(peer);
-        let hdr = self.emit_eager(buf, peer, msg_id, tag, None);
-        self.dev.held_mut(buf)[hdr..hdr + data.len()].copy_from_slice(data);
-        let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-        self.push_packet(peer, ptype, buf, hdr + data.len(), None);
-        self.maybe_post();
-        Ok(())
     }
 
     /// Posts a receive into `dst`, or, given `sgl`, into its spans (`dst`
@@ -585,91 +439,6 @@ impl<D: Device> Endpoint<D> {
         // takes without an entry.
         self.retry_stalled();
         Ok(())
-    }
-
-    /// Header prediction, as TCP's fast path: the packet a receiver sees
-    /// most, an eager message from a known peer, is landed and reported in
-    /// one pass when it is in its turn and a posted receive takes it, and
-    /// held for its turn when it is ahead. Anything else answers false
-    /// before any state changes, and the packet takes the full path
-    /// (`handle_recv`'s parse, `accept_from`, `handle_req`,
-    /// `handle_new_msg`), whose outcome for this packet would be the same:
-    /// the suites check so with it off ([`super::types::FAST_PATHS`]).
-    #[inline(always)]
-    pub(super) fn recv_predicted(&mut self, buf: BufId, len: usize, src: Source) -> bool {
-        let Source::Known(ah) = src else { return false };
-        let Some(e) = EagerRtm::predict(&self.dev.held(buf)[..len]) else { return false };
-        let Some(peer) = self.peers.by_ah(ah) else { return false };
-        let p = self.peers.get(peer).expect("live peer");
-        // A connid that is not the peer's, and our HANDSHAKE still owed,
-        // are the full path's business.
-        if !p.handshake_sent || e.connid.is_some_and(|c| c != p.addr.connid) {
-            return false;
-        }
-        let in_turn = !self.cfg.ordered
-            || (e.msg_id == p.expected_msg_id && p.reorder.as_ref().is_none_or(|r| r.held == 0));
-        if in_turn {
-            if !self.land_eager(buf, len, peer, &e) {
-                return false;
-            }
-            if self.cfg.ordered {
-                let p = self.peers.get_mut(peer).expect("live peer");
-                p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
-            }
-        } else if !self.hold_predicted(buf, len, peer, &e) {
-            return false;
-        }
-        let ptype = if e.tagged { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-        self.counters.rx_by_type[ptype.id() as usize] += 1;
-        true
-    }
-
-    /// [`Endpoint::recv_predicted`]'s eager message that is ahead of its
-    /// turn, held until then as `handle_req` would; false, with nothing
-    /// changed, when it is not ahead within the reorder window.
-    #[inline(never)]
-    fn hold_predicted(&mut self, buf: BufId, len: usize, peer: PeerId, e: &EagerRtm) -> bool {
-        let expected = self.peers.get(peer).expect("live peer").expected_msg_id;
-        let ahead = e.msg_id.wrapping_sub(expected);
-        if ahead == 0 || ahead >= self.cfg.reorder_window {
-            return false;
-        }
-        let meta = &mut self.rx_meta[buf as usize];
-        meta.len = len as u32;
-        meta.peer = peer;
-        meta.payload_off = e.payload_off as u32;
-        self.hold_in_order(peer, e.msg_id, buf);
-        self.counters.reordered += 1;
-        true
-    }
-
-    /// Lands eager message `e` (in `len` bytes of `buf`, from `peer`) in
-    /// the posted receive that takes it, reports it and frees the buffer;
-    /// false, with nothing changed, when no posted receive takes it.
-    #[inline(always)]
-    pub(super) fn land_eager(
-        &mut self,
-        buf: BufId,
-        len: usize,
-        peer: PeerId,
-        e: &EagerRtm,
-    ) -> bool {
-        let Some(pid) = self.matcher.take_posted(&mut self.posted, e.tagged, e.tag, peer) else {
-            return false;
-        };
-        let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
-        let total = (len - e.payload_off) as u64;
-        if dst.mr == SCATTERED {
-            // Landed from where the spans wait, not taken out first.
-            let spans = &mut self.scattered[super::slab::index(pid)];
-            copy_in(&mut self.dev, buf, e.payload_off, spans, 0, total);
-            spans.clear();
-        } else {
-            copy_in_span(&mut self.dev, buf, e.payload_off, &dst, 0, total);
-        }
-        self.report_rx(Op::Recv, ctx, total, dst.len, e.tagged, e.tag, e.cq_data, peer);
-        self.release_rx(buf);
-        true
     }
 
     /// An RTM whose turn has come: match it or keep it as unexpected.
@@ -811,63 +580,8 @@ impl<D: Device> Endpoint<D> {
         };
     }
 
-    /// A later packet of a message in progress (a medium or runting-read
-    /// segment).
-    pub(super) fn handle_segment(&mut self, buf: BufId, id: RxId, info: &ReqInfo) {
-        let Some(op) = self.rx_ops.get(id) else {
-            self.counters.drop(DropReason::StaleId);
-            self.release_rx(buf);
-            return;
-        };
-        let consistent = msg_proto(info.ptype)
-            .is_some_and(|(p, t, _)| p == op.proto && t == op.tagged)
-            && info.msg_length == op.total;
-        let limit = if op.proto == Proto::RuntRead { op.runt } else { op.total };
-        let in_range =
-            info.seg_offset.checked_add(info.payload_len as u64).is_some_and(|e| e <= limit);
-        if !consistent || !in_range {
-            self.counters.drop(if consistent {
-                DropReason::SegmentOutOfRange
-            } else {
-                DropReason::Invalid
-            });
-            self.release_rx(buf);
-            return;
-        }
-        if op.state == RxState::Unexpected {
-            self.hold(id, buf);
-            return;
-        }
-        let landed = self.land(id, buf, info.payload_off, info.payload_len, info.seg_offset);
-        self.release_rx(buf);
-        if landed {
-            self.advance_rx(id);
-        }
-    }
-
-    /// The long-CTS REQ a sender re-sends after our READ_NACK: the rest of
-    /// the message comes by CTS flow control.
-    pub(super) fn handle_nack_retry(&mut self, buf: BufId, id: RxId, info: &ReqInfo) {
-        self.release_rx(buf);
-        let Some(op) = self.rx_ops.get_mut(id) else { return };
-        let retry_ok = matches!(op.proto, Proto::LongRead | Proto::RuntRead)
-            && msg_proto(info.ptype).is_some_and(|(p, t, _)| p == Proto::LongCts && t == op.tagged)
-            && info.payload_len == 0
-            && info.msg_length == op.total;
-        if !retry_ok {
-            self.counters.drop(DropReason::Invalid);
-            return;
-        }
-        op.proto = Proto::LongCts;
-        op.send_id = RemoteId(info.send_id);
-        op.granted = 0;
-        if op.state == RxState::Matched {
-            self.advance_rx(id);
-        }
-    }
-
     /// Adds a packet to an unexpected message's chain.
-    fn hold(&mut self, id: RxId, buf: BufId) {
+    pub(super) fn hold(&mut self, id: RxId, buf: BufId) {
         let op = self.rx_ops.get_mut(id).expect("live op");
         self.rx_meta[buf as usize].next = op.held;
         op.held = Held::at(buf);
@@ -960,7 +674,7 @@ impl<D: Device> Endpoint<D> {
     /// buffer of `dst_len` (truncated if they did not fit).
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    fn report_rx(
+    pub(super) fn report_rx(
         &mut self,
         what: Op,
         ctx: u64,
@@ -1000,40 +714,6 @@ impl<D: Device> Endpoint<D> {
             Proto::LongCts => self.maybe_grant(id),
             _ => {}
         }
-    }
-
-    /// Grants the next window of a long-CTS receive once half the current
-    /// one arrived, so the sender never idles waiting for a CTS.
-    pub(super) fn maybe_grant(&mut self, id: RxId) {
-        let window = self.cts_window_bytes(self.rx_ops.get(id).expect("live op").peer);
-        let op = self.rx_ops.get_mut(id).expect("live op");
-        if op.kind != RxKind::Read && op.granted == 0 {
-            // What the REQ carried was granted by the protocol itself.
-            op.granted = op.received;
-        }
-        // A read's CTS names the responder's operation, which its READRSP
-        // tells; CTSDATA that overtook it must wait for it.
-        let unknown_responder = op.kind == RxKind::Read && op.send_id == RemoteId::UNKNOWN;
-        if op.granted >= op.total || op.received + window / 2 < op.granted || unknown_responder {
-            return;
-        }
-        // Spec 3.2: recv_length > 0 always.
-        let grant = window.min(op.total - op.granted);
-        op.granted += grant;
-        let read = op.kind == RxKind::Read;
-        let cts =
-            Ctrl::Cts { peer: op.peer, send_id: op.send_id, recv_id: id, recv_length: grant, read };
-        self.queue_ctrl(cts);
-        self.watch_rx(id);
-    }
-
-    /// Bytes one CTS grants to `peer`: the window in packets times what a
-    /// CTSDATA packet carries.
-    pub(super) fn cts_window_bytes(&self, peer: PeerId) -> u64 {
-        let p = self.peers.get(peer).expect("live peer");
-        let hdr = CtsDataRepr { connid: p.wants_connid().then_some(0), ..CtsDataRepr::default() }
-            .buffer_len();
-        self.cfg.cts_window as u64 * (self.caps.mtu - hdr) as u64
     }
 
     /// Reports a finished receive-side operation, answers its sender
@@ -1082,76 +762,6 @@ impl<D: Device> Endpoint<D> {
             self.release_chain(held);
         }
         self.rx_ops.free(id);
-    }
-
-    /// A CTS at the sender (or, flagged, at an emulated read's responder):
-    /// more of a long-CTS transfer may go.
-    pub(super) fn handle_cts(&mut self, peer: PeerId, cts: &CtsRepr) {
-        let deadline = self.fresh_deadline();
-        let send_id = TxId(cts.send_id);
-        let Some(op) = self.tx_ops.get_mut(send_id) else {
-            self.counters.drop(DropReason::StaleId);
-            return;
-        };
-        let read = cts.flags.contains(CtsFlags::EMULATED_READ);
-        let fits = match op.kind {
-            TxKind::ReadRsp => read,
-            TxKind::Msg | TxKind::Write => op.proto == Proto::LongCts && !read,
-            _ => false,
-        };
-        if op.peer != peer || !fits || !op.req_built {
-            self.counters.drop(DropReason::StaleId);
-            return;
-        }
-        // Spec 3.2: a CTS grants > 0 bytes; one granting past the end can
-        // only be a duplicate.
-        if cts.recv_length == 0 || op.granted >= op.total {
-            self.counters.drop(DropReason::Invalid);
-            return;
-        }
-        op.recv_id = RemoteId(cts.recv_id);
-        op.granted = op.granted.saturating_add(cts.recv_length).min(op.total);
-        op.deadline = deadline;
-        self.mark_ready(send_id);
-    }
-
-    /// CTSDATA (or READRSP, which also names the responder's operation)
-    /// for receive-side operation `recv_id`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn handle_data(
-        &mut self,
-        buf: BufId,
-        peer: PeerId,
-        recv_id: RxId,
-        seg_offset: u64,
-        seg_length: u64,
-        payload_off: u32,
-        readrsp_send_id: Option<RemoteId>,
-    ) {
-        let Some(op) = self.rx_ops.get_mut(recv_id) else {
-            self.counters.drop(DropReason::StaleId);
-            return;
-        };
-        // CTSDATA may overtake the READRSP of a read: both name our entry.
-        let fits = match readrsp_send_id {
-            Some(_) => op.kind == RxKind::Read,
-            None => op.proto == Proto::LongCts,
-        };
-        if op.peer != peer || op.state != RxState::Matched || !fits {
-            self.counters.drop(DropReason::StaleId);
-            return;
-        }
-        if seg_offset.checked_add(seg_length).is_none_or(|end| end > op.total) {
-            self.counters.drop(DropReason::SegmentOutOfRange);
-            return;
-        }
-        if let Some(send_id) = readrsp_send_id {
-            // The responder's operation, which our CTS packets name.
-            op.send_id = send_id;
-        }
-        if self.land(recv_id, buf, payload_off, seg_length as u32, seg_offset) {
-            self.advance_rx(recv_id);
-        }
     }
 }
 

@@ -10,15 +10,12 @@
 use std::collections::VecDeque;
 
 use super::cq::{Completion, Op, Status};
+use super::dispatch::req_type;
 use super::ops::{MAX_IOV, Proto, Sgl, TxKind};
-use super::types::{BufId, Ctrl, Owner, RtaClass, RxId, TxId};
-use super::{DropReason, Endpoint, PeerId, Span};
+use super::types::{BufId, Ctrl, Owner, RxId, TxId};
+use super::{DropReason, Endpoint, PeerId};
 use crate::device::{CqStatus, Cqe, DataSeg, Device, HeldBufs, MrId, SendWr};
-use crate::wire::{
-    CtsDataRepr, CtsFlags, CtsRepr, EorRepr, HandshakeFlags, HandshakeRepr, IovList, PacketType,
-    PktFlags, ReadNackRepr, ReadRspRepr, ReceiptRepr, ReqFlags, ReqLayout, ReqRepr, RmaIov,
-    WireList, extra,
-};
+use crate::wire::{IovList, PacketType, ReqFlags, ReqLayout, ReqRepr, RmaIov};
 
 /// Sends posted to the device per call.
 const POST_BURST: usize = 32;
@@ -94,36 +91,6 @@ impl TxQueue {
             && self.ctrl.is_empty()
             && self.ready.is_empty()
             && !self.has_rdma_due())
-    }
-}
-
-/// The REQ type of a send-side operation's first packet.
-fn req_type(kind: TxKind, proto: Proto, tagged: bool, dc: bool) -> PacketType {
-    use PacketType as T;
-    match (kind, proto, tagged, dc) {
-        (TxKind::Msg, Proto::Eager, false, false) => T::EagerMsgRtm,
-        (TxKind::Msg, Proto::Eager, true, false) => T::EagerTagRtm,
-        (TxKind::Msg, Proto::Eager, false, true) => T::DcEagerMsgRtm,
-        (TxKind::Msg, Proto::Eager, true, true) => T::DcEagerTagRtm,
-        (TxKind::Msg, Proto::Medium, false, false) => T::MediumMsgRtm,
-        (TxKind::Msg, Proto::Medium, true, false) => T::MediumTagRtm,
-        (TxKind::Msg, Proto::Medium, false, true) => T::DcMediumMsgRtm,
-        (TxKind::Msg, Proto::Medium, true, true) => T::DcMediumTagRtm,
-        (TxKind::Msg, Proto::LongCts, false, false) => T::LongCtsMsgRtm,
-        (TxKind::Msg, Proto::LongCts, true, false) => T::LongCtsTagRtm,
-        (TxKind::Msg, Proto::LongCts, false, true) => T::DcLongCtsMsgRtm,
-        (TxKind::Msg, Proto::LongCts, true, true) => T::DcLongCtsTagRtm,
-        (TxKind::Msg, Proto::LongRead, false, _) => T::LongReadMsgRtm,
-        (TxKind::Msg, Proto::LongRead, true, _) => T::LongReadTagRtm,
-        (TxKind::Msg, Proto::RuntRead, false, _) => T::RuntReadMsgRtm,
-        (TxKind::Msg, Proto::RuntRead, true, _) => T::RuntReadTagRtm,
-        (TxKind::Write, Proto::Eager, _, false) => T::EagerRtw,
-        (TxKind::Write, Proto::Eager, _, true) => T::DcEagerRtw,
-        (TxKind::Write, Proto::LongCts, _, false) => T::LongCtsRtw,
-        (TxKind::Write, Proto::LongCts, _, true) => T::DcLongCtsRtw,
-        (TxKind::Write, _, _, _) => T::LongReadRtw,
-        (TxKind::Atomic, _, _, _) => unreachable!("an atomic's RTA is built by build_rta"),
-        (TxKind::ReadRsp | TxKind::Rdma { .. }, _, _, _) => T::ReadRsp,
     }
 }
 
@@ -310,10 +277,8 @@ impl<D: Device> Endpoint<D> {
             self.cq.push(c);
         }
         if matches!(op.proto, Proto::RuntRead) {
-            let runt = op.granted;
-            if let Some(p) = self.peers.get_mut(op.peer) {
-                p.runt_in_flight = p.runt_in_flight.saturating_sub(runt);
-            }
+            let (peer, runt) = (op.peer, op.granted);
+            self.give_runt_back(peer, runt);
         }
         self.tx_ops.free(id);
     }
@@ -346,155 +311,32 @@ impl<D: Device> Endpoint<D> {
         fixed + opt + if cq_data { 8 } else { 0 }
     }
 
+    /// Builds a queued control packet; each protocol emits its own.
     fn build_ctrl(&mut self, c: Ctrl) {
         let buf = self.take_tx_buf(Owner::Ctrl).expect("caller checked a free buffer");
         let (peer, ptype, len) = match c {
-            Ctrl::Handshake { peer } => {
-                let words = [self.features()];
-                // Providers always send device_version; some receivers
-                // read it without checking its flag (interop notes).
-                let repr = HandshakeRepr {
-                    flags: HandshakeFlags::empty(),
-                    extra_info: WireList::Host(&words),
-                    connid: Some(self.addr.connid),
-                    host_id: (self.cfg.host_id != 0).then_some(self.cfg.host_id),
-                    device_version: Some(self.caps.device_version),
-                    user_recv_qp: None,
-                };
-                self.counters.handshakes_sent += 1;
-                (peer, PacketType::Handshake, repr.emit(self.dev.held_mut(buf)))
-            }
-            Ctrl::HandshakeTrigger { peer } => {
-                let mut r = ReqRepr::new(PacketType::EagerRtw);
-                let (raw, connid) = self.req_opt_headers(peer);
-                if raw {
-                    r.raw_addr = Some(&self.addr_hdr);
-                }
-                r.connid = connid;
-                (peer, PacketType::EagerRtw, r.emit(self.dev.held_mut(buf)))
-            }
+            Ctrl::Handshake { peer } => self.emit_handshake(buf, peer),
+            Ctrl::HandshakeTrigger { peer } => self.emit_handshake_trigger(buf, peer),
             Ctrl::Cts { peer, send_id, recv_id, recv_length, read } => {
-                let flags = if read { CtsFlags::EMULATED_READ } else { CtsFlags::empty() };
-                let repr = CtsRepr {
-                    flags,
-                    connid: self.ctrl_connid(peer),
-                    send_id: send_id.0,
-                    recv_id: recv_id.0,
-                    recv_length,
-                };
-                (peer, PacketType::Cts, repr.emit(self.dev.held_mut(buf)))
+                self.emit_cts(buf, peer, send_id, recv_id, recv_length, read)
             }
             Ctrl::Receipt { peer, send_id, msg_id } => {
-                let repr = ReceiptRepr {
-                    flags: PktFlags::empty(),
-                    send_id: send_id.0,
-                    msg_id,
-                    connid: self.ctrl_connid(peer),
-                };
-                (peer, PacketType::Receipt, repr.emit(self.dev.held_mut(buf)))
+                self.emit_receipt(buf, peer, send_id, msg_id)
             }
-            Ctrl::Eor { peer, send_id, recv_id } => {
-                let repr = EorRepr {
-                    flags: PktFlags::empty(),
-                    send_id: send_id.0,
-                    recv_id: recv_id.0,
-                    connid: self.ctrl_connid(peer),
-                };
-                (peer, PacketType::Eor, repr.emit(self.dev.held_mut(buf)))
-            }
+            Ctrl::Eor { peer, send_id, recv_id } => self.emit_eor(buf, peer, send_id, recv_id),
             Ctrl::ReadNack { peer, send_id, recv_id } => {
-                let repr = ReadNackRepr {
-                    flags: PktFlags::empty(),
-                    send_id: send_id.0,
-                    recv_id: recv_id.0,
-                    connid: self.ctrl_connid(peer),
-                };
-                self.counters.read_nacks += 1;
-                (peer, PacketType::ReadNack, repr.emit(self.dev.held_mut(buf)))
+                self.emit_read_nack(buf, peer, send_id, recv_id)
             }
-            Ctrl::Rtr { rx } => {
-                let Some(op) = self.rx_ops.get(rx) else {
+            Ctrl::Rtr { rx } => match self.emit_rtr(buf, rx) {
+                Some(p) => p,
+                None => {
                     // Timed out before its request went: nothing to send.
                     self.release_tx_buf(buf);
                     return;
-                };
-                let (peer, total, granted) = (op.peer, op.total, op.granted);
-                let remote = op.read_iov;
-                let readrsp_room = (self.caps.mtu - ReadRspRepr::default().buffer_len()) as u64;
-                let ptype = if total <= readrsp_room {
-                    PacketType::ShortRtr
-                } else {
-                    PacketType::LongCtsRtr
-                };
-                let mut r = ReqRepr::new(ptype);
-                r.msg_length = total;
-                r.recv_id = rx.0;
-                // SHORT_RTR carries the read length here too (interop notes).
-                r.recv_length = granted.min(u32::MAX as u64) as u32;
-                r.rma_iov = IovList::Host(remote.as_slice());
-                let (raw, connid) = self.req_opt_headers(peer);
-                if raw {
-                    r.raw_addr = Some(&self.addr_hdr);
                 }
-                r.connid = connid;
-                (peer, ptype, r.emit(self.dev.held_mut(buf)))
-            }
+            },
         };
         self.push_packet(peer, ptype, buf, len, None);
-    }
-
-    /// Writes an eager RTM header for `peer` into `buf`; returns its
-    /// length.
-    #[inline(always)]
-    pub(super) fn emit_eager(
-        &mut self,
-        buf: BufId,
-        peer: PeerId,
-        msg_id: u32,
-        tag: Option<u64>,
-        cq_data: Option<u64>,
-    ) -> usize {
-        // One call per type, each with its type a constant, so that the
-        // header's emit folds to its stores.
-        match tag {
-            Some(t) => self.emit_eager_as(PacketType::EagerTagRtm, buf, peer, msg_id, t, cq_data),
-            None => self.emit_eager_as(PacketType::EagerMsgRtm, buf, peer, msg_id, 0, cq_data),
-        }
-    }
-
-    #[inline(always)]
-    fn emit_eager_as(
-        &mut self,
-        ptype: PacketType,
-        buf: BufId,
-        peer: PeerId,
-        msg_id: u32,
-        tag: u64,
-        cq_data: Option<u64>,
-    ) -> usize {
-        let mut r = ReqRepr::new(ptype);
-        r.msg_id = msg_id;
-        r.tag = tag;
-        r.cq_data = cq_data;
-        let (raw, connid) = self.req_opt_headers(peer);
-        if raw {
-            r.raw_addr = Some(&self.addr_hdr);
-        }
-        r.connid = connid;
-        r.emit(self.dev.held_mut(buf))
-    }
-
-    /// The extra features and requests this endpoint advertises: only what
-    /// it implements end to end.
-    pub(super) fn features(&self) -> u64 {
-        let mut f = extra::CONNID_HEADER | extra::DELIVERY_COMPLETE | extra::READ_NACK;
-        if self.caps.rdma_read {
-            f |= extra::RDMA_READ | extra::RUNTING_READ;
-        }
-        if self.caps.rdma_write {
-            f |= extra::RDMA_WRITE;
-        }
-        f
     }
 
     /// Builds the next packet of the first operation with one due; returns
@@ -537,31 +379,9 @@ impl<D: Device> Endpoint<D> {
         let op = self.tx_ops.get(id).expect("live op");
         let first = !op.req_built;
         let (ptype, hdr, data_len) = match (op.kind, op.proto, first) {
-            (TxKind::ReadRsp, _, true) => {
-                let mut r = ReadRspRepr {
-                    flags: PktFlags::empty(),
-                    connid: self.ctrl_connid(op.peer),
-                    recv_id: op.recv_id.0,
-                    send_id: id.0,
-                    recv_length: 0,
-                };
-                let room = (self.caps.mtu - r.buffer_len()) as u64;
-                r.recv_length = (op.granted - op.sent).min(room);
-                (PacketType::ReadRsp, r.emit(self.dev.held_mut(buf)), r.recv_length)
-            }
+            (TxKind::ReadRsp, _, true) => self.emit_readrsp(buf, id),
             (TxKind::Msg | TxKind::Write | TxKind::ReadRsp, Proto::LongCts, false)
-            | (TxKind::ReadRsp, _, false) => {
-                let mut d = CtsDataRepr {
-                    flags: PktFlags::empty(),
-                    recv_id: op.recv_id.0,
-                    seg_length: 0,
-                    seg_offset: op.sent,
-                    connid: self.ctrl_connid(op.peer),
-                };
-                let room = (self.caps.mtu - d.buffer_len()) as u64;
-                d.seg_length = (op.granted - op.sent).min(room);
-                (PacketType::CtsData, d.emit(self.dev.held_mut(buf)), d.seg_length)
-            }
+            | (TxKind::ReadRsp, _, false) => self.emit_ctsdata(buf, id),
             (kind, proto, _) => {
                 let proto = if op.after_nack { Proto::LongCts } else { proto };
                 let ptype = req_type(kind, proto, op.tagged, op.dc);
@@ -590,59 +410,6 @@ impl<D: Device> Endpoint<D> {
         op.in_flight += 1;
         let wire = hdr + if data.is_some() { 0 } else { data_len as usize };
         self.push_packet(peer, ptype, buf, wire, data);
-        self.peers.get_mut(peer).expect("live peer").req_sent = true;
-    }
-
-    /// Copies `s` into packet `buf` at `at`; returns where it ends.
-    #[inline(always)]
-    fn copy_operand(&mut self, buf: BufId, at: usize, s: &Span) -> usize {
-        let n = s.len as usize;
-        self.dev.copy_from_region(s.mr, s.offset as usize, buf, at, n);
-        at + n
-    }
-
-    /// Builds the one packet of atomic operation `id`: its RTA, operands
-    /// and all. One call per type, each with its type a constant, so that
-    /// the header's emit folds to its stores.
-    pub(super) fn build_rta(&mut self, id: TxId, class: RtaClass) {
-        let dc = self.tx_ops.get(id).expect("live op").dc;
-        match class {
-            RtaClass::Write if dc => self.build_rta_as(PacketType::DcWriteRta, id),
-            RtaClass::Write => self.build_rta_as(PacketType::WriteRta, id),
-            RtaClass::Fetch => self.build_rta_as(PacketType::FetchRta, id),
-            RtaClass::Compare => self.build_rta_as(PacketType::CompareRta, id),
-        }
-    }
-
-    #[inline(always)]
-    fn build_rta_as(&mut self, ptype: PacketType, id: TxId) {
-        let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
-        let peer = self.tx_ops.get(id).expect("live op").peer;
-        let (raw, connid) = self.req_opt_headers(peer);
-        let op = self.tx_ops.get(id).expect("live op");
-        let (a, src) = (op.atomic.expect("atomic op"), op.src.single().expect("one operand span"));
-        let mut r = ReqRepr::new(ptype);
-        r.msg_id = op.msg_id;
-        r.send_id = id.0;
-        r.recv_id = id.0;
-        r.rma_iov = IovList::Host(op.remote.as_slice());
-        r.atomic_datatype = a.datatype;
-        r.atomic_op = a.op;
-        if raw {
-            r.raw_addr = Some(&self.addr_hdr);
-        }
-        r.connid = connid;
-        let hdr = r.emit(self.dev.held_mut(buf));
-        let mut at = self.copy_operand(buf, hdr, &src);
-        if let Some(c) = a.compare {
-            at = self.copy_operand(buf, at, &c);
-        }
-        let op = self.tx_ops.get_mut(id).expect("live op");
-        op.req_built = true;
-        // The operands went in the REQ.
-        op.sent = op.total;
-        op.in_flight += 1;
-        self.push_packet(peer, ptype, buf, at, None);
         self.peers.get_mut(peer).expect("live peer").req_sent = true;
     }
 

@@ -1,0 +1,154 @@
+//! Long-read (spec 4.1; LONGREAD_MSGRTM, LONGREAD_TAGRTM, LONGREAD_RTW):
+//! the REQ names the sender's buffer; the receiver reads it by RDMA, a
+//! window of reads in flight, and answers EOR, which ends the sender's
+//! operation. A runting read's RDMA half (spec 4.5) is the same.
+
+use super::cq::{Completion, Op};
+use super::ops::{Proto, RxKind, Sgl};
+use super::rdma::{next_segment, rdma_wr_id};
+use super::tx::device_status;
+use super::types::{BufId, RemoteId, RxId, TxId};
+use super::{DropReason, Endpoint, PeerId, Span};
+use crate::device::{Access, CqStatus, Device, HeldBufs, RdmaOp};
+use crate::wire::{EorRepr, PacketType, PktFlags, extra};
+
+impl<D: Device> Endpoint<D> {
+    /// Long-read (or runting-read) data is to be read: prepare the buffer
+    /// and queue the reads, or answer READ_NACK when it cannot be prepared.
+    pub(super) fn start_reads(&mut self, id: RxId) {
+        let op = self.rx_ops.get(id).expect("live op");
+        let dst = op.dst;
+        let mut prepared = true;
+        for seg in dst.segs() {
+            if self.dev.prepare_rdma(seg.mr).is_err() {
+                prepared = false;
+                break;
+            }
+        }
+        if !prepared {
+            self.refuse_reads(id);
+            return;
+        }
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        op.read_next = op.runt;
+        let end = op.total.min(op.dst.len());
+        if op.read_next >= end {
+            op.received = op.total;
+            self.finish_rx(id);
+            return;
+        }
+        self.txq.reads.push_back(id);
+        self.watch_rx(id);
+    }
+
+    /// EOR: the receiver read everything; the sender's buffer is free.
+    pub(super) fn handle_eor(&mut self, peer: PeerId, send_id: TxId) {
+        let Some(op) = self.tx_ops.get_mut(send_id) else {
+            self.counters.drop(DropReason::StaleId);
+            return;
+        };
+        let reads = matches!(op.proto, Proto::LongRead | Proto::RuntRead) && !op.after_nack;
+        if op.peer != peer || !reads || !op.req_built {
+            self.counters.drop(DropReason::StaleId);
+            return;
+        }
+        op.awaiting_peer = false;
+        op.sent = op.total;
+        if op.is_done() {
+            self.finish_tx_op(send_id);
+        }
+    }
+
+    /// Whether RDMA read works between us and `peer` for a source in `src`
+    /// (the receiver reads it, so it must grant remote read).
+    pub(super) fn can_long_read(&self, peer: PeerId, src: &Span) -> bool {
+        self.caps.rdma_read
+            && self.peers.get(peer).is_some_and(|p| p.supports(extra::RDMA_READ))
+            && self.mem.get(src.mr).is_some_and(|m| m.access.contains(Access::REMOTE_READ))
+    }
+
+    /// Whether RDMA read works between us and `peer` for a source in every
+    /// span of `src`.
+    pub(super) fn can_long_read_all(&self, peer: PeerId, src: &Sgl) -> bool {
+        src.segs().iter().all(|s| self.can_long_read(peer, s))
+    }
+
+    /// Posts the next RDMA read of the first long-read receive with one
+    /// due (after the direct operations, see `post_next_rdma`); returns
+    /// whether it posted one.
+    pub(super) fn post_next_read(&mut self) -> bool {
+        while let Some(&id) = self.txq.reads.front() {
+            let Some(op) = self.rx_ops.get(id) else {
+                self.txq.reads.pop_front();
+                continue;
+            };
+            let end = op.total.min(op.dst.len());
+            if op.read_next >= end || op.reads_in_flight >= self.cfg.rdma_window {
+                self.txq.reads.pop_front();
+                continue;
+            }
+            let Some((local, raddr, rkey)) =
+                next_segment(op.read_iov(), &op.dst, op.read_next, end, self.caps.max_rdma_size)
+            else {
+                self.txq.reads.pop_front();
+                continue;
+            };
+            let wr_id = rdma_wr_id(true, id.0, local.len);
+            let wr = self.rdma_wr(RdmaOp::Read, op.peer, local, raddr, rkey, wr_id);
+            if !self.post_rdma_wr(wr) {
+                return false;
+            }
+            let op = self.rx_ops.get_mut(id).expect("live op");
+            op.read_next += local.len;
+            op.reads_in_flight += 1;
+            return true;
+        }
+        false
+    }
+
+    /// An RDMA read of receive-side entry `id` finished, `len` bytes.
+    pub(super) fn handle_read_done(&mut self, id: RxId, len: u64, status: CqStatus, deadline: u64) {
+        let Some(op) = self.rx_ops.get_mut(id) else { return };
+        op.reads_in_flight -= 1;
+        op.deadline = deadline;
+        if status != CqStatus::Ok {
+            // The sender's buffer is gone or refused: the transfer
+            // fails; the sender hears nothing and times out.
+            self.counters.drop(DropReason::DeviceError);
+            let mut c = Completion::new(Op::Recv, op.ctx);
+            c.status = device_status(status);
+            c.peer = Some(op.peer);
+            if op.kind == RxKind::Msg {
+                self.cq.push(c);
+            }
+            self.free_rx_op(id);
+            return;
+        }
+        op.received += len;
+        let end = op.total.min(op.dst.len());
+        if op.read_next >= end && op.reads_in_flight == 0 {
+            // Truncated reads stop at the buffer's end.
+            op.received = op.total;
+            self.finish_rx(id);
+        } else if op.read_next < end && !self.txq.reads.contains(&id) {
+            self.txq.reads.push_back(id);
+        }
+    }
+
+    /// An EOR into `buf`: `recv_id` read all of `send_id`'s data.
+    pub(super) fn emit_eor(
+        &mut self,
+        buf: BufId,
+        peer: PeerId,
+        send_id: RemoteId,
+        recv_id: RxId,
+    ) -> (PeerId, PacketType, usize) {
+        let repr = EorRepr {
+            flags: PktFlags::empty(),
+            send_id: send_id.0,
+            recv_id: recv_id.0,
+            connid: self.ctrl_connid(peer),
+        };
+        (peer, PacketType::Eor, repr.emit(self.dev.held_mut(buf)))
+    }
+}
