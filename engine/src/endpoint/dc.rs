@@ -2,7 +2,6 @@
 //! receiver sends once the data is in the target buffer; the sender's
 //! operation completes only then. A read protocol ends with EOR instead.
 
-use super::ops::Proto;
 use super::types::{BufId, RemoteId, TxId};
 use super::{DropReason, Endpoint, Error, PeerId};
 use crate::device::{Device, HeldBufs};
@@ -27,7 +26,7 @@ impl<D: Device> Endpoint<D> {
             return;
         };
         // A read protocol ends with EOR, whatever was asked.
-        let reads = matches!(op.proto, Proto::LongRead | Proto::RuntRead) && !op.after_nack;
+        let reads = op.proto.is_read();
         if op.peer != peer || !op.dc || !op.awaiting_peer || reads {
             self.counters.drop(DropReason::StaleId);
             return;

@@ -3,7 +3,7 @@
 //! data that fits, then CTSDATA packets as the receiver grants windows by
 //! CTS. Also what follows a READ_NACK (`nack`).
 
-use super::ops::{Proto, RxKind, RxState, TxKind};
+use super::ops::{Proto, RxKind, RxProto, RxState, TxKind, TxProto};
 use super::types::{BufId, Ctrl, RemoteId, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
 use crate::device::{Device, HeldBufs};
@@ -22,7 +22,7 @@ impl<D: Device> Endpoint<D> {
         let read = cts.flags.contains(CtsFlags::EMULATED_READ);
         let fits = match op.kind {
             TxKind::ReadRsp => read,
-            TxKind::Msg | TxKind::Write => op.proto == Proto::LongCts && !read,
+            TxKind::Msg | TxKind::Write => op.proto.name() == Proto::LongCts && !read,
             _ => false,
         };
         if op.peer != peer || !fits || !op.req_built {
@@ -31,12 +31,15 @@ impl<D: Device> Endpoint<D> {
         }
         // Spec 3.2: a CTS grants > 0 bytes; one granting past the end can
         // only be a duplicate.
-        if cts.recv_length == 0 || op.granted >= op.total {
+        let TxProto::LongCts { granted, .. } = &mut op.proto else {
+            unreachable!("a CTS fits long-CTS operations only")
+        };
+        if cts.recv_length == 0 || *granted >= op.total {
             self.counters.drop(DropReason::Invalid);
             return;
         }
+        *granted = granted.saturating_add(cts.recv_length).min(op.total);
         op.recv_id = RemoteId(cts.recv_id);
-        op.granted = op.granted.saturating_add(cts.recv_length).min(op.total);
         op.deadline = deadline;
         self.mark_ready(send_id);
     }
@@ -61,7 +64,7 @@ impl<D: Device> Endpoint<D> {
         // CTSDATA may overtake the READRSP of a read: both name our entry.
         let fits = match readrsp_send_id {
             Some(_) => op.kind == RxKind::Read,
-            None => op.proto == Proto::LongCts,
+            None => matches!(op.proto, RxProto::LongCts { .. }),
         };
         if op.peer != peer || op.state != RxState::Matched || !fits {
             self.counters.drop(DropReason::StaleId);
@@ -85,19 +88,20 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn maybe_grant(&mut self, id: RxId) {
         let window = self.cts_window_bytes(self.rx_ops.get(id).expect("live op").peer);
         let op = self.rx_ops.get_mut(id).expect("live op");
-        if op.kind != RxKind::Read && op.granted == 0 {
+        let RxProto::LongCts { granted } = &mut op.proto else { return };
+        if op.kind != RxKind::Read && *granted == 0 {
             // What the REQ carried was granted by the protocol itself.
-            op.granted = op.received;
+            *granted = op.received;
         }
         // A read's CTS names the responder's operation, which its READRSP
         // tells; CTSDATA that overtook it must wait for it.
         let unknown_responder = op.kind == RxKind::Read && op.send_id == RemoteId::UNKNOWN;
-        if op.granted >= op.total || op.received + window / 2 < op.granted || unknown_responder {
+        if *granted >= op.total || op.received + window / 2 < *granted || unknown_responder {
             return;
         }
         // Spec 3.2: recv_length > 0 always.
-        let grant = window.min(op.total - op.granted);
-        op.granted += grant;
+        let grant = window.min(op.total - *granted);
+        *granted += grant;
         let read = op.kind == RxKind::Read;
         let cts =
             Ctrl::Cts { peer: op.peer, send_id: op.send_id, recv_id: id, recv_length: grant, read };
@@ -141,6 +145,7 @@ impl<D: Device> Endpoint<D> {
     /// length.
     pub(super) fn emit_ctsdata(&mut self, buf: BufId, id: TxId) -> (PacketType, usize, u64) {
         let op = self.tx_ops.get(id).expect("live op");
+        let TxProto::LongCts { granted, .. } = op.proto else { unreachable!("long-CTS data") };
         let mut d = CtsDataRepr {
             flags: PktFlags::empty(),
             recv_id: op.recv_id.0,
@@ -149,7 +154,7 @@ impl<D: Device> Endpoint<D> {
             connid: self.ctrl_connid(op.peer),
         };
         let room = (self.caps.mtu - d.buffer_len()) as u64;
-        d.seg_length = (op.granted - op.sent).min(room);
+        d.seg_length = (granted - op.sent).min(room);
         (PacketType::CtsData, d.emit(self.dev.held_mut(buf)), d.seg_length)
     }
 }

@@ -4,7 +4,7 @@
 //! operation. A runting read's RDMA half (spec 4.5) is the same.
 
 use super::cq::{Completion, Op};
-use super::ops::{Proto, RxKind, Sgl};
+use super::ops::{Reads, RxKind, RxProto, Sgl};
 use super::rdma::{next_segment, rdma_wr_id};
 use super::tx::device_status;
 use super::types::{BufId, RemoteId, RxId, TxId};
@@ -30,9 +30,10 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         let op = self.rx_ops.get_mut(id).expect("live op");
-        op.read_next = op.runt;
         let end = op.total.min(op.dst.len());
-        if op.read_next >= end {
+        let reads = op.proto.reads_mut().expect("a read protocol");
+        reads.next = reads.runt;
+        if reads.next >= end {
             op.received = op.total;
             self.finish_rx(id);
             return;
@@ -47,7 +48,7 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::StaleId);
             return;
         };
-        let reads = matches!(op.proto, Proto::LongRead | Proto::RuntRead) && !op.after_nack;
+        let reads = op.proto.is_read();
         if op.peer != peer || !reads || !op.req_built {
             self.counters.drop(DropReason::StaleId);
             return;
@@ -83,12 +84,16 @@ impl<D: Device> Endpoint<D> {
                 continue;
             };
             let end = op.total.min(op.dst.len());
-            if op.read_next >= end || op.reads_in_flight >= self.cfg.rdma_window {
+            let reads = match op.proto {
+                RxProto::LongRead(r) | RxProto::RuntRead(r) => r,
+                _ => Reads { next: end, ..Reads::default() },
+            };
+            if reads.next >= end || reads.in_flight >= self.cfg.rdma_window {
                 self.txq.reads.pop_front();
                 continue;
             }
             let Some((local, raddr, rkey)) =
-                next_segment(op.read_iov(), &op.dst, op.read_next, end, self.caps.max_rdma_size)
+                next_segment(op.read_iov(), &op.dst, reads.next, end, self.caps.max_rdma_size)
             else {
                 self.txq.reads.pop_front();
                 continue;
@@ -99,8 +104,9 @@ impl<D: Device> Endpoint<D> {
                 return false;
             }
             let op = self.rx_ops.get_mut(id).expect("live op");
-            op.read_next += local.len;
-            op.reads_in_flight += 1;
+            let reads = op.proto.reads_mut().expect("a read protocol");
+            reads.next += local.len;
+            reads.in_flight += 1;
             return true;
         }
         false
@@ -109,7 +115,9 @@ impl<D: Device> Endpoint<D> {
     /// An RDMA read of receive-side entry `id` finished, `len` bytes.
     pub(super) fn handle_read_done(&mut self, id: RxId, len: u64, status: CqStatus, deadline: u64) {
         let Some(op) = self.rx_ops.get_mut(id) else { return };
-        op.reads_in_flight -= 1;
+        let Some(reads) = op.proto.reads_mut() else { return };
+        reads.in_flight -= 1;
+        let reads = *reads;
         op.deadline = deadline;
         if status != CqStatus::Ok {
             // The sender's buffer is gone or refused: the transfer
@@ -126,11 +134,11 @@ impl<D: Device> Endpoint<D> {
         }
         op.received += len;
         let end = op.total.min(op.dst.len());
-        if op.read_next >= end && op.reads_in_flight == 0 {
+        if reads.next >= end && reads.in_flight == 0 {
             // Truncated reads stop at the buffer's end.
             op.received = op.total;
             self.finish_rx(id);
-        } else if op.read_next < end && !self.txq.reads.contains(&id) {
+        } else if reads.next < end && !self.txq.reads.contains(&id) {
             self.txq.reads.push_back(id);
         }
     }

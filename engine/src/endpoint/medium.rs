@@ -5,7 +5,7 @@
 //! arrive the same way.
 
 use super::dispatch::msg_proto;
-use super::ops::{Proto, RxState};
+use super::ops::{RxProto, RxState};
 use super::types::{BufId, ReqInfo, RxId};
 use super::{DropReason, Endpoint};
 use crate::device::Device;
@@ -20,9 +20,12 @@ impl<D: Device> Endpoint<D> {
             return;
         };
         let consistent = msg_proto(info.ptype)
-            .is_some_and(|(p, t, _)| p == op.proto && t == op.tagged)
+            .is_some_and(|(p, t, _)| p == op.proto.name() && t == op.tagged)
             && info.msg_length == op.total;
-        let limit = if op.proto == Proto::RuntRead { op.runt } else { op.total };
+        let limit = match op.proto {
+            RxProto::RuntRead(r) => r.runt,
+            _ => op.total,
+        };
         let in_range =
             info.seg_offset.checked_add(info.payload_len as u64).is_some_and(|e| e <= limit);
         if !consistent || !in_range {

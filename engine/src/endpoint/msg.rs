@@ -7,7 +7,7 @@
 
 use super::cq::{Completion, Op, Status};
 use super::dispatch::msg_proto;
-use super::ops::{MAX_IOV, Posted, Proto, RxKind, RxState, Sgl, TxKind};
+use super::ops::{MAX_IOV, Posted, Proto, RxKind, RxProto, RxState, Sgl, TxKind, TxProto};
 use super::types::{
     BufId, Ctrl, EagerSend, FAST_PATHS, Held, Link, Owner, PostedId, RemoteId, ReqInfo, RxId,
 };
@@ -328,10 +328,13 @@ impl<D: Device> Endpoint<D> {
         let dc = self.cfg.delivery_complete;
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         let msg_id = self.next_msg_id(peer);
-        let (granted, awaiting_peer) = match proto {
-            Proto::RuntRead => (self.take_runt(peer, srcv.map_or(src.len, Sgl::len)), true),
-            Proto::LongRead => (0, true),
-            _ => (0, dc),
+        let (state, awaiting_peer) = match proto {
+            Proto::RuntRead => {
+                let runt = self.take_runt(peer, srcv.map_or(src.len, Sgl::len));
+                (TxProto::RuntRead { runt }, true)
+            }
+            Proto::LongRead => (TxProto::LongRead, true),
+            _ => (TxProto::start(proto), dc),
         };
         let watch = awaiting_peer || proto == Proto::LongCts;
         let id = self
@@ -350,7 +353,7 @@ impl<D: Device> Endpoint<D> {
                 op.cq_data = cq_data;
                 op.msg_id = msg_id;
                 op.dc = dc;
-                op.granted = granted;
+                op.proto = state;
                 op.awaiting_peer = awaiting_peer;
             })
             .expect("checked room");
@@ -395,7 +398,7 @@ impl<D: Device> Endpoint<D> {
         let want_peer = from;
         if let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, tag, want_peer) {
             let op = self.rx_ops.get_mut(id).expect("live op");
-            if FAST_PATHS && op.proto == Proto::Eager && !op.dc {
+            if FAST_PATHS && op.proto == RxProto::Eager && !op.dc {
                 // The whole message waits in one held packet, whose payload
                 // offset was noted when it was held: land it and report it.
                 let (held, total, tagged, tag, cq_data, peer) =
@@ -562,7 +565,8 @@ impl<D: Device> Endpoint<D> {
         op.reset_message();
         op.peer = peer;
         op.msg_id = info.msg_id;
-        op.proto = proto;
+        let runt = if proto == Proto::RuntRead { info.runt_length } else { 0 };
+        op.proto = RxProto::start(proto, runt);
         op.tagged = tagged;
         op.dc = dc;
         op.tag = info.tag;
@@ -570,14 +574,9 @@ impl<D: Device> Endpoint<D> {
         op.total = total;
         op.received = 0;
         op.send_id = RemoteId(info.send_id);
-        op.granted = 0;
         if let Some(v) = read_iov {
             op.read_iov = v;
         }
-        op.runt = match proto {
-            Proto::RuntRead => info.runt_length,
-            _ => 0,
-        };
     }
 
     /// Adds a packet to an unexpected message's chain.
@@ -704,14 +703,14 @@ impl<D: Device> Endpoint<D> {
         let op = self.rx_ops.get_mut(id).expect("live op");
         op.deadline = deadline;
         match op.proto {
-            Proto::LongRead | Proto::RuntRead
-                if op.received >= op.runt && op.read_next == 0 && op.reads_in_flight == 0 =>
+            RxProto::LongRead(r) | RxProto::RuntRead(r)
+                if op.received >= r.runt && r.next == 0 && r.in_flight == 0 =>
             {
                 self.start_reads(id)
             }
-            Proto::LongRead | Proto::RuntRead => {}
+            RxProto::LongRead(_) | RxProto::RuntRead(_) => {}
             _ if op.received >= op.total => self.finish_rx(id),
-            Proto::LongCts => self.maybe_grant(id),
+            RxProto::LongCts { .. } => self.maybe_grant(id),
             _ => {}
         }
     }
@@ -721,7 +720,7 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn finish_rx(&mut self, id: RxId) {
         let Some(op) = self.rx_ops.get(id) else { return };
         let dst_len = op.dst.len();
-        let (kind, proto, peer) = (op.kind, op.proto, op.peer);
+        let (kind, proto, peer) = (op.kind, op.proto.name(), op.peer);
         let answer = match (kind, proto) {
             (_, Proto::LongRead | Proto::RuntRead) => {
                 Some(Ctrl::Eor { peer, send_id: op.send_id, recv_id: id })
@@ -750,7 +749,7 @@ impl<D: Device> Endpoint<D> {
     /// Frees a receive-side entry and its index by msg_id.
     pub(super) fn free_rx_op(&mut self, id: RxId) {
         if let Some(op) = self.rx_ops.get(id) {
-            if op.kind == RxKind::Msg && op.proto != Proto::Eager {
+            if op.kind == RxKind::Msg && op.proto != RxProto::Eager {
                 self.in_progress.remove(op.peer, op.msg_id);
             }
             if op.ooo > 0 {

@@ -5,7 +5,7 @@
 //! msg_id.
 
 use super::dispatch::msg_proto;
-use super::ops::{Proto, RxKind, RxState, TxKind};
+use super::ops::{Proto, RxKind, RxProto, RxState, TxKind, TxProto};
 use super::types::{BufId, Ctrl, RemoteId, ReqInfo, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
 use crate::device::{Device, HeldBufs};
@@ -47,25 +47,24 @@ impl<D: Device> Endpoint<D> {
             return;
         };
         let reads = match op.kind {
-            TxKind::Msg => matches!(op.proto, Proto::LongRead | Proto::RuntRead),
-            TxKind::Write => op.proto == Proto::LongRead,
+            TxKind::Msg => op.proto.is_read(),
+            TxKind::Write => op.proto == TxProto::LongRead,
             _ => false,
-        } && !op.after_nack;
+        };
         if op.peer != peer || !reads || !op.req_built {
             self.counters.drop(DropReason::StaleId);
             return;
         }
-        let runt = if op.proto == Proto::RuntRead { op.granted } else { 0 };
-        if op.proto == Proto::RuntRead {
-            self.give_runt_back(peer, runt);
-        }
+        let runt = match op.proto {
+            TxProto::RuntRead { runt } => runt,
+            _ => 0,
+        };
+        self.give_runt_back(peer, runt);
         let op = self.tx_ops.get_mut(send_id).expect("live op");
-        op.proto = Proto::LongCts;
-        op.after_nack = true;
+        // CTS grants count from the bytes the runts delivered.
+        op.proto = TxProto::LongCts { granted: runt, after_nack: true };
         op.req_built = false;
         op.sent = runt;
-        // CTS grants count from the bytes the runts delivered.
-        op.granted = runt;
         op.awaiting_peer = op.dc;
         self.mark_ready(send_id);
     }
@@ -75,7 +74,7 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn handle_nack_retry(&mut self, buf: BufId, id: RxId, info: &ReqInfo) {
         self.release_rx(buf);
         let Some(op) = self.rx_ops.get_mut(id) else { return };
-        let retry_ok = matches!(op.proto, Proto::LongRead | Proto::RuntRead)
+        let retry_ok = matches!(op.proto, RxProto::LongRead(_) | RxProto::RuntRead(_))
             && msg_proto(info.ptype).is_some_and(|(p, t, _)| p == Proto::LongCts && t == op.tagged)
             && info.payload_len == 0
             && info.msg_length == op.total;
@@ -83,9 +82,8 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::Invalid);
             return;
         }
-        op.proto = Proto::LongCts;
+        op.proto = RxProto::LongCts { granted: 0 };
         op.send_id = RemoteId(info.send_id);
-        op.granted = 0;
         if op.state == RxState::Matched {
             self.advance_rx(id);
         }

@@ -118,6 +118,71 @@ pub(crate) enum Proto {
     RuntRead,
 }
 
+/// A send-side operation's protocol, with the state that is that
+/// protocol's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxProto {
+    /// One packet (and direct RMA and atomics, which keep no protocol
+    /// state of their own).
+    Eager,
+    /// Segments all sent at once.
+    Medium,
+    /// A REQ, then data as the receiver grants it by CTS (an emulated
+    /// read's responder: READRSP, then CTSDATA).
+    LongCts {
+        /// The receiver allows bytes up to this offset.
+        granted: u64,
+        /// A long-read or runting read re-sent this way after the
+        /// receiver's READ_NACK: its REQ is flagged and carries no data.
+        after_nack: bool,
+    },
+    /// A REQ naming the sender's buffer; the receiver reads it and
+    /// answers EOR.
+    LongRead,
+    /// The first `runt` bytes in REQs, the rest read by the receiver.
+    RuntRead { runt: u64 },
+}
+
+impl TxProto {
+    /// A protocol's state before anything is sent (a runting read's runt
+    /// is set when its budget is taken).
+    #[inline]
+    pub(crate) fn start(proto: Proto) -> TxProto {
+        match proto {
+            Proto::Eager => TxProto::Eager,
+            Proto::Medium => TxProto::Medium,
+            Proto::LongCts => TxProto::LongCts { granted: 0, after_nack: false },
+            Proto::LongRead => TxProto::LongRead,
+            Proto::RuntRead => TxProto::RuntRead { runt: 0 },
+        }
+    }
+
+    /// Which protocol.
+    #[inline]
+    pub(crate) fn name(self) -> Proto {
+        match self {
+            TxProto::Eager => Proto::Eager,
+            TxProto::Medium => Proto::Medium,
+            TxProto::LongCts { .. } => Proto::LongCts,
+            TxProto::LongRead => Proto::LongRead,
+            TxProto::RuntRead { .. } => Proto::RuntRead,
+        }
+    }
+
+    /// Whether the receiver reads the data (long-read, runting read), so
+    /// that EOR ends the operation.
+    #[inline]
+    pub(crate) fn is_read(self) -> bool {
+        matches!(self, TxProto::LongRead | TxProto::RuntRead { .. })
+    }
+
+    /// Whether it is long-CTS after a READ_NACK.
+    #[inline]
+    pub(crate) fn after_nack(self) -> bool {
+        matches!(self, TxProto::LongCts { after_nack: true, .. })
+    }
+}
+
 /// What a send-side operation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TxKind {
@@ -150,7 +215,7 @@ pub(crate) struct AtomicReq {
 pub(crate) struct TxOp {
     pub(crate) kind: TxKind,
     pub(crate) peer: PeerId,
-    pub(crate) proto: Proto,
+    pub(crate) proto: TxProto,
     /// Delivery complete: done only when the peer's RECEIPT (or EOR)
     /// arrives.
     pub(crate) dc: bool,
@@ -170,8 +235,6 @@ pub(crate) struct TxOp {
     pub(crate) sent: u64,
     /// Bytes whose RDMA completed.
     pub(crate) done_bytes: u64,
-    /// Long-CTS: the receiver allows bytes up to this offset.
-    pub(crate) granted: u64,
     /// Long-CTS: the receiver's operation, from its CTS (ReadRsp: the
     /// requester's, from its RTR).
     pub(crate) recv_id: RemoteId,
@@ -185,8 +248,6 @@ pub(crate) struct TxOp {
     pub(crate) report: bool,
     /// On the TX queue's list of operations with packets due.
     pub(crate) queued: bool,
-    /// Re-sent as long-CTS after a READ_NACK (REQ flag 0x2000, no data).
-    pub(crate) after_nack: bool,
     /// The first error, reported when nothing is in flight any more.
     pub(crate) error: Option<Status>,
     /// When the peer must have answered by (endpoint clock, ns).
@@ -204,7 +265,7 @@ impl TxOp {
         TxOp {
             kind,
             peer,
-            proto,
+            proto: TxProto::start(proto),
             dc: false,
             tagged: false,
             tag: 0,
@@ -217,14 +278,12 @@ impl TxOp {
             total: src.len(),
             sent: 0,
             done_bytes: 0,
-            granted: 0,
             recv_id: RemoteId(0),
             req_built: false,
             in_flight: 0,
             awaiting_peer: false,
             report: true,
             queued: false,
-            after_nack: false,
             error: None,
             deadline: 0,
         }
@@ -237,7 +296,7 @@ impl TxOp {
     pub(crate) fn reset(&mut self, kind: TxKind, peer: PeerId, proto: Proto, ctx: u64) {
         self.kind = kind;
         self.peer = peer;
-        self.proto = proto;
+        self.proto = TxProto::start(proto);
         self.dc = false;
         self.tagged = false;
         self.tag = 0;
@@ -250,14 +309,12 @@ impl TxOp {
         self.total = 0;
         self.sent = 0;
         self.done_bytes = 0;
-        self.granted = 0;
         self.recv_id = RemoteId(0);
         self.req_built = false;
         self.in_flight = 0;
         self.awaiting_peer = false;
         self.report = true;
         self.queued = false;
-        self.after_nack = false;
         self.error = None;
         self.deadline = 0;
     }
@@ -290,17 +347,11 @@ impl TxOp {
         }
         match (self.kind, self.proto) {
             (TxKind::Rdma { .. }, _) => self.sent < self.total,
-            (_, Proto::Medium | Proto::RuntRead) => self.sent < self.runt_end(),
-            (_, Proto::LongCts) => self.sent < self.granted,
+            (_, TxProto::Medium) => self.sent < self.total,
+            (_, TxProto::RuntRead { runt }) => self.sent < runt,
+            (_, TxProto::LongCts { granted, .. }) => self.sent < granted,
             _ => false,
         }
-    }
-
-    /// Runting read: the bytes sent in REQs (the rest is read by the
-    /// receiver). Medium: the whole message.
-    #[inline]
-    pub(crate) fn runt_end(&self) -> u64 {
-        if self.proto == Proto::RuntRead { self.granted } else { self.total }
     }
 
     /// Whether everything is sent, completed and acknowledged (or failed
@@ -320,6 +371,74 @@ impl TxOp {
             TxKind::Rdma { .. } => self.done_bytes == self.total,
             // Long-read and runting read: the EOR sets `sent` to the total.
             _ => self.sent == self.total,
+        }
+    }
+}
+
+/// A receive-side operation's protocol, with the state that is that
+/// protocol's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RxProto {
+    /// One packet.
+    Eager,
+    /// Segments that land as they come.
+    Medium,
+    /// Data as we grant it by CTS (CTSDATA; an emulated read's READRSP
+    /// first).
+    LongCts {
+        /// Bytes granted so far (an offset); an emulated read's first
+        /// grant is its request's.
+        granted: u64,
+    },
+    /// We read the sender's buffer (`read_iov`) by RDMA.
+    LongRead(Reads),
+    /// The runt comes in REQ segments, the rest by RDMA read.
+    RuntRead(Reads),
+}
+
+/// The RDMA reads of a long-read or runting-read receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Reads {
+    /// Bytes that come in REQ segments (runting read); reads start there.
+    pub(crate) runt: u64,
+    /// Reads are posted up to this message offset.
+    pub(crate) next: u64,
+    /// Reads posted and not completed.
+    pub(crate) in_flight: u32,
+}
+
+impl RxProto {
+    /// A protocol's state as its first packet arrives; `runt`: a runting
+    /// read's.
+    #[inline]
+    pub(crate) fn start(proto: Proto, runt: u64) -> RxProto {
+        match proto {
+            Proto::Eager => RxProto::Eager,
+            Proto::Medium => RxProto::Medium,
+            Proto::LongCts => RxProto::LongCts { granted: 0 },
+            Proto::LongRead => RxProto::LongRead(Reads::default()),
+            Proto::RuntRead => RxProto::RuntRead(Reads { runt, ..Reads::default() }),
+        }
+    }
+
+    /// Which protocol.
+    #[inline]
+    pub(crate) fn name(self) -> Proto {
+        match self {
+            RxProto::Eager => Proto::Eager,
+            RxProto::Medium => Proto::Medium,
+            RxProto::LongCts { .. } => Proto::LongCts,
+            RxProto::LongRead(_) => Proto::LongRead,
+            RxProto::RuntRead(_) => Proto::RuntRead,
+        }
+    }
+
+    /// The reads of a long-read or runting read.
+    #[inline]
+    pub(crate) fn reads_mut(&mut self) -> Option<&mut Reads> {
+        match self {
+            RxProto::LongRead(r) | RxProto::RuntRead(r) => Some(r),
+            _ => None,
         }
     }
 }
@@ -457,9 +576,7 @@ pub(crate) struct RxOp {
     /// The sender's operation (long-CTS, long-read, DC receipts; an
     /// emulated read's responder).
     pub(crate) send_id: RemoteId,
-    /// RDMA reads in flight.
-    pub(crate) reads_in_flight: u32,
-    pub(crate) proto: Proto,
+    pub(crate) proto: RxProto,
     pub(crate) cq_data: Option<u64>,
     pub(crate) total: u64,
     /// Distinct bytes of the message that arrived (packets and reads).
@@ -469,12 +586,6 @@ pub(crate) struct RxOp {
     /// out-of-order segments, `ooo` of them.
     pub(crate) prefix: u64,
     pub(crate) ooo: u32,
-    /// Long-CTS: bytes granted so far (an offset).
-    pub(crate) granted: u64,
-    /// Long-read / runting read: the runt bytes, and RDMA reads posted up
-    /// to this offset.
-    pub(crate) runt: u64,
-    pub(crate) read_next: u64,
     /// When the peer must have answered by (endpoint clock, ns).
     pub(crate) deadline: u64,
     /// Long-read / runting read: the sender's buffer.
@@ -505,17 +616,13 @@ impl RxOp {
     pub(crate) fn reset_message(&mut self) {
         self.msg_id = 0;
         self.send_id = RemoteId(0);
-        self.reads_in_flight = 0;
-        self.proto = Proto::Eager;
+        self.proto = RxProto::Eager;
         self.tag = 0;
         self.cq_data = None;
         self.total = 0;
         self.received = 0;
         self.prefix = 0;
         self.ooo = 0;
-        self.granted = 0;
-        self.runt = 0;
-        self.read_next = 0;
         self.deadline = 0;
         self.read_iov.n = 0;
     }
@@ -530,7 +637,7 @@ impl RxOp {
             dst: Sgl::EMPTY,
             peer: PeerId(0),
             msg_id: 0,
-            proto: Proto::Eager,
+            proto: RxProto::Eager,
             dc: false,
             tag: 0,
             cq_data: None,
@@ -539,11 +646,7 @@ impl RxOp {
             prefix: 0,
             ooo: 0,
             send_id: RemoteId(0),
-            granted: 0,
             read_iov: Iovs::default(),
-            runt: 0,
-            read_next: 0,
-            reads_in_flight: 0,
             held: Held::EMPTY,
             link: Link::NONE,
             deadline: 0,
@@ -579,14 +682,13 @@ mod tests {
         op.msg_id = 5;
         op.sent = 6;
         op.done_bytes = 7;
-        op.granted = 8;
+        op.proto = TxProto::LongCts { granted: 8, after_nack: true };
         op.recv_id = RemoteId(9);
         op.req_built = true;
         op.in_flight = 10;
         op.awaiting_peer = true;
         op.report = false;
         op.queued = true;
-        op.after_nack = true;
         op.error = Some(Status::Timeout);
         op.deadline = 11;
         op.reset(TxKind::Msg, PeerId(1), Proto::Eager, 2);
@@ -605,18 +707,14 @@ mod tests {
         op.dst.push(span);
         op.peer = PeerId(6);
         op.msg_id = 7;
-        op.proto = Proto::LongRead;
+        op.proto = RxProto::RuntRead(Reads { runt: 14, next: 15, in_flight: 16 });
         op.dc = true;
         op.tag = 8;
         op.cq_data = Some(9);
         op.total = 10;
         op.received = 11;
         op.send_id = RemoteId(12);
-        op.granted = 13;
         op.read_iov = Iovs::one(RmaIov { addr: 1, len: 2, key: 3 });
-        op.runt = 14;
-        op.read_next = 15;
-        op.reads_in_flight = 16;
         op.held = Held::at(17);
         op.link = Link { prev: 18, next: 19 };
         op.deadline = 20;

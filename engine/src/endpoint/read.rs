@@ -5,7 +5,7 @@
 
 use super::cq::{Completion, Op};
 use super::msg::iov_total;
-use super::ops::{Iovs, Proto, RxKind, RxOp, RxState, Sgl, TxKind};
+use super::ops::{Iovs, Proto, RxKind, RxOp, RxProto, RxState, Sgl, TxKind, TxProto};
 use super::types::{BufId, Ctrl, RemoteId, ReqInfo, RxId, TxId};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
 use crate::device::{Access, Device, HeldBufs};
@@ -41,13 +41,14 @@ impl<D: Device> Endpoint<D> {
         op.ctx = ctx;
         op.dst = Sgl::one(dst);
         op.peer = peer;
-        op.proto = Proto::LongCts;
+        op.proto = RxProto::LongCts { granted: 0 };
         op.total = dst.len;
         op.send_id = RemoteId::UNKNOWN;
         op.read_iov = Iovs::one(remote);
         let readrsp_room = (self.caps.mtu - ReadRspRepr::default().buffer_len()) as u64;
         let window = self.cts_window_bytes(peer).max(readrsp_room);
-        op.granted = if dst.len <= readrsp_room { dst.len } else { window.min(dst.len) };
+        let granted = if dst.len <= readrsp_room { dst.len } else { window.min(dst.len) };
+        op.proto = RxProto::LongCts { granted };
         let rx = self.rx_ops.insert(op).ok_or(Error::Again)?;
         self.peers.get_mut(peer).expect("checked peer").req_sent = true;
         self.queue_ctrl(Ctrl::Rtr { rx });
@@ -79,7 +80,8 @@ impl<D: Device> Endpoint<D> {
             op.total = src.len();
             op.report = false;
             op.recv_id = RemoteId(info.recv_id);
-            op.granted = (info.recv_length as u64).min(op.total);
+            let granted = (info.recv_length as u64).min(op.total);
+            op.proto = TxProto::LongCts { granted, after_nack: false };
         }) else {
             // The requester times out; nothing here is lost.
             self.counters.drop(DropReason::Unsupported);
@@ -94,7 +96,8 @@ impl<D: Device> Endpoint<D> {
     /// gone.
     pub(super) fn emit_rtr(&mut self, buf: BufId, rx: RxId) -> Option<(PeerId, PacketType, usize)> {
         let op = self.rx_ops.get(rx)?;
-        let (peer, total, granted) = (op.peer, op.total, op.granted);
+        let RxProto::LongCts { granted } = op.proto else { unreachable!("an emulated read") };
+        let (peer, total) = (op.peer, op.total);
         let remote = op.read_iov;
         let readrsp_room = (self.caps.mtu - ReadRspRepr::default().buffer_len()) as u64;
         let ptype =
@@ -118,6 +121,7 @@ impl<D: Device> Endpoint<D> {
     /// length and data length.
     pub(super) fn emit_readrsp(&mut self, buf: BufId, id: TxId) -> (PacketType, usize, u64) {
         let op = self.tx_ops.get(id).expect("live op");
+        let TxProto::LongCts { granted, .. } = op.proto else { unreachable!("a read's response") };
         let mut r = ReadRspRepr {
             flags: PktFlags::empty(),
             connid: self.ctrl_connid(op.peer),
@@ -126,7 +130,7 @@ impl<D: Device> Endpoint<D> {
             recv_length: 0,
         };
         let room = (self.caps.mtu - r.buffer_len()) as u64;
-        r.recv_length = (op.granted - op.sent).min(room);
+        r.recv_length = (granted - op.sent).min(room);
         (PacketType::ReadRsp, r.emit(self.dev.held_mut(buf)), r.recv_length)
     }
 }

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use super::cq::{Completion, Op, Status};
 use super::dispatch::req_type;
-use super::ops::{MAX_IOV, Proto, Sgl, TxKind};
+use super::ops::{MAX_IOV, Proto, Sgl, TxKind, TxProto};
 use super::types::{BufId, Ctrl, Owner, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
 use crate::device::{CqStatus, Cqe, DataSeg, Device, HeldBufs, MrId, SendWr};
@@ -276,8 +276,8 @@ impl<D: Device> Endpoint<D> {
             c.status = op.error.unwrap_or(Status::Ok);
             self.cq.push(c);
         }
-        if matches!(op.proto, Proto::RuntRead) {
-            let (peer, runt) = (op.peer, op.granted);
+        if let TxProto::RuntRead { runt } = op.proto {
+            let peer = op.peer;
             self.give_runt_back(peer, runt);
         }
         self.tx_ops.free(id);
@@ -378,12 +378,11 @@ impl<D: Device> Endpoint<D> {
         let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
         let op = self.tx_ops.get(id).expect("live op");
         let first = !op.req_built;
-        let (ptype, hdr, data_len) = match (op.kind, op.proto, first) {
+        let (ptype, hdr, data_len) = match (op.kind, op.proto.name(), first) {
             (TxKind::ReadRsp, _, true) => self.emit_readrsp(buf, id),
             (TxKind::Msg | TxKind::Write | TxKind::ReadRsp, Proto::LongCts, false)
             | (TxKind::ReadRsp, _, false) => self.emit_ctsdata(buf, id),
             (kind, proto, _) => {
-                let proto = if op.after_nack { Proto::LongCts } else { proto };
                 let ptype = req_type(kind, proto, op.tagged, op.dc);
                 self.emit_req(buf, id, ptype)
             }
@@ -397,13 +396,12 @@ impl<D: Device> Endpoint<D> {
         let op = self.tx_ops.get_mut(id).expect("live op");
         if first {
             op.req_built = true;
-            match op.proto {
-                // What the RTM carries is granted by the protocol itself;
-                // CTS grants count from there.
-                Proto::LongCts if op.kind != TxKind::ReadRsp && !op.after_nack => {
-                    op.granted = data_len
-                }
-                _ => {}
+            // What the RTM carries is granted by the protocol itself;
+            // CTS grants count from there.
+            if let TxProto::LongCts { granted, after_nack: false } = &mut op.proto
+                && op.kind != TxKind::ReadRsp
+            {
+                *granted = data_len;
             }
         }
         op.sent += data_len;
@@ -427,20 +425,23 @@ impl<D: Device> Endpoint<D> {
         r.recv_id = id.0;
         r.credit_request = self.cfg.cts_window;
         r.cq_data = op.cq_data;
-        if op.after_nack {
+        if op.proto.after_nack() {
             r.flags |= ReqFlags::READ_NACK;
         }
         let remote = op.remote;
         r.rma_iov = IovList::Host(remote.as_slice());
         let mut read_iov = [RmaIov::default(); MAX_IOV];
         let mut read_n = 0;
-        if matches!(op.proto, Proto::LongRead | Proto::RuntRead) && !op.after_nack {
+        if op.proto.is_read() {
             op.src.pieces(0, op.total, |p| {
                 let mr = self.mem.get(p.mr).expect("registered source");
                 read_iov[read_n] = RmaIov { addr: mr.addr_at(p.offset), len: p.len, key: mr.key };
                 read_n += 1;
             });
-            r.runt_length = if op.proto == Proto::RuntRead { op.granted } else { 0 };
+            r.runt_length = match op.proto {
+                TxProto::RuntRead { runt } => runt,
+                _ => 0,
+            };
         }
         r.read_iov = IovList::Host(&read_iov[..read_n]);
         let (raw, connid) = self.req_opt_headers(op.peer);
@@ -450,9 +451,8 @@ impl<D: Device> Endpoint<D> {
         r.connid = connid;
         let room = (self.caps.mtu - r.buffer_len()) as u64;
         let data_len = match op.proto {
-            _ if op.after_nack => 0,
-            Proto::LongRead => 0,
-            Proto::RuntRead => (op.granted - op.sent).min(room),
+            TxProto::LongCts { after_nack: true, .. } | TxProto::LongRead => 0,
+            TxProto::RuntRead { runt } => (runt - op.sent).min(room),
             _ => (op.total - op.sent).min(room),
         };
         (ptype, r.emit(self.dev.held_mut(buf)), data_len)

@@ -7,7 +7,7 @@
 
 use super::cq::{Completion, Op};
 use super::msg::{copy_in, iov_total};
-use super::ops::{Proto, RxKind, RxOp, RxState, Sgl, TxKind};
+use super::ops::{Proto, RxKind, RxOp, RxProto, RxState, Sgl, TxKind};
 use super::types::{BufId, Ctrl, RemoteId, ReqInfo};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
 use crate::device::{Access, Device};
@@ -146,7 +146,7 @@ impl<D: Device> Endpoint<D> {
         let mut op = RxOp::new(RxKind::Write, RxState::Matched);
         op.dst = dst;
         op.peer = peer;
-        op.proto = if long_read { Proto::LongRead } else { Proto::LongCts };
+        op.proto = RxProto::start(if long_read { Proto::LongRead } else { Proto::LongCts }, 0);
         op.dc = info.ptype == PacketType::DcLongCtsRtw;
         op.cq_data = info.cq_data;
         op.total = info.msg_length;
