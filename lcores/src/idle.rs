@@ -9,12 +9,9 @@ pub enum IdleStrategy {
     /// Poll again at once, as a DPDK poll loop does: lowest latency, the core stays at 100%.
     #[default]
     Spin,
-    /// Poll again after a CPU spin hint (x86 PAUSE, 25 ns on the AMD EPYC the figures in
-    /// perf/README.md come from, up to 140 cycles on some Intel cores): kinder to a hyperthread
-    /// sharing the core and to a slow link between cores, at the price of finding work that
-    /// much later (a shm 64 B pingpong's p50 with `pause` against `spin`: 0.142-0.149 against
-    /// 0.134-0.140 µs where a cache line crosses between the cores in 50 ns, 0.37-0.40 against
-    /// 0.39-0.41 µs where it takes 150-240 ns).
+    /// Poll again after a CPU spin hint (x86 PAUSE): kinder to a hyperthread sharing the core
+    /// and to a slow link between cores, at the price of finding work that much later (what
+    /// it costs and gains, measured: perf/README.md).
     Pause,
     /// Give the core to another runnable thread, if any: for shared or oversubscribed cores.
     Yield,

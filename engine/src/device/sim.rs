@@ -28,8 +28,8 @@
 //! the receiver's own buffer, as on EFA, so a receiver's buffers stay in
 //! its own memory however many peers send to it (moving the frame instead
 //! cost nothing per packet but scattered a receiver's buffers over every
-//! sender's pool: with 1,024 senders, 1.18x the cost per message of one
-//! sender, against 1.06x with the copy). A payload of
+//! sender's pool, which cost more per message with many senders than the
+//! copy: perf/README.md). A payload of
 //! [`UNPLACED_MIN`] bytes or more that a send gathers from a region lands
 //! *unplaced*: its headers are in the receive buffer, its bytes still in the
 //! sender's region, and the send completes once they are placed: copied

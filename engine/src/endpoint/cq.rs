@@ -128,9 +128,9 @@ impl CompletionQueue {
         // stores cannot take their values from the store buffer; it waits
         // until they reach the cache, behind every older store, such as a
         // ring store that waits for the peer's core to give up its line
-        // (a whole-struct copy here cost `efapoll pingpong -S 64` 2-3% of
-        // its p50). The opaque first field keeps the compiler from merging
-        // the fields back into one copy.
+        // (what a whole-struct copy cost: perf/README.md). The opaque first
+        // field keeps the compiler from merging the fields back into one
+        // copy.
         let r = &self.ring[self.head];
         let c = Completion {
             ctx: std::hint::black_box(r.ctx),

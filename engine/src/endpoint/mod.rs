@@ -247,8 +247,8 @@ impl Config {
     /// The defaults for peers on this host, over the shm device: a message
     /// that does not fit one packet is read (long-read, no runt), one copy
     /// straight out of the sender's mapped buffer, where packets would take
-    /// two through the ring and cross between the cores twice (64 KiB
-    /// streams at about 4 GB/s that way, 25 by read). The provider's own
+    /// two through the ring and cross between the cores twice (figures in
+    /// perf/README.md). The provider's own
     /// path to a peer on its host, its shm provider, likewise moves what
     /// exceeds 4 KiB with one copy (process_vm_readv).
     pub fn on_host() -> Config {
