@@ -58,6 +58,45 @@
 //! delivery-complete operations ask for the HANDSHAKE and return `Again`
 //! until it is in, since their protocol depends on what the peer supports
 //! ([`Config::handshake_on_insert`] avoids the wait).
+//!
+//! # Map
+//!
+//! One module per protocol, each with both sides of it: what its sender
+//! does, what its receiver does, the packets it emits and the handlers of
+//! those it receives. A send-side operation is a `TxOp` (of a `TxKind`) in
+//! the `tx_ops` slab, a receive-side one an `RxOp` (of an `RxKind`) in
+//! `rx_ops`; the protocol's own state is their `TxProto` or `RxProto`
+//! variant (ops.rs), whose data are its phases.
+//!
+//! | protocol | file | packets | phases |
+//! |---|---|---|---|
+//! | handshake | handshake.rs | HANDSHAKE; a zero-byte EAGER_RTW asks for it | per peer: `handshake_sent`, `req_sent`, `handshake_received` (peer.rs) |
+//! | eager | eager.rs | EAGER_MSGRTM, EAGER_TAGRTM (DC_: dc.rs) | usually no entry on either side (a TX buffer's `Owner::Eager`; header prediction); else `TxProto::Eager`, `RxProto::Eager` |
+//! | medium | medium.rs | MEDIUM_MSGRTM, MEDIUM_TAGRTM | `TxProto::Medium` until every segment is built; `RxProto::Medium` until every byte landed |
+//! | long-CTS | longcts.rs | LONGCTS_MSGRTM, LONGCTS_TAGRTM, CTS, CTSDATA | `TxProto::LongCts { granted }`: sends up to the grant; `RxProto::LongCts { granted }`: grants a window when half the last arrived |
+//! | long-read | longread.rs | LONGREAD_MSGRTM, LONGREAD_TAGRTM, EOR; RDMA reads | `TxProto::LongRead` until EOR; `RxProto::LongRead(Reads)`: reads posted up to `next`, `in_flight` of them |
+//! | runting read | runtread.rs (runt segments: medium.rs; reads: longread.rs) | RUNTREAD_MSGRTM, RUNTREAD_TAGRTM, EOR | `TxProto::RuntRead { runt }`: the runt in segments, then EOR; `RxProto::RuntRead(Reads)`: reads start once the runt landed |
+//! | emulated write | write.rs | EAGER_RTW, DC_EAGER_RTW, LONGCTS_RTW, DC_LONGCTS_RTW, LONGREAD_RTW (then CTS/CTSDATA or reads and EOR) | `TxKind::Write` by `TxProto` Eager, LongCts or LongRead; the target's `RxKind::Write` by `RxProto` LongCts or LongRead |
+//! | emulated read | read.rs | SHORT_RTR, LONGCTS_RTR, READRSP (then CTS flagged read, CTSDATA) | requester: `RxKind::Read`, `RxProto::LongCts { granted }`, its responder `RemoteId::UNKNOWN` until READRSP; responder: `TxKind::ReadRsp`, `TxProto::LongCts` |
+//! | atomics | atomic.rs | WRITE_RTA, DC_WRITE_RTA, FETCH_RTA, COMPARE_RTA, ATOMRSP | `TxKind::Atomic`: its RTA built, then (fetch, compare, DC) `awaiting_peer` until ATOMRSP or RECEIPT |
+//! | direct RMA | rdma.rs | none: device RDMA read and write (with immediate for CQ data) | `TxKind::Rdma`: segments posted (`sent`) and completed (`done_bytes`) |
+//! | delivery complete | dc.rs | the DC_ REQ types, RECEIPT | `awaiting_peer` until RECEIPT (a read protocol: EOR) |
+//! | READ_NACK | nack.rs | READ_NACK; the long-CTS REQ re-sent flagged READ_NACK | sender: `TxProto::LongCts { after_nack: true }`; receiver: `RxProto` LongRead/RuntRead becomes LongCts |
+//!
+//! Every send-side operation also goes through the same steps, kept in
+//! `TxOp`'s common fields: its REQ built (`req_built`), packets or RDMA
+//! due and posted (`sent`, `in_flight`), the peer's last word awaited
+//! (`awaiting_peer`), done (`TxOp::is_done`) or failed (`error`). A
+//! message being received is `RxState::Unexpected` (its packets held)
+//! until a receive matches it, then `Matched`.
+//!
+//! Around the protocols: dispatch.rs maps each packet type to its handler
+//! (and holds the table of REQ types, read both ways); msg.rs is what the
+//! message protocols share (sends, receives, matching, landing,
+//! completion); rx.rs resolves senders and keeps msg_id order; tx.rs owns
+//! TX buffers, control packets and posting; matching.rs, peer.rs, slab.rs,
+//! timer.rs, cq.rs, counters.rs and types.rs (ids, and what "none" is for
+//! each) are the endpoint's data structures.
 
 mod atomic;
 mod counters;
