@@ -8,13 +8,102 @@
 
 use super::cq::Op;
 use super::msg::{SCATTERED, copy_in, copy_in_span};
-use super::ops::{Posted, Proto};
-use super::types::{BufId, EagerSend, Held, Owner};
+use super::ops::{Posted, Proto, Sgl};
+use super::types::{BufId, EagerSend, Held, Owner, RxId};
 use super::{Endpoint, Error, PeerId, Span};
 use crate::device::{DataSeg, Device, HeldBufs, Source};
 use crate::wire::{EagerRtm, PacketType, ReqRepr};
 
 impl<D: Device> Endpoint<D> {
+    /// An eager message sent at once (`send_msg`'s common case): the
+    /// packet is the whole operation, its TX buffer remembering what to
+    /// report. The caller checked a TX buffer is free and nothing waits.
+    #[inline(always)]
+    pub(super) fn send_eager_now(
+        &mut self,
+        peer: PeerId,
+        src: Span,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) {
+        let msg_id = self.next_msg_id(peer);
+        let done = EagerSend {
+            ctx,
+            tag: tag.unwrap_or(0),
+            len: src.len as u32,
+            peer,
+            tagged: tag.is_some(),
+        };
+        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        let hdr = self.emit_eager(buf, peer, msg_id, tag, cq_data);
+        let n = src.len as usize;
+        let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
+        if n > 0 && self.gathers(hdr, n) {
+            let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
+            self.push_packet(peer, ptype, buf, hdr, Some(data));
+        } else {
+            if n > 0 {
+                self.dev.copy_from_region(src.mr, src.offset as usize, buf, hdr, n);
+            }
+            self.push_packet(peer, ptype, buf, hdr + n, None);
+        }
+        self.maybe_post();
+    }
+
+    /// [`Endpoint::send_eager_now`] of a message gathered from `sgl`
+    /// (`total` bytes), each span copied into the packet.
+    pub(super) fn send_eager_now_v(
+        &mut self,
+        peer: PeerId,
+        sgl: &Sgl,
+        total: u64,
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) {
+        let msg_id = self.next_msg_id(peer);
+        let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
+        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        let hdr = self.emit_eager(buf, peer, msg_id, None, cq_data);
+        let mut at = hdr;
+        for s in sgl.segs() {
+            let n = s.len as usize;
+            if n > 0 {
+                self.dev.copy_from_region(s.mr, s.offset as usize, buf, at, n);
+            }
+            at += n;
+        }
+        self.push_packet(peer, PacketType::EagerMsgRtm, buf, at, None);
+        self.maybe_post();
+    }
+
+    /// A receive posted for unexpected eager message `id` (no delivery
+    /// complete): the whole message waits in one held packet, whose
+    /// payload offset was noted when it was held; lands it in `dst` (or
+    /// `sgl`'s spans) and reports it, with no step through the entry.
+    #[inline(always)]
+    pub(super) fn land_unexpected_eager(
+        &mut self,
+        id: RxId,
+        dst: Span,
+        sgl: Option<&Sgl>,
+        ctx: u64,
+    ) {
+        let op = self.rx_ops.get(id).expect("live op");
+        let (held, total, tagged, tag, cq_data, peer) =
+            (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
+        let buf = held.first().expect("its packet");
+        let from = self.rx_meta[buf as usize].payload_off as usize;
+        match sgl {
+            Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
+            None => copy_in_span(&mut self.dev, buf, from, &dst, 0, total),
+        }
+        self.report_rx(Op::Recv, ctx, total, dst.len, tagged, tag, cq_data, peer);
+        self.release_rx(buf);
+        self.rx_ops.free(id);
+        self.retry_stalled();
+    }
+
     /// Sends `head`, copied now, followed by `src` as one message (with
     /// CQ data when given), if that goes in one packet at once: true, and
     /// it completes with `ctx` as a send does. False, with nothing sent,

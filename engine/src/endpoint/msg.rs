@@ -8,11 +8,9 @@
 use super::cq::{Completion, Op, Status};
 use super::dispatch::msg_proto;
 use super::ops::{MAX_IOV, Posted, Proto, RxKind, RxProto, RxState, Sgl, TxKind, TxProto};
-use super::types::{
-    BufId, Ctrl, EagerSend, FAST_PATHS, Held, Link, Owner, PostedId, RemoteId, ReqInfo, RxId,
-};
+use super::types::{BufId, Ctrl, FAST_PATHS, Held, Link, PostedId, RemoteId, ReqInfo, RxId};
 use super::{DropReason, Endpoint, Error, PeerId, Span, TagMatch};
-use crate::device::{DataSeg, Device, MrId};
+use crate::device::{Device, MrId};
 use crate::wire::PacketType;
 
 /// Copies `len` bytes of packet `buf` from offset `from` into `dst` at
@@ -227,30 +225,7 @@ impl<D: Device> Endpoint<D> {
         if proto != Proto::Eager || !now || dc {
             return self.send_msg_op(peer, src, None, proto, tag, cq_data, ctx);
         }
-        // The packet is the whole operation; its TX buffer remembers what
-        // to report.
-        let msg_id = self.next_msg_id(peer);
-        let done = EagerSend {
-            ctx,
-            tag: tag.unwrap_or(0),
-            len: src.len as u32,
-            peer,
-            tagged: tag.is_some(),
-        };
-        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer, msg_id, tag, cq_data);
-        let n = src.len as usize;
-        let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-        if n > 0 && self.gathers(hdr, n) {
-            let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
-            self.push_packet(peer, ptype, buf, hdr, Some(data));
-        } else {
-            if n > 0 {
-                self.dev.copy_from_region(src.mr, src.offset as usize, buf, hdr, n);
-            }
-            self.push_packet(peer, ptype, buf, hdr + n, None);
-        }
-        self.maybe_post();
+        self.send_eager_now(peer, src, tag, cq_data, ctx);
         Ok(())
     }
 
@@ -290,20 +265,7 @@ impl<D: Device> Endpoint<D> {
         if proto != Proto::Eager || !now || dc {
             return self.send_msg_op(peer, srcs[0], Some(&sgl), proto, None, cq_data, ctx);
         }
-        let msg_id = self.next_msg_id(peer);
-        let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
-        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer, msg_id, None, cq_data);
-        let mut at = hdr;
-        for s in sgl.segs() {
-            let n = s.len as usize;
-            if n > 0 {
-                self.dev.copy_from_region(s.mr, s.offset as usize, buf, at, n);
-            }
-            at += n;
-        }
-        self.push_packet(peer, PacketType::EagerMsgRtm, buf, at, None);
-        self.maybe_post();
+        self.send_eager_now_v(peer, &sgl, total, cq_data, ctx);
         Ok(())
     }
 
@@ -399,22 +361,10 @@ impl<D: Device> Endpoint<D> {
         if let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, tag, want_peer) {
             let op = self.rx_ops.get_mut(id).expect("live op");
             if FAST_PATHS && op.proto == RxProto::Eager && !op.dc {
-                // The whole message waits in one held packet, whose payload
-                // offset was noted when it was held: land it and report it.
-                let (held, total, tagged, tag, cq_data, peer) =
-                    (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
-                let buf = held.first().expect("its packet");
-                let from = self.rx_meta[buf as usize].payload_off as usize;
-                match sgl {
-                    Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
-                    None => copy_in_span(&mut self.dev, buf, from, &dst, 0, total),
-                }
-                self.report_rx(Op::Recv, ctx, total, dst.len, tagged, tag, cq_data, peer);
-                self.release_rx(buf);
-                self.rx_ops.free(id);
-                self.retry_stalled();
+                self.land_unexpected_eager(id, dst, sgl, ctx);
                 return Ok(());
             }
+            let op = self.rx_ops.get_mut(id).expect("live op");
             op.state = RxState::Matched;
             op.ctx = ctx;
             op.dst = sgl.copied().unwrap_or_else(|| Sgl::one(dst));
