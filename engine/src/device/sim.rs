@@ -1350,13 +1350,7 @@ impl Device for SimDevice {
         if let Some((buf, _)) = fetch {
             self.settle(buf);
         }
-        let frames = &self.frames;
-        let fetch = |at, old: &[u8]| {
-            if let Some((buf, to)) = fetch {
-                frames.write(buf, to + at, old);
-            }
-        };
-        self.region_bytes(mr).update(offset, len, fetch, combine);
+        self.region_bytes(mr).update(offset, len, self.frames.fetcher(fetch), combine);
     }
 
     #[inline(always)]
