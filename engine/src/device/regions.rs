@@ -55,6 +55,11 @@ impl<T> Registrations<T> {
         &self.0[index].as_ref().expect("inserted above").region
     }
 
+    /// Registration `mr`, if it is that one (not a stale or forged copy).
+    pub(crate) fn get(&self, mr: &Mr) -> Option<&Registration<T>> {
+        self.0.get(mr.id.0 as usize)?.as_ref().filter(|r| r.mr == *mr)
+    }
+
     /// A queue starts using registration `mr`.
     pub(crate) fn attach(&mut self, mr: &Mr) -> Result<&T, DeviceError> {
         let r = self.0.get_mut(mr.id.0 as usize).and_then(Option::as_mut);
@@ -81,11 +86,6 @@ impl<T> Registrations<T> {
             Some(r) if r.mr == *mr => Ok(slot.take().expect("matched above")),
             _ => Err(DeviceError::UnknownHandle),
         }
-    }
-
-    /// Ends every registration, in id order.
-    pub(crate) fn clear(&mut self) {
-        self.0.clear();
     }
 }
 

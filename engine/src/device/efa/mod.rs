@@ -243,7 +243,7 @@ impl Drop for DomainInner {
         // Regions no queue holds any more go first (their MRs are on the
         // PD), then the address handles, then the PD; the context closes
         // after, as a field.
-        lock(&self.regs).clear();
+        *lock(&self.regs) = Registrations::default();
         for ah in lock(&self.ahs).drain() {
             // SAFETY: made by ibv_create_ah on this PD, destroyed once;
             // every queue that used it is gone (it held the domain).
