@@ -314,6 +314,18 @@ impl Frames {
         unsafe { copy_short(src.as_ptr(), self.at(id).as_ptr().add(offset), src.len()) }
     }
 
+    /// What [`Bytes::update`] hands the bytes it read to, for
+    /// [`super::Device::update_region`]'s `fetch` (buffer `buf` from byte
+    /// `to`): each chunk copied into the buffer at its offset, or nowhere.
+    #[inline(always)]
+    pub(crate) fn fetcher(&self, fetch: Option<(u32, usize)>) -> impl FnMut(usize, &[u8]) + '_ {
+        move |at, old| {
+            if let Some((buf, to)) = fetch {
+                self.write(buf, to + at, old);
+            }
+        }
+    }
+
     /// Copies `out.len()` bytes of buffer `id` from `offset` into `out`: a
     /// received payload read. Panics if the range is outside the frame.
     #[inline(always)]

@@ -76,6 +76,7 @@
 pub mod efa;
 pub mod fault;
 mod mem;
+mod regions;
 pub mod shm;
 pub mod sim;
 pub mod udp;

@@ -58,6 +58,7 @@ use std::rc::Rc;
 
 use super::fault::{Fate, FaultQueue, FaultStats, Faults, Injector, Popped};
 use super::mem::{Bytes, Frames};
+use super::regions::{Attached, Registrations};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
     RdmaWr, SendWr, Source,
@@ -158,18 +159,7 @@ struct Fabric {
     /// (shared with the devices, which read it without the fabric).
     clock: Rc<Cell<u64>>,
     /// Protection domains, by id: their registrations.
-    domains: Vec<Vec<Option<Region>>>,
-}
-
-#[derive(Debug)]
-struct Region {
-    bytes: Rc<Bytes>,
-    mr: Mr,
-    /// Devices (queues) of the domain that use it.
-    queues: u32,
-    /// Registered on the domain itself, which keeps it until it
-    /// deregisters it; otherwise it ends with its last queue.
-    held: bool,
+    domains: Vec<Registrations<Rc<Bytes>>>,
 }
 
 #[derive(Debug)]
@@ -320,7 +310,7 @@ impl SimFabric {
     /// it shares, as EFA's PD is shared by the QPs of a process's lcores.
     pub fn domain(&self) -> SimDomain {
         let mut f = self.inner.borrow_mut();
-        f.domains.push(Vec::new());
+        f.domains.push(Registrations::default());
         SimDomain { fabric: self.inner.clone(), id: f.domains.len() - 1 }
     }
 
@@ -388,7 +378,7 @@ impl SimFabric {
             caps,
             addr,
             frames,
-            regions: Vec::new(),
+            regions: Attached::default(),
             unplaced,
             clock: f.clock.clone(),
         }
@@ -486,30 +476,15 @@ impl Fabric {
     /// Registers `bytes` in `domain`, used by `queues` devices.
     fn register(&mut self, domain: usize, bytes: Rc<Bytes>, access: Access, queues: u32) -> Mr {
         let key_salt = self.next_random();
-        let regions = &mut self.domains[domain];
-        let index = regions.iter().position(Option::is_none).unwrap_or(regions.len());
-        // Keys are hard to guess: a forged key is refused, not lucky.
-        let key = (key_salt & !0xffff_ffff) | index as u64;
-        let mr = Mr {
-            id: MrId(index as u32),
-            key,
-            addr: bytes.addr(),
-            len: bytes.len() as u64,
-            access: access | Access::LOCAL,
-        };
-        let region = Region { bytes, mr, queues, held: queues == 0 };
-        if index == regions.len() {
-            regions.push(Some(region));
-        } else {
-            regions[index] = Some(region);
-        }
+        let (addr, len) = (bytes.addr(), bytes.len() as u64);
+        let mut mr = Mr { id: MrId(0), key: 0, addr, len, access: access | Access::LOCAL };
+        self.domains[domain].insert(queues, |id| {
+            // Keys are hard to guess: a forged key is refused, not lucky.
+            mr.key = (key_salt & !0xffff_ffff) | u64::from(id.0);
+            mr.id = id;
+            (mr, bytes)
+        });
         mr
-    }
-
-    /// Region `mr` of `domain`, if it is that registration.
-    fn region_mut(&mut self, domain: usize, mr: &Mr) -> Option<&mut Region> {
-        let r = self.domains[domain].get_mut(mr.id.0 as usize)?.as_mut()?;
-        (r.mr == *mr).then_some(r)
     }
 
     /// Whether a send or an RDMA operation in flight, or a payload not yet
@@ -909,10 +884,10 @@ impl Fabric {
             RdmaOp::Read => (Access::REMOTE_READ, CqOp::Read),
             RdmaOp::Write { .. } => (Access::REMOTE_WRITE, CqOp::Write),
         };
-        let regions = &self.domains[self.nodes[at].domain];
-        let target = regions.iter().flatten().find(|r| r.mr.key == wr.remote_key);
-        let resolved = target
-            .and_then(|r| r.mr.resolve(wr.remote_addr, wr.len, need).map(|o| (r.bytes.clone(), o)));
+        let target = self.domains[self.nodes[at].domain].find_key(wr.remote_key);
+        let resolved = target.and_then(|r| {
+            r.mr.resolve(wr.remote_addr, wr.len, need).map(|o| (r.region.clone(), o))
+        });
         let Some((remote, offset)) = resolved else {
             self.nodes[at].stats.remote_access_errors += 1;
             let cqe = Cqe { op, status: CqStatus::RemoteAccess, wr_id: wr.wr_id, ..Cqe::default() };
@@ -1054,16 +1029,11 @@ impl Domain for SimDomain {
 
     fn deregister(&self, mr: &Mr) -> Result<(), DeviceError> {
         let mut f = self.fabric.borrow_mut();
-        let r = f.region_mut(self.id, mr).ok_or(DeviceError::UnknownHandle)?;
-        if r.queues > 0 {
+        let bytes = f.domains[self.id].get(mr).map(|r| r.region.clone());
+        if bytes.is_some_and(|b| f.uses(&b)) {
             return Err(DeviceError::Busy);
         }
-        let bytes = r.bytes.clone();
-        if f.uses(&bytes) {
-            return Err(DeviceError::Busy);
-        }
-        f.domains[self.id][mr.id.0 as usize] = None;
-        Ok(())
+        f.domains[self.id].deregister(mr).map(drop)
     }
 }
 
@@ -1082,7 +1052,7 @@ pub struct SimDevice {
     frames: Rc<Frames>,
     /// By `MrId` in `domain`: the region's memory, mirrored from the
     /// fabric so that access needs no fabric borrow.
-    regions: Vec<Option<Rc<Bytes>>>,
+    regions: Attached<Rc<Bytes>>,
     /// How many payloads this device holds unplaced.
     unplaced: Rc<Cell<u32>>,
     /// The fabric's virtual time.
@@ -1128,7 +1098,7 @@ impl SimDevice {
         let data = match wr.data {
             None => None,
             Some(d) => {
-                let region = self.regions.get(d.mr.0 as usize).and_then(Option::as_ref);
+                let region = self.regions.get(d.mr);
                 match region {
                     Some(r)
                         if d.offset
@@ -1210,20 +1180,13 @@ impl SimDevice {
         let mut f = self.fabric.borrow_mut();
         let domain = f.nodes[self.node].domain;
         let mr = f.register(domain, bytes.clone(), access, 1);
-        let i = mr.id.0 as usize;
-        if self.regions.len() <= i {
-            self.regions.resize(i + 1, None);
-        }
-        self.regions[i] = Some(bytes);
+        self.regions.insert(mr.id, bytes);
         Ok(mr)
     }
 
     #[inline(always)]
     fn region_bytes(&self, mr: MrId) -> &Rc<Bytes> {
-        self.regions
-            .get(mr.0 as usize)
-            .and_then(Option::as_ref)
-            .unwrap_or_else(|| panic!("{mr:?} is not registered"))
+        self.regions.expect(mr)
     }
 }
 
@@ -1296,36 +1259,19 @@ impl Device for SimDevice {
     fn attach(&mut self, mr: &Mr) -> Result<(), DeviceError> {
         let mut f = self.fabric.borrow_mut();
         let domain = f.nodes[self.node].domain;
-        let r = f.region_mut(domain, mr).ok_or(DeviceError::UnknownHandle)?;
-        let i = mr.id.0 as usize;
-        if self.regions.get(i).is_some_and(Option::is_some) {
-            return Ok(());
-        }
-        r.queues += 1;
-        let bytes = r.bytes.clone();
-        if self.regions.len() <= i {
-            self.regions.resize(i + 1, None);
-        }
-        self.regions[i] = Some(bytes);
-        Ok(())
+        let regs = &mut f.domains[domain];
+        self.regions.attach(mr.id, || regs.attach(mr).cloned())
     }
 
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
         let mut f = self.fabric.borrow_mut();
-        let bytes = self.regions.get(mr.0 as usize).and_then(Option::as_ref);
-        let bytes = bytes.ok_or(DeviceError::UnknownHandle)?;
+        let bytes = self.regions.get(mr).ok_or(DeviceError::UnknownHandle)?;
         if f.uses(bytes) {
             return Err(DeviceError::Busy);
         }
         let domain = f.nodes[self.node].domain;
-        let slot = &mut f.domains[domain][mr.0 as usize];
-        let r = slot.as_mut().expect("a region this device uses is registered");
-        r.queues -= 1;
-        if r.queues == 0 && !r.held {
-            *slot = None;
-        }
-        self.regions[mr.0 as usize] = None;
-        Ok(())
+        f.domains[domain].detach(mr);
+        self.regions.remove(mr).map(drop)
     }
 
     fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
@@ -1352,13 +1298,7 @@ impl Device for SimDevice {
         if let Some((buf, _)) = fetch {
             self.settle(buf);
         }
-        let frames = &self.frames;
-        let fetch = |at, old: &[u8]| {
-            if let Some((buf, to)) = fetch {
-                frames.write(buf, to + at, old);
-            }
-        };
-        self.region_bytes(mr).update(offset, len, fetch, combine);
+        self.region_bytes(mr).update(offset, len, self.frames.fetcher(fetch), combine);
     }
 
     #[inline(always)]
@@ -1389,11 +1329,7 @@ impl Device for SimDevice {
             node.fail_registrations -= 1;
             return Err(DeviceError::Registration);
         }
-        self.regions
-            .get(mr.0 as usize)
-            .and_then(Option::as_ref)
-            .map(|_| ())
-            .ok_or(DeviceError::UnknownHandle)
+        self.regions.get(mr).map(drop).ok_or(DeviceError::UnknownHandle)
     }
 
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {
@@ -1456,7 +1392,7 @@ impl Device for SimDevice {
             }
             taken += 1;
             f.nodes[self.node].tx_outstanding += 1;
-            let local = self.regions.get(wr.local.0 as usize).and_then(Option::as_ref);
+            let local = self.regions.get(wr.local);
             let local_ok = local.is_some_and(|b| {
                 wr.local_offset.checked_add(wr.len).is_some_and(|end| end <= b.len() as u64)
             }) && wr.len <= self.caps.max_rdma_size;
@@ -1533,15 +1469,8 @@ impl Drop for SimDevice {
         if f.nodes[self.node].incarnation == self.incarnation {
             f.kill(self.node);
         }
-        for (i, _) in self.regions.iter().enumerate().filter(|(_, r)| r.is_some()) {
-            let slot = &mut f.domains[self.domain][i];
-            if let Some(r) = slot {
-                r.queues -= 1;
-                if r.queues == 0 && !r.held {
-                    *slot = None;
-                }
-            }
-        }
+        let regs = &mut f.domains[self.domain];
+        self.regions.clear(|id| drop(regs.detach(id)));
     }
 }
 

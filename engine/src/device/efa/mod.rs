@@ -91,6 +91,7 @@ use self::tx::{Outcome, RnrQueue, Slots, Work};
 pub use self::verbs::EfaInfo;
 use self::verbs::{Context, PORT, errno, null};
 use super::mem::{Bytes, Frames};
+use super::regions::{Attached, Registrations};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
     RdmaWr, SendWr, Source, host_now_ns, random_u64,
@@ -220,22 +221,11 @@ impl Drop for RegionShared {
 }
 
 #[derive(Debug)]
-struct DomainRegion {
-    shared: Arc<RegionShared>,
-    mr: Mr,
-    /// Queues that attached it.
-    queues: u32,
-    /// Registered on the domain, which keeps it until it deregisters it;
-    /// otherwise it ends with its last queue.
-    held: bool,
-}
-
-#[derive(Debug)]
 struct DomainInner {
     cfg: EfaConfig,
     info: EfaInfo,
     pd: *mut ibv_pd,
-    regs: Mutex<Vec<Option<DomainRegion>>>,
+    regs: Mutex<Registrations<Arc<RegionShared>>>,
     ahs: Mutex<AhCache<AhPtr>>,
     /// Closed last (field order): everything above is made on it.
     ctx: Context,
@@ -253,7 +243,7 @@ impl Drop for DomainInner {
         // Regions no queue holds any more go first (their MRs are on the
         // PD), then the address handles, then the PD; the context closes
         // after, as a field.
-        lock(&self.regs).clear();
+        *lock(&self.regs) = Registrations::default();
         for ah in lock(&self.ahs).drain() {
             // SAFETY: made by ibv_create_ah on this PD, destroyed once;
             // every queue that used it is gone (it held the domain).
@@ -310,8 +300,14 @@ impl EfaDomain {
         &self.inner.info
     }
 
-    /// Registers `bytes` (allocated here or the caller's) with `access`.
-    fn add(&self, bytes: Bytes, access: Access, queues: u32) -> Result<Mr, DeviceError> {
+    /// Registers `bytes` (allocated here or the caller's) with `access`,
+    /// used by `queues` queues.
+    fn add(
+        &self,
+        bytes: Bytes,
+        access: Access,
+        queues: u32,
+    ) -> Result<(Mr, Arc<RegionShared>), DeviceError> {
         let d = &self.inner;
         let flags = mr_access(access, &d.info);
         // SAFETY: the memory is valid and stays put until the MR is
@@ -327,40 +323,23 @@ impl EfaDomain {
         let addr = bytes.addr();
         let bytes = std::mem::ManuallyDrop::new(bytes);
         let shared = Arc::new(RegionShared { mr, lkey, bytes });
+        let mut mr = Mr { id: MrId(0), key: u64::from(rkey), addr, len, access };
         let mut regs = lock(&d.regs);
-        let id = match regs.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                regs.push(None);
-                regs.len() - 1
-            }
-        };
-        let mr = Mr { id: MrId(id as u32), key: u64::from(rkey), addr, len, access };
-        regs[id] = Some(DomainRegion { shared, mr, queues, held: queues == 0 });
-        Ok(mr)
+        let shared = regs.insert(queues, |id| {
+            mr.id = id;
+            (mr, shared)
+        });
+        Ok((mr, shared.clone()))
     }
 
     fn attach(&self, mr: &Mr) -> Result<Arc<RegionShared>, DeviceError> {
-        let mut regs = lock(&self.inner.regs);
-        match regs.get_mut(mr.id.0 as usize).and_then(Option::as_mut) {
-            Some(r) if r.mr.key == mr.key => {
-                r.queues += 1;
-                Ok(r.shared.clone())
-            }
-            _ => Err(DeviceError::UnknownHandle),
-        }
+        lock(&self.inner.regs).attach(mr).cloned()
     }
 
     fn detach(&self, id: MrId) {
-        let mut regs = lock(&self.inner.regs);
-        if let Some(slot) = regs.get_mut(id.0 as usize)
-            && let Some(r) = slot
-        {
-            r.queues = r.queues.saturating_sub(1);
-            if r.queues == 0 && !r.held {
-                *slot = None;
-            }
-        }
+        let ended = lock(&self.inner.regs).detach(id);
+        // Its MR is deregistered outside the lock.
+        drop(ended);
     }
 
     /// The address handle for `gid`, made on first use.
@@ -399,7 +378,7 @@ impl Domain for EfaDomain {
 
     fn register(&self, len: u64, access: Access) -> Result<Mr, DeviceError> {
         let len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
-        self.add(Bytes::zeroed(len), access | Access::LOCAL, 0)
+        self.add(Bytes::zeroed(len), access | Access::LOCAL, 0).map(|(mr, _)| mr)
     }
 
     unsafe fn register_external(
@@ -412,22 +391,13 @@ impl Domain for EfaDomain {
         // SAFETY: the caller's contract is `Bytes::external`'s: valid and
         // unmoved until deregistered.
         let bytes = unsafe { Bytes::external(ptr, len) };
-        self.add(bytes, access | Access::LOCAL, 0)
+        self.add(bytes, access | Access::LOCAL, 0).map(|(mr, _)| mr)
     }
 
     fn deregister(&self, mr: &Mr) -> Result<(), DeviceError> {
-        let mut regs = lock(&self.inner.regs);
-        let slot = regs.get_mut(mr.id.0 as usize).ok_or(DeviceError::UnknownHandle)?;
-        match slot {
-            Some(r) if r.mr.key == mr.key => {
-                if r.queues > 0 {
-                    return Err(DeviceError::Busy);
-                }
-                *slot = None;
-                Ok(())
-            }
-            _ => Err(DeviceError::UnknownHandle),
-        }
+        let ended = lock(&self.inner.regs).deregister(mr);
+        // Its MR is deregistered outside the lock.
+        ended.map(drop)
     }
 }
 
@@ -450,14 +420,6 @@ pub struct EfaStats {
     pub known_by_gid: u64,
 }
 
-/// A region as one queue uses it.
-#[derive(Debug)]
-struct LocalRegion {
-    shared: Arc<RegionShared>,
-    /// Work posted on this queue that reads or writes it.
-    busy: u32,
-}
-
 /// Marks a receive's `wr_id` (its buffer); sends carry their slot.
 const RECV_TAG: u64 = 1 << 63;
 
@@ -478,7 +440,7 @@ pub struct EfaDevice {
     me: RawAddr,
     caps: Caps,
     book: Book<AhPtr>,
-    regions: Vec<Option<LocalRegion>>,
+    regions: Attached<Arc<RegionShared>>,
     slots: Slots,
     rnr: RnrQueue,
     /// Completions of requests that failed before reaching the device.
@@ -587,7 +549,7 @@ impl EfaDevice {
             me,
             caps,
             book: Book::new(),
-            regions: Vec::new(),
+            regions: Attached::default(),
             slots: Slots::new(tx_depth),
             rnr,
             local: VecDeque::with_capacity(tx_depth),
@@ -604,23 +566,15 @@ impl EfaDevice {
         Ok(dev)
     }
 
-    fn region(&self, mr: MrId) -> &LocalRegion {
-        self.regions.get(mr.0 as usize).and_then(Option::as_ref).expect("a registered region")
-    }
-
-    fn install(&mut self, id: MrId, shared: Arc<RegionShared>) {
-        let i = id.0 as usize;
-        if self.regions.len() <= i {
-            self.regions.resize_with(i + 1, || None);
-        }
-        self.regions[i] = Some(LocalRegion { shared, busy: 0 });
+    fn region(&self, mr: MrId) -> &RegionShared {
+        self.regions.expect(mr)
     }
 
     /// Region `mr` covers `[offset, offset + len)`; its lkey.
     fn lkey_for(&self, mr: MrId, offset: u64, len: u64) -> Option<u32> {
-        let r = self.regions.get(mr.0 as usize)?.as_ref()?;
+        let r = self.regions.get(mr)?;
         let end = offset.checked_add(len)?;
-        (end <= r.shared.bytes.len() as u64).then_some(r.shared.lkey)
+        (end <= r.bytes.len() as u64).then_some(r.lkey)
     }
 
     /// The peer `work` goes to, if the request is one the device can take.
@@ -681,9 +635,9 @@ impl EfaDevice {
                         let sges = [
                             ibv_sge { addr: head as u64, length: wr.len, lkey: self.pool_lkey },
                             ibv_sge {
-                                addr: r.shared.bytes.addr() + d.offset,
+                                addr: r.bytes.addr() + d.offset,
                                 length: d.len,
-                                lkey: r.shared.lkey,
+                                lkey: r.lkey,
                             },
                         ];
                         // SAFETY: both inside registered memory (checked);
@@ -708,9 +662,9 @@ impl EfaDevice {
                     ibv_wr_set_ud_addr(qpx, peer.ah.0, qpn, qkey);
                 }
                 let r = self.region(wr.local);
-                let at = r.shared.bytes.addr() + wr.local_offset;
+                let at = r.bytes.addr() + wr.local_offset;
                 // SAFETY: inside the registered region (checked).
-                unsafe { ibv_wr_set_sge(qpx, r.shared.lkey, at, wr.len as u32) }
+                unsafe { ibv_wr_set_sge(qpx, r.lkey, at, wr.len as u32) }
             }
         }
     }
@@ -809,12 +763,10 @@ impl EfaDevice {
     /// Counts slot `slot`'s region as used (or no longer).
     fn mark_busy(&mut self, slot: u32, busy: bool) {
         let Some(mr) = self.slots.get(u64::from(slot)).and_then(|w| w.region()) else { return };
-        if let Some(r) = self.regions.get_mut(mr.0 as usize).and_then(Option::as_mut) {
-            if busy {
-                r.busy += 1;
-            } else {
-                r.busy = r.busy.saturating_sub(1);
-            }
+        if busy {
+            self.regions.mark_busy(mr);
+        } else {
+            self.regions.unmark_busy(mr, 1);
         }
     }
 
@@ -1186,11 +1138,8 @@ impl Drop for EfaDevice {
             pool_mr: self.pool_mr,
         }
         .destroy();
-        for id in 0..self.regions.len() {
-            if self.regions[id].take().is_some() {
-                self.domain.detach(MrId(id as u32));
-            }
-        }
+        let domain = &self.domain;
+        self.regions.clear(|id| domain.detach(id));
         if pool_gone {
             // SAFETY: its MR is gone and the frames are not used again;
             // dropped once, here.
@@ -1230,47 +1179,32 @@ impl Device for EfaDevice {
 
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError> {
         let len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
-        let mr = self.domain.add(Bytes::zeroed(len), access | Access::LOCAL, 1)?;
-        let shared = lock(&self.domain.inner.regs)[mr.id.0 as usize]
-            .as_ref()
-            .map(|r| r.shared.clone())
-            .ok_or(DeviceError::UnknownHandle)?;
-        self.install(mr.id, shared);
+        let (mr, shared) = self.domain.add(Bytes::zeroed(len), access | Access::LOCAL, 1)?;
+        self.regions.insert(mr.id, shared);
         Ok(mr)
     }
 
     fn attach(&mut self, mr: &Mr) -> Result<(), DeviceError> {
-        if self.regions.get(mr.id.0 as usize).is_some_and(Option::is_some) {
-            return Ok(());
-        }
-        let shared = self.domain.attach(mr)?;
-        self.install(mr.id, shared);
-        Ok(())
+        let domain = &self.domain;
+        self.regions.attach(mr.id, || domain.attach(mr))
     }
 
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
-        let slot = self.regions.get_mut(mr.0 as usize).ok_or(DeviceError::UnknownHandle)?;
-        match slot {
-            Some(r) if r.busy > 0 => Err(DeviceError::Busy),
-            Some(_) => {
-                *slot = None;
-                self.domain.detach(mr);
-                Ok(())
-            }
-            None => Err(DeviceError::UnknownHandle),
-        }
+        self.regions.remove(mr)?;
+        self.domain.detach(mr);
+        Ok(())
     }
 
     fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
-        self.region(mr).shared.bytes.read(offset, out);
+        self.region(mr).bytes.read(offset, out);
     }
 
     fn write_region(&mut self, mr: MrId, offset: usize, src: &[u8]) {
-        self.region(mr).shared.bytes.write(offset, src);
+        self.region(mr).bytes.write(offset, src);
     }
 
     fn copy_region(&mut self, src: MrId, src_off: usize, dst: MrId, dst_off: usize, len: usize) {
-        let (s, d) = (&self.region(src).shared.bytes, &self.region(dst).shared.bytes);
+        let (s, d) = (&self.region(src).bytes, &self.region(dst).bytes);
         Bytes::copy(s, src_off, d, dst_off, len);
     }
 
@@ -1282,13 +1216,7 @@ impl Device for EfaDevice {
         fetch: Option<(BufId, usize)>,
         combine: F,
     ) {
-        let frames = &self.frames;
-        let fetch = |at, old: &[u8]| {
-            if let Some((buf, to)) = fetch {
-                frames.write(buf, to + at, old);
-            }
-        };
-        self.region(mr).shared.bytes.update(offset, len, fetch, combine);
+        self.region(mr).bytes.update(offset, len, self.frames.fetcher(fetch), combine);
     }
 
     fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
@@ -1296,19 +1224,15 @@ impl Device for EfaDevice {
     }
 
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
-        self.frames.copy_out(buf, from, &self.region(mr).shared.bytes, offset, len);
+        self.frames.copy_out(buf, from, &self.region(mr).bytes, offset, len);
     }
 
     fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize) {
-        self.frames.copy_in(buf, to, &self.region(mr).shared.bytes, offset, len);
+        self.frames.copy_in(buf, to, &self.region(mr).bytes, offset, len);
     }
 
     fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError> {
-        if self.regions.get(mr.0 as usize).is_some_and(Option::is_some) {
-            Ok(())
-        } else {
-            Err(DeviceError::UnknownHandle)
-        }
+        if self.regions.contains(mr) { Ok(()) } else { Err(DeviceError::UnknownHandle) }
     }
 
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {

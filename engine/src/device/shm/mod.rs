@@ -119,6 +119,7 @@ use map::{Mapping, hdr, pid_alive};
 use rendezvous::{Rendezvous, Serve, Waited};
 use ring::{Kind, Lane, LaneState, Record};
 
+use super::regions::{Attached, Registrations};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
     RdmaWr, SendWr, Source, random_u64,
@@ -363,37 +364,19 @@ struct Region {
     len: usize,
 }
 
-/// A registration of a [`ShmDomain`].
+/// What a [`ShmDomain`] keeps of a registration besides the mapping its
+/// devices share: the segment's descriptor, handed to peers that ask.
 #[derive(Debug)]
-struct DomainRegion {
+struct Segment {
     region: Region,
-    /// The segment's descriptor, handed to peers that ask for it.
     fd: OwnedFd,
-    mr: Mr,
-    /// Devices that use it.
-    queues: u32,
-    /// Registered on the domain itself, which keeps it until it
-    /// deregisters it; otherwise it ends with its last device.
-    held: bool,
 }
 
-impl DomainRegion {
-    /// Peers that mapped it see it closed and refuse access; no peer gets
-    /// it any more.
-    fn close(&self) {
-        self.region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
-    }
-}
-
-/// The registrations of a domain, by `MrId`.
-#[derive(Debug, Default)]
-struct Registrations(Vec<Option<DomainRegion>>);
-
-impl Drop for Registrations {
+impl Drop for Segment {
+    /// The registration ended: peers that mapped it see it closed and
+    /// refuse access; no peer gets it any more.
     fn drop(&mut self) {
-        for r in self.0.iter().flatten() {
-            r.close();
-        }
+        self.region.map.u32_at(hdr::STATE).store(hdr::STATE_CLOSED, Release);
     }
 }
 
@@ -405,7 +388,7 @@ impl Drop for Registrations {
 #[derive(Debug, Clone)]
 pub struct ShmDomain {
     cfg: ShmConfig,
-    regs: Arc<Mutex<Registrations>>,
+    regs: Arc<Mutex<Registrations<Segment>>>,
 }
 
 impl ShmDomain {
@@ -414,7 +397,7 @@ impl ShmDomain {
         ShmDomain { cfg, regs: Arc::default() }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Registrations> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registrations<Segment>> {
         // A panic elsewhere leaves the table consistent: every change is
         // one slot store.
         self.regs.lock().unwrap_or_else(|e| e.into_inner())
@@ -432,7 +415,7 @@ impl ShmDomain {
             // Keys are hard to guess (a peer asks for a region by key) and
             // unique in the domain.
             let key = random_u64();
-            if self.lock().0.iter().flatten().all(|r| r.mr.key != key) {
+            if !self.lock().has_key(key) {
                 break key;
             }
         };
@@ -448,46 +431,30 @@ impl ShmDomain {
         map.u32_at(hdr::STATE).store(hdr::STATE_READY, Relaxed);
         map.u64_at(hdr::MAGIC).store(hdr::MAGIC_VALUE, Release);
         let region = Region { map: Arc::new(map), len: data_len };
+        let mut mr = Mr { id: MrId(0), key, addr: base, len, access };
         let mut regs = self.lock();
-        let index = regs.0.iter().position(Option::is_none).unwrap_or(regs.0.len());
-        let mr = Mr { id: MrId(index as u32), key, addr: base, len, access };
-        let entry = DomainRegion { region: region.clone(), fd, mr, queues, held: queues == 0 };
-        if index == regs.0.len() {
-            regs.0.push(Some(entry));
-        } else {
-            regs.0[index] = Some(entry);
-        }
-        Ok((mr, region))
+        let segment = regs.insert(queues, |id| {
+            mr.id = id;
+            (mr, Segment { region, fd })
+        });
+        Ok((mr, segment.region.clone()))
     }
 
     /// A device starts using registration `mr`.
     fn attach(&self, mr: &Mr) -> Result<Region, DeviceError> {
-        let mut regs = self.lock();
-        let r = regs.0.get_mut(mr.id.0 as usize).and_then(Option::as_mut);
-        let r = r.filter(|r| r.mr == *mr).ok_or(DeviceError::UnknownHandle)?;
-        r.queues += 1;
-        Ok(r.region.clone())
+        self.lock().attach(mr).map(|s| s.region.clone())
     }
 
     /// A copy of registration `key`'s descriptor, for a peer that asks.
     fn region_fd(&self, key: u64) -> Option<OwnedFd> {
         let regs = self.lock();
-        let r = regs.0.iter().flatten().find(|r| r.mr.key == key)?;
-        r.fd.try_clone().ok()
+        regs.find_key(key)?.region.fd.try_clone().ok()
     }
 
     /// A device stops using registration `id`; the registration ends with
     /// its last device unless the domain holds it.
     fn detach(&self, id: MrId) {
-        let mut regs = self.lock();
-        let Some(slot) = regs.0.get_mut(id.0 as usize) else { return };
-        if let Some(r) = slot.as_mut() {
-            r.queues -= 1;
-            if r.queues == 0 && !r.held {
-                r.close();
-                *slot = None;
-            }
-        }
+        self.lock().detach(id);
     }
 }
 
@@ -506,15 +473,7 @@ impl Domain for ShmDomain {
     }
 
     fn deregister(&self, mr: &Mr) -> Result<(), DeviceError> {
-        let mut regs = self.lock();
-        let slot = regs.0.get_mut(mr.id.0 as usize).ok_or(DeviceError::UnknownHandle)?;
-        let r = slot.as_ref().filter(|r| r.mr == *mr).ok_or(DeviceError::UnknownHandle)?;
-        if r.queues > 0 {
-            return Err(DeviceError::Busy);
-        }
-        r.close();
-        *slot = None;
-        Ok(())
+        self.lock().deregister(mr).map(drop)
     }
 }
 
@@ -592,7 +551,7 @@ pub struct ShmDevice {
     by_qpn: Box<[u32]>,
     /// Peers with pending operations or suspected of death.
     active: Vec<u32>,
-    regions: Vec<Option<Region>>,
+    regions: Attached<Region>,
     polls_since_clock: u32,
     last_check: Instant,
     last_lane_check: Instant,
@@ -655,7 +614,7 @@ impl ShmDevice {
             hellos: Vec::new(),
             by_qpn: vec![NO_PEER; 1 << 16].into_boxed_slice(),
             active: Vec::new(),
-            regions: Vec::new(),
+            regions: Attached::default(),
             polls_since_clock: 0,
             last_check: Instant::now(),
             last_lane_check: Instant::now(),
@@ -1036,30 +995,6 @@ impl ShmDevice {
         let offset = mr.resolve(wr.remote_addr, wr.len, need).ok_or(refused)?;
         Ok(REGION_DATA + offset as usize)
     }
-
-    /// Uses the domain's region `id` from now on.
-    fn use_region(&mut self, id: MrId, region: Region) {
-        let i = id.0 as usize;
-        if self.regions.len() <= i {
-            self.regions.resize(i + 1, None);
-        }
-        self.regions[i] = Some(region);
-    }
-
-    #[inline]
-    fn region_ref(&self, mr: MrId) -> &Region {
-        match self.regions.get(mr.0 as usize) {
-            Some(Some(r)) => r,
-            _ => unregistered(mr),
-        }
-    }
-}
-
-/// A region looked up that is not registered: the caller's bug.
-#[cold]
-#[inline(never)]
-fn unregistered(mr: MrId) -> ! {
-    panic!("{mr:?} is not registered")
 }
 
 impl Device for ShmDevice {
@@ -1157,35 +1092,30 @@ impl Device for ShmDevice {
 
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError> {
         let (mr, region) = self.domain.create(len, access, 1)?;
-        self.use_region(mr.id, region);
+        self.regions.insert(mr.id, region);
         Ok(mr)
     }
 
     fn attach(&mut self, mr: &Mr) -> Result<(), DeviceError> {
-        if self.regions.get(mr.id.0 as usize).is_some_and(Option::is_some) {
-            return Ok(());
-        }
-        let region = self.domain.attach(mr)?;
-        self.use_region(mr.id, region);
-        Ok(())
+        let domain = &self.domain;
+        self.regions.attach(mr.id, || domain.attach(mr))
     }
 
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
-        let slot = self.regions.get_mut(mr.0 as usize).ok_or(DeviceError::UnknownHandle)?;
-        slot.take().ok_or(DeviceError::UnknownHandle)?;
+        self.regions.remove(mr)?;
         self.domain.detach(mr);
         Ok(())
     }
 
     #[inline]
     fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
-        let r = self.region_ref(mr);
+        let r = self.regions.expect(mr);
         assert!(offset.checked_add(out.len()).is_some_and(|e| e <= r.len), "outside the region");
         r.map.read_bytes(REGION_DATA + offset, out);
     }
 
     fn write_region(&mut self, mr: MrId, offset: usize, src: &[u8]) {
-        let r = self.region_ref(mr);
+        let r = self.regions.expect(mr);
         assert!(offset.checked_add(src.len()).is_some_and(|e| e <= r.len), "outside the region");
         r.map.write_bytes(REGION_DATA + offset, src);
     }
@@ -1198,8 +1128,7 @@ impl Device for ShmDevice {
         fetch: Option<(BufId, usize)>,
         combine: F,
     ) {
-        let r = self.regions.get(mr.0 as usize).and_then(Option::as_ref);
-        let r = r.unwrap_or_else(|| panic!("{mr:?} is not registered"));
+        let r = self.regions.expect(mr);
         assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
         let mtu = self.cfg.mtu;
         let pool = &mut self.pool;
@@ -1218,7 +1147,7 @@ impl Device for ShmDevice {
     }
 
     fn copy_region(&mut self, src: MrId, src_off: usize, dst: MrId, dst_off: usize, len: usize) {
-        let (s, d) = (self.region_ref(src), self.region_ref(dst));
+        let (s, d) = (self.regions.expect(src), self.regions.expect(dst));
         assert!(src_off.checked_add(len).is_some_and(|e| e <= s.len), "outside the region");
         assert!(dst_off.checked_add(len).is_some_and(|e| e <= d.len), "outside the region");
         Mapping::copy(&s.map, REGION_DATA + src_off, &d.map, REGION_DATA + dst_off, len);
@@ -1226,7 +1155,7 @@ impl Device for ShmDevice {
 
     #[inline(always)]
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
-        let r = self.region_ref(mr);
+        let r = self.regions.expect(mr);
         assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
         let pkt = &self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
         r.map.write_bytes(REGION_DATA + offset, &pkt[from..from + len]);
@@ -1234,11 +1163,7 @@ impl Device for ShmDevice {
 
     #[inline(always)]
     fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize) {
-        let r = self
-            .regions
-            .get(mr.0 as usize)
-            .and_then(Option::as_ref)
-            .unwrap_or_else(|| panic!("{mr:?} is not registered"));
+        let r = self.regions.expect(mr);
         assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
         let pkt = &mut self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
         r.map.read_bytes(REGION_DATA + offset, &mut pkt[to..to + len]);
@@ -1246,11 +1171,7 @@ impl Device for ShmDevice {
 
     fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError> {
         // Regions live in shared segments from registration on: nothing to do.
-        self.regions
-            .get(mr.0 as usize)
-            .and_then(Option::as_ref)
-            .map(|_| ())
-            .ok_or(DeviceError::UnknownHandle)
+        self.regions.get(mr).map(drop).ok_or(DeviceError::UnknownHandle)
     }
 
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {
@@ -1294,11 +1215,9 @@ impl Device for ShmDevice {
             let data = match wr.data {
                 None => None,
                 Some(d) => {
-                    let r = self
-                        .regions
-                        .get(d.mr.0 as usize)
-                        .and_then(Option::as_ref)
-                        .unwrap_or_else(|| panic!("send gathers from unregistered {:?}", d.mr));
+                    let r = self.regions.get(d.mr);
+                    let r =
+                        r.unwrap_or_else(|| panic!("send gathers from unregistered {:?}", d.mr));
                     let (off, n) = (d.offset as usize, d.len as usize);
                     assert!(
                         off.checked_add(n).is_some_and(|e| e <= r.len),
@@ -1329,7 +1248,7 @@ impl Device for ShmDevice {
                 RdmaOp::Read => (Access::REMOTE_READ, CqOp::Read),
                 RdmaOp::Write { .. } => (Access::REMOTE_WRITE, CqOp::Write),
             };
-            let local = self.regions.get(wr.local.0 as usize).and_then(Option::as_ref);
+            let local = self.regions.get(wr.local);
             let local_ok = local.is_some_and(|r| {
                 wr.local_offset.checked_add(wr.len).is_some_and(|end| end <= r.len as u64)
             }) && wr.len <= self.caps.max_rdma_size;
@@ -1362,7 +1281,7 @@ impl Device for ShmDevice {
             {
                 break;
             }
-            let local = &self.regions[wr.local.0 as usize].as_ref().expect("checked above").map;
+            let local = &self.regions.get(wr.local).expect("checked above").map;
             let remote = &self.peers[idx].regions[&wr.remote_key];
             let local_off = REGION_DATA + wr.local_offset as usize;
             let len = wr.len as usize;
@@ -1448,11 +1367,8 @@ impl Drop for ShmDevice {
         for p in &self.peers {
             p.lane.close();
         }
-        for id in 0..self.regions.len() {
-            if self.regions[id].take().is_some() {
-                self.domain.detach(MrId(id as u32));
-            }
-        }
+        let domain = &self.domain;
+        self.regions.clear(|id| domain.detach(id));
     }
 }
 

@@ -99,6 +99,7 @@ use window::{Rtt, RxWindow, SPAN, Seen, acked};
 
 use super::fault::{FaultStats, Faults, Faulty, Wire};
 use super::mem::{Bytes, Frames};
+use super::regions::{Attached, Registrations};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, DataSeg, Device, DeviceError, Domain, Mr, MrId,
     RdmaOp, RdmaWr, SendWr, Source, host_now_ns, random_u64,
@@ -269,25 +270,12 @@ impl From<UdpError> for DeviceError {
     }
 }
 
-/// A region a queue uses.
+/// A region a queue uses: its memory, and what a peer reaches it by.
 #[derive(Debug, Clone)]
 struct Region {
     bytes: Arc<Bytes>,
     mr: Mr,
 }
-
-#[derive(Debug)]
-struct DomainRegion {
-    region: Region,
-    /// Devices that attached it.
-    queues: u32,
-    /// Registered on the domain, which keeps it until it deregisters it;
-    /// otherwise it ends with its last device.
-    held: bool,
-}
-
-#[derive(Debug, Default)]
-struct Registrations(Vec<Option<DomainRegion>>);
 
 /// A protection domain on udp: registrations shared by the queues of a
 /// process's lcores. `Send` and `Sync`; set-up work takes its lock, the
@@ -295,7 +283,7 @@ struct Registrations(Vec<Option<DomainRegion>>);
 #[derive(Debug, Clone)]
 pub struct UdpDomain {
     cfg: UdpConfig,
-    regs: Arc<Mutex<Registrations>>,
+    regs: Arc<Mutex<Registrations<Region>>>,
 }
 
 impl UdpDomain {
@@ -313,12 +301,12 @@ impl UdpDomain {
         UdpDevice::in_domain(UdpDomain { cfg, regs: self.regs.clone() })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Registrations> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registrations<Region>> {
         // Every change is one slot store: a panic elsewhere leaves it whole.
         self.regs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn add(&self, bytes: Bytes, access: Access, queues: u32) -> Result<Mr, DeviceError> {
+    fn add(&self, bytes: Bytes, access: Access, queues: u32) -> Result<Region, DeviceError> {
         let mut regs = self.lock();
         let key = loop {
             // Hard to guess: a peer names a region by its key.
@@ -326,50 +314,25 @@ impl UdpDomain {
                 true => random_u64() & 0xffff_ffff,
                 false => random_u64(),
             };
-            if regs.0.iter().flatten().all(|r| r.region.mr.key != key) {
+            if !regs.has_key(key) {
                 break key;
             }
         };
-        let id = match regs.0.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                regs.0.push(None);
-                regs.0.len() - 1
-            }
-        };
-        let len = bytes.len() as u64;
-        let mr = Mr { id: MrId(id as u32), key, addr: bytes.addr(), len, access };
-        let region = Region { bytes: Arc::new(bytes), mr };
-        regs.0[id] = Some(DomainRegion { region, queues, held: queues == 0 });
-        Ok(mr)
+        let (addr, len) = (bytes.addr(), bytes.len() as u64);
+        let bytes = Arc::new(bytes);
+        let region = regs.insert(queues, |id| {
+            let mr = Mr { id, key, addr, len, access };
+            (mr, Region { bytes, mr })
+        });
+        Ok(region.clone())
     }
 
     fn attach(&self, mr: &Mr) -> Result<Region, DeviceError> {
-        let mut regs = self.lock();
-        let r = regs.0.get_mut(mr.id.0 as usize).and_then(Option::as_mut);
-        match r {
-            Some(r) if r.region.mr.key == mr.key => {
-                r.queues += 1;
-                Ok(r.region.clone())
-            }
-            _ => Err(DeviceError::UnknownHandle),
-        }
+        self.lock().attach(mr).cloned()
     }
 
     fn detach(&self, id: MrId) {
-        let mut regs = self.lock();
-        if let Some(slot) = regs.0.get_mut(id.0 as usize)
-            && let Some(r) = slot
-        {
-            r.queues = r.queues.saturating_sub(1);
-            if r.queues == 0 && !r.held {
-                *slot = None;
-            }
-        }
-    }
-
-    fn region(&self, id: MrId) -> Option<Region> {
-        self.lock().0.get(id.0 as usize)?.as_ref().map(|r| r.region.clone())
+        self.lock().detach(id);
     }
 }
 
@@ -382,7 +345,7 @@ impl Domain for UdpDomain {
 
     fn register(&self, len: u64, access: Access) -> Result<Mr, DeviceError> {
         let len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
-        self.add(Bytes::zeroed(len), access | Access::LOCAL, 0)
+        self.add(Bytes::zeroed(len), access | Access::LOCAL, 0).map(|r| r.mr)
     }
 
     unsafe fn register_external(
@@ -395,31 +358,12 @@ impl Domain for UdpDomain {
         // SAFETY: the caller's contract is `Bytes::external`'s: valid and
         // unmoved until deregistered.
         let bytes = unsafe { Bytes::external(ptr, len) };
-        self.add(bytes, access | Access::LOCAL, 0)
+        self.add(bytes, access | Access::LOCAL, 0).map(|r| r.mr)
     }
 
     fn deregister(&self, mr: &Mr) -> Result<(), DeviceError> {
-        let mut regs = self.lock();
-        let slot = regs.0.get_mut(mr.id.0 as usize).ok_or(DeviceError::UnknownHandle)?;
-        match slot {
-            Some(r) if r.region.mr.key == mr.key => {
-                if r.queues > 0 {
-                    return Err(DeviceError::Busy);
-                }
-                *slot = None;
-                Ok(())
-            }
-            _ => Err(DeviceError::UnknownHandle),
-        }
+        self.lock().deregister(mr).map(drop)
     }
-}
-
-/// A region as one queue uses it.
-#[derive(Debug)]
-struct LocalRegion {
-    region: Region,
-    /// Operations of this queue that read or write it.
-    busy: u32,
 }
 
 /// An operation: one the endpoint posted, or a peer's read served here.
@@ -592,7 +536,7 @@ pub struct UdpDevice {
     tx: Vec<Out>,
     tx_hdrs: Box<[[u8; HDR_MAX]; BURST]>,
     scratch: Vec<u8>,
-    regions: Vec<Option<LocalRegion>>,
+    regions: Attached<Region>,
     by_key: HashMap<u64, MrId>,
     book: Vec<Option<(RawAddr, u32)>>,
     by_addr: HashMap<RawAddr, Ah>,
@@ -693,7 +637,7 @@ impl UdpDevice {
             tx: Vec::with_capacity(BURST),
             tx_hdrs: Box::new([[0; HDR_MAX]; BURST]),
             scratch: vec![0; HDR_MAX + cfg.mtu],
-            regions: Vec::new(),
+            regions: Attached::default(),
             by_key: HashMap::new(),
             book: Vec::new(),
             by_addr: HashMap::new(),
@@ -787,7 +731,7 @@ impl UdpDevice {
 
     /// What uses region `mr` here; None if it is not attached here.
     pub fn region_users(&self, mr: MrId) -> Option<RegionUsers> {
-        self.regions.get(mr.0 as usize)?.as_ref()?;
+        self.regions.get(mr)?;
         let mut u = RegionUsers::default();
         for op in self.ops.iter().filter(|o| o.live) {
             match op.kind {
@@ -830,9 +774,7 @@ impl UdpDevice {
             }
         }
         self.stats.reads_revoked += u64::from(users.served);
-        if let Some(Some(r)) = self.regions.get_mut(mr.0 as usize) {
-            r.busy -= users.served;
-        }
+        self.regions.unmark_busy(mr, users.served);
         Device::deregister(self, mr)
     }
 
@@ -969,9 +911,7 @@ impl UdpDevice {
             Kind::Revoked { .. } => (None, [None]),
         };
         for mr in regions.into_iter().flatten() {
-            if let Some(Some(r)) = self.regions.get_mut(mr.0 as usize) {
-                r.busy -= 1;
-            }
+            self.regions.unmark_busy(mr, 1);
         }
         match cq_op {
             Some(cq_op) => {
@@ -1026,20 +966,13 @@ impl UdpDevice {
         self.cq.push_back(Cqe { op, status: CqStatus::LocalError, wr_id, ..Cqe::default() });
     }
 
-    fn mark_busy(&mut self, mr: MrId) {
-        if let Some(Some(r)) = self.regions.get_mut(mr.0 as usize) {
-            r.busy += 1;
-        }
-    }
-
     fn region_ok(&self, mr: MrId, off: u64, len: u64) -> bool {
-        let r = self.regions.get(mr.0 as usize).and_then(Option::as_ref);
-        r.is_some_and(|r| off.checked_add(len).is_some_and(|end| end <= r.region.mr.len))
+        let r = self.regions.get(mr);
+        r.is_some_and(|r| off.checked_add(len).is_some_and(|end| end <= r.mr.len))
     }
 
     fn bytes(&self, mr: MrId) -> &Bytes {
-        let r = self.regions[mr.0 as usize].as_ref().expect("a region in use");
-        &r.region.bytes
+        &self.regions.expect(mr).bytes
     }
 
     // ---- sending ----
@@ -1558,8 +1491,7 @@ impl UdpDevice {
     /// Checks a remote access to `[addr, addr + len)` under `key`.
     fn remote(&self, key: u64, addr: u64, len: u64, need: Access) -> Result<(MrId, u64), u8> {
         let &id = self.by_key.get(&key).ok_or(term::INVALID_STAG)?;
-        let r = self.regions[id.0 as usize].as_ref().ok_or(term::INVALID_STAG)?;
-        let mr = &r.region.mr;
+        let mr = &self.regions.get(id).ok_or(term::INVALID_STAG)?.mr;
         let off = addr.checked_sub(mr.addr).ok_or(term::BASE_OR_BOUNDS)?;
         let in_bounds = off.checked_add(len).is_some_and(|end| end <= mr.len);
         if !in_bounds || len > self.cfg.max_rdma_size {
@@ -1623,7 +1555,7 @@ impl UdpDevice {
                 let kind = Kind::Serve { src: id, src_off: off, sink: r.sink_stag };
                 let Some(i) = self.alloc_op(kind, 0, s, r.size) else { return Taken::NotReady };
                 self.serving += 1;
-                self.mark_busy(id);
+                self.regions.mark_busy(id);
                 self.start(i);
                 Taken::Yes
             }
@@ -1816,33 +1748,24 @@ impl Device for UdpDevice {
 
     fn register(&mut self, len: u64, access: Access) -> Result<Mr, DeviceError> {
         let len = usize::try_from(len).map_err(|_| DeviceError::Registration)?;
-        let mr = self.domain.add(Bytes::zeroed(len), access | Access::LOCAL, 1)?;
-        let region = self.domain.region(mr.id).ok_or(DeviceError::UnknownHandle)?;
+        let region = self.domain.add(Bytes::zeroed(len), access | Access::LOCAL, 1)?;
+        let mr = region.mr;
         self.install(region);
         Ok(mr)
     }
 
     fn attach(&mut self, mr: &Mr) -> Result<(), DeviceError> {
-        if self.regions.get(mr.id.0 as usize).is_some_and(Option::is_some) {
-            return Ok(());
+        if !self.regions.contains(mr.id) {
+            self.install(self.domain.attach(mr)?);
         }
-        let region = self.domain.attach(mr)?;
-        self.install(region);
         Ok(())
     }
 
     fn deregister(&mut self, mr: MrId) -> Result<(), DeviceError> {
-        let slot = self.regions.get_mut(mr.0 as usize).ok_or(DeviceError::UnknownHandle)?;
-        match slot {
-            Some(r) if r.busy > 0 => Err(DeviceError::Busy),
-            Some(r) => {
-                self.by_key.remove(&r.region.mr.key);
-                *slot = None;
-                self.domain.detach(mr);
-                Ok(())
-            }
-            None => Err(DeviceError::UnknownHandle),
-        }
+        let region = self.regions.remove(mr)?;
+        self.by_key.remove(&region.mr.key);
+        self.domain.detach(mr);
+        Ok(())
     }
 
     fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
@@ -1865,13 +1788,7 @@ impl Device for UdpDevice {
         fetch: Option<(BufId, usize)>,
         combine: F,
     ) {
-        let frames = &self.frames;
-        let fetch = |at, old: &[u8]| {
-            if let Some((buf, to)) = fetch {
-                frames.write(buf, to + at, old);
-            }
-        };
-        self.bytes(mr).update(offset, len, fetch, combine);
+        self.bytes(mr).update(offset, len, self.frames.fetcher(fetch), combine);
     }
 
     fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
@@ -1879,21 +1796,15 @@ impl Device for UdpDevice {
     }
 
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
-        let r = self.regions[mr.0 as usize].as_ref().expect("a registered region");
-        self.frames.copy_out(buf, from, &r.region.bytes, offset, len);
+        self.frames.copy_out(buf, from, &self.regions.expect(mr).bytes, offset, len);
     }
 
     fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize) {
-        let r = self.regions[mr.0 as usize].as_ref().expect("a registered region");
-        self.frames.copy_in(buf, to, &r.region.bytes, offset, len);
+        self.frames.copy_in(buf, to, &self.regions.expect(mr).bytes, offset, len);
     }
 
     fn prepare_rdma(&mut self, mr: MrId) -> Result<(), DeviceError> {
-        if self.regions.get(mr.0 as usize).is_some_and(Option::is_some) {
-            Ok(())
-        } else {
-            Err(DeviceError::UnknownHandle)
-        }
+        self.regions.get(mr).map(drop).ok_or(DeviceError::UnknownHandle)
     }
 
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {
@@ -1921,7 +1832,7 @@ impl Device for UdpDevice {
             let kind = Kind::Send { buf: wr.buf, len: wr.len, data: wr.data };
             let i = self.alloc_op(kind, wr.wr_id, s, wr.wire_len() as u64).expect("tx_depth");
             if let Some(d) = wr.data {
-                self.mark_busy(d.mr);
+                self.regions.mark_busy(d.mr);
             }
             self.start(i);
         }
@@ -1971,7 +1882,7 @@ impl Device for UdpDevice {
                 },
             };
             let i = self.alloc_op(kind, wr.wr_id, s, wr.len).expect("tx_depth");
-            self.mark_busy(wr.local);
+            self.regions.mark_busy(wr.local);
             self.start(i);
         }
         self.pump(host_now_ns());
@@ -2038,12 +1949,8 @@ impl Device for UdpDevice {
 
 impl UdpDevice {
     fn install(&mut self, region: Region) {
-        let id = region.mr.id.0 as usize;
-        if self.regions.len() <= id {
-            self.regions.resize_with(id + 1, || None);
-        }
         self.by_key.insert(region.mr.key, region.mr.id);
-        self.regions[id] = Some(LocalRegion { region, busy: 0 });
+        self.regions.insert(region.mr.id, region);
     }
 }
 
@@ -2063,11 +1970,8 @@ impl Drop for UdpDevice {
             }
         }
         self.flush();
-        for id in 0..self.regions.len() {
-            if self.regions[id].take().is_some() {
-                self.domain.detach(MrId(id as u32));
-            }
-        }
+        let domain = &self.domain;
+        self.regions.clear(|id| domain.detach(id));
     }
 }
 
