@@ -8,60 +8,18 @@ mod common;
 
 use efapoll::device::udp::{UdpConfig, UdpDevice};
 use efapoll::device::{CqOp, CqStatus, Cqe, Device, SendWr, Source};
-use efapoll::wire::RawAddr;
 use rdma_sys::*;
 use softefa::ctx as sv;
 use softefa::efadv::*;
-use softefa::{cq::efadv_create_cq, qp::efadv_create_qp_ex};
 
 #[test]
 fn a_softefa_qp_and_a_udp_device_exchange_sends() {
     // SAFETY: a verbs program's calls, in order, on objects made here.
     unsafe {
-        let list = sv::ibv_get_device_list(std::ptr::null_mut());
-        let ctx = sv::ibv_open_device(*list);
-        sv::ibv_free_device_list(list);
-        let pd = sv::ibv_alloc_pd(ctx);
+        let v = common::Verbs::open(0x0bad_cafe);
+        let (cq, qp, qpx, me) = (v.cq, v.qp, v.qpx, v.me);
         let mut buf = vec![0u8; 8192];
-        let mr = sv::ibv_reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), 1);
-        let mut ca: ibv_cq_init_attr_ex = std::mem::zeroed();
-        ca.cqe = 64;
-        ca.wc_flags = 0x7f;
-        let mut ea = efadv_cq_init_attr { wc_flags: EFADV_WC_EX_WITH_SGID, ..Default::default() };
-        let cq = efadv_create_cq(ctx, &mut ca, &mut ea, inlen::<efadv_cq_init_attr>());
-        assert!(!cq.is_null());
-        let mut qa: ibv_qp_init_attr_ex = std::mem::zeroed();
-        qa.send_cq = cq.cast();
-        qa.recv_cq = cq.cast();
-        qa.cap.max_send_wr = 16;
-        qa.cap.max_recv_wr = 16;
-        qa.cap.max_send_sge = 1;
-        qa.cap.max_recv_sge = 1;
-        qa.qp_type = ibv_qp_type::IBV_QPT_DRIVER;
-        qa.sq_sig_all = 1;
-        qa.comp_mask = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0
-            | ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
-        qa.pd = pd;
-        qa.send_ops_flags = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND.0 as u64;
-        let mut e = efadv_qp_init_attr::default();
-        let qp = efadv_create_qp_ex(ctx, &mut qa, &mut e, inlen::<efadv_qp_init_attr>());
-        assert!(!qp.is_null());
-        let qkey = 0x0bad_cafe;
-        for (state, mask) in [
-            (ibv_qp_state::IBV_QPS_INIT, 1 | 16 | 32 | 64),
-            (ibv_qp_state::IBV_QPS_RTR, 1),
-            (ibv_qp_state::IBV_QPS_RTS, 1 | 65536),
-        ] {
-            let mut a: ibv_qp_attr = std::mem::zeroed();
-            a.qp_state = state;
-            a.qkey = qkey;
-            a.port_num = 1;
-            assert_eq!(softefa::qp::ibv_modify_qp(qp, &mut a, mask), 0);
-        }
-        let mut gid: ibv_gid = std::mem::zeroed();
-        assert_eq!(sv::ibv_query_gid(ctx, 1, 0, &mut gid), 0);
-        // The QP's raw address, as the efa device puts it in its handshake.
-        let me = RawAddr { gid: gid.raw, qpn: (*qp).qp_num as u16, connid: qkey };
+        let mr = v.reg(&mut buf, ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
 
         let mut udp = UdpDevice::new(UdpConfig::default()).unwrap();
         let to_qp = udp.insert_addr(&me).unwrap();
@@ -106,10 +64,9 @@ fn a_softefa_qp_and_a_udp_device_exchange_sends() {
         ah_attr.is_global = 1;
         ah_attr.grh.dgid.raw = udp.addr().gid;
         ah_attr.port_num = 1;
-        let ah = sv::ibv_create_ah(pd, &mut ah_attr);
+        let ah = sv::ibv_create_ah(v.pd, &mut ah_attr);
         assert_eq!(udp.post_recv(&[3]), 1);
         buf[..6].copy_from_slice(b"world!");
-        let qpx = softefa::qp::ibv_qp_to_qp_ex(qp);
         ibv_wr_start(qpx);
         (*qpx).wr_id = 88;
         ibv_wr_send(qpx);
@@ -132,12 +89,9 @@ fn a_softefa_qp_and_a_udp_device_exchange_sends() {
                 sent = true;
             }
         }
-        assert_eq!(softefa::qp::ibv_destroy_qp(qp), 0);
         assert_eq!(sv::ibv_destroy_ah(ah), 0);
-        assert_eq!(softefa::cq::ibv_destroy_cq(cq.cast()), 0);
         assert_eq!(sv::ibv_dereg_mr(mr), 0);
-        assert_eq!(sv::ibv_dealloc_pd(pd), 0);
-        assert_eq!(sv::ibv_close_device(ctx), 0);
+        v.close();
     }
 }
 

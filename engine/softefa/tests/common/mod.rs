@@ -23,7 +23,8 @@ pub struct Verbs {
 
 impl Verbs {
     /// Opens the device and makes a QP with qkey `qkey` that sends and
-    /// does RDMA read, its send and receive queues on one CQ.
+    /// does RDMA read, its send and receive queues on one CQ that reports
+    /// senders' GIDs.
     ///
     /// # Safety
     /// A verbs program's calls; the objects are the caller's until
@@ -38,7 +39,9 @@ impl Verbs {
             let mut ca: ibv_cq_init_attr_ex = std::mem::zeroed();
             ca.cqe = 64;
             ca.wc_flags = 0x7f;
-            let mut ea = efadv_cq_init_attr::default();
+            // With the sender's GID, as the efa device asks for it.
+            let mut ea =
+                efadv_cq_init_attr { wc_flags: EFADV_WC_EX_WITH_SGID, ..Default::default() };
             let cq = efadv_create_cq(ctx, &mut ca, &mut ea, inlen::<efadv_cq_init_attr>());
             assert!(!cq.is_null());
             let mut qa: ibv_qp_init_attr_ex = std::mem::zeroed();
