@@ -385,3 +385,22 @@ proptest! {
         }
     }
 }
+
+/// A side that spent its credits on an empty message and on granting the
+/// peer's answer is left with its last one and nothing to grant: its next
+/// message goes on that credit and asks the peer, which holds credits, for
+/// more, rather than waiting for a grant nobody owes it.
+#[test]
+fn an_empty_message_on_the_last_credit_goes_and_asks_for_more() {
+    let sizes: [Vec<u64>; 2] = [vec![80], vec![0, 0]];
+    for fast in [false, true] {
+        let (_, events) = fast_or_general(fast, &sizes, 64, 3, 0);
+        for (i, (events, sizes)) in events.iter().zip(&sizes).enumerate() {
+            let sent = events
+                .iter()
+                .filter(|e| matches!(e, Event::Sent { status: SendStatus::Ok, .. }))
+                .count();
+            assert_eq!(sent, sizes.len(), "side {i} sent all (fast path {fast})");
+        }
+    }
+}

@@ -27,7 +27,13 @@ use super::ProtocolError;
 ///   SMB_DIRECT_RESPONSE_REQUESTED; the peer owes an answer that grants
 ///   credits, and sends an empty message for it when it has nothing else
 ///   to send. Those empty messages ask for nothing, so that two peers do
-///   not answer each other's answers.
+///   not answer each other's answers;
+/// * a peer that holds at most its last credit, which it keeps for
+///   granting, is granted unasked once two receives or more are posted for
+///   it: else a peer that spent its credits on empty messages (its own, or
+///   answers to ours) and holds nothing to grant would wait forever for a
+///   grant nobody owes it. One answer arriving frees one receive only, so
+///   two peers never answer each other's answers by this rule either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Credits {
     send: u32,
@@ -144,10 +150,12 @@ impl Credits {
     }
 
     /// Whether an empty message should answer the peer now: it asked, and
-    /// there are credits to grant.
+    /// there are credits to grant; or it holds at most its last credit and
+    /// there are two or more to grant (see the type's rules).
     #[inline]
     pub fn response_due(&self) -> bool {
-        self.response_owed && self.to_grant() > 0
+        let n = self.to_grant();
+        (self.response_owed && n > 0) || (self.granted <= 1 && n >= 2)
     }
 }
 
@@ -215,6 +223,36 @@ mod tests {
         assert!(c.response_due(), "under half: owed");
         c.on_send(c.to_grant());
         assert!(!c.response_due() && c.granted() == 4);
+    }
+
+    #[test]
+    fn a_peer_left_with_its_last_credit_is_granted_unasked() {
+        let mut c = Credits::new(8, 3, 3);
+        // Two empty messages of the peer, asking nothing: it holds one.
+        for _ in 0..2 {
+            c.on_arrival().unwrap();
+            c.on_header(0, false);
+            c.on_post();
+        }
+        assert_eq!((c.granted(), c.to_grant()), (1, 2));
+        assert!(c.response_due(), "its last credit is for granting: it cannot ask");
+        c.on_send(2);
+        assert!(!c.response_due());
+        // The peer's answer to that frees one receive: not answered.
+        c.on_arrival().unwrap();
+        c.on_header(1, false);
+        c.on_post();
+        assert_eq!((c.granted(), c.to_grant()), (2, 1));
+        assert!(!c.response_due(), "answers are not answered");
+        // With two receives only, the peer on its last credit leaves one to
+        // grant: answered only once it holds none.
+        let mut c = Credits::new(8, 2, 2);
+        c.on_arrival().unwrap();
+        c.on_post();
+        assert!(!c.response_due());
+        c.on_arrival().unwrap();
+        c.on_post();
+        assert!(c.response_due(), "it holds none");
     }
 
     #[test]
