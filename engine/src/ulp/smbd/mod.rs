@@ -71,8 +71,9 @@
 //! sender running low sets SMB_DIRECT_RESPONSE_REQUESTED, and its peer,
 //! with nothing of its own to send, answers with an empty message that
 //! grants what it reposted (and answers so unasked once the sender holds
-//! fewer than half its receives). A segment that arrives when the peer
-//! held no credit ends the connection.
+//! fewer than half its receives, or only its last credit while two
+//! receives or more wait to be granted). A segment that arrives when the
+//! peer held no credit ends the connection.
 //!
 //! # What ends a connection
 //!
