@@ -4,7 +4,7 @@
 use super::credits::Credits;
 use super::header::{Flags, HEADER_LEN, Repr};
 use super::ring::Ring;
-use super::segment::{Placement, Reassembler, Segmenter};
+use super::segment::{Placement, Reassembler, Segment, Segmenter};
 use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
 use crate::device::{Access, Device, Mr};
 use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, Span, Status};
@@ -100,6 +100,9 @@ struct TxMsg {
     /// Segments posted and not completed.
     in_flight: u32,
     status: SendStatus,
+    /// One segment with data and no token, on the fast path: sent with
+    /// its header emitted into the packet when it can be.
+    whole: bool,
 }
 
 /// What stands in a queue's free places.
@@ -113,6 +116,7 @@ impl TxMsg {
         seg: Segmenter::EMPTY,
         in_flight: 0,
         status: SendStatus::Ok,
+        whole: false,
     };
 }
 
@@ -419,7 +423,17 @@ impl Connection {
             return Err(SendError::Again);
         }
         let seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
-        self.tx.push_back(TxMsg { src, token, ctx, seg, in_flight: 0, status: SendStatus::Ok });
+        let one =
+            src.len > 0 && src.len <= (self.params.max_send_size - self.cfg.data_offset) as u64;
+        let whole = one && token.is_none() && self.cfg.fast_path;
+        let status = SendStatus::Ok;
+        self.tx.push_back(TxMsg { src, token, ctx, seg, in_flight: 0, status, whole });
+        // A sender streaming faster than it is granted usually waits here:
+        // told as `post_segments` would, without the call.
+        if !self.credits.may_send(self.credits.to_grant()) {
+            self.stats.credit_stalls += 1;
+            return Ok(());
+        }
         self.post_segments(ep);
         Ok(())
     }
@@ -563,7 +577,11 @@ impl Connection {
     }
 
     /// Posts the next segment of the first message with some to go,
-    /// granting `grants`, which a credit allows.
+    /// granting `grants`, which a credit allows. A whole message without
+    /// a token ([`TxMsg::whole`]) goes as one endpoint send with its
+    /// header emitted into the packet and its sequence number in the
+    /// send's context, holding no header slot; when it does not go so now,
+    /// and for every other segment, a header slot carries it.
     #[inline]
     fn post_segment<D: Device>(&mut self, ep: &mut Endpoint<D>, grants: u16) -> bool {
         if self.error.is_some() {
@@ -571,30 +589,22 @@ impl Connection {
         }
         let i = self.next_post;
         let Some(m) = self.tx.get(i) else { return false };
-        let Some(seg) = m.seg.peek() else {
-            self.next_post += 1;
-            return true;
+        let (src, token, whole) = (m.src, m.token, m.whole);
+        let seg = if whole {
+            // What the segmenter gives for it, without asking.
+            let repr = Repr {
+                data_offset: self.cfg.data_offset,
+                data_length: src.len as u32,
+                ..Repr::default()
+            };
+            Segment { offset: 0, repr }
+        } else {
+            let Some(seg) = m.seg.peek() else {
+                self.next_post += 1;
+                return true;
+            };
+            seg
         };
-        // A whole message without a token: its header emitted into its
-        // one packet, no header slot taken.
-        let whole = seg.is_first() && seg.is_last() && m.token.is_none() && self.cfg.fast_path;
-        if whole && !seg.repr.is_empty() {
-            match self.post_whole(ep, i, grants) {
-                Ok(true) => return true,
-                Ok(false) => {}
-                Err(EpError::Again) => return false,
-                Err(e) => {
-                    self.terminate(ProtocolError::Endpoint(e));
-                    return false;
-                }
-            }
-        }
-        let Some(m) = self.tx.get(i) else { return false };
-        let Some(&slot) = self.hdr_free.last() else {
-            self.stats.slot_stalls += 1;
-            return false;
-        };
-        let data = !seg.repr.is_empty();
         let mut r = seg.repr;
         r.credits_requested = self.params.send_credit_target;
         r.credits_granted = grants;
@@ -603,16 +613,37 @@ impl Connection {
         if self.credits.asks_response() {
             r.flags |= Flags::RESPONSE_REQUESTED;
         }
-        let src = m.src;
+        let seq = self.tx_front_seq + i as u64;
         let body = Span { mr: src.mr, offset: src.offset + seg.offset, len: r.data_length as u64 };
-        // The token rides with exactly one segment, the first (see the
-        // module's documentation).
-        let token = if seg.is_first() { m.token } else { None };
-        if !self.posted(ep, slot, &r, data.then_some(body), token) {
-            return false;
+        let mut slot = None;
+        let inline = whole && {
+            let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
+            let emit = |b: &mut [u8]| {
+                r.emit(b);
+            };
+            match ep.send_inline_head_with(self.peer, r.buffer_len(), emit, body, None, ctx) {
+                Ok(went) => went,
+                Err(e) => return self.refused(e),
+            }
+        };
+        if !inline {
+            let Some(&s) = self.hdr_free.last() else {
+                self.stats.slot_stalls += 1;
+                return false;
+            };
+            let data = !r.is_empty();
+            // The token rides with exactly one segment, the first (see the
+            // module's documentation).
+            let token = if seg.is_first() { token } else { None };
+            if !self.posted(ep, s, &r, data.then_some(body), token) {
+                return false;
+            }
+            slot = Some(s);
         }
-        self.hdr_free.pop();
-        self.hdr_owner[slot as usize] = self.tx_front_seq + i as u64;
+        if let Some(s) = slot {
+            self.hdr_free.pop();
+            self.hdr_owner[s as usize] = seq;
+        }
         let m = &mut self.tx[i];
         m.seg.advance();
         m.in_flight += 1;
@@ -624,45 +655,14 @@ impl Connection {
         true
     }
 
-    /// Posts message `i`, whole in one segment with no token, as one
-    /// endpoint send with its header emitted into the packet, the
-    /// message's sequence number in the send's context: as
-    /// [`Self::post_segment`] would, less the header slot. Ok(false), with
-    /// nothing changed, when it does not go so now.
-    #[inline]
-    fn post_whole<D: Device>(
-        &mut self,
-        ep: &mut Endpoint<D>,
-        i: usize,
-        grants: u16,
-    ) -> Result<bool, EpError> {
-        let src = self.tx[i].src;
-        let asks = self.credits.asks_response();
-        let r = Repr {
-            credits_requested: self.params.send_credit_target,
-            credits_granted: grants,
-            flags: if asks { Flags::RESPONSE_REQUESTED } else { Flags::empty() },
-            remaining_data_length: 0,
-            data_offset: self.cfg.data_offset,
-            data_length: src.len as u32,
-        };
-        let seq = self.tx_front_seq + i as u64;
-        let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
-        let emit = |b: &mut [u8]| {
-            r.emit(b);
-        };
-        if !ep.send_inline_head_with(self.peer, r.buffer_len(), emit, src, None, ctx)? {
-            return Ok(false);
+    /// An endpoint error on a post: back-pressure leaves it for later,
+    /// any other terminates the connection; false either way.
+    #[cold]
+    fn refused(&mut self, e: EpError) -> bool {
+        if e != EpError::Again {
+            self.terminate(ProtocolError::Endpoint(e));
         }
-        let m = &mut self.tx[i];
-        m.seg.advance();
-        m.in_flight += 1;
-        self.next_post = i + 1;
-        self.credits.on_send(grants);
-        self.stats.segments_sent += 1;
-        self.stats.bytes_sent += src.len;
-        self.stats.responses_requested += asks as u64;
-        Ok(true)
+        false
     }
 
     /// An empty message that grants the receives posted since the last
@@ -701,11 +701,7 @@ impl Connection {
     ) -> bool {
         match self.post_message(ep, slot, r, body, token) {
             Ok(()) => true,
-            Err(EpError::Again) => false,
-            Err(e) => {
-                self.terminate(ProtocolError::Endpoint(e));
-                false
-            }
+            Err(e) => self.refused(e),
         }
     }
 
@@ -781,7 +777,7 @@ impl Connection {
         self.finish_sent();
     }
 
-    /// A whole message's send completed ([`Self::post_whole`]); `low_seq`
+    /// A whole message's send completed ([`TxMsg::whole`]); `low_seq`
     /// is the low bits of its sequence number.
     #[inline]
     fn on_whole_done(&mut self, low_seq: u64, status: Status) {
@@ -801,7 +797,9 @@ impl Connection {
             self.tx.skip_front();
             self.tx_front_seq += 1;
             self.next_post = self.next_post.saturating_sub(1);
-            if !self.tx.is_empty() {
+            // The next is usually still in flight: nothing to report.
+            let stopped = self.error.is_some();
+            if self.tx.front().is_some_and(|m| m.in_flight == 0 && (stopped || m.seg.is_done())) {
                 self.finish_sent();
             }
             return;

@@ -8,6 +8,8 @@ use std::ops::{Index, IndexMut};
 #[derive(Debug, Clone)]
 pub(super) struct Ring<T: Copy> {
     buf: Box<[T]>,
+    /// `buf.len() - 1`, kept rather than loaded and computed per access.
+    mask: usize,
     /// Counters of values popped and pushed; they wrap, their difference
     /// is the length.
     head: usize,
@@ -18,12 +20,13 @@ impl<T: Copy> Ring<T> {
     /// An empty queue with room for `cap` values before it grows; `fill`
     /// stands in the free places.
     pub(super) fn with_capacity(cap: usize, fill: T) -> Ring<T> {
-        Ring { buf: vec![fill; cap.max(1).next_power_of_two()].into(), head: 0, tail: 0 }
+        let n = cap.max(1).next_power_of_two();
+        Ring { buf: vec![fill; n].into(), mask: n - 1, head: 0, tail: 0 }
     }
 
     #[inline(always)]
     fn mask(&self) -> usize {
-        self.buf.len() - 1
+        self.mask
     }
 
     #[inline(always)]
@@ -38,7 +41,7 @@ impl<T: Copy> Ring<T> {
 
     #[inline(always)]
     pub(super) fn push_back(&mut self, v: T) {
-        if self.len() == self.buf.len() {
+        if self.len() > self.mask {
             self.grow();
         }
         let at = self.tail & self.mask();
@@ -57,6 +60,7 @@ impl<T: Copy> Ring<T> {
             *v = self.buf[self.head.wrapping_add(i) & self.mask()];
         }
         self.buf = buf.into();
+        self.mask = self.buf.len() - 1;
         self.head = 0;
         self.tail = n;
     }
