@@ -144,7 +144,7 @@ req_types! {
 impl<D: Device> Endpoint<D> {
     /// A receive buffer completed.
     pub(super) fn handle_recv(&mut self, cqe: &Cqe) {
-        let buf = cqe.wr_id as BufId;
+        let buf = BufId::from_wr_id(cqe.wr_id);
         self.rx_posted -= 1;
         if cqe.status != CqStatus::Ok {
             self.counters.drop(DropReason::DeviceError);
@@ -170,7 +170,7 @@ impl<D: Device> Endpoint<D> {
                 self.counters.drop(DropReason::Unsupported);
                 self.release_rx(buf);
             } else {
-                self.rx_meta[buf as usize].payload_off = info.payload_off;
+                self.rx_meta[buf.index()].payload_off = info.payload_off;
                 self.handle_req(buf, peer, &info);
             }
             return;

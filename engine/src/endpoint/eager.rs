@@ -93,7 +93,7 @@ impl<D: Device> Endpoint<D> {
         let (held, total, tagged, tag, cq_data, peer) =
             (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
         let buf = held.first().expect("its packet");
-        let from = self.rx_meta[buf as usize].payload_off as usize;
+        let from = self.rx_meta[buf.index()].payload_off as usize;
         match sgl {
             Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
             None => copy_in_span(&mut self.dev, buf, from, &dst, 0, total),
@@ -239,7 +239,7 @@ impl<D: Device> Endpoint<D> {
         if ahead == 0 || ahead >= self.cfg.reorder_window {
             return false;
         }
-        let meta = &mut self.rx_meta[buf as usize];
+        let meta = &mut self.rx_meta[buf.index()];
         meta.len = len as u32;
         meta.peer = peer;
         meta.payload_off = e.payload_off as u32;
@@ -324,7 +324,7 @@ impl<D: Device> Endpoint<D> {
     /// otherwise.
     #[inline]
     pub(super) fn drain_predicted(&mut self, peer: PeerId, slot: usize, head: BufId) -> bool {
-        let meta = self.rx_meta[head as usize];
+        let meta = self.rx_meta[head.index()];
         if !meta.next.is_empty() {
             return false;
         }

@@ -427,7 +427,7 @@ impl<D: Device> Endpoint<D> {
         let addr = dev.addr();
         let tx_ops = cfg.tx_ops.min(slab::MAX_CAPACITY);
         let rx_ops = cfg.rx_ops.min(slab::MAX_CAPACITY);
-        let rx_free: Vec<BufId> = (tx..caps.bufs).rev().collect();
+        let rx_free: Vec<BufId> = (tx..caps.bufs).rev().map(BufId).collect();
         let mut ep = Endpoint {
             caps,
             cfg,
@@ -727,8 +727,8 @@ impl<D: Device> Endpoint<D> {
     /// Returns RX buffer `buf` to the free list.
     #[inline]
     fn release_rx(&mut self, buf: BufId) {
-        debug_assert!(buf >= self.bufs.tx && buf < self.bufs.total);
-        self.rx_meta[buf as usize].next = Held::EMPTY;
+        debug_assert!(buf.0 >= self.bufs.tx && buf.0 < self.bufs.total);
+        self.rx_meta[buf.index()].next = Held::EMPTY;
         self.rx_free.push(buf);
     }
 

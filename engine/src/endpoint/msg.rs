@@ -532,7 +532,7 @@ impl<D: Device> Endpoint<D> {
     /// Adds a packet to an unexpected message's chain.
     pub(super) fn hold(&mut self, id: RxId, buf: BufId) {
         let op = self.rx_ops.get_mut(id).expect("live op");
-        self.rx_meta[buf as usize].next = op.held;
+        self.rx_meta[buf.index()].next = op.held;
         op.held = Held::at(buf);
     }
 
@@ -541,7 +541,7 @@ impl<D: Device> Endpoint<D> {
         let mut next =
             std::mem::replace(&mut self.rx_ops.get_mut(id).expect("live op").held, Held::EMPTY);
         while let Some(buf) = next.first() {
-            next = self.rx_meta[buf as usize].next;
+            next = self.rx_meta[buf.index()].next;
             if let Some(r) = self.held_info(buf) {
                 let seg = match msg_proto(r.ptype) {
                     Some((Proto::Medium | Proto::RuntRead, _, _)) => r.seg_offset,

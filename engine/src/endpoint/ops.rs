@@ -662,6 +662,7 @@ impl RxOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::BufId;
 
     #[test]
     fn a_reset_send_side_entry_is_a_new_one() {
@@ -715,7 +716,7 @@ mod tests {
         op.received = 11;
         op.send_id = RemoteId(12);
         op.read_iov = Iovs::one(RmaIov { addr: 1, len: 2, key: 3 });
-        op.held = Held::at(17);
+        op.held = Held::at(BufId(17));
         op.link = Link { prev: 18, next: 19 };
         op.deadline = 20;
         op.watched = true;

@@ -208,7 +208,7 @@ impl<D: Device> Endpoint<D> {
     /// A peer's RDMA write with immediate data landed (direct write with CQ
     /// data): report it as the target's completion.
     pub(super) fn handle_remote_write_imm(&mut self, cqe: &Cqe) {
-        let buf = cqe.wr_id as BufId;
+        let buf = BufId::from_wr_id(cqe.wr_id);
         self.rx_posted -= 1;
         self.release_rx(buf);
         if cqe.status != CqStatus::Ok {

@@ -51,7 +51,7 @@ impl TxQueue {
     /// TX buffers are ids `0..bufs`.
     pub(crate) fn new(bufs: u32, ops: usize) -> TxQueue {
         TxQueue {
-            free: (0..bufs).rev().collect(),
+            free: (0..bufs).rev().map(BufId).collect(),
             owner: vec![Owner::Ctrl; bufs as usize],
             gather: vec![None; bufs as usize],
             pending: Vec::with_capacity(bufs as usize),
@@ -173,7 +173,7 @@ impl<D: Device> Endpoint<D> {
     #[inline(always)]
     pub(super) fn take_tx_buf(&mut self, owner: Owner) -> Option<BufId> {
         let b = self.txq.free.pop()?;
-        self.txq.owner[b as usize] = owner;
+        self.txq.owner[b.index()] = owner;
         Some(b)
     }
 
@@ -186,14 +186,14 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn tx_gathers_from(&self, mr: MrId) -> bool {
         let mut free = vec![false; self.txq.owner.len()];
         for &b in &self.txq.free {
-            free[b as usize] = true;
+            free[b.index()] = true;
         }
         self.txq.gather.iter().zip(&free).any(|(&g, &is_free)| g == Some(mr) && !is_free)
     }
 
     /// Returns a TX buffer taken and not used.
     pub(super) fn release_tx_buf(&mut self, buf: BufId) {
-        self.txq.owner[buf as usize] = Owner::Ctrl;
+        self.txq.owner[buf.index()] = Owner::Ctrl;
         self.txq.free.push(buf);
     }
 
@@ -210,8 +210,8 @@ impl<D: Device> Endpoint<D> {
     ) {
         let ah = self.peers.get(peer).expect("live peer").ah;
         self.counters.tx_by_type[ptype.id() as usize] += 1;
-        self.txq.gather[buf as usize] = data.map(|d| d.mr);
-        self.txq.pending.push(SendWr { ah, buf, len: len as u32, data, wr_id: buf as u64 });
+        self.txq.gather[buf.index()] = data.map(|d| d.mr);
+        self.txq.pending.push(SendWr { ah, buf, len: len as u32, data, wr_id: buf.wr_id() });
     }
 
     /// Posts built packets once a burst's worth is waiting.
@@ -225,8 +225,8 @@ impl<D: Device> Endpoint<D> {
     /// A send completed at the device: frees its buffer, advances its
     /// operation.
     pub(super) fn handle_send_done(&mut self, cqe: &Cqe) {
-        let buf = cqe.wr_id as BufId;
-        let owner = self.txq.owner[buf as usize];
+        let buf = BufId::from_wr_id(cqe.wr_id);
+        let owner = self.txq.owner[buf.index()];
         self.txq.free.push(buf);
         if cqe.status != CqStatus::Ok {
             self.counters.drop(DropReason::DeviceError);

@@ -83,12 +83,12 @@ impl RemoteId {
 
 /// A chain of held RX buffers (linked through the endpoint's per-buffer
 /// metadata): an unexpected message's packets, or a reorder slot's. Empty
-/// is its "none".
+/// is its "none": a chain whose first buffer is `BufId::NONE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Held(u32);
+pub(crate) struct Held(BufId);
 
 impl Held {
-    pub(crate) const EMPTY: Held = Held(u32::MAX);
+    pub(crate) const EMPTY: Held = Held(BufId::NONE);
 
     /// A chain starting at `buf`.
     #[inline(always)]
