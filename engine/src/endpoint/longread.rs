@@ -10,7 +10,7 @@ use super::tx::device_status;
 use super::types::{BufId, RemoteId, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId, Span};
 use crate::device::{Access, CqStatus, Device, HeldBufs, RdmaOp};
-use crate::wire::{EorRepr, PacketType, PktFlags, extra};
+use crate::wire::{EorRepr, PacketType, PktFlags, ReadNackRepr, extra};
 
 impl<D: Device> Endpoint<D> {
     /// Long-read (or runting-read) data is to be read: prepare the buffer
@@ -143,20 +143,25 @@ impl<D: Device> Endpoint<D> {
         }
     }
 
-    /// An EOR into `buf`: `recv_id` read all of `send_id`'s data.
-    pub(super) fn emit_eor(
+    /// An EOR or a READ_NACK (`ptype`) into `buf`: receive-side `recv_id`
+    /// says it read all of `send_id`'s data, or cannot read it. The two
+    /// have one layout (spec 4.1 and 4.7): both ids, and our connid if
+    /// the peer wants it.
+    pub(super) fn emit_read_answer(
         &mut self,
         buf: BufId,
+        ptype: PacketType,
         peer: PeerId,
         send_id: RemoteId,
         recv_id: RxId,
     ) -> (PeerId, PacketType, usize) {
-        let repr = EorRepr {
-            flags: PktFlags::empty(),
-            send_id: send_id.0,
-            recv_id: recv_id.0,
-            connid: self.ctrl_connid(peer),
+        let (flags, connid) = (PktFlags::empty(), self.ctrl_connid(peer));
+        let (send_id, recv_id) = (send_id.0, recv_id.0);
+        let b = self.dev.held_mut(buf);
+        let len = match ptype {
+            PacketType::Eor => EorRepr { flags, send_id, recv_id, connid }.emit(b),
+            _ => ReadNackRepr { flags, send_id, recv_id, connid }.emit(b),
         };
-        (peer, PacketType::Eor, repr.emit(self.dev.held_mut(buf)))
+        (peer, ptype, len)
     }
 }

@@ -8,8 +8,8 @@ use super::dispatch::msg_proto;
 use super::ops::{Proto, RxKind, RxProto, RxState, TxKind, TxProto};
 use super::types::{BufId, Ctrl, RemoteId, ReqInfo, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
-use crate::device::{Device, HeldBufs};
-use crate::wire::{PacketType, PktFlags, ReadNackRepr, extra};
+use crate::device::Device;
+use crate::wire::{PacketType, extra};
 
 impl<D: Device> Endpoint<D> {
     /// The receiver's side: long-read (or runting-read) entry `id` cannot
@@ -97,13 +97,7 @@ impl<D: Device> Endpoint<D> {
         send_id: RemoteId,
         recv_id: RxId,
     ) -> (PeerId, PacketType, usize) {
-        let repr = ReadNackRepr {
-            flags: PktFlags::empty(),
-            send_id: send_id.0,
-            recv_id: recv_id.0,
-            connid: self.ctrl_connid(peer),
-        };
         self.counters.read_nacks += 1;
-        (peer, PacketType::ReadNack, repr.emit(self.dev.held_mut(buf)))
+        self.emit_read_answer(buf, PacketType::ReadNack, peer, send_id, recv_id)
     }
 }

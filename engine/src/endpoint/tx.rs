@@ -323,7 +323,9 @@ impl<D: Device> Endpoint<D> {
             Ctrl::Receipt { peer, send_id, msg_id } => {
                 self.emit_receipt(buf, peer, send_id, msg_id)
             }
-            Ctrl::Eor { peer, send_id, recv_id } => self.emit_eor(buf, peer, send_id, recv_id),
+            Ctrl::Eor { peer, send_id, recv_id } => {
+                self.emit_read_answer(buf, PacketType::Eor, peer, send_id, recv_id)
+            }
             Ctrl::ReadNack { peer, send_id, recv_id } => {
                 self.emit_read_nack(buf, peer, send_id, recv_id)
             }
