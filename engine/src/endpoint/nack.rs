@@ -5,7 +5,7 @@
 //! msg_id.
 
 use super::dispatch::msg_proto;
-use super::ops::{Proto, RxKind, RxProto, RxState, TxKind, TxProto};
+use super::ops::{Proto, ReadPhase, RxKind, RxProto, RxState, TxKind, TxPhase, TxProto};
 use super::types::{BufId, Ctrl, RemoteId, ReqInfo, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
 use crate::device::Device;
@@ -23,6 +23,10 @@ impl<D: Device> Endpoint<D> {
         if nack_ok {
             // Spec 4.7: the sender re-sends the rest by long-CTS.
             self.queue_ctrl(Ctrl::ReadNack { peer, send_id, recv_id: id });
+        }
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        if let Some(reads) = op.proto.reads_mut() {
+            reads.phase = ReadPhase::Refused;
         }
         match kind {
             // A write comes again as a LONGCTS_RTW of its own, a new
@@ -51,7 +55,7 @@ impl<D: Device> Endpoint<D> {
             TxKind::Write => op.proto == TxProto::LongRead,
             _ => false,
         };
-        if op.peer != peer || !reads || !op.req_built {
+        if op.peer != peer || !reads || op.phase == TxPhase::Start {
             self.counters.drop(DropReason::StaleId);
             return;
         }
@@ -62,10 +66,11 @@ impl<D: Device> Endpoint<D> {
         self.give_runt_back(peer, runt);
         let op = self.tx_ops.get_mut(send_id).expect("live op");
         // CTS grants count from the bytes the runts delivered.
+        // Its REQ is due again; what it then awaits follows from the new
+        // protocol (RECEIPT with delivery complete, else nothing).
         op.proto = TxProto::LongCts { granted: runt, after_nack: true };
-        op.req_built = false;
+        op.phase = TxPhase::Start;
         op.sent = runt;
-        op.awaiting_peer = op.dc;
         self.mark_ready(send_id);
     }
 
@@ -82,7 +87,8 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::Invalid);
             return;
         }
-        op.proto = RxProto::LongCts { granted: 0 };
+        // The runt (if any) was the protocol's own: grants count from it.
+        op.proto = RxProto::LongCts { granted: op.received };
         op.send_id = RemoteId(info.send_id);
         if op.state == RxState::Matched {
             self.advance_rx(id);

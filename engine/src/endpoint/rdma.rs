@@ -76,7 +76,7 @@ impl<D: Device> Endpoint<D> {
                 op.set_remote(remote);
                 op.cq_data = cq_data;
                 // Nothing to build: the "REQ" is the first segment.
-                op.req_built = true;
+                op.start_transfer();
             })
             .ok_or(Error::Again)?;
         if local.len == 0 {
@@ -194,8 +194,6 @@ impl<D: Device> Endpoint<D> {
         op.deadline = deadline;
         if cqe.status != CqStatus::Ok {
             op.error.get_or_insert(device_status(cqe.status));
-        } else {
-            op.done_bytes += len;
         }
         if op.is_done() {
             self.finish_tx_op(id);

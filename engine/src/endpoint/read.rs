@@ -78,7 +78,6 @@ impl<D: Device> Endpoint<D> {
             op.reset(TxKind::ReadRsp, peer, Proto::LongCts, 0);
             op.src = src;
             op.total = src.len();
-            op.report = false;
             op.recv_id = RemoteId(info.recv_id);
             let granted = (info.recv_length as u64).min(op.total);
             op.proto = TxProto::LongCts { granted, after_nack: false };

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use super::cq::{Completion, Op, Status};
 use super::dispatch::req_type;
-use super::ops::{MAX_IOV, Proto, Sgl, TxKind, TxProto};
+use super::ops::{MAX_IOV, Proto, Sgl, TxKind, TxPhase, TxProto};
 use super::types::{BufId, Ctrl, Owner, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
 use crate::device::{CqStatus, Cqe, DataSeg, Device, HeldBufs, MrId, SendWr};
@@ -261,14 +261,8 @@ impl<D: Device> Endpoint<D> {
     /// Reports a finished send-side operation and frees it.
     pub(super) fn finish_tx_op(&mut self, id: TxId) {
         let Some(op) = self.tx_ops.get(id) else { return };
-        if op.report {
-            let kind = match op.kind {
-                TxKind::Msg => Op::Send,
-                TxKind::Write | TxKind::Rdma { read: false } => Op::Write,
-                TxKind::Rdma { read: true } | TxKind::ReadRsp => Op::Read,
-                TxKind::Atomic => Op::Atomic,
-            };
-            let mut c = Completion::new(kind, op.ctx);
+        if let Some(what) = op.kind.reported_as() {
+            let mut c = Completion::new(what, op.ctx);
             c.len = op.total;
             c.tag = op.tag;
             c.tagged = op.tagged;
@@ -379,7 +373,7 @@ impl<D: Device> Endpoint<D> {
         }
         let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
         let op = self.tx_ops.get(id).expect("live op");
-        let first = !op.req_built;
+        let first = op.phase == TxPhase::Start;
         let (ptype, hdr, data_len) = match (op.kind, op.proto.name(), first) {
             (TxKind::ReadRsp, _, true) => self.emit_readrsp(buf, id),
             (TxKind::Msg | TxKind::Write | TxKind::ReadRsp, Proto::LongCts, false)
@@ -397,7 +391,7 @@ impl<D: Device> Endpoint<D> {
             if data_len > 0 { self.attach_data(buf, hdr, &src, sent, data_len) } else { None };
         let op = self.tx_ops.get_mut(id).expect("live op");
         if first {
-            op.req_built = true;
+            op.start_transfer();
             // What the RTM carries is granted by the protocol itself;
             // CTS grants count from there.
             if let TxProto::LongCts { granted, after_nack: false } = &mut op.proto

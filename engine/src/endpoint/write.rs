@@ -74,10 +74,6 @@ impl<D: Device> Endpoint<D> {
         } else {
             Proto::LongCts
         };
-        // A long-read write ends with EOR; `dc` picks the protocol it
-        // falls back to after a READ_NACK.
-        let awaiting_peer = dc || proto == Proto::LongRead;
-        let watch = awaiting_peer || proto == Proto::LongCts;
         let id = self
             .tx_ops
             .insert_with(|op| {
@@ -85,11 +81,12 @@ impl<D: Device> Endpoint<D> {
                 op.set_src(src);
                 op.cq_data = cq_data;
                 op.set_remote(remote);
+                // A long-read write ends with EOR; `dc` picks the protocol
+                // it falls back to after a READ_NACK.
                 op.dc = dc;
-                op.awaiting_peer = awaiting_peer;
             })
             .ok_or(Error::Again)?;
-        if watch {
+        if self.tx_ops.get(id).expect("live op").watches_peer() {
             self.watch_tx(id);
         }
         self.mark_ready(id);
@@ -146,7 +143,11 @@ impl<D: Device> Endpoint<D> {
         let mut op = RxOp::new(RxKind::Write, RxState::Matched);
         op.dst = dst;
         op.peer = peer;
-        op.proto = RxProto::start(if long_read { Proto::LongRead } else { Proto::LongCts }, 0);
+        op.proto = if long_read {
+            RxProto::start(Proto::LongRead, 0)
+        } else {
+            RxProto::start(Proto::LongCts, info.payload_len as u64)
+        };
         op.dc = info.ptype == PacketType::DcLongCtsRtw;
         op.cq_data = info.cq_data;
         op.total = info.msg_length;
