@@ -396,7 +396,7 @@ impl<D: Device> Endpoint<D> {
     /// Returns false, leaving the packet to the caller, when there is no
     /// room to keep an unexpected message.
     pub(super) fn handle_new_msg(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) -> bool {
-        let Some((proto, tagged, dc)) = msg_proto(info.ptype) else {
+        let Some((proto, tagged, dc)) = msg_proto(info) else {
             self.counters.drop(DropReason::Unsupported);
             self.release_rx(buf);
             return true;
@@ -545,7 +545,7 @@ impl<D: Device> Endpoint<D> {
         while let Some(buf) = next.first() {
             next = self.rx_meta[buf.index()].next;
             if let Some(r) = self.held_info(buf) {
-                let seg = match msg_proto(r.ptype) {
+                let seg = match msg_proto(&r) {
                     Some((Proto::Medium | Proto::RuntRead, _, _)) => r.seg_offset,
                     _ => 0,
                 };

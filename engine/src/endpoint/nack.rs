@@ -80,7 +80,7 @@ impl<D: Device> Endpoint<D> {
         self.release_rx(buf);
         let Some(op) = self.rx_ops.get_mut(id) else { return };
         let retry_ok = matches!(op.proto, RxProto::LongRead(_) | RxProto::RuntRead(_))
-            && msg_proto(info.ptype).is_some_and(|(p, t, _)| p == Proto::LongCts && t == op.tagged)
+            && msg_proto(info).is_some_and(|(p, t, _)| p == Proto::LongCts && t == op.tagged)
             && info.payload_len == 0
             && info.msg_length == op.total;
         if !retry_ok {

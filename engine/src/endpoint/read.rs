@@ -60,7 +60,9 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// SHORT_RTR / LONGCTS_RTR: send the requested bytes back, READRSP
-    /// first, then CTSDATA as the requester grants.
+    /// first, then CTSDATA as the requester grants. Inlined into its
+    /// routing table entry, the one caller.
+    #[inline(always)]
     pub(super) fn handle_rtr(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
         let iovs = self.req_iovs(buf, info.rma_iov);
         // An iov the registrations refuse (an unknown or deregistered key,

@@ -3,6 +3,7 @@
 //! HANDSHAKE), hold REQs that arrived ahead of their msg_id's turn and
 //! deliver them when it comes, and retry what waited for resources.
 
+use super::dispatch::req_class;
 use super::ops::Iovs;
 use super::peer::ReorderBuf;
 use super::types::{BufId, Ctrl, FAST_PATHS, Held, IovAt, ReqInfo};
@@ -134,7 +135,7 @@ impl<D: Device> Endpoint<D> {
             let rest = self.rx_meta[chain.index()].next;
             self.rx_meta[chain.index()].next = Held::EMPTY;
             let taken = match self.in_progress.get(peer, info.msg_id) {
-                Some(rx) if info.continues_a_message() => {
+                Some(rx) if req_class(&info).continues_a_message() => {
                     self.handle_segment(chain, rx, &info);
                     true
                 }
@@ -159,7 +160,7 @@ impl<D: Device> Endpoint<D> {
                 self.rx_meta[buf.index()].next = Held::EMPTY;
                 match self.held_info(buf) {
                     Some(info) => match self.in_progress.get(peer, info.msg_id) {
-                        Some(rx) if info.continues_a_message() => {
+                        Some(rx) if req_class(&info).continues_a_message() => {
                             self.handle_segment(buf, rx, &info)
                         }
                         _ => {

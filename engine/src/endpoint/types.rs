@@ -3,7 +3,7 @@
 //! the links of the matcher's lists, the control packets and TX buffer
 //! owners the protocols queue, and a received REQ's headers.
 
-use crate::wire::{PacketType, RawAddr, ReqClass, ReqFlags, ReqPacket};
+use crate::wire::{PacketType, RawAddr, ReqFlags, ReqPacket};
 
 pub(crate) use crate::device::BufId;
 
@@ -185,7 +185,9 @@ pub(crate) struct EagerSend {
 #[repr(C)]
 pub(crate) struct ReqInfo {
     pub(crate) ptype: PacketType,
-    pub(crate) class: ReqClass,
+    /// The type's raw id, which the endpoint's routing tables are indexed
+    /// by.
+    pub(crate) type_id: u8,
     pub(crate) flags: ReqFlags,
     pub(crate) msg_id: u32,
     pub(crate) tag: u64,
@@ -232,7 +234,7 @@ impl ReqInfo {
     /// call would return the struct through memory, and its caller read
     /// it back wider than it was written, stalling store forwarding.
     #[inline(always)]
-    fn from_view(p: &ReqPacket<&[u8]>) -> ReqInfo {
+    fn from_view(p: &ReqPacket<&[u8]>, type_id: u8) -> ReqInfo {
         let f = p.fields();
         // The codec checked the raw address is at least 24 bytes.
         let raw_connid = p.raw_addr().and_then(|a| RawAddr::from_bytes(a).ok()).map(|a| a.connid);
@@ -240,7 +242,7 @@ impl ReqInfo {
         let (read_iov, more_read) = IovAt::new(p.read_iov(), p.header_len());
         ReqInfo {
             ptype: p.packet_type(),
-            class: p.layout().class,
+            type_id,
             flags: p.flags(),
             msg_id: f.msg_id,
             tag: f.tag,
@@ -268,28 +270,7 @@ impl ReqInfo {
     /// Checks and reads a REQ packet.
     #[inline(always)]
     pub(crate) fn parse(bytes: &[u8]) -> Result<ReqInfo, crate::wire::WireError> {
-        ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p))
-    }
-
-    /// Whether the type is ordered with messages (it has a msg_id).
-    #[inline]
-    pub(crate) fn has_msg_id(&self) -> bool {
-        matches!(self.class, ReqClass::Rtm | ReqClass::Rta)
-    }
-
-    /// Whether later packets of its message carry the same msg_id (medium
-    /// and runting-read segments), so that one already begun must be
-    /// looked up.
-    #[inline]
-    pub(crate) fn continues_a_message(&self) -> bool {
-        matches!(
-            self.ptype,
-            PacketType::MediumMsgRtm
-                | PacketType::MediumTagRtm
-                | PacketType::DcMediumMsgRtm
-                | PacketType::DcMediumTagRtm
-                | PacketType::RuntReadMsgRtm
-                | PacketType::RuntReadTagRtm
-        )
+        // A checked packet has its type byte.
+        ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p, bytes[0]))
     }
 }
