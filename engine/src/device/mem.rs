@@ -181,9 +181,15 @@ unsafe fn copy_short(src: *const u8, dst: *mut u8, n: usize) {
     // bytes at most.
     unsafe {
         match n {
-            8 => dst.cast::<u64>().write_unaligned(src.cast::<u64>().read_unaligned()),
-            4 => dst.cast::<u32>().write_unaligned(src.cast::<u32>().read_unaligned()),
-            2 => dst.cast::<u16>().write_unaligned(src.cast::<u16>().read_unaligned()),
+            8 if crate::FAST_PATHS => {
+                dst.cast::<u64>().write_unaligned(src.cast::<u64>().read_unaligned())
+            }
+            4 if crate::FAST_PATHS => {
+                dst.cast::<u32>().write_unaligned(src.cast::<u32>().read_unaligned())
+            }
+            2 if crate::FAST_PATHS => {
+                dst.cast::<u16>().write_unaligned(src.cast::<u16>().read_unaligned())
+            }
             _ => std::ptr::copy_nonoverlapping(src, dst, n),
         }
     }

@@ -1365,8 +1365,7 @@ impl Device for SimDevice {
             assert!(wr.buf.0 < self.caps.bufs && wr.wire_len() <= self.caps.mtu, "bad send {wr:?}");
             // Off with the `general-paths` feature, so that the tests see
             // land_now do what post_one does.
-            let fast = !cfg!(feature = "general-paths");
-            if !(fast && wr.data.is_none() && f.land_now(self.node, wr)) {
+            if !(crate::FAST_PATHS && wr.data.is_none() && f.land_now(self.node, wr)) {
                 self.post_one(&mut f, wr);
             }
         }

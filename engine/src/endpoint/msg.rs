@@ -129,7 +129,7 @@ impl<D: Device> Endpoint<D> {
     /// `fi_recvv`): a header and a payload kept apart without a copy.
     /// [`Error::Invalid`] for no span or more than four.
     pub fn recvv(&mut self, dst: &[Span], from: Option<PeerId>, ctx: u64) -> Result<(), Error> {
-        if let [one] = dst {
+        if FAST_PATHS && let [one] = dst {
             return self.recv(*one, from, ctx);
         }
         if dst.is_empty() || dst.len() > MAX_IOV {
@@ -242,7 +242,7 @@ impl<D: Device> Endpoint<D> {
         cq_data: Option<u64>,
         ctx: u64,
     ) -> Result<(), Error> {
-        if let [one] = srcs {
+        if FAST_PATHS && let [one] = srcs {
             return self.send_msg(peer, *one, None, cq_data, ctx);
         }
         if srcs.is_empty() || srcs.len() > MAX_IOV {

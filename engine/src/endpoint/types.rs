@@ -7,13 +7,7 @@ use crate::wire::{PacketType, RawAddr, ReqFlags, ReqPacket};
 
 pub(crate) use crate::device::BufId;
 
-/// Whether the fast paths are on: always, but in a test build with the
-/// `general-paths` feature. A fast path is work the endpoint could leave
-/// to a general path whose outcome would be the same (header prediction,
-/// an eager message sent or landed without an operation entry, one span
-/// or one target without a list...); with them off, the suites check that
-/// it is. A constant, so that a normal build pays nothing for the switch.
-pub(crate) const FAST_PATHS: bool = !cfg!(feature = "general-paths");
+pub(crate) use crate::FAST_PATHS;
 
 /// Most iovs a REQ may name (libfabric's EFA_RDM_IOV_LIMIT).
 pub(crate) const MAX_IOV: usize = 4;

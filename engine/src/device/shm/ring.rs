@@ -234,10 +234,11 @@ impl Lane {
     }
 
     /// Whether slot `pos` is free, given the consumer's head as last read
-    /// (`seen`, refreshed here when the lane looks full).
+    /// (`seen`, refreshed here when the lane looks full: the head is read
+    /// once a lap, not once a packet, as it only moves forward).
     #[inline]
     pub(crate) fn has_room(&self, pos: u32, seen: &mut u32) -> bool {
-        if pos.wrapping_sub(*seen) <= self.mask {
+        if crate::FAST_PATHS && pos.wrapping_sub(*seen) <= self.mask {
             return true;
         }
         // Acquire: the consumer's reads of the slot's last packet happened

@@ -161,7 +161,7 @@ const FLAT_MAX: usize = 1024;
 unsafe fn send_run(fd: i32, hdrs: &mut [libc::mmsghdr], flat: &mut [u8; FLAT_MAX]) -> usize {
     let mut sent = 0;
     while sent < hdrs.len() {
-        let r = if hdrs.len() - sent == 1 {
+        let r = if crate::FAST_PATHS && hdrs.len() - sent == 1 {
             let h = &hdrs[sent].msg_hdr;
             // SAFETY: as the caller promises, for the one header's iovecs.
             let iov = unsafe { std::slice::from_raw_parts(h.msg_iov, h.msg_iovlen) };
@@ -359,14 +359,14 @@ impl Sock {
         if self.rx_frames[0].is_null() {
             return 0;
         }
-        let most = if self.rx_flowing { BURST } else { 1 };
+        let most = if self.rx_flowing || !crate::FAST_PATHS { BURST } else { 1 };
         let n = got.len().min(most);
         for h in &mut self.rx_hdrs[..n] {
             // The kernel wrote back the last sender's length.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         }
         let fd = self.sock.as_raw_fd();
-        let r = if n == 1 {
+        let r = if crate::FAST_PATHS && n == 1 {
             // SAFETY: as below, for the first header.
             let r = unsafe { libc::recvmsg(fd, &mut self.rx_hdrs[0].msg_hdr, libc::MSG_DONTWAIT) };
             if r < 0 {
