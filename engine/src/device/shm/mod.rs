@@ -883,8 +883,7 @@ impl ShmDevice {
                 continue;
             }
             // The newest buffer first: the endpoint reposts each as it
-            // is done with it, so it is still in cache (4 KiB streaming
-            // 1.10x, pingpong p50 0.75x against the oldest first).
+            // is done with it, so it is still in cache.
             let Some(rx) = self.posted_rx.pop_back() else {
                 self.stats.rnr_waits += 1;
                 rnr = true;

@@ -5,15 +5,16 @@
 //!
 //! Datagrams to a peer leave by a socket connected to it, where the
 //! device keeps one (the first `connected_peers` peers): an unconnected
-//! send looks the route up for every datagram, which costs some 600 ns
-//! of a loopback pingpong's 3 µs here. Every datagram names the device's
+//! send looks the route up for every datagram, a good part of a loopback
+//! pingpong's time (perf/README.md). Every datagram names the device's
 //! own port in its header, where answers go.
 //!
 //! A lone datagram goes by `sendto` (copied whole when short) or
-//! `sendmsg`, and an idle socket is polled by
-//! `recvmsg` until something comes: the burst calls cost some 100 ns more
-//! each (their array handling, and a `recvmmsg` that got one datagram
-//! tries for a second), which a pingpong pays on every message.
+//! `sendmsg`, and an idle socket is polled by `recvmsg` until something
+//! comes: the burst calls cost more each (their array handling, and a
+//! `recvmmsg` that got one datagram tries for a second), which a pingpong
+//! pays on every message. Both are fast paths: with the `general-paths`
+//! feature every send and receive takes the burst calls.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -147,8 +148,7 @@ fn from_c(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
 
 /// A lone datagram up to this long is copied whole and sent by `sendto`,
 /// which takes no message header and no iovec array in from user space:
-/// some 100-200 ns less than `sendmsg` on a pingpong here, more than the
-/// copy costs.
+/// that saves a pingpong more than the copy costs.
 const FLAT_MAX: usize = 1024;
 
 /// Sends the datagrams of `hdrs` on `fd`: `sendto` or `sendmsg` for one,
