@@ -20,9 +20,11 @@ if [ "$#" -gt 0 ] && [[ " $* " == *" -p "* ]]; then
   scope=()
 fi
 # Then the engine's suites again with every fast path off (feature
-# general-paths: header prediction, eager without an entry, the sim's
-# land_now...), so that a fast path that no longer does what its general
-# path does fails a test. Not with `-p`, which picks its own scope.
+# general-paths: header prediction, eager without an entry, the inline
+# head, the sim's land_now, shm's one-lane receive, udp's lone datagram...;
+# the list is at FAST_PATHS in engine/src/lib.rs), so that a fast path that
+# no longer does what its general path does fails a test. Not with `-p`,
+# which picks its own scope.
 general=(-p efapoll --features efapoll/general-paths)
 if [ "${#scope[@]}" -gt 0 ] && [[ " ${scope[*]} " == *" efapoll/efa"* ]]; then
   general+=(--features efapoll/efa)

@@ -82,3 +82,15 @@ pub mod mem;
 pub mod relink;
 pub mod ulp;
 pub mod wire;
+
+/// Whether the fast paths are on: always, but in a test build with the
+/// `general-paths` feature. A fast path is work the engine could leave to
+/// a general path whose outcome would be the same: the endpoint's header
+/// prediction, eager sends and receives without an operation entry, one
+/// span or one target without a list, its caller's inline head; the
+/// sim's send landed in one pass; shm's receive from its one lane and its
+/// cached head of a ring; udp's lone datagram sent and received without
+/// the burst calls; the inline copy of a short atomic operand. With them
+/// off the suites check that it is the same. A constant, so that a normal
+/// build pays nothing for the switch.
+pub(crate) const FAST_PATHS: bool = !cfg!(feature = "general-paths");

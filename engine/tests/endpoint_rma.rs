@@ -120,6 +120,41 @@ fn emulated_write_and_read_at_their_thresholds() {
 }
 
 #[test]
+fn a_long_write_that_waited_for_a_receive_entry_lands_once_one_is_free() {
+    // Emulated: no device RDMA.
+    let cfg = Config { rx_ops: 2, ..quick() };
+    let mut w =
+        ready(SimConfig { rdma_read: false, rdma_write: false, ..SimConfig::default() }, cfg);
+    let to_b = efapoll::endpoint::PeerId(0);
+    let len = 100_000;
+    let src = w.register(0, len);
+    let target = w.register(1, len);
+    let dst = w.register(1, 128);
+    w.fill(0, &src, 5);
+    // Two messages no receive takes yet hold the target's two entries.
+    for i in 0..2 {
+        w.eps[0].send(to_b, span(&src, i * 64, 64), 10 + i).unwrap();
+    }
+    w.settle();
+    assert_eq!(w.eps[1].counters().unexpected, 2);
+    // A long-CTS write waits at the target, its REQ held, for an entry...
+    w.eps[0].write(to_b, span(&src, 0, len), iov(&target, 0, len), 1).unwrap();
+    w.settle();
+    assert!(w.eps[1].counters().rx_ops_exhausted > 0);
+    assert!(!w.done[0].iter().any(|c| c.ctx == 1), "the write waits");
+    // ...which receiving the two messages frees: the write goes on.
+    for i in 0..2 {
+        w.eps[1].recv(span(&dst, i * 64, 64), None, 20 + i).unwrap();
+    }
+    w.drive_until(10_000, |w| w.done[0].iter().any(|c| c.ctx == 1));
+    let c = w.done[0].iter().find(|c| c.ctx == 1).unwrap();
+    assert_eq!((c.op, c.status), (Op::Write, Status::Ok));
+    w.settle();
+    assert!(w.eps[1].mem(target.id) == w.eps[0].mem(src.id), "the write landed byte-exact");
+    assert_eq!(w.eps[1].counters().drops(DropReason::Unsupported), 0);
+}
+
+#[test]
 fn long_read_write_from_64k_when_the_target_can_read() {
     for &len in &[(64 << 10) - 1, 64 << 10, 1 << 20] {
         let mut w = ready(sim(len, true, false), quick());

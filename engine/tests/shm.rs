@@ -118,8 +118,8 @@ fn fill(seq: u64) -> u8 {
 /// anyone, checking order and content; returns the sources seen.
 fn exchange(dev: &mut ShmDevice, ah: Ah) -> Vec<Source> {
     let mut out = [Cqe::default(); 32];
-    let mut free: Vec<BufId> = (64..256).collect();
-    dev.post_recv(&(0..64).collect::<Vec<_>>());
+    let mut free: Vec<BufId> = (64..256).map(BufId).collect();
+    dev.post_recv(&(0..64).map(BufId).collect::<Vec<_>>());
     let (mut sent, mut sends_done, mut recvd) = (0u64, 0u64, 0u64);
     let mut sources = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -133,7 +133,7 @@ fn exchange(dev: &mut ShmDevice, ah: Ah) -> Vec<Source> {
             let b = unsafe { dev.buf_mut(buf) };
             b[..8].copy_from_slice(&sent.to_le_bytes());
             b[8..len].fill(fill(sent));
-            if dev.post_send(&[SendWr { ah, buf, len: len as u32, data: None, wr_id: buf as u64 }])
+            if dev.post_send(&[SendWr { ah, buf, len: len as u32, data: None, wr_id: buf.wr_id() }])
                 == 1
             {
                 sent += 1;
@@ -147,18 +147,18 @@ fn exchange(dev: &mut ShmDevice, ah: Ah) -> Vec<Source> {
             match c.op {
                 CqOp::Send => {
                     sends_done += 1;
-                    free.push(c.wr_id as BufId);
+                    free.push(BufId::from_wr_id(c.wr_id));
                 }
                 CqOp::Recv => {
                     let mut bytes = vec![0; c.len as usize];
-                    dev.read_payload(c.wr_id as BufId, 0, &mut bytes);
+                    dev.read_payload(BufId::from_wr_id(c.wr_id), 0, &mut bytes);
                     let seq = u64::from_le_bytes(bytes[..8].try_into().unwrap());
                     assert_eq!(seq, recvd, "in order, none lost");
                     assert_eq!(c.len as u64, 8 + seq % 1000);
                     assert!(bytes[8..].iter().all(|&x| x == fill(seq)));
                     recvd += 1;
                     sources.push(c.src);
-                    assert_eq!(dev.post_recv(&[c.wr_id as BufId]), 1);
+                    assert_eq!(dev.post_recv(&[BufId::from_wr_id(c.wr_id)]), 1);
                 }
                 op => panic!("unexpected {op:?}"),
             }
@@ -240,7 +240,7 @@ fn shm_child() {
             let ah = dev.insert_addr(&parent.unwrap().addr).unwrap();
             let mut out = [Cqe::default(); 32];
             let wrs: Vec<SendWr> = (0..64)
-                .map(|b| SendWr { ah, buf: b, len: 256, data: None, wr_id: b as u64 })
+                .map(|b| SendWr { ah, buf: BufId(b), len: 256, data: None, wr_id: b as u64 })
                 .collect();
             let mut next = 0;
             loop {
@@ -294,8 +294,9 @@ fn a_killed_receiver_fails_outstanding_operations() {
     let ah = dev.insert_addr(&card.addr).unwrap();
     let imm = card.rdma(RdmaOp::Write { imm: Some(7) }, ah, &local, 0, 64, 1000);
     post_rdma_one(&mut dev, imm);
-    let wrs: Vec<SendWr> =
-        (0..100).map(|b| SendWr { ah, buf: b, len: 100, data: None, wr_id: b as u64 }).collect();
+    let wrs: Vec<SendWr> = (0..100)
+        .map(|b| SendWr { ah, buf: BufId(b), len: 100, data: None, wr_id: b as u64 })
+        .collect();
     let posted = dev.post_send(&wrs);
     assert_eq!(posted, 63, "the ring (64 slots, one holding the notice) back-pressures");
     assert!(poll_until(&mut dev, 1, Duration::from_millis(20)).is_empty(), "nothing consumed");
@@ -326,7 +327,7 @@ fn a_killed_sender_does_not_stall_the_receiver() {
     let mr = dev.register(64, Access::LOCAL).unwrap();
     let mut child = Peer::spawn("flood", Some(Card::new(&dev, &mr)));
     let card = Card::parse(&child.expect("READY"), dev.addr().gid);
-    dev.post_recv(&(0..64).collect::<Vec<_>>());
+    dev.post_recv(&(0..64).map(BufId).collect::<Vec<_>>());
     let mut out = [Cqe::default(); 32];
     let mut got = 0;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -334,7 +335,7 @@ fn a_killed_sender_does_not_stall_the_receiver() {
         assert!(Instant::now() < deadline, "the flood did not arrive");
         let n = dev.poll(&mut out);
         got += n;
-        let bufs: Vec<BufId> = out[..n].iter().map(|c| c.wr_id as BufId).collect();
+        let bufs: Vec<BufId> = out[..n].iter().map(|c| BufId::from_wr_id(c.wr_id)).collect();
         dev.post_recv(&bufs);
         if got >= 10_000 && round % 7 == 0 {
             break;
@@ -351,7 +352,8 @@ fn a_killed_sender_does_not_stall_the_receiver() {
     let mut sent = 0;
     while from_other < 10 {
         assert!(Instant::now() < deadline, "receiver stalled");
-        if sent < 10 && other.post_send(&[SendWr { ah, buf: 0, len: 3, data: None, wr_id: 0 }]) == 1
+        if sent < 10
+            && other.post_send(&[SendWr { ah, buf: BufId(0), len: 3, data: None, wr_id: 0 }]) == 1
         {
             sent += 1;
         }
@@ -365,7 +367,7 @@ fn a_killed_sender_does_not_stall_the_receiver() {
                 assert_eq!(c.src, Source::Unknown { qpn: card.addr.qpn });
             }
         }
-        let bufs: Vec<BufId> = out[..n].iter().map(|c| c.wr_id as BufId).collect();
+        let bufs: Vec<BufId> = out[..n].iter().map(|c| BufId::from_wr_id(c.wr_id)).collect();
         dev.post_recv(&bufs);
     }
 }
@@ -395,9 +397,10 @@ fn the_steady_state_allocates_nothing() {
     let src = a.register(1 << 16, Access::LOCAL).unwrap();
     let dst = b.register(1 << 16, Access::REMOTE_WRITE).unwrap();
     let card = Card::new(&b, &dst);
-    let wrs: Vec<SendWr> =
-        (0..32).map(|i| SendWr { ah, buf: i, len: 64, data: None, wr_id: i as u64 }).collect();
-    let bufs: Vec<BufId> = (100..164).collect();
+    let wrs: Vec<SendWr> = (0..32)
+        .map(|i| SendWr { ah, buf: BufId(i), len: 64, data: None, wr_id: i as u64 })
+        .collect();
+    let bufs: Vec<BufId> = (100..164).map(BufId).collect();
     let mut out = [Cqe::default(); 64];
     let write = card.rdma(RdmaOp::Write { imm: Some(1) }, ah, &src, 0, 1 << 16, 99);
     let mut round = |a: &mut ShmDevice, b: &mut ShmDevice| {
@@ -460,14 +463,14 @@ fn files_planted_in_dev_shm_neither_block_nor_exhaust_nor_reach_a_device() {
     let (a, b) = rx.recv_timeout(Duration::from_secs(30)).expect("devices made");
     let (mut a, mut b) = (a.unwrap(), b.unwrap());
     let ah = a.insert_addr(&b.addr()).unwrap();
-    b.post_recv(&[0]);
+    b.post_recv(&[BufId(0)]);
     // SAFETY: nothing is posted from `a` yet.
-    let frame = unsafe { a.buf_mut(0) };
+    let frame = unsafe { a.buf_mut(BufId(0)) };
     frame[..2].copy_from_slice(b"ok");
-    assert_eq!(a.post_send(&[SendWr { ah, buf: 0, len: 2, data: None, wr_id: 1 }]), 1);
+    assert_eq!(a.post_send(&[SendWr { ah, buf: BufId(0), len: 2, data: None, wr_id: 1 }]), 1);
     assert_eq!(poll_until(&mut b, 1, Duration::from_secs(10)).len(), 1);
     let mut got = [0; 2];
-    b.read_payload(0, 0, &mut got);
+    b.read_payload(BufId(0), 0, &mut got);
     assert_eq!(&got, b"ok");
     // The planted "segment" is no address: nothing maps it.
     let planted_addr = RawAddr { qpn: 7, connid: 0, ..a.addr() };

@@ -43,7 +43,8 @@ enum Op {
 struct Pending {
     op: Op,
     wr_id: u64,
-    /// Sends: the packet buffer the payload is gathered into.
+    /// Sends: the packet buffer the payload is gathered into (RDMA:
+    /// `BufId::NONE`).
     buf: BufId,
     len: u32,
     /// Sends of one span of registered memory: the span (and its address),
@@ -296,8 +297,8 @@ impl Qp {
     /// A receive (or a write with immediate) into a posted buffer: its
     /// payload copied into the posted SGEs, its sender named.
     fn received(&self, q: &mut QpInner, c: &Cqe) -> Wc {
-        let buf = c.wr_id as BufId;
-        let slot = q.recvs[buf as usize];
+        let buf = BufId::from_wr_id(c.wr_id);
+        let slot = q.recvs[buf.index()];
         let mut vendor = status::OK;
         let (opcode, flags) = match c.op {
             CqOp::RecvWriteImm => {
@@ -404,7 +405,11 @@ impl Qp {
             Op::Read { .. } => config().rdma_read,
             Op::Write { .. } => config().rdma_write,
         };
-        let buf = if op == Op::Send { q.free_bufs.pop().expect("a buffer per SQ slot") } else { 0 };
+        let buf = if op == Op::Send {
+            q.free_bufs.pop().expect("a buffer per SQ slot")
+        } else {
+            BufId::NONE
+        };
         q.batch.push(Pending {
             op,
             wr_id,
@@ -715,7 +720,7 @@ fn create_qp(
         rnr_retry: 0,
         sq_used: 0,
         rq_used: 0,
-        free_bufs: (0..bufs).rev().collect(),
+        free_bufs: (0..bufs).rev().map(BufId).collect(),
         sends: vec![SendSlot::default(); sq_depth as usize],
         free_sends: (0..sq_depth).rev().collect(),
 
@@ -1282,7 +1287,7 @@ pub(crate) unsafe extern "C" fn post_recv(
     let q = unsafe { Qp::of(qp) };
     let mut s = q.inner.lock();
     let s = &mut *s;
-    let mut posted = [0 as BufId; 64];
+    let mut posted = [BufId::NONE; 64];
     let mut n = 0;
     let mut err = 0;
     while !wr.is_null() {
@@ -1305,7 +1310,7 @@ pub(crate) unsafe extern "C" fn post_recv(
         let buf = s.free_bufs.pop().expect("a buffer per RQ slot");
         // SAFETY: the caller's `num_sge` SGEs.
         let sges = unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) };
-        let slot = &mut s.recvs[buf as usize];
+        let slot = &mut s.recvs[buf.index()];
         slot.wr_id = w.wr_id;
         slot.nsge = sges.len() as u32;
         slot.sge[..sges.len()].copy_from_slice(sges);

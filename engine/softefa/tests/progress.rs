@@ -12,7 +12,7 @@ mod common;
 
 use common::Verbs;
 use efapoll::device::udp::{UdpConfig, UdpDevice};
-use efapoll::device::{CqOp, CqStatus, Cqe, Device, SendWr};
+use efapoll::device::{BufId, CqOp, CqStatus, Cqe, Device, SendWr};
 use rdma_sys::*;
 use softefa::ctx as sv;
 
@@ -70,8 +70,11 @@ fn stop_polling_after_one_receive(thread: bool) -> (CqStatus, Duration) {
         let cfg = UdpConfig { peer_timeout: PEER_TIMEOUT, ..UdpConfig::default() };
         let mut udp = UdpDevice::new(cfg).unwrap();
         let to_qp = udp.insert_addr(&v.me).unwrap();
-        udp.buf_mut(0)[..5].copy_from_slice(b"hello");
-        assert_eq!(udp.post_send(&[SendWr { ah: to_qp, buf: 0, len: 5, data: None, wr_id: 1 }]), 1);
+        udp.buf_mut(BufId(0))[..5].copy_from_slice(b"hello");
+        assert_eq!(
+            udp.post_send(&[SendWr { ah: to_qp, buf: BufId(0), len: 5, data: None, wr_id: 1 }]),
+            1
+        );
         let end = Instant::now() + Duration::from_secs(20);
         let mut out = [Cqe::default(); 8];
         let mut sent = None;
@@ -106,8 +109,8 @@ fn stop_polling_after_one_receive(thread: bool) -> (CqStatus, Duration) {
         if thread {
             // Another send while the program still does not poll: taken
             // and acknowledged, and its completion waits for the CQ.
-            udp.buf_mut(1)[..6].copy_from_slice(b"second");
-            let wr = SendWr { ah: to_qp, buf: 1, len: 6, data: None, wr_id: 2 };
+            udp.buf_mut(BufId(1))[..6].copy_from_slice(b"second");
+            let wr = SendWr { ah: to_qp, buf: BufId(1), len: 6, data: None, wr_id: 2 };
             assert_eq!(udp.post_send(&[wr]), 1);
             let c = loop {
                 assert!(Instant::now() < end, "the second send never completed");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use efapoll::device::udp::{UdpConfig, UdpDevice};
-use efapoll::device::{CqOp, CqStatus, Cqe, Device, SendWr, Source};
+use efapoll::device::{BufId, CqOp, CqStatus, Cqe, Device, SendWr, Source};
 use rdma_sys::*;
 use softefa::ctx as sv;
 use softefa::efadv::*;
@@ -31,8 +31,8 @@ fn a_softefa_qp_and_a_udp_device_exchange_sends() {
         rwr.num_sge = 1;
         let mut bad = std::ptr::null_mut();
         assert_eq!(ibv_post_recv(qp, &mut rwr, &mut bad), 0);
-        udp.buf_mut(0)[..5].copy_from_slice(b"hello");
-        let wr = SendWr { ah: to_qp, buf: 0, len: 5, data: None, wr_id: 1 };
+        udp.buf_mut(BufId(0))[..5].copy_from_slice(b"hello");
+        let wr = SendWr { ah: to_qp, buf: BufId(0), len: 5, data: None, wr_id: 1 };
         assert_eq!(udp.post_send(&[wr]), 1);
         let end = Instant::now() + Duration::from_secs(10);
         let mut out = [Cqe::default(); 8];
@@ -65,7 +65,7 @@ fn a_softefa_qp_and_a_udp_device_exchange_sends() {
         ah_attr.grh.dgid.raw = udp.addr().gid;
         ah_attr.port_num = 1;
         let ah = sv::ibv_create_ah(v.pd, &mut ah_attr);
-        assert_eq!(udp.post_recv(&[3]), 1);
+        assert_eq!(udp.post_recv(&[BufId(3)]), 1);
         buf[..6].copy_from_slice(b"world!");
         ibv_wr_start(qpx);
         (*qpx).wr_id = 88;
@@ -80,7 +80,7 @@ fn a_softefa_qp_and_a_udp_device_exchange_sends() {
             for c in &out[..n] {
                 assert_eq!((c.op, c.len, c.wr_id), (CqOp::Recv, 6, 3));
                 assert_eq!(c.src, Source::Known(to_qp), "the udp device knows the QP's address");
-                assert_eq!(&udp.buf(3)[..6], b"world!");
+                assert_eq!(&udp.buf(BufId(3))[..6], b"world!");
                 got = true;
             }
             if ibv_start_poll(cq, &mut attr) == 0 {
@@ -108,7 +108,7 @@ fn sends_of_spans_large_small_and_inline_arrive_whole() {
         let lkey = (*mr).lkey;
         let at = mem.as_ptr() as u64;
         let mut udp = UdpDevice::new(UdpConfig::default()).unwrap();
-        let bufs: Vec<u32> = (0..8).collect();
+        let bufs: Vec<BufId> = (0..8).map(BufId).collect();
         assert_eq!(udp.post_recv(&bufs), 8);
         let mut ah_attr: ibv_ah_attr = std::mem::zeroed();
         ah_attr.is_global = 1;
@@ -149,7 +149,7 @@ fn sends_of_spans_large_small_and_inline_arrive_whole() {
                 assert!(Instant::now() < end, "case {k}: got {got:?} sent {sent}");
                 let n = udp.poll(&mut out);
                 if let Some(c) = out[..n].first() {
-                    got = Some((c.wr_id as u32, c.len as usize));
+                    got = Some((BufId::from_wr_id(c.wr_id), c.len as usize));
                 }
                 if let Some((wr_id, status, _)) = v.poll() {
                     assert_eq!((wr_id, status), (k as u64, ibv_wc_status::IBV_WC_SUCCESS));

@@ -9,7 +9,7 @@
 
 use std::ptr::NonNull;
 
-use super::UPDATE_CHUNK;
+use super::{BufId, UPDATE_CHUNK};
 
 /// A zeroed heap allocation of fixed length, shared by reference counting
 /// between a device and its fabric.
@@ -181,9 +181,15 @@ unsafe fn copy_short(src: *const u8, dst: *mut u8, n: usize) {
     // bytes at most.
     unsafe {
         match n {
-            8 => dst.cast::<u64>().write_unaligned(src.cast::<u64>().read_unaligned()),
-            4 => dst.cast::<u32>().write_unaligned(src.cast::<u32>().read_unaligned()),
-            2 => dst.cast::<u16>().write_unaligned(src.cast::<u16>().read_unaligned()),
+            8 if crate::FAST_PATHS => {
+                dst.cast::<u64>().write_unaligned(src.cast::<u64>().read_unaligned())
+            }
+            4 if crate::FAST_PATHS => {
+                dst.cast::<u32>().write_unaligned(src.cast::<u32>().read_unaligned())
+            }
+            2 if crate::FAST_PATHS => {
+                dst.cast::<u16>().write_unaligned(src.cast::<u16>().read_unaligned())
+            }
             _ => std::ptr::copy_nonoverlapping(src, dst, n),
         }
     }
@@ -212,16 +218,16 @@ impl Frames {
     /// Frame `id`'s first byte, for a system call to gather from or
     /// scatter into.
     #[inline(always)]
-    pub(crate) fn ptr(&self, id: u32) -> *mut u8 {
+    pub(crate) fn ptr(&self, id: BufId) -> *mut u8 {
         self.at(id).as_ptr()
     }
 
     #[inline(always)]
-    fn at(&self, id: u32) -> NonNull<u8> {
-        assert!(id < self.n, "buffer {id} out of range");
+    fn at(&self, id: BufId) -> NonNull<u8> {
+        assert!(id.0 < self.n, "buffer {id} out of range");
         // SAFETY: `stride * id + mtu <= pool.len` (checked in `new`, with
         // `id < n` above), so the pointer is inside the allocation.
-        unsafe { self.base.add(self.stride * id as usize) }
+        unsafe { self.base.add(self.stride * id.index()) }
     }
 
     /// Buffer `id`, whole. Panics if `id` is out of range.
@@ -231,7 +237,7 @@ impl Frames {
     /// (the contract of [`super::Device::buf`]), and no `slice_mut` of it
     /// is alive.
     #[inline(always)]
-    pub(crate) unsafe fn slice(&self, id: u32) -> &[u8] {
+    pub(crate) unsafe fn slice(&self, id: BufId) -> &[u8] {
         // SAFETY: a frame is `mtu` bytes inside a live pool; no writer,
         // by the caller's contract.
         unsafe { std::slice::from_raw_parts(self.at(id).as_ptr(), self.mtu) }
@@ -244,7 +250,7 @@ impl Frames {
     /// while this one lives.
     #[inline(always)]
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn slice_mut(&self, id: u32) -> &mut [u8] {
+    pub(crate) unsafe fn slice_mut(&self, id: BufId) -> &mut [u8] {
         // SAFETY: as `slice`, exclusive by the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.at(id).as_ptr(), self.mtu) }
     }
@@ -255,7 +261,7 @@ impl Frames {
     #[inline(always)]
     pub(crate) fn copy_in(
         &self,
-        id: u32,
+        id: BufId,
         offset: usize,
         src: &Bytes,
         src_offset: usize,
@@ -282,7 +288,7 @@ impl Frames {
     #[inline(always)]
     pub(crate) fn copy_out(
         &self,
-        id: u32,
+        id: BufId,
         offset: usize,
         dst: &Bytes,
         dst_offset: usize,
@@ -306,7 +312,7 @@ impl Frames {
     /// elsewhere (a few, as a fetching atomic's old values). Panics if the
     /// range is outside the frame.
     #[inline(always)]
-    pub(crate) fn write(&self, id: u32, offset: usize, src: &[u8]) {
+    pub(crate) fn write(&self, id: BufId, offset: usize, src: &[u8]) {
         assert!(offset.checked_add(src.len()).is_some_and(|end| end <= self.mtu), "frame range");
         // SAFETY: inside a live frame (checked above); `src` is a Rust
         // borrow, so not a frame. The caller is the device, inside one of
@@ -318,7 +324,7 @@ impl Frames {
     /// [`super::Device::update_region`]'s `fetch` (buffer `buf` from byte
     /// `to`): each chunk copied into the buffer at its offset, or nowhere.
     #[inline(always)]
-    pub(crate) fn fetcher(&self, fetch: Option<(u32, usize)>) -> impl FnMut(usize, &[u8]) + '_ {
+    pub(crate) fn fetcher(&self, fetch: Option<(BufId, usize)>) -> impl FnMut(usize, &[u8]) + '_ {
         move |at, old| {
             if let Some((buf, to)) = fetch {
                 self.write(buf, to + at, old);
@@ -329,7 +335,7 @@ impl Frames {
     /// Copies `out.len()` bytes of buffer `id` from `offset` into `out`: a
     /// received payload read. Panics if the range is outside the frame.
     #[inline(always)]
-    pub(crate) fn read(&self, id: u32, offset: usize, out: &mut [u8]) {
+    pub(crate) fn read(&self, id: BufId, offset: usize, out: &mut [u8]) {
         assert!(offset.checked_add(out.len()).is_some_and(|end| end <= self.mtu), "frame range");
         // SAFETY: inside a live frame (checked above); `out` is a Rust
         // borrow, so not a frame. Only the device's own calls (and, for a
@@ -341,7 +347,7 @@ impl Frames {
     /// Copies the first `len` bytes of `src`'s buffer `sid` into `dst`'s
     /// buffer `did`. Panics if `len` exceeds a frame.
     #[inline(always)]
-    pub(crate) fn copy(src: &Frames, sid: u32, dst: &Frames, did: u32, len: usize) {
+    pub(crate) fn copy(src: &Frames, sid: BufId, dst: &Frames, did: BufId, len: usize) {
         assert!(len <= src.mtu && len <= dst.mtu, "frame range");
         let (from, to) = (src.at(sid), dst.at(did));
         if from == to {

@@ -85,8 +85,41 @@ use bitflags::bitflags;
 
 use crate::wire::RawAddr;
 
-/// A packet buffer owned by the device.
-pub type BufId = u32;
+/// A packet buffer owned by the device: ids `0..Caps::bufs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct BufId(pub u32);
+
+impl BufId {
+    /// No buffer: the end of a chain of them, an empty slot. Never a
+    /// device's (`Caps::bufs` is below it).
+    pub const NONE: BufId = BufId(u32::MAX);
+
+    /// Its place in a table by buffer.
+    #[inline(always)]
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The buffer a receive completion names (its `wr_id`), or a send's
+    /// whose `wr_id` was its buffer's ([`BufId::wr_id`]).
+    #[inline(always)]
+    pub fn from_wr_id(wr_id: u64) -> BufId {
+        BufId(wr_id as u32)
+    }
+
+    /// A work request id naming this buffer.
+    #[inline(always)]
+    pub fn wr_id(self) -> u64 {
+        u64::from(self.0)
+    }
+}
+
+impl std::fmt::Display for BufId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// An address handle: the device's name for a peer address it was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -620,7 +653,7 @@ pub(crate) fn random_u64() -> u64 {
 /// Checks of the `Device` contract that each device's tests run.
 #[cfg(test)]
 pub(crate) mod checks {
-    use super::{Access, Device, HeldBufs};
+    use super::{Access, BufId, Device, HeldBufs};
 
     /// [`Device::update_region`] on a region of `dev`: the range, fetched
     /// into a packet buffer as it was, combined a chunk at a time and
@@ -630,7 +663,7 @@ pub(crate) mod checks {
         let before: Vec<u8> = (0..256).map(|i| (i * 7 + 1) as u8).collect();
         dev.write_region(mr.id, 0, &before);
         let mut chunks = Vec::new();
-        dev.update_region(mr.id, 10, 150, Some((3, 20)), |at, bytes| {
+        dev.update_region(mr.id, 10, 150, Some((BufId(3), 20)), |at, bytes| {
             chunks.push((at, bytes.len()));
             bytes.iter_mut().for_each(|b| *b = b.wrapping_add(1));
         });
@@ -640,7 +673,7 @@ pub(crate) mod checks {
             .map(|i| if (10..160).contains(&i) { before[i].wrapping_add(1) } else { before[i] })
             .collect();
         assert_eq!(after, want);
-        assert_eq!(&dev.held(3)[20..170], &before[10..160], "fetched as it was");
+        assert_eq!(&dev.held(BufId(3))[20..170], &before[10..160], "fetched as it was");
         // One element, without a fetch.
         dev.update_region(mr.id, 0, 8, None, |_, bytes| bytes.fill(9));
         assert_eq!(&dev.region_vec(&mr)[..9], &[9, 9, 9, 9, 9, 9, 9, 9, before[8]]);

@@ -250,13 +250,13 @@ struct Unplaced {
     epoch: u32,
 }
 
-/// Where buffer `id` starts in a pool of `mtu`-byte frames. Frames are a
-/// cache line apart from a multiple of the page size: with an MTU-sized
-/// stride every frame's header would map to the same L1 sets, and only
-/// eight headers would stay in cache.
-#[inline(always)]
-fn frame_at(id: BufId, mtu: usize) -> usize {
-    id as usize * (mtu + 64)
+/// Where frame `n` starts in a pool of `mtu`-byte frames (with `n` the
+/// count, the pool's length). Frames are a cache line apart from a
+/// multiple of the page size: with an MTU-sized stride every frame's
+/// header would map to the same L1 sets, and only eight headers would stay
+/// in cache.
+fn frame_at(n: u32, mtu: usize) -> usize {
+    n as usize * (mtu + 64)
 }
 
 impl SimFabric {
@@ -574,7 +574,7 @@ impl Fabric {
         self.nodes[n].alive = false;
         // Payloads it received but never read were delivered all the same.
         for id in 0..self.nodes[n].unplaced.len() {
-            self.place(n, id as BufId, false);
+            self.place(n, BufId(id as u32), false);
         }
         let flights: Vec<Flight> = self.nodes[n].inbox.drain().collect();
         for flight in flights {
@@ -593,7 +593,7 @@ impl Fabric {
         {
             self.nodes[at].unplaced_order.pop_front();
             let current =
-                self.nodes[at].unplaced[id as usize].as_ref().is_some_and(|u| u.epoch == epoch);
+                self.nodes[at].unplaced[id.index()].as_ref().is_some_and(|u| u.epoch == epoch);
             if current {
                 self.place(at, id, true);
             }
@@ -770,7 +770,7 @@ impl Fabric {
                 // its memory layout.
                 to.unplaced.resize_with(self.cfg.bufs as usize, || None);
             }
-            to.unplaced[rx as usize] = Some(Unplaced {
+            to.unplaced[rx.index()] = Some(Unplaced {
                 region: region.clone(),
                 offset,
                 len: n,
@@ -862,7 +862,7 @@ impl Fabric {
         Cqe {
             op: CqOp::Recv,
             status: CqStatus::Ok,
-            wr_id: rx as u64,
+            wr_id: rx.wr_id(),
             len,
             src: self.source(at, src),
             imm: 0,
@@ -906,7 +906,7 @@ impl Fabric {
                     *out = Cqe {
                         op: CqOp::RecvWriteImm,
                         status: CqStatus::Ok,
-                        wr_id: rx as u64,
+                        wr_id: rx.wr_id(),
                         len: wr.len.min(u32::MAX as u64) as u32,
                         src: self.source(at, src),
                         imm,
@@ -935,7 +935,7 @@ impl Node {
         id: BufId,
         want: impl FnOnce(&Unplaced) -> bool,
     ) -> Option<Unplaced> {
-        let slot = self.unplaced.get_mut(id as usize)?;
+        let slot = self.unplaced.get_mut(id.index())?;
         if !slot.as_ref().is_some_and(want) {
             return None;
         }
@@ -953,9 +953,10 @@ impl Node {
     #[cold]
     fn handed_out(&mut self, cqes: &[Cqe]) {
         for c in cqes.iter().filter(|c| c.op == CqOp::Recv) {
-            if let Some(u) = self.unplaced.get_mut(c.wr_id as usize).and_then(Option::as_mut) {
+            let buf = BufId::from_wr_id(c.wr_id);
+            if let Some(u) = self.unplaced.get_mut(buf.index()).and_then(Option::as_mut) {
                 u.epoch = self.polls;
-                self.unplaced_order.push_back((c.wr_id as BufId, self.polls));
+                self.unplaced_order.push_back((buf, self.polls));
             }
         }
     }
@@ -1344,7 +1345,7 @@ impl Device for SimDevice {
         let n = bufs.len().min(rx_depth - f.nodes[self.node].posted_rx.len());
         let node = &mut f.nodes[self.node];
         for &b in &bufs[..n] {
-            assert!(b < self.caps.bufs, "buffer {b} out of range");
+            assert!(b.0 < self.caps.bufs, "buffer {b} out of range");
             node.posted_rx.push(b);
         }
         n
@@ -1361,11 +1362,10 @@ impl Device for SimDevice {
             if !f.inj.is_none() && f.inj.refuse() {
                 return i;
             }
-            assert!(wr.buf < self.caps.bufs && wr.wire_len() <= self.caps.mtu, "bad send {wr:?}");
+            assert!(wr.buf.0 < self.caps.bufs && wr.wire_len() <= self.caps.mtu, "bad send {wr:?}");
             // Off with the `general-paths` feature, so that the tests see
             // land_now do what post_one does.
-            let fast = !cfg!(feature = "general-paths");
-            if !(fast && wr.data.is_none() && f.land_now(self.node, wr)) {
+            if !(crate::FAST_PATHS && wr.data.is_none() && f.land_now(self.node, wr)) {
                 self.post_one(&mut f, wr);
             }
         }
@@ -1538,24 +1538,24 @@ mod tests {
         let (_f, mut a, mut b) = pair(SimConfig::default());
         let ah_b = a.insert_addr(&b.addr()).unwrap();
         assert_eq!(a.insert_addr(&b.addr()).unwrap(), ah_b, "same address, same handle");
-        assert_eq!(b.post_recv(&[10, 11]), 2);
-        send(&mut a, ah_b, 0, b"hello", 7);
+        assert_eq!(b.post_recv(&[BufId(10), BufId(11)]), 2);
+        send(&mut a, ah_b, BufId(0), b"hello", 7);
         let got = poll_all(&mut b);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].op, CqOp::Recv);
         assert_eq!(got[0].wr_id, 11, "the newest posted buffer fills first");
         assert_eq!(got[0].len, 5);
         assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
-        assert_eq!(&b.held(11)[..5], b"hello");
+        assert_eq!(&b.held(BufId(11))[..5], b"hello");
         let sent = poll_all(&mut a);
         assert_eq!(sent, [Cqe { op: CqOp::Send, wr_id: 7, ..Cqe::default() }]);
 
         let ah_a = b.insert_addr(&a.addr()).unwrap();
-        send(&mut a, ah_b, 1, b"again", 8);
+        send(&mut a, ah_b, BufId(1), b"again", 8);
         assert_eq!(poll_all(&mut b)[0].src, Source::Known(ah_a));
         b.remove_addr(ah_a);
-        assert_eq!(b.post_recv(&[12]), 1);
-        send(&mut a, ah_b, 2, b"third", 9);
+        assert_eq!(b.post_recv(&[BufId(12)]), 1);
+        send(&mut a, ah_b, BufId(2), b"third", 9);
         assert_eq!(poll_all(&mut b)[0].src, Source::Unknown { qpn: a.addr().qpn });
     }
 
@@ -1567,13 +1567,17 @@ mod tests {
         let mr = a.register(8192, Access::LOCAL).unwrap();
         let payload: Vec<u8> = (0..len).map(|i| (i + 3) as u8).collect();
         a.write_region(mr.id, 100, &payload);
-        a.held_mut(0)[..16].copy_from_slice(&[0xab; 16]);
+        a.held_mut(BufId(0))[..16].copy_from_slice(&[0xab; 16]);
         let data = Some(DataSeg { mr: mr.id, offset: 100, len });
-        assert_eq!(a.post_send(&[SendWr { ah, buf: 0, len: 16, data, wr_id: 7 }]), 1);
+        assert_eq!(a.post_send(&[SendWr { ah, buf: BufId(0), len: 16, data, wr_id: 7 }]), 1);
         let mut got = [Cqe::default(); 4];
         assert_eq!(b.poll(&mut got), 1);
         assert_eq!(got[0].len, 16 + len);
-        assert_eq!(&b.held(got[0].wr_id as BufId)[..16], &[0xab; 16], "headers are in place");
+        assert_eq!(
+            &b.held(BufId::from_wr_id(got[0].wr_id))[..16],
+            &[0xab; 16],
+            "headers are in place"
+        );
         (got[0], payload)
     }
 
@@ -1583,14 +1587,18 @@ mod tests {
     #[test]
     fn a_large_gathered_payload_moves_once_where_the_receiver_copies_it() {
         let (fabric, mut a, mut b) = pair(SimConfig::default());
-        b.post_recv(&[10]);
+        b.post_recv(&[BufId(10)]);
         let (cqe, payload) = send_gathered(&mut a, &mut b, 4000);
         assert!(poll_all(&mut a).is_empty(), "the send completes once its payload is placed");
         assert_eq!(fabric.pending(&b.addr()), 1);
         let dst = b.register(8192, Access::LOCAL).unwrap();
-        b.copy_to_region(cqe.wr_id as BufId, 16, dst.id, 50, 4000);
+        b.copy_to_region(BufId::from_wr_id(cqe.wr_id), 16, dst.id, 50, 4000);
         assert_eq!(&b.region_vec(&dst)[50..4050], &payload[..]);
-        assert_ne!(&b.held(10)[16..4016], &payload[..], "straight to the region, not the buffer");
+        assert_ne!(
+            &b.held(BufId(10))[16..4016],
+            &payload[..],
+            "straight to the region, not the buffer"
+        );
         assert_eq!(poll_all(&mut a), [SENT]);
         assert_eq!(fabric.pending_total(), 0);
     }
@@ -1599,22 +1607,22 @@ mod tests {
     fn an_unplaced_payload_is_placed_when_read_held_or_dropped() {
         // Read any other way: placed into the buffer first.
         let (_f, mut a, mut b) = pair(SimConfig::default());
-        b.post_recv(&[10]);
+        b.post_recv(&[BufId(10)]);
         let (_, payload) = send_gathered(&mut a, &mut b, 2000);
         let mut out = vec![0; 2000];
-        b.read_payload(10, 16, &mut out);
+        b.read_payload(BufId(10), 16, &mut out);
         assert_eq!(out, payload);
-        assert_eq!(&b.held(10)[16..2016], &payload[..]);
+        assert_eq!(&b.held(BufId(10))[16..2016], &payload[..]);
         assert_eq!(poll_all(&mut a), [SENT]);
 
         // Held through a round of handling: placed as the receiver polls
         // again, so the sender never waits on the receiver's application.
         let (_f, mut a, mut b) = pair(SimConfig::default());
-        b.post_recv(&[10]);
+        b.post_recv(&[BufId(10)]);
         let (_, payload) = send_gathered(&mut a, &mut b, 2000);
         assert!(poll_all(&mut a).is_empty());
         b.poll(&mut [Cqe::default(); 4]);
-        assert_eq!(&b.held(10)[16..2016], &payload[..]);
+        assert_eq!(&b.held(BufId(10))[16..2016], &payload[..]);
         assert_eq!(poll_all(&mut a), [SENT]);
 
         // The same when it landed during a poll (it waited for a buffer).
@@ -1623,25 +1631,25 @@ mod tests {
         let mr = a.register(4096, Access::LOCAL).unwrap();
         a.write_region(mr.id, 0, &[9; 2000]);
         let data = Some(DataSeg { mr: mr.id, offset: 0, len: 2000 });
-        assert_eq!(a.post_send(&[SendWr { ah, buf: 0, len: 16, data, wr_id: 7 }]), 1);
-        b.post_recv(&[10]);
+        assert_eq!(a.post_send(&[SendWr { ah, buf: BufId(0), len: 16, data, wr_id: 7 }]), 1);
+        b.post_recv(&[BufId(10)]);
         assert_eq!(b.poll(&mut [Cqe::default(); 4]), 1, "delivered by this poll");
         assert!(poll_all(&mut a).is_empty());
         b.poll(&mut [Cqe::default(); 4]);
-        assert_eq!(&b.held(10)[16..2016], &[9; 2000]);
+        assert_eq!(&b.held(BufId(10))[16..2016], &[9; 2000]);
         assert_eq!(poll_all(&mut a), [SENT]);
 
         // Reposted unread (the endpoint dropped the packet): delivered all
         // the same.
         let (_f, mut a, mut b) = pair(SimConfig::default());
-        b.post_recv(&[10]);
+        b.post_recv(&[BufId(10)]);
         send_gathered(&mut a, &mut b, 2000);
-        b.post_recv(&[10]);
+        b.post_recv(&[BufId(10)]);
         assert_eq!(poll_all(&mut a), [SENT]);
 
         // The receiver vanishes: what it received was delivered.
         let (fabric, mut a, mut b) = pair(SimConfig::default());
-        b.post_recv(&[10]);
+        b.post_recv(&[BufId(10)]);
         send_gathered(&mut a, &mut b, 2000);
         fabric.kill(&b.addr());
         assert_eq!(poll_all(&mut a), [SENT]);
@@ -1657,9 +1665,9 @@ mod tests {
         let own = a.register(8192, Access::LOCAL).unwrap();
         let held = domain.register(8192, Access::LOCAL).unwrap();
         a.attach(&held).unwrap();
-        for (buf, mr) in [(1, own), (2, held)] {
+        for (buf, mr) in [(BufId(1), own), (BufId(2), held)] {
             let data = Some(DataSeg { mr: mr.id, offset: 0, len: 64 });
-            let wr = SendWr { ah, buf, len: 16, data, wr_id: buf as u64 };
+            let wr = SendWr { ah, buf, len: 16, data, wr_id: buf.wr_id() };
             assert_eq!(a.post_send(&[wr]), 1);
         }
         // No receive posted at `b`: both wait on the wire, gathering from
@@ -1668,7 +1676,7 @@ mod tests {
         assert_eq!(a.deregister(own.id), Err(DeviceError::Busy));
         assert_eq!(a.deregister(held.id), Err(DeviceError::Busy));
         assert_eq!(domain.deregister(&held), Err(DeviceError::Busy));
-        b.post_recv(&[10, 11]);
+        b.post_recv(&[BufId(10), BufId(11)]);
         assert_eq!(poll_all(&mut b).len(), 2);
         assert_eq!(poll_all(&mut a).len(), 2);
         assert_eq!(a.deregister(own.id), Ok(()));
@@ -1678,14 +1686,14 @@ mod tests {
         // A large payload lands unplaced: its region is still read until
         // the receiver copies the payload out.
         let mr = a.register(8192, Access::LOCAL).unwrap();
-        b.post_recv(&[12]);
+        b.post_recv(&[BufId(12)]);
         let data = Some(DataSeg { mr: mr.id, offset: 0, len: UNPLACED_MIN });
-        assert_eq!(a.post_send(&[SendWr { ah, buf: 3, len: 16, data, wr_id: 3 }]), 1);
+        assert_eq!(a.post_send(&[SendWr { ah, buf: BufId(3), len: 16, data, wr_id: 3 }]), 1);
         let mut got = [Cqe::default(); 4];
         assert_eq!(b.poll(&mut got), 1);
         assert_eq!(a.deregister(mr.id), Err(DeviceError::Busy));
         let dst = b.register(8192, Access::LOCAL).unwrap();
-        b.copy_to_region(12, 16, dst.id, 0, UNPLACED_MIN as usize);
+        b.copy_to_region(BufId(12), 16, dst.id, 0, UNPLACED_MIN as usize);
         assert_eq!(poll_all(&mut a), [Cqe { wr_id: 3, ..SENT }]);
         assert_eq!(a.deregister(mr.id), Ok(()));
     }
@@ -1699,7 +1707,7 @@ mod tests {
         a.attach(&held).unwrap();
         let mut c = domain.device().unwrap();
         c.attach(&held).unwrap();
-        b.post_recv(&[10]);
+        b.post_recv(&[BufId(10)]);
         let ah = b.insert_addr(&a.addr()).unwrap();
         assert_eq!(domain.deregister(&held), Err(DeviceError::Busy));
         drop(a);
@@ -1707,7 +1715,7 @@ mod tests {
         drop(c);
         assert_eq!(domain.deregister(&held), Ok(()));
         // What its peer sends it fails, as to a destroyed queue pair.
-        assert_eq!(b.post_send(&[SendWr { ah, buf: 1, len: 16, data: None, wr_id: 7 }]), 1);
+        assert_eq!(b.post_send(&[SendWr { ah, buf: BufId(1), len: 16, data: None, wr_id: 7 }]), 1);
         let got = poll_all(&mut b);
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].wr_id, got[0].status), (7, CqStatus::PeerUnreachable));
@@ -1716,9 +1724,9 @@ mod tests {
         let d2 = fabric.restart(&d.addr());
         drop(d);
         let ah = b.insert_addr(&d2.addr()).unwrap();
-        assert_eq!(b.post_send(&[SendWr { ah, buf: 2, len: 16, data: None, wr_id: 8 }]), 1);
+        assert_eq!(b.post_send(&[SendWr { ah, buf: BufId(2), len: 16, data: None, wr_id: 8 }]), 1);
         let mut d2 = d2;
-        d2.post_recv(&[3]);
+        d2.post_recv(&[BufId(3)]);
         assert_eq!(poll_all(&mut d2).len(), 1);
         assert_eq!(poll_all(&mut b)[0].status, CqStatus::Ok);
     }
@@ -1726,9 +1734,9 @@ mod tests {
     #[test]
     fn a_small_gathered_payload_is_copied_at_delivery() {
         let (_f, mut a, mut b) = pair(SimConfig::default());
-        b.post_recv(&[10]);
+        b.post_recv(&[BufId(10)]);
         let (_, payload) = send_gathered(&mut a, &mut b, UNPLACED_MIN - 1);
-        assert_eq!(&b.held(10)[16..16 + payload.len()], &payload[..]);
+        assert_eq!(&b.held(BufId(10))[16..16 + payload.len()], &payload[..]);
         assert_eq!(poll_all(&mut a), [SENT]);
     }
 
@@ -1737,14 +1745,14 @@ mod tests {
         let cfg = SimConfig { tx_depth: 2, ..SimConfig::default() };
         let (fabric, mut a, mut b) = pair(cfg);
         let ah = a.insert_addr(&b.addr()).unwrap();
-        send(&mut a, ah, 0, b"x", 0);
-        send(&mut a, ah, 1, b"y", 1);
-        let wr = SendWr { ah, buf: 2, len: 1, data: None, wr_id: 2 };
+        send(&mut a, ah, BufId(0), b"x", 0);
+        send(&mut a, ah, BufId(1), b"y", 1);
+        let wr = SendWr { ah, buf: BufId(2), len: 1, data: None, wr_id: 2 };
         assert_eq!(a.post_send(&[wr]), 0, "TX queue full");
         assert!(poll_all(&mut b).is_empty());
         assert_eq!(fabric.stats(&b.addr()).rnr_waits, 1);
         assert!(poll_all(&mut a).is_empty(), "no send completes before delivery");
-        b.post_recv(&[5, 6]);
+        b.post_recv(&[BufId(5), BufId(6)]);
         assert_eq!(poll_all(&mut b).len(), 2);
         assert_eq!(poll_all(&mut a).len(), 2);
         assert_eq!(a.post_send(&[wr]), 1);
@@ -1754,20 +1762,20 @@ mod tests {
     fn in_order_delivery_is_immediate_but_never_overtakes_a_held_packet() {
         let (_f, mut a, mut b) = pair(SimConfig::default());
         let ah = a.insert_addr(&b.addr()).unwrap();
-        b.post_recv(&[10]);
-        send(&mut a, ah, 0, b"now", 0);
+        b.post_recv(&[BufId(10)]);
+        send(&mut a, ah, BufId(0), b"now", 0);
         assert_eq!(poll_all(&mut a).len(), 1, "delivered before the receiver polls");
         // No buffer: held. A buffer posted later must not let the next
         // packet land before it.
-        send(&mut a, ah, 1, b"held", 1);
-        b.post_recv(&[11, 12]);
-        send(&mut a, ah, 2, b"after", 2);
+        send(&mut a, ah, BufId(1), b"held", 1);
+        b.post_recv(&[BufId(11), BufId(12)]);
+        send(&mut a, ah, BufId(2), b"after", 2);
         let got = poll_all(&mut b);
         let bufs: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
         assert_eq!(bufs, [10, 12, 11], "newest posted buffer first");
-        assert_eq!(&b.held(10)[..3], b"now");
-        assert_eq!(&b.held(12)[..4], b"held");
-        assert_eq!(&b.held(11)[..5], b"after");
+        assert_eq!(&b.held(BufId(10))[..3], b"now");
+        assert_eq!(&b.held(BufId(12))[..4], b"held");
+        assert_eq!(&b.held(BufId(11))[..5], b"after");
         assert_eq!(poll_all(&mut a).len(), 2);
     }
 
@@ -1776,20 +1784,20 @@ mod tests {
         let (fabric, mut a, mut b) = pair(SimConfig::default());
         let ah = a.insert_addr(&b.addr()).unwrap();
         let addrs = |a: &SimDevice, b: &SimDevice| {
-            [a.held(3).as_ptr(), b.held(20).as_ptr(), b.held(21).as_ptr()]
+            [a.held(BufId(3)).as_ptr(), b.held(BufId(20)).as_ptr(), b.held(BufId(21)).as_ptr()]
         };
         let home = addrs(&a, &b);
-        b.post_recv(&[20, 21]);
-        send(&mut a, ah, 3, b"first", 0);
+        b.post_recv(&[BufId(20), BufId(21)]);
+        send(&mut a, ah, BufId(3), b"first", 0);
         assert_eq!(poll_all(&mut a).len(), 1);
         // The packet was copied: what the sender writes in its buffer for
         // its next send never reaches the packet already delivered.
-        a.held_mut(3)[..5].copy_from_slice(b"XXXXX");
-        send(&mut a, ah, 3, b"second", 1);
+        a.held_mut(BufId(3))[..5].copy_from_slice(b"XXXXX");
+        send(&mut a, ah, BufId(3), b"second", 1);
         let got = poll_all(&mut b);
         assert_eq!(got.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [21, 20]);
-        assert_eq!(&b.held(21)[..5], b"first");
-        assert_eq!(&b.held(20)[..6], b"second");
+        assert_eq!(&b.held(BufId(21))[..5], b"first");
+        assert_eq!(&b.held(BufId(20))[..6], b"second");
         // Every buffer is where it was: a receiver's buffers stay in its
         // own memory, as a NIC writes a host's posted buffers.
         assert_eq!(addrs(&a, &b), home);
@@ -1797,13 +1805,13 @@ mod tests {
         // A packet still in flight (no buffer posted) when its sender
         // restarts lands as it was sent, and the new device's buffer of
         // the same id keeps what that device wrote in it.
-        send(&mut a, ah, 4, b"from the old a", 2);
+        send(&mut a, ah, BufId(4), b"from the old a", 2);
         let mut a2 = fabric.restart(&a.addr());
-        a2.held_mut(4)[..3].copy_from_slice(b"new");
-        b.post_recv(&[22]);
+        a2.held_mut(BufId(4))[..3].copy_from_slice(b"new");
+        b.post_recv(&[BufId(22)]);
         assert_eq!(poll_all(&mut b).len(), 1);
-        assert_eq!(&b.held(22)[..14], b"from the old a");
-        assert_eq!(&a2.held(4)[..3], b"new");
+        assert_eq!(&b.held(BufId(22))[..14], b"from the old a");
+        assert_eq!(&a2.held(BufId(4))[..3], b"new");
     }
 
     #[test]
@@ -1813,10 +1821,13 @@ mod tests {
             let (_f, mut a, mut b) = pair(cfg);
             let ah = a.insert_addr(&b.addr()).unwrap();
             for i in 0..32u8 {
-                send(&mut a, ah, i as u32, &[i], i as u64);
+                send(&mut a, ah, BufId(i as u32), &[i], i as u64);
             }
-            b.post_recv(&(100..132).collect::<Vec<_>>());
-            poll_all(&mut b).iter().map(|c| b.held(c.wr_id as u32)[0]).collect::<Vec<_>>()
+            b.post_recv(&(100..132).map(BufId).collect::<Vec<_>>());
+            poll_all(&mut b)
+                .iter()
+                .map(|c| b.held(BufId::from_wr_id(c.wr_id))[0])
+                .collect::<Vec<_>>()
         };
         let first = order(3);
         assert_eq!(first, order(3));
@@ -1887,7 +1898,7 @@ mod tests {
         };
         assert_eq!(a.post_rdma(&[wr]), 1);
         assert!(poll_all(&mut b).is_empty(), "waits for a receive buffer");
-        b.post_recv(&[3]);
+        b.post_recv(&[BufId(3)]);
         let got = poll_all(&mut b);
         let imm = (got[0].op, got[0].imm, got[0].wr_id, got[0].len);
         assert_eq!(imm, (CqOp::RecvWriteImm, 42, 3, 8));
@@ -1904,21 +1915,21 @@ mod tests {
 
         let ah = a.insert_addr(&b.addr()).unwrap();
         fabric.fail_sends(&a.addr(), 1);
-        send(&mut a, ah, 0, b"lost", 1);
+        send(&mut a, ah, BufId(0), b"lost", 1);
         assert_eq!(poll_all(&mut a)[0].status, CqStatus::DeviceError);
 
         // One buffer, which the injected packet takes: the next packet is
         // still in flight (held for a buffer) when its target dies.
-        b.post_recv(&[1]);
+        b.post_recv(&[BufId(1)]);
         fabric.inject(&b.addr(), 77, b"\x40\x04");
         let got = poll_all(&mut b);
         assert_eq!(got[0].src, Source::Unknown { qpn: 77 });
-        assert_eq!(&b.held(1)[..2], b"\x40\x04");
+        assert_eq!(&b.held(BufId(1))[..2], b"\x40\x04");
 
-        send(&mut a, ah, 1, b"doomed", 2);
+        send(&mut a, ah, BufId(1), b"doomed", 2);
         fabric.kill(&b.addr());
         assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
-        send(&mut a, ah, 2, b"late", 3);
+        send(&mut a, ah, BufId(2), b"late", 3);
         assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
         assert!(poll_all(&mut b).is_empty(), "a dead device completes nothing");
 
@@ -1926,8 +1937,8 @@ mod tests {
         let mut b2 = fabric.restart(&b.addr());
         assert_eq!(b2.addr().qpn, b.addr().qpn);
         assert_ne!(b2.addr().connid, b.addr().connid);
-        b2.post_recv(&[0]);
-        send(&mut a, ah, 3, b"hi", 4);
+        b2.post_recv(&[BufId(0)]);
+        send(&mut a, ah, BufId(3), b"hi", 4);
         assert_eq!(poll_all(&mut b2).len(), 1);
     }
 
@@ -1936,8 +1947,8 @@ mod tests {
         let faults = Faults { drop_ppm: 1_000_000, ..Faults::NONE };
         let (fabric, mut a, mut b) = pair(SimConfig { faults, ..SimConfig::default() });
         let ah = a.insert_addr(&b.addr()).unwrap();
-        b.post_recv(&[4, 5]);
-        send(&mut a, ah, 0, b"lost once", 1);
+        b.post_recv(&[BufId(4), BufId(5)]);
+        send(&mut a, ah, BufId(0), b"lost once", 1);
         assert!(poll_all(&mut b).is_empty(), "dropped: held for its retransmission");
         fabric.set_faults(Faults::NONE);
         assert!(poll_all(&mut b).is_empty(), "not due before the delay");
@@ -1945,18 +1956,19 @@ mod tests {
         assert_eq!(fabric.now_ns(), SimConfig::default().retransmit_ns);
         let got = poll_all(&mut b);
         assert_eq!(got.len(), 1, "delivered once");
-        assert_eq!(&b.held(got[0].wr_id as BufId)[..9], b"lost once");
+        assert_eq!(&b.held(BufId::from_wr_id(got[0].wr_id))[..9], b"lost once");
         assert_eq!(poll_all(&mut a).len(), 1, "and its send completes");
         assert!(!fabric.skip_to_next_due(), "nothing held");
 
         // Corrupted and truncated bytes land as sent by a hostile peer.
         let faults = Faults { corrupt_ppm: 1_000_000, truncate_ppm: 1_000_000, ..Faults::NONE };
         fabric.set_faults(faults);
-        b.post_recv(&[6]);
-        send(&mut a, ah, 1, &[0u8; 100], 2);
+        b.post_recv(&[BufId(6)]);
+        send(&mut a, ah, BufId(1), &[0u8; 100], 2);
         let got = poll_all(&mut b);
         assert!(got[0].len < 100, "truncated: {}", got[0].len);
-        let flipped: u32 = b.held(6)[..got[0].len as usize].iter().map(|x| x.count_ones()).sum();
+        let flipped: u32 =
+            b.held(BufId(6))[..got[0].len as usize].iter().map(|x| x.count_ones()).sum();
         assert!(flipped <= 1, "one bit at most (it may have been cut off)");
         assert_eq!(fabric.stats(&b.addr()).damaged, 1);
         let s = fabric.fault_stats();
@@ -1968,9 +1980,10 @@ mod tests {
         let faults = Faults { queue_full_ppm: 500_000, ..Faults::NONE };
         let (fabric, mut a, mut b) = pair(SimConfig { faults, ..SimConfig::default() });
         let ah = a.insert_addr(&b.addr()).unwrap();
-        b.post_recv(&(100..200).collect::<Vec<_>>());
-        let wrs: Vec<SendWr> =
-            (0..100).map(|i| SendWr { ah, buf: i, len: 1, data: None, wr_id: i as u64 }).collect();
+        b.post_recv(&(100..200).map(BufId).collect::<Vec<_>>());
+        let wrs: Vec<SendWr> = (0..100)
+            .map(|i| SendWr { ah, buf: BufId(i), len: 1, data: None, wr_id: i as u64 })
+            .collect();
         let mut posted = 0;
         let mut calls = 0;
         while posted < wrs.len() {
@@ -1988,8 +2001,8 @@ mod tests {
         let cfg = SimConfig { faults, ..SimConfig::default() };
         let (fabric, mut a, mut b) = pair(cfg);
         let ah = a.insert_addr(&b.addr()).unwrap();
-        b.post_recv(&[0, 1, 2]);
-        send(&mut a, ah, 0, b"twice", 1);
+        b.post_recv(&[BufId(0), BufId(1), BufId(2)]);
+        send(&mut a, ah, BufId(0), b"twice", 1);
         let mut out = [Cqe::default(); 1];
         assert_eq!(b.poll(&mut out), 1);
         // Stop before the duplicate is itself duplicated.
@@ -1997,7 +2010,7 @@ mod tests {
         let mut got = vec![out[0]];
         got.extend(poll_all(&mut b));
         assert_eq!(got.len(), 2);
-        assert_eq!(&b.held(got[1].wr_id as u32)[..5], b"twice");
+        assert_eq!(&b.held(BufId::from_wr_id(got[1].wr_id))[..5], b"twice");
         assert_eq!(poll_all(&mut a).len(), 1, "one send completion");
     }
 

@@ -7,7 +7,7 @@
 //! operation element by element in its own thread: nothing else touches
 //! the target in between, which is what makes it atomic.
 
-use super::ops::{AtomicReq, MAX_IOV, Proto, Sgl, TxKind};
+use super::ops::{Answer, AtomicReq, MAX_IOV, Proto, Sgl, TxKind, TxPhase};
 use super::types::{BufId, Ctrl, FAST_PATHS, Owner, RemoteId, ReqInfo, RtaClass, TxId};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
 use crate::device::{Access, Device, HeldBufs};
@@ -321,7 +321,6 @@ impl<D: Device> Endpoint<D> {
             return Err(Error::Again);
         }
         let msg_id = self.next_msg_id(peer);
-        let watch = dc || class != RtaClass::Write;
         let id = self
             .tx_ops
             .insert_with(|t| {
@@ -332,10 +331,9 @@ impl<D: Device> Endpoint<D> {
                 t.set_remote(remote);
                 t.msg_id = msg_id;
                 t.dc = dc;
-                t.awaiting_peer = watch;
             })
             .expect("checked room");
-        if watch {
+        if self.tx_ops.get(id).expect("live op").watches_peer() {
             self.watch_tx(id);
         }
         if FAST_PATHS && self.txq.has_free_buf() && self.txq.waiting() == 0 {
@@ -509,7 +507,8 @@ impl<D: Device> Endpoint<D> {
             return;
         };
         let result = op.atomic.and_then(|a| a.result);
-        let fits = op.kind == TxKind::Atomic && op.awaiting_peer && !op.dc && op.peer == peer;
+        let fits =
+            op.phase == TxPhase::Transfer { awaits: Some(Answer::AtomRsp) } && op.peer == peer;
         let Some(result) = result.filter(|_| fits) else {
             self.counters.drop(DropReason::StaleId);
             return;
@@ -521,7 +520,7 @@ impl<D: Device> Endpoint<D> {
         let (off, n) = (payload_off as usize, result.len as usize);
         self.dev.copy_to_region(buf, off, result.mr, result.offset as usize, n);
         let op = self.tx_ops.get_mut(id).expect("live op");
-        op.awaiting_peer = false;
+        op.phase = TxPhase::Transfer { awaits: None };
         if op.is_done() {
             self.finish_tx_op(id);
         }
@@ -564,7 +563,7 @@ impl<D: Device> Endpoint<D> {
             at = self.copy_operand(buf, at, &c);
         }
         let op = self.tx_ops.get_mut(id).expect("live op");
-        op.req_built = true;
+        op.start_transfer();
         // The operands went in the REQ.
         op.sent = op.total;
         op.in_flight += 1;

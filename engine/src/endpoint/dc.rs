@@ -2,6 +2,7 @@
 //! receiver sends once the data is in the target buffer; the sender's
 //! operation completes only then. A read protocol ends with EOR instead.
 
+use super::ops::{Answer, TxPhase};
 use super::types::{BufId, RemoteId, TxId};
 use super::{DropReason, Endpoint, Error, PeerId};
 use crate::device::{Device, HeldBufs};
@@ -26,12 +27,12 @@ impl<D: Device> Endpoint<D> {
             return;
         };
         // A read protocol ends with EOR, whatever was asked.
-        let reads = op.proto.is_read();
-        if op.peer != peer || !op.dc || !op.awaiting_peer || reads {
+        let awaited = op.phase == TxPhase::Transfer { awaits: Some(Answer::Receipt) };
+        if op.peer != peer || !awaited {
             self.counters.drop(DropReason::StaleId);
             return;
         }
-        op.awaiting_peer = false;
+        op.phase = TxPhase::Transfer { awaits: None };
         if op.is_done() {
             self.finish_tx_op(send_id);
         }

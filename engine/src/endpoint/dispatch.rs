@@ -1,35 +1,275 @@
-//! Packet type to handler, in one place: the table of REQ types (what
-//! operation and protocol each carries, tagged or not, delivery complete
-//! or not), read one way to learn what an arriving REQ is and the other to
-//! pick the REQ a send-side operation begins with; and the receive path
-//! every packet takes to its protocol's handler:
-//!
-//! | packet | handler | module |
-//! |---|---|---|
-//! | any RTM (eager, medium, long-CTS, long-read, runting read; DC_ too) | in msg_id order, `handle_new_msg`; a later segment, `handle_segment`; the long-CTS REQ re-sent after a READ_NACK, `handle_nack_retry` | `msg`, `medium`, `nack` |
-//! | WRITE_RTA, DC_WRITE_RTA, FETCH_RTA, COMPARE_RTA | in msg_id order, `handle_rta` | `atomic` |
-//! | EAGER_RTW, DC_EAGER_RTW | `handle_eager_rtw` | `write` |
-//! | LONGCTS_RTW, DC_LONGCTS_RTW, LONGREAD_RTW | `handle_long_rtw` | `write` |
-//! | SHORT_RTR, LONGCTS_RTR | `handle_rtr` | `read` |
-//! | CTS | `handle_cts` | `longcts` |
-//! | CTSDATA, READRSP | `handle_data` | `longcts` |
-//! | ATOMRSP | `handle_atomrsp` | `atomic` |
-//! | EOR | `handle_eor` | `longread` |
-//! | RECEIPT | `handle_receipt` | `dc` |
-//! | READ_NACK | `handle_read_nack` | `nack` |
-//! | HANDSHAKE | `handle_handshake` | `handshake` |
+//! Packet type to handler, in one place: the `routes!` table below gives
+//! each packet type the endpoint takes its class (how the receive path
+//! takes it in: in msg_id order, at once, its buffer released after), the
+//! protocol module it belongs to (the module map's file, which a test
+//! holds the map to) and its handler. Read the other way, the same table
+//! gives the REQ type a send-side operation begins with ([`req_type`]).
 //!
 //! An eager RTM from a known peer usually never gets here: header
 //! prediction (`eager`) lands it first.
 
-use super::ops::{Proto, TxKind};
+use super::ops::Proto::{self, Eager, LongCts, LongRead, Medium, RuntRead};
+use super::ops::TxKind;
 use super::types::{BufId, FAST_PATHS, RemoteId, ReqInfo, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
 use crate::device::{CqStatus, Cqe, Device, HeldBufs};
 use crate::wire::{
     AtomRspRepr, CtsDataRepr, CtsRepr, EorRepr, Packet, PacketType, ReadNackRepr, ReadRspRepr,
-    ReceiptRepr, ReqClass, ReqFlags,
+    ReceiptRepr, ReqFlags,
 };
+
+/// How the receive path takes a packet in, before its handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Class {
+    /// Not a type the endpoint takes: counted as unsupported and dropped.
+    None,
+    /// A message's REQ (RTM): in msg_id order; later segments (medium,
+    /// runting read) and a READ_NACK's re-sent REQ join the message begun.
+    Message { proto: Proto, tagged: bool, dc: bool },
+    /// An atomic's REQ (RTA): in msg_id order.
+    Atomic,
+    /// A write's REQ (RTW): at once.
+    Write { proto: Proto, dc: bool },
+    /// A read's REQ (RTR): at once.
+    Read,
+    /// Any other packet: at once, its buffer released after its handler.
+    Ctrl,
+}
+
+impl Class {
+    /// Whether it waits for its msg_id's turn.
+    #[inline]
+    pub(super) fn is_ordered(self) -> bool {
+        matches!(self, Class::Message { .. } | Class::Atomic)
+    }
+
+    /// Whether later packets carry its msg_id too (medium and runting-read
+    /// segments), so that a message already begun must be looked up.
+    #[inline]
+    pub(super) fn continues_a_message(self) -> bool {
+        matches!(self, Class::Message { proto: Medium | RuntRead, .. })
+    }
+}
+
+/// A REQ's handler. False when the packet cannot be taken in yet (no room
+/// for its entry or its answer): it waits, in its msg_id's turn or with
+/// the stalled packets. Otherwise its buffer is the handler's to hold or
+/// release.
+type ReqFn<D> = fn(&mut Endpoint<D>, BufId, PeerId, &ReqInfo) -> bool;
+
+/// Any other packet's handler; its buffer is released after it.
+type CtrlFn<D> = fn(&mut Endpoint<D>, BufId, PeerId, &Parsed);
+
+/// A packet type's handler, by the headers it takes.
+enum Handler<D: Device> {
+    None,
+    Req(ReqFn<D>),
+    Ctrl(CtrlFn<D>),
+}
+
+impl<D: Device> Clone for Handler<D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D: Device> Copy for Handler<D> {}
+
+/// The receive path, one row per packet type taken: `type, module,
+/// class, kind handler`, the kind `req` (a [`ReqFn`]), `once` (a REQ's
+/// handler that is done with the packet when it returns, which is then
+/// released) or `ctrl` (a [`CtrlFn`]). It makes [`ROUTED`] (types,
+/// classes and modules: what the rest reads) and `Endpoint::HANDLERS`
+/// (the handlers by type id: what the receive path calls).
+macro_rules! routes {
+    ($($ptype:ident, $module:ident, $class:expr, $kind:ident $handler:expr;)*) => {
+        /// Every packet type the endpoint takes: its class, and the module
+        /// of the protocol it belongs to.
+        pub(super) const ROUTED: &[(PacketType, Class, &str)] =
+            &[$((PacketType::$ptype, $class, stringify!($module)),)*];
+
+        impl<D: Device> Endpoint<D> {
+            /// The handlers, by type id: an indexed load and a call, for
+            /// every type.
+            const HANDLERS: [Handler<D>; 256] = {
+                let mut t = [Handler::None; 256];
+                $(t[PacketType::$ptype.id() as usize] = routes!(@handler $kind $handler);)*
+                t
+            };
+        }
+    };
+    (@handler req $h:expr) => { Handler::Req($h) };
+    (@handler once $h:expr) => {
+        Handler::Req(|ep, buf, peer, info| {
+            $h(ep, buf, peer, info);
+            ep.release_rx(buf);
+            true
+        })
+    };
+    (@handler ctrl $h:expr) => { Handler::Ctrl($h) };
+}
+
+const fn msg(proto: Proto, tagged: bool, dc: bool) -> Class {
+    Class::Message { proto, tagged, dc }
+}
+
+const fn write(proto: Proto, dc: bool) -> Class {
+    Class::Write { proto, dc }
+}
+
+routes! {
+    // Messages, tagged or not, delivery complete or not (spec 3.2, 4.1,
+    // 4.2, 4.5); every protocol's first packet is matched in msg.rs.
+    EagerMsgRtm, eager, msg(Eager, false, false), req Self::handle_new_msg;
+    EagerTagRtm, eager, msg(Eager, true, false), req Self::handle_new_msg;
+    DcEagerMsgRtm, eager, msg(Eager, false, true), req Self::handle_new_msg;
+    DcEagerTagRtm, eager, msg(Eager, true, true), req Self::handle_new_msg;
+    MediumMsgRtm, medium, msg(Medium, false, false), req Self::handle_new_msg;
+    MediumTagRtm, medium, msg(Medium, true, false), req Self::handle_new_msg;
+    DcMediumMsgRtm, medium, msg(Medium, false, true), req Self::handle_new_msg;
+    DcMediumTagRtm, medium, msg(Medium, true, true), req Self::handle_new_msg;
+    LongCtsMsgRtm, longcts, msg(LongCts, false, false), req Self::handle_new_msg;
+    LongCtsTagRtm, longcts, msg(LongCts, true, false), req Self::handle_new_msg;
+    DcLongCtsMsgRtm, longcts, msg(LongCts, false, true), req Self::handle_new_msg;
+    DcLongCtsTagRtm, longcts, msg(LongCts, true, true), req Self::handle_new_msg;
+    LongReadMsgRtm, longread, msg(LongRead, false, false), req Self::handle_new_msg;
+    LongReadTagRtm, longread, msg(LongRead, true, false), req Self::handle_new_msg;
+    RuntReadMsgRtm, runtread, msg(RuntRead, false, false), req Self::handle_new_msg;
+    RuntReadTagRtm, runtread, msg(RuntRead, true, false), req Self::handle_new_msg;
+    // Long-CTS data, and its flow control (also an emulated read's).
+    Cts, longcts, Class::Ctrl, ctrl |ep, _, peer, p| {
+        if let Parsed::Cts(cts) = p {
+            ep.handle_cts(peer, cts)
+        }
+    };
+    CtsData, longcts, Class::Ctrl, ctrl |ep, buf, peer, p| {
+        if let &Parsed::CtsData { repr: r, payload_off } = p {
+            let id = RxId(r.recv_id);
+            ep.handle_data(buf, peer, id, r.seg_offset, r.seg_length, payload_off, None)
+        }
+    };
+    // The receiver of a read protocol read it all.
+    Eor, longread, Class::Ctrl, ctrl |ep, _, peer, p| {
+        if let Parsed::Eor(r) = p {
+            ep.handle_eor(peer, TxId(r.send_id))
+        }
+    };
+    // Emulated writes (spec 3.3, 4.1): eager, or a receive entry at the
+    // target for the rest.
+    EagerRtw, write, write(Eager, false), once Self::handle_eager_rtw;
+    DcEagerRtw, write, write(Eager, true), once Self::handle_eager_rtw;
+    LongCtsRtw, write, write(LongCts, false), req Self::handle_long_rtw;
+    DcLongCtsRtw, write, write(LongCts, true), req Self::handle_long_rtw;
+    LongReadRtw, write, write(LongRead, false), req Self::handle_long_rtw;
+    // Emulated reads (spec 3.3): the responder's answer is long-CTS's.
+    ShortRtr, read, Class::Read, once Self::handle_rtr;
+    LongCtsRtr, read, Class::Read, once Self::handle_rtr;
+    ReadRsp, read, Class::Ctrl, ctrl |ep, buf, peer, p| {
+        if let &Parsed::ReadRsp { repr: r, payload_off } = p {
+            let (id, send_id) = (RxId(r.recv_id), Some(RemoteId(r.send_id)));
+            ep.handle_data(buf, peer, id, 0, r.recv_length, payload_off, send_id)
+        }
+    };
+    // Emulated atomics (spec 3.3).
+    WriteRta, atomic, Class::Atomic, req Self::handle_rta;
+    DcWriteRta, atomic, Class::Atomic, req Self::handle_rta;
+    FetchRta, atomic, Class::Atomic, req Self::handle_rta;
+    CompareRta, atomic, Class::Atomic, req Self::handle_rta;
+    AtomRsp, atomic, Class::Ctrl, ctrl |ep, buf, peer, p| {
+        if let Parsed::AtomRsp { repr, payload_off } = p {
+            ep.handle_atomrsp(buf, peer, repr, *payload_off)
+        }
+    };
+    // Delivery complete (spec 4.2).
+    Receipt, dc, Class::Ctrl, ctrl |ep, _, peer, p| {
+        if let Parsed::Receipt(r) = p {
+            ep.handle_receipt(peer, TxId(r.send_id))
+        }
+    };
+    // The receiver cannot read: long-CTS instead (spec 4.7).
+    ReadNack, nack, Class::Ctrl, ctrl |ep, _, peer, p| {
+        if let Parsed::ReadNack(r) = p {
+            ep.handle_read_nack(peer, TxId(r.send_id))
+        }
+    };
+    // What the peer supports (spec 2.1).
+    Handshake, handshake, Class::Ctrl, ctrl |ep, _, peer, p| {
+        if let &Parsed::Handshake { features, .. } = p {
+            ep.handle_handshake(peer, features)
+        }
+    };
+}
+
+/// Classes by type id.
+const CLASSES: [Class; 256] = {
+    let mut t = [Class::None; 256];
+    let mut i = 0;
+    while i < ROUTED.len() {
+        t[ROUTED[i].0.id() as usize] = ROUTED[i].1;
+        i += 1;
+    }
+    t
+};
+
+/// A REQ's class.
+#[inline(always)]
+pub(super) fn req_class(info: &ReqInfo) -> Class {
+    CLASSES[info.type_id as usize]
+}
+
+/// What an arriving message is, by its REQ type: protocol, tagged,
+/// delivery complete.
+#[inline]
+pub(super) fn msg_proto(info: &ReqInfo) -> Option<(Proto, bool, bool)> {
+    match req_class(info) {
+        Class::Message { proto, tagged, dc } => Some((proto, tagged, dc)),
+        _ => None,
+    }
+}
+
+/// Where `req_type` looks a REQ up: a write or a message, by protocol,
+/// tagged, delivery complete.
+const fn req_index(write: bool, proto: Proto, tagged: bool, dc: bool) -> usize {
+    (write as usize) * 20 + (proto as usize) * 4 + (tagged as usize) * 2 + dc as usize
+}
+
+/// The routes' REQ types read the other way (writes are not tagged: both
+/// slots hold the type).
+const REQ_TYPES: [Option<PacketType>; 40] = {
+    let mut t = [None; 40];
+    let mut i = 0;
+    while i < ROUTED.len() {
+        let (ptype, class, _) = ROUTED[i];
+        match class {
+            Class::Message { proto, tagged, dc } => {
+                t[req_index(false, proto, tagged, dc)] = Some(ptype)
+            }
+            Class::Write { proto, dc } => {
+                t[req_index(true, proto, false, dc)] = Some(ptype);
+                t[req_index(true, proto, true, dc)] = Some(ptype);
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The REQ type of a send-side operation's first packet (an atomic's RTA
+/// is `atomic::build_rta`'s, an emulated read's response `read`'s).
+pub(super) fn req_type(kind: TxKind, proto: Proto, tagged: bool, dc: bool) -> PacketType {
+    // The read protocols end with EOR, delivery complete or not (spec 4.2).
+    let dc = dc && !matches!(proto, LongRead | RuntRead);
+    let write = match kind {
+        TxKind::Msg => false,
+        TxKind::Write => true,
+        _ => unreachable!("{kind:?} begins with no REQ of the table"),
+    };
+    match REQ_TYPES[req_index(write, proto, tagged, dc)] {
+        Some(ptype) => ptype,
+        None => unreachable!("{kind:?} by {proto:?} begins with no REQ of the table"),
+    }
+}
 
 /// A received packet's headers, owned. A stack temporary of one packet's
 /// handling: its size costs a copy, a box would cost an allocation.
@@ -79,72 +319,10 @@ fn parse(bytes: &[u8]) -> Result<Parsed, crate::wire::WireError> {
     })
 }
 
-/// The REQ types messages and writes begin with, each once: what it
-/// carries (protocol, tagged, delivery complete). `msg_proto` reads the
-/// table from type to protocol, for what arrives; `req_type` from
-/// protocol to type, for what a send-side operation sends first.
-macro_rules! req_types {
-    (
-        messages { $($m:ident => $mp:ident, $mt:literal, $md:literal;)* }
-        writes { $($w:ident => $wp:ident, $wd:literal;)* }
-    ) => {
-        /// What an arriving message is, by its REQ type: protocol, tagged,
-        /// delivery complete.
-        pub(super) fn msg_proto(ptype: PacketType) -> Option<(Proto, bool, bool)> {
-            Some(match ptype {
-                $(PacketType::$m => (Proto::$mp, $mt, $md),)*
-                _ => return None,
-            })
-        }
-
-        /// The REQ type of a send-side operation's first packet (an
-        /// atomic's RTA is `atomic::build_rta`'s, an emulated read's
-        /// response `read`'s).
-        pub(super) fn req_type(kind: TxKind, proto: Proto, tagged: bool, dc: bool) -> PacketType {
-            // The read protocols end with EOR, delivery complete or not
-            // (spec 4.2); writes are not tagged.
-            let dc = dc && !matches!(proto, Proto::LongRead | Proto::RuntRead);
-            match (kind, proto, tagged, dc) {
-                $((TxKind::Msg, Proto::$mp, $mt, $md) => PacketType::$m,)*
-                $((TxKind::Write, Proto::$wp, _, $wd) => PacketType::$w,)*
-                _ => unreachable!("{kind:?} by {proto:?} begins with no REQ of the table"),
-            }
-        }
-    };
-}
-
-req_types! {
-    messages {
-        EagerMsgRtm => Eager, false, false;
-        EagerTagRtm => Eager, true, false;
-        DcEagerMsgRtm => Eager, false, true;
-        DcEagerTagRtm => Eager, true, true;
-        MediumMsgRtm => Medium, false, false;
-        MediumTagRtm => Medium, true, false;
-        DcMediumMsgRtm => Medium, false, true;
-        DcMediumTagRtm => Medium, true, true;
-        LongCtsMsgRtm => LongCts, false, false;
-        LongCtsTagRtm => LongCts, true, false;
-        DcLongCtsMsgRtm => LongCts, false, true;
-        DcLongCtsTagRtm => LongCts, true, true;
-        LongReadMsgRtm => LongRead, false, false;
-        LongReadTagRtm => LongRead, true, false;
-        RuntReadMsgRtm => RuntRead, false, false;
-        RuntReadTagRtm => RuntRead, true, false;
-    }
-    writes {
-        EagerRtw => Eager, false;
-        DcEagerRtw => Eager, true;
-        LongCtsRtw => LongCts, false;
-        DcLongCtsRtw => LongCts, true;
-        LongReadRtw => LongRead, false;
-    }
-}
-
 impl<D: Device> Endpoint<D> {
     /// A receive buffer completed.
     pub(super) fn handle_recv(&mut self, cqe: &Cqe) {
-        let buf = cqe.wr_id as BufId;
+        let buf = BufId::from_wr_id(cqe.wr_id);
         self.rx_posted -= 1;
         if cqe.status != CqStatus::Ok {
             self.counters.drop(DropReason::DeviceError);
@@ -170,7 +348,7 @@ impl<D: Device> Endpoint<D> {
                 self.counters.drop(DropReason::Unsupported);
                 self.release_rx(buf);
             } else {
-                self.rx_meta[buf as usize].payload_off = info.payload_off;
+                self.rx_meta[buf.index()].payload_off = info.payload_off;
                 self.handle_req(buf, peer, &info);
             }
             return;
@@ -179,36 +357,14 @@ impl<D: Device> Endpoint<D> {
             Ok(p) => p,
             Err(e) => return self.drop_malformed(buf, e),
         };
+        // It parsed: it has a type byte.
+        let ptype = bytes[0];
         let Some(peer) = self.accept_from(buf, len, cqe.src, parsed.connid(), None) else {
             return;
         };
-        match parsed {
-            Parsed::Cts(cts) => self.handle_cts(peer, &cts),
-            Parsed::CtsData { repr, payload_off } => self.handle_data(
-                buf,
-                peer,
-                RxId(repr.recv_id),
-                repr.seg_offset,
-                repr.seg_length,
-                payload_off,
-                None,
-            ),
-            Parsed::ReadRsp { repr, payload_off } => self.handle_data(
-                buf,
-                peer,
-                RxId(repr.recv_id),
-                0,
-                repr.recv_length,
-                payload_off,
-                Some(RemoteId(repr.send_id)),
-            ),
-            Parsed::AtomRsp { repr, payload_off } => {
-                self.handle_atomrsp(buf, peer, &repr, payload_off)
-            }
-            Parsed::Eor(eor) => self.handle_eor(peer, TxId(eor.send_id)),
-            Parsed::Receipt(r) => self.handle_receipt(peer, TxId(r.send_id)),
-            Parsed::ReadNack(n) => self.handle_read_nack(peer, TxId(n.send_id)),
-            Parsed::Handshake { features, .. } => self.handle_handshake(peer, features),
+        match Self::HANDLERS[ptype as usize] {
+            Handler::Ctrl(handle) => handle(self, buf, peer, &parsed),
+            _ => self.counters.drop(DropReason::Unsupported),
         }
         self.release_rx(buf);
     }
@@ -220,10 +376,13 @@ impl<D: Device> Endpoint<D> {
         self.release_rx(buf);
     }
 
-    /// A REQ: in msg_id order if its type carries one, else at once.
+    /// A REQ: in msg_id order if its class has one, else at once.
     pub(super) fn handle_req(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
-        if !info.has_msg_id() {
-            self.handle_unordered_req(buf, peer, info);
+        let class = req_class(info);
+        if !class.is_ordered() {
+            if !self.deliver_req(buf, peer, info) {
+                self.stalled_bufs.push_back(buf);
+            }
             return;
         }
         // The long-CTS REQ re-sent after a READ_NACK continues a message
@@ -240,7 +399,7 @@ impl<D: Device> Endpoint<D> {
             return;
         }
         // Later packets of a message already begun (medium segments).
-        if info.continues_a_message()
+        if class.continues_a_message()
             && let Some(rx) = self.in_progress.get(peer, info.msg_id)
         {
             self.handle_segment(buf, rx, info);
@@ -279,38 +438,103 @@ impl<D: Device> Endpoint<D> {
         }
     }
 
-    /// Takes in a REQ with a msg_id (a message or an atomic) that may go
-    /// now: its turn has come, or the endpoint does not order messages.
-    /// Returns false, leaving the packet to the caller, when it cannot be
-    /// taken in yet.
+    /// Takes in a REQ that may go now (its turn has come, or it has no
+    /// turn to wait for) by its handler. Returns false, leaving the packet
+    /// to the caller, when it cannot be taken in yet.
     #[inline(always)]
     pub(super) fn deliver_req(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) -> bool {
-        match info.class {
-            ReqClass::Rta => self.handle_rta(buf, peer, info),
-            _ => self.handle_new_msg(buf, peer, info),
+        match Self::HANDLERS[info.type_id as usize] {
+            Handler::Req(handle) => handle(self, buf, peer, info),
+            _ => {
+                self.counters.drop(DropReason::Unsupported);
+                self.release_rx(buf);
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::sim::SimDevice;
+    use crate::wire::{ReqClass, ReqLayout};
+
+    #[test]
+    fn every_packet_type_has_one_route_and_a_req_the_class_its_codec_says() {
+        for &ptype in PacketType::ALL {
+            let routes = ROUTED.iter().filter(|r| r.0 == ptype).count();
+            assert_eq!(routes, 1, "{ptype}: {routes} routes");
+            let class = CLASSES[ptype.id() as usize];
+            let wire = ReqLayout::of(ptype).map(|l| l.class);
+            let agrees = matches!(
+                (class, wire),
+                (Class::Message { .. }, Some(ReqClass::Rtm))
+                    | (Class::Atomic, Some(ReqClass::Rta))
+                    | (Class::Write { .. }, Some(ReqClass::Rtw))
+                    | (Class::Read, Some(ReqClass::Rtr))
+                    | (Class::Ctrl, None)
+            );
+            assert!(agrees, "{ptype}: class {class:?}, codec {wire:?}");
+            let handler = Endpoint::<SimDevice>::HANDLERS[ptype.id() as usize];
+            let kind_agrees = match handler {
+                Handler::Req(_) => class != Class::Ctrl,
+                Handler::Ctrl(_) => class == Class::Ctrl,
+                Handler::None => false,
+            };
+            assert!(kind_agrees, "{ptype}: its handler is not of its class");
         }
     }
 
-    /// REQs without a msg_id: the emulated write and read protocols.
-    fn handle_unordered_req(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
-        match info.ptype {
-            PacketType::ShortRtr | PacketType::LongCtsRtr => self.handle_rtr(buf, peer, info),
-            PacketType::EagerRtw | PacketType::DcEagerRtw => self.handle_eager_rtw(buf, peer, info),
-            // Flagged READ_NACK, a long-CTS write is the retry of a
-            // long-read one we could not read, new to us and without data
-            // (interop notes); a long-read write cannot be a retry.
-            PacketType::LongCtsRtw | PacketType::DcLongCtsRtw
-                if !info.flags.contains(ReqFlags::READ_NACK) || info.payload_len == 0 =>
-            {
-                self.handle_long_rtw(buf, peer, info);
-                return;
+    #[test]
+    fn req_type_reads_the_message_and_write_rows_back() {
+        for &(ptype, class, _) in ROUTED {
+            match class {
+                Class::Message { proto, tagged, dc } => {
+                    assert_eq!(req_type(TxKind::Msg, proto, tagged, dc), ptype);
+                }
+                Class::Write { proto, dc } => {
+                    assert_eq!(req_type(TxKind::Write, proto, false, dc), ptype);
+                    assert_eq!(req_type(TxKind::Write, proto, true, dc), ptype);
+                }
+                _ => {}
             }
-            PacketType::LongReadRtw if !info.flags.contains(ReqFlags::READ_NACK) => {
-                self.handle_long_rtw(buf, peer, info);
-                return;
-            }
-            _ => self.counters.drop(DropReason::Unsupported),
         }
-        self.release_rx(buf);
+        // The read protocols end with EOR, delivery complete or not.
+        assert_eq!(req_type(TxKind::Msg, LongRead, true, true), PacketType::LongReadTagRtm);
+        assert_eq!(req_type(TxKind::Write, LongRead, false, true), PacketType::LongReadRtw);
+    }
+
+    /// The module map (mod.rs) names each packet type in the row of the
+    /// protocol module its route gives, and in no other row.
+    #[test]
+    fn the_module_map_agrees_with_the_routes() {
+        let doc = include_str!("mod.rs");
+        let map = doc.split("# Map").nth(1).expect("the module doc has a map");
+        let rows: Vec<(&str, Vec<PacketType>)> = map
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | "))
+            .filter_map(|row| {
+                let cols: Vec<&str> = row.split(" | ").collect();
+                let file = cols.get(1)?.split_whitespace().next()?.strip_suffix(".rs")?;
+                let named = cols
+                    .get(2)?
+                    // Words whole: long-CTS is a protocol, not a packet.
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || "_-'".contains(c)))
+                    .filter_map(PacketType::from_name)
+                    .collect();
+                Some((file, named))
+            })
+            .collect();
+        assert!(rows.len() >= 10, "the map's rows: {rows:?}");
+        for &(ptype, _, module) in ROUTED {
+            let files: Vec<&str> =
+                rows.iter().filter(|(_, named)| named.contains(&ptype)).map(|r| r.0).collect();
+            assert_eq!(
+                files,
+                [module],
+                "{ptype}: routed to {module}.rs, in the map's rows {files:?}"
+            );
+        }
     }
 }

@@ -9,7 +9,7 @@
 use super::cq::Op;
 use super::msg::{SCATTERED, copy_in, copy_in_span};
 use super::ops::{Posted, Proto, Sgl};
-use super::types::{BufId, EagerSend, Held, Owner, RxId};
+use super::types::{BufId, EagerSend, FAST_PATHS, Held, Owner, RxId};
 use super::{Endpoint, Error, PeerId, Span};
 use crate::device::{DataSeg, Device, HeldBufs, Source};
 use crate::wire::{EagerRtm, PacketType, ReqRepr};
@@ -27,7 +27,6 @@ impl<D: Device> Endpoint<D> {
         cq_data: Option<u64>,
         ctx: u64,
     ) {
-        let msg_id = self.next_msg_id(peer);
         let done = EagerSend {
             ctx,
             tag: tag.unwrap_or(0),
@@ -35,18 +34,40 @@ impl<D: Device> Endpoint<D> {
             peer,
             tagged: tag.is_some(),
         };
-        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer, msg_id, tag, cq_data);
-        let n = src.len as usize;
+        let (buf, hdr) = self.begin_eager(peer, done, tag, cq_data);
         let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
-        if n > 0 && self.gathers(hdr, n) {
+        self.finish_eager(peer, ptype, buf, hdr, src);
+    }
+
+    /// Takes a TX buffer for eager message `done` to `peer` (the caller
+    /// checked one is free) and writes its header; returns the buffer and
+    /// the header's length.
+    #[inline(always)]
+    fn begin_eager(
+        &mut self,
+        peer: PeerId,
+        done: EagerSend,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+    ) -> (BufId, usize) {
+        let msg_id = self.next_msg_id(peer);
+        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        (buf, self.emit_eager(buf, peer, msg_id, tag, cq_data))
+    }
+
+    /// Puts `src` behind the first `at` bytes of eager packet `buf`, as a
+    /// gather element or copied (see `gathers`), and queues the packet.
+    #[inline(always)]
+    fn finish_eager(&mut self, peer: PeerId, ptype: PacketType, buf: BufId, at: usize, src: Span) {
+        let n = src.len as usize;
+        if n > 0 && self.gathers(at, n) {
             let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
-            self.push_packet(peer, ptype, buf, hdr, Some(data));
+            self.push_packet(peer, ptype, buf, at, Some(data));
         } else {
             if n > 0 {
-                self.dev.copy_from_region(src.mr, src.offset as usize, buf, hdr, n);
+                self.dev.copy_from_region(src.mr, src.offset as usize, buf, at, n);
             }
-            self.push_packet(peer, ptype, buf, hdr + n, None);
+            self.push_packet(peer, ptype, buf, at + n, None);
         }
         self.maybe_post();
     }
@@ -61,10 +82,8 @@ impl<D: Device> Endpoint<D> {
         cq_data: Option<u64>,
         ctx: u64,
     ) {
-        let msg_id = self.next_msg_id(peer);
         let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
-        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer, msg_id, None, cq_data);
+        let (buf, hdr) = self.begin_eager(peer, done, None, cq_data);
         let mut at = hdr;
         for s in sgl.segs() {
             let n = s.len as usize;
@@ -93,7 +112,7 @@ impl<D: Device> Endpoint<D> {
         let (held, total, tagged, tag, cq_data, peer) =
             (op.held, op.total, op.tagged, op.tag, op.cq_data, op.peer);
         let buf = held.first().expect("its packet");
-        let from = self.rx_meta[buf as usize].payload_off as usize;
+        let from = self.rx_meta[buf.index()].payload_off as usize;
         match sgl {
             Some(sgl) => copy_in(&mut self.dev, buf, from, sgl, 0, total),
             None => copy_in_span(&mut self.dev, buf, from, &dst, 0, total),
@@ -108,10 +127,11 @@ impl<D: Device> Endpoint<D> {
     /// CQ data when given), if that goes in one packet at once: true, and
     /// it completes with `ctx` as a send does. False, with nothing sent,
     /// when it would not (too long, no packet buffer free now, delivery
-    /// complete): then send the head from registered memory with
-    /// [`Endpoint::sendv`]. For a protocol framed on top of messages whose
-    /// header is built per message: no copy of it into registered memory
-    /// first.
+    /// complete; in a test build with the `general-paths` feature,
+    /// always): then send the head from registered memory with
+    /// [`Endpoint::sendv`], the general path this one saves a copy on. For
+    /// a protocol framed on top of messages whose header is built per
+    /// message: no copy of it into registered memory first.
     pub fn send_inline_head(
         &mut self,
         peer: PeerId,
@@ -143,27 +163,15 @@ impl<D: Device> Endpoint<D> {
         let total = head_len as u64 + src.len;
         // The eager size: a read is never chosen below it.
         let proto = self.choose_proto(peer, total, false, cq_data.is_some(), || false);
-        let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
+        let now = FAST_PATHS && self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || self.cfg.delivery_complete {
             return Ok(false);
         }
-        let msg_id = self.next_msg_id(peer);
         let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
-        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
-        let hdr = self.emit_eager(buf, peer, msg_id, None, cq_data);
+        let (buf, hdr) = self.begin_eager(peer, done, None, cq_data);
         let at = hdr + head_len;
         write_head(&mut self.dev.held_mut(buf)[hdr..at]);
-        let n = src.len as usize;
-        if n > 0 && self.gathers(at, n) {
-            let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
-            self.push_packet(peer, PacketType::EagerMsgRtm, buf, at, Some(data));
-        } else {
-            if n > 0 {
-                self.dev.copy_from_region(src.mr, src.offset as usize, buf, at, n);
-            }
-            self.push_packet(peer, PacketType::EagerMsgRtm, buf, at + n, None);
-        }
-        self.maybe_post();
+        self.finish_eager(peer, PacketType::EagerMsgRtm, buf, at, src);
         Ok(true)
     }
 
@@ -239,7 +247,7 @@ impl<D: Device> Endpoint<D> {
         if ahead == 0 || ahead >= self.cfg.reorder_window {
             return false;
         }
-        let meta = &mut self.rx_meta[buf as usize];
+        let meta = &mut self.rx_meta[buf.index()];
         meta.len = len as u32;
         meta.peer = peer;
         meta.payload_off = e.payload_off as u32;
@@ -324,7 +332,7 @@ impl<D: Device> Endpoint<D> {
     /// otherwise.
     #[inline]
     pub(super) fn drain_predicted(&mut self, peer: PeerId, slot: usize, head: BufId) -> bool {
-        let meta = self.rx_meta[head as usize];
+        let meta = self.rx_meta[head.index()];
         if !meta.next.is_empty() {
             return false;
         }

@@ -3,7 +3,7 @@
 //! data that fits, then CTSDATA packets as the receiver grants windows by
 //! CTS. Also what follows a READ_NACK (`nack`).
 
-use super::ops::{Proto, RxKind, RxProto, RxState, TxKind, TxProto};
+use super::ops::{Proto, RxKind, RxProto, RxState, TxKind, TxPhase, TxProto};
 use super::types::{BufId, Ctrl, RemoteId, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
 use crate::device::{Device, HeldBufs};
@@ -25,7 +25,7 @@ impl<D: Device> Endpoint<D> {
             TxKind::Msg | TxKind::Write => op.proto.name() == Proto::LongCts && !read,
             _ => false,
         };
-        if op.peer != peer || !fits || !op.req_built {
+        if op.peer != peer || !fits || op.phase == TxPhase::Start {
             self.counters.drop(DropReason::StaleId);
             return;
         }
@@ -89,10 +89,6 @@ impl<D: Device> Endpoint<D> {
         let window = self.cts_window_bytes(self.rx_ops.get(id).expect("live op").peer);
         let op = self.rx_ops.get_mut(id).expect("live op");
         let RxProto::LongCts { granted } = &mut op.proto else { return };
-        if op.kind != RxKind::Read && *granted == 0 {
-            // What the REQ carried was granted by the protocol itself.
-            *granted = op.received;
-        }
         // A read's CTS names the responder's operation, which its READRSP
         // tells; CTSDATA that overtook it must wait for it.
         let unknown_responder = op.kind == RxKind::Read && op.send_id == RemoteId::UNKNOWN;

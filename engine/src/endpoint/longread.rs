@@ -4,13 +4,13 @@
 //! operation. A runting read's RDMA half (spec 4.5) is the same.
 
 use super::cq::{Completion, Op};
-use super::ops::{Reads, RxKind, RxProto, Sgl};
+use super::ops::{ReadPhase, Reads, RxKind, RxProto, Sgl, TxPhase};
 use super::rdma::{next_segment, rdma_wr_id};
 use super::tx::device_status;
 use super::types::{BufId, RemoteId, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId, Span};
 use crate::device::{Access, CqStatus, Device, HeldBufs, RdmaOp};
-use crate::wire::{EorRepr, PacketType, PktFlags, extra};
+use crate::wire::{EorRepr, PacketType, PktFlags, ReadNackRepr, extra};
 
 impl<D: Device> Endpoint<D> {
     /// Long-read (or runting-read) data is to be read: prepare the buffer
@@ -32,8 +32,9 @@ impl<D: Device> Endpoint<D> {
         let op = self.rx_ops.get_mut(id).expect("live op");
         let end = op.total.min(op.dst.len());
         let reads = op.proto.reads_mut().expect("a read protocol");
-        reads.next = reads.runt;
-        if reads.next >= end {
+        let next = reads.runt;
+        reads.phase = ReadPhase::Reading { next, in_flight: 0 };
+        if next >= end {
             op.received = op.total;
             self.finish_rx(id);
             return;
@@ -49,11 +50,12 @@ impl<D: Device> Endpoint<D> {
             return;
         };
         let reads = op.proto.is_read();
-        if op.peer != peer || !reads || !op.req_built {
+        if op.peer != peer || !reads || op.phase == TxPhase::Start {
             self.counters.drop(DropReason::StaleId);
             return;
         }
-        op.awaiting_peer = false;
+        // The peer read what the REQ named: all of it is sent.
+        op.phase = TxPhase::Transfer { awaits: None };
         op.sent = op.total;
         if op.is_done() {
             self.finish_tx_op(send_id);
@@ -84,16 +86,19 @@ impl<D: Device> Endpoint<D> {
                 continue;
             };
             let end = op.total.min(op.dst.len());
-            let reads = match op.proto {
-                RxProto::LongRead(r) | RxProto::RuntRead(r) => r,
-                _ => Reads { next: end, ..Reads::default() },
+            let (next, in_flight) = match op.proto {
+                RxProto::LongRead(r) | RxProto::RuntRead(r) => match r.phase {
+                    ReadPhase::Reading { next, in_flight } => (next, in_flight),
+                    _ => (end, 0),
+                },
+                _ => (end, 0),
             };
-            if reads.next >= end || reads.in_flight >= self.cfg.rdma_window {
+            if next >= end || in_flight >= self.cfg.rdma_window {
                 self.txq.reads.pop_front();
                 continue;
             }
             let Some((local, raddr, rkey)) =
-                next_segment(op.read_iov(), &op.dst, reads.next, end, self.caps.max_rdma_size)
+                next_segment(op.read_iov(), &op.dst, next, end, self.caps.max_rdma_size)
             else {
                 self.txq.reads.pop_front();
                 continue;
@@ -105,8 +110,7 @@ impl<D: Device> Endpoint<D> {
             }
             let op = self.rx_ops.get_mut(id).expect("live op");
             let reads = op.proto.reads_mut().expect("a read protocol");
-            reads.next += local.len;
-            reads.in_flight += 1;
+            reads.phase = ReadPhase::Reading { next: next + local.len, in_flight: in_flight + 1 };
             return true;
         }
         false
@@ -115,9 +119,13 @@ impl<D: Device> Endpoint<D> {
     /// An RDMA read of receive-side entry `id` finished, `len` bytes.
     pub(super) fn handle_read_done(&mut self, id: RxId, len: u64, status: CqStatus, deadline: u64) {
         let Some(op) = self.rx_ops.get_mut(id) else { return };
-        let Some(reads) = op.proto.reads_mut() else { return };
-        reads.in_flight -= 1;
-        let reads = *reads;
+        let Some(Reads { phase: ReadPhase::Reading { next, in_flight }, .. }) =
+            op.proto.reads_mut()
+        else {
+            return;
+        };
+        *in_flight -= 1;
+        let (next, in_flight) = (*next, *in_flight);
         op.deadline = deadline;
         if status != CqStatus::Ok {
             // The sender's buffer is gone or refused: the transfer
@@ -134,29 +142,34 @@ impl<D: Device> Endpoint<D> {
         }
         op.received += len;
         let end = op.total.min(op.dst.len());
-        if reads.next >= end && reads.in_flight == 0 {
+        if next >= end && in_flight == 0 {
             // Truncated reads stop at the buffer's end.
             op.received = op.total;
             self.finish_rx(id);
-        } else if reads.next < end && !self.txq.reads.contains(&id) {
+        } else if next < end && !self.txq.reads.contains(&id) {
             self.txq.reads.push_back(id);
         }
     }
 
-    /// An EOR into `buf`: `recv_id` read all of `send_id`'s data.
-    pub(super) fn emit_eor(
+    /// An EOR or a READ_NACK (`ptype`) into `buf`: receive-side `recv_id`
+    /// says it read all of `send_id`'s data, or cannot read it. The two
+    /// have one layout (spec 4.1 and 4.7): both ids, and our connid if
+    /// the peer wants it.
+    pub(super) fn emit_read_answer(
         &mut self,
         buf: BufId,
+        ptype: PacketType,
         peer: PeerId,
         send_id: RemoteId,
         recv_id: RxId,
     ) -> (PeerId, PacketType, usize) {
-        let repr = EorRepr {
-            flags: PktFlags::empty(),
-            send_id: send_id.0,
-            recv_id: recv_id.0,
-            connid: self.ctrl_connid(peer),
+        let (flags, connid) = (PktFlags::empty(), self.ctrl_connid(peer));
+        let (send_id, recv_id) = (send_id.0, recv_id.0);
+        let b = self.dev.held_mut(buf);
+        let len = match ptype {
+            PacketType::Eor => EorRepr { flags, send_id, recv_id, connid }.emit(b),
+            _ => ReadNackRepr { flags, send_id, recv_id, connid }.emit(b),
         };
-        (peer, PacketType::Eor, repr.emit(self.dev.held_mut(buf)))
+        (peer, ptype, len)
     }
 }

@@ -19,7 +19,7 @@ impl<D: Device> Endpoint<D> {
             self.release_rx(buf);
             return;
         };
-        let consistent = msg_proto(info.ptype)
+        let consistent = msg_proto(info)
             .is_some_and(|(p, t, _)| p == op.proto.name() && t == op.tagged)
             && info.msg_length == op.total;
         let limit = match op.proto {

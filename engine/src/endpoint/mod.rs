@@ -66,29 +66,33 @@
 //! those it receives. A send-side operation is a `TxOp` (of a `TxKind`) in
 //! the `tx_ops` slab, a receive-side one an `RxOp` (of an `RxKind`) in
 //! `rx_ops`; the protocol's own state is their `TxProto` or `RxProto`
-//! variant (ops.rs), whose data are its phases.
+//! variant (ops.rs), and where each stands is a phase: a `TxOp`'s
+//! `TxPhase` (`Start`: its first packet due; `Transfer { awaits }`: the
+//! rest going out, and the peer's answer it needs, if any), a message's
+//! `RxState` (`Unexpected`, its packets held, until a receive matches it;
+//! then `Matched`), and the reads' `ReadPhase` of a long-read or runting
+//! read receive (`Waiting`, `Reading { next, in_flight }`, `Refused`).
 //!
 //! | protocol | file | packets | phases |
 //! |---|---|---|---|
-//! | handshake | handshake.rs | HANDSHAKE; a zero-byte EAGER_RTW asks for it | per peer: `handshake_sent`, `req_sent`, `handshake_received` (peer.rs) |
-//! | eager | eager.rs | EAGER_MSGRTM, EAGER_TAGRTM (DC_: dc.rs) | usually no entry on either side (a TX buffer's `Owner::Eager`; header prediction); else `TxProto::Eager`, `RxProto::Eager` |
-//! | medium | medium.rs | MEDIUM_MSGRTM, MEDIUM_TAGRTM | `TxProto::Medium` until every segment is built; `RxProto::Medium` until every byte landed |
-//! | long-CTS | longcts.rs | LONGCTS_MSGRTM, LONGCTS_TAGRTM, CTS, CTSDATA | `TxProto::LongCts { granted }`: sends up to the grant; `RxProto::LongCts { granted }`: grants a window when half the last arrived |
-//! | long-read | longread.rs | LONGREAD_MSGRTM, LONGREAD_TAGRTM, EOR; RDMA reads | `TxProto::LongRead` until EOR; `RxProto::LongRead(Reads)`: reads posted up to `next`, `in_flight` of them |
-//! | runting read | runtread.rs (runt segments: medium.rs; reads: longread.rs) | RUNTREAD_MSGRTM, RUNTREAD_TAGRTM, EOR | `TxProto::RuntRead { runt }`: the runt in segments, then EOR; `RxProto::RuntRead(Reads)`: reads start once the runt landed |
-//! | emulated write | write.rs | EAGER_RTW, DC_EAGER_RTW, LONGCTS_RTW, DC_LONGCTS_RTW, LONGREAD_RTW (then CTS/CTSDATA or reads and EOR) | `TxKind::Write` by `TxProto` Eager, LongCts or LongRead; the target's `RxKind::Write` by `RxProto` LongCts or LongRead |
-//! | emulated read | read.rs | SHORT_RTR, LONGCTS_RTR, READRSP (then CTS flagged read, CTSDATA) | requester: `RxKind::Read`, `RxProto::LongCts { granted }`, its responder `RemoteId::UNKNOWN` until READRSP; responder: `TxKind::ReadRsp`, `TxProto::LongCts` |
-//! | atomics | atomic.rs | WRITE_RTA, DC_WRITE_RTA, FETCH_RTA, COMPARE_RTA, ATOMRSP | `TxKind::Atomic`: its RTA built, then (fetch, compare, DC) `awaiting_peer` until ATOMRSP or RECEIPT |
-//! | direct RMA | rdma.rs | none: device RDMA read and write (with immediate for CQ data) | `TxKind::Rdma`: segments posted (`sent`) and completed (`done_bytes`) |
-//! | delivery complete | dc.rs | the DC_ REQ types, RECEIPT | `awaiting_peer` until RECEIPT (a read protocol: EOR) |
-//! | READ_NACK | nack.rs | READ_NACK; the long-CTS REQ re-sent flagged READ_NACK | sender: `TxProto::LongCts { after_nack: true }`; receiver: `RxProto` LongRead/RuntRead becomes LongCts |
+//! | handshake | handshake.rs | HANDSHAKE; a zero-byte write asks for it | per peer: `handshake_sent`, `req_sent`, `handshake_received` (peer.rs) |
+//! | eager | eager.rs | EAGER_MSGRTM, EAGER_TAGRTM, DC_EAGER_MSGRTM, DC_EAGER_TAGRTM | usually no entry on either side (a TX buffer's `Owner::Eager`; header prediction); else `TxProto::Eager`, `Start`, `Transfer` until the packet completes (`awaits: Some(Receipt)` with delivery complete); `RxProto::Eager` |
+//! | medium | medium.rs | MEDIUM_MSGRTM, MEDIUM_TAGRTM, DC_MEDIUM_MSGRTM, DC_MEDIUM_TAGRTM | `TxProto::Medium`: `Transfer` until every segment is built and completed; `RxProto::Medium` until every byte landed |
+//! | long-CTS | longcts.rs | LONGCTS_MSGRTM, LONGCTS_TAGRTM, DC_LONGCTS_MSGRTM, DC_LONGCTS_TAGRTM, CTS, CTSDATA | `TxProto::LongCts { granted }`: in `Transfer`, sends up to the grant; `RxProto::LongCts { granted }`: grants a window when half the last arrived |
+//! | long-read | longread.rs | LONGREAD_MSGRTM, LONGREAD_TAGRTM, EOR; RDMA reads | `TxProto::LongRead`: `Transfer { awaits: Some(Eor) }`; `RxProto::LongRead(Reads)`: `Waiting` until matched, then `Reading` |
+//! | runting read | runtread.rs (runt segments: medium.rs; reads and EOR: longread.rs) | RUNTREAD_MSGRTM, RUNTREAD_TAGRTM | `TxProto::RuntRead { runt }`: the runt in segments, then `awaits: Some(Eor)`; `RxProto::RuntRead(Reads)`: `Waiting` until the runt landed, then `Reading` |
+//! | emulated write | write.rs | EAGER_RTW, DC_EAGER_RTW, LONGCTS_RTW, DC_LONGCTS_RTW, LONGREAD_RTW (then on as long-CTS or long-read) | `TxKind::Write` by `TxProto` Eager, LongCts or LongRead; the target's `RxKind::Write` by `RxProto` LongCts or LongRead |
+//! | emulated read | read.rs | SHORT_RTR, LONGCTS_RTR, READRSP (then long-CTS's flow control, flagged as a read's) | requester: `RxKind::Read`, `RxProto::LongCts { granted }`, its responder `RemoteId::UNKNOWN` until READRSP; responder: `TxKind::ReadRsp`, `TxProto::LongCts` |
+//! | atomics | atomic.rs | WRITE_RTA, DC_WRITE_RTA, FETCH_RTA, COMPARE_RTA, ATOMRSP | `TxKind::Atomic`: `Transfer` once its RTA is built, `awaits: Some(AtomRsp)` (fetch, compare) or `Some(Receipt)` (delivery complete) |
+//! | direct RMA | rdma.rs | none: device RDMA read and write (with immediate for CQ data) | `TxKind::Rdma`: `Transfer` from the start, segments posted (`sent`) and completed (`in_flight`) |
+//! | delivery complete | dc.rs | RECEIPT (the DC_ REQ types are their protocols') | `awaits: Some(Receipt)` until RECEIPT (a read protocol: `Some(Eor)`) |
+//! | READ_NACK | nack.rs | READ_NACK; the long-CTS REQ re-sent flagged | sender: back to `Start` as `TxProto::LongCts { after_nack: true }`; receiver: `ReadPhase::Refused`, then `RxProto::LongCts` |
 //!
-//! Every send-side operation also goes through the same steps, kept in
-//! `TxOp`'s common fields: its REQ built (`req_built`), packets or RDMA
-//! due and posted (`sent`, `in_flight`), the peer's last word awaited
-//! (`awaiting_peer`), done (`TxOp::is_done`) or failed (`error`). A
-//! message being received is `RxState::Unexpected` (its packets held)
-//! until a receive matches it, then `Matched`.
+//! Besides its phase, a send-side operation counts what the device has
+//! not completed (`in_flight`: packets or RDMA segments), in either phase,
+//! and its first error (`error`), reported once nothing is in flight; it
+//! is done (`TxOp::is_done`) in `Transfer { awaits: None }` with every
+//! byte sent and nothing in flight.
 //!
 //! Around the protocols: dispatch.rs maps each packet type to its handler
 //! (and holds the table of REQ types, read both ways); msg.rs is what the
@@ -427,7 +431,7 @@ impl<D: Device> Endpoint<D> {
         let addr = dev.addr();
         let tx_ops = cfg.tx_ops.min(slab::MAX_CAPACITY);
         let rx_ops = cfg.rx_ops.min(slab::MAX_CAPACITY);
-        let rx_free: Vec<BufId> = (tx..caps.bufs).rev().collect();
+        let rx_free: Vec<BufId> = (tx..caps.bufs).rev().map(BufId).collect();
         let mut ep = Endpoint {
             caps,
             cfg,
@@ -727,8 +731,8 @@ impl<D: Device> Endpoint<D> {
     /// Returns RX buffer `buf` to the free list.
     #[inline]
     fn release_rx(&mut self, buf: BufId) {
-        debug_assert!(buf >= self.bufs.tx && buf < self.bufs.total);
-        self.rx_meta[buf as usize].next = Held::EMPTY;
+        debug_assert!(buf.0 >= self.bufs.tx && buf.0 < self.bufs.total);
+        self.rx_meta[buf.index()].next = Held::EMPTY;
         self.rx_free.push(buf);
     }
 

@@ -7,7 +7,9 @@
 
 use super::cq::{Completion, Op, Status};
 use super::dispatch::msg_proto;
-use super::ops::{MAX_IOV, Posted, Proto, RxKind, RxProto, RxState, Sgl, TxKind, TxProto};
+use super::ops::{
+    MAX_IOV, Posted, Proto, ReadPhase, RxKind, RxProto, RxState, Sgl, TxKind, TxProto,
+};
 use super::types::{BufId, Ctrl, FAST_PATHS, Held, Link, PostedId, RemoteId, ReqInfo, RxId};
 use super::{DropReason, Endpoint, Error, PeerId, Span, TagMatch};
 use crate::device::{Device, MrId};
@@ -127,7 +129,7 @@ impl<D: Device> Endpoint<D> {
     /// `fi_recvv`): a header and a payload kept apart without a copy.
     /// [`Error::Invalid`] for no span or more than four.
     pub fn recvv(&mut self, dst: &[Span], from: Option<PeerId>, ctx: u64) -> Result<(), Error> {
-        if let [one] = dst {
+        if FAST_PATHS && let [one] = dst {
             return self.recv(*one, from, ctx);
         }
         if dst.is_empty() || dst.len() > MAX_IOV {
@@ -240,7 +242,7 @@ impl<D: Device> Endpoint<D> {
         cq_data: Option<u64>,
         ctx: u64,
     ) -> Result<(), Error> {
-        if let [one] = srcs {
+        if FAST_PATHS && let [one] = srcs {
             return self.send_msg(peer, *one, None, cq_data, ctx);
         }
         if srcs.is_empty() || srcs.len() > MAX_IOV {
@@ -290,15 +292,12 @@ impl<D: Device> Endpoint<D> {
         let dc = self.cfg.delivery_complete;
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         let msg_id = self.next_msg_id(peer);
-        let (state, awaiting_peer) = match proto {
+        let state = match proto {
             Proto::RuntRead => {
-                let runt = self.take_runt(peer, srcv.map_or(src.len, Sgl::len));
-                (TxProto::RuntRead { runt }, true)
+                TxProto::RuntRead { runt: self.take_runt(peer, srcv.map_or(src.len, Sgl::len)) }
             }
-            Proto::LongRead => (TxProto::LongRead, true),
-            _ => (TxProto::start(proto), dc),
+            _ => TxProto::start(proto),
         };
-        let watch = awaiting_peer || proto == Proto::LongCts;
         let id = self
             .tx_ops
             .insert_with(|op| {
@@ -316,10 +315,9 @@ impl<D: Device> Endpoint<D> {
                 op.msg_id = msg_id;
                 op.dc = dc;
                 op.proto = state;
-                op.awaiting_peer = awaiting_peer;
             })
             .expect("checked room");
-        if watch {
+        if self.tx_ops.get(id).expect("live op").watches_peer() {
             self.watch_tx(id);
         }
         if now {
@@ -398,7 +396,7 @@ impl<D: Device> Endpoint<D> {
     /// Returns false, leaving the packet to the caller, when there is no
     /// room to keep an unexpected message.
     pub(super) fn handle_new_msg(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) -> bool {
-        let Some((proto, tagged, dc)) = msg_proto(info.ptype) else {
+        let Some((proto, tagged, dc)) = msg_proto(info) else {
             self.counters.drop(DropReason::Unsupported);
             self.release_rx(buf);
             return true;
@@ -515,8 +513,12 @@ impl<D: Device> Endpoint<D> {
         op.reset_message();
         op.peer = peer;
         op.msg_id = info.msg_id;
-        let runt = if proto == Proto::RuntRead { info.runt_length } else { 0 };
-        op.proto = RxProto::start(proto, runt);
+        let first = match proto {
+            Proto::LongCts => info.payload_len as u64,
+            Proto::RuntRead => info.runt_length,
+            _ => 0,
+        };
+        op.proto = RxProto::start(proto, first);
         op.tagged = tagged;
         op.dc = dc;
         op.tag = info.tag;
@@ -532,7 +534,7 @@ impl<D: Device> Endpoint<D> {
     /// Adds a packet to an unexpected message's chain.
     pub(super) fn hold(&mut self, id: RxId, buf: BufId) {
         let op = self.rx_ops.get_mut(id).expect("live op");
-        self.rx_meta[buf as usize].next = op.held;
+        self.rx_meta[buf.index()].next = op.held;
         op.held = Held::at(buf);
     }
 
@@ -541,9 +543,9 @@ impl<D: Device> Endpoint<D> {
         let mut next =
             std::mem::replace(&mut self.rx_ops.get_mut(id).expect("live op").held, Held::EMPTY);
         while let Some(buf) = next.first() {
-            next = self.rx_meta[buf as usize].next;
+            next = self.rx_meta[buf.index()].next;
             if let Some(r) = self.held_info(buf) {
-                let seg = match msg_proto(r.ptype) {
+                let seg = match msg_proto(&r) {
                     Some((Proto::Medium | Proto::RuntRead, _, _)) => r.seg_offset,
                     _ => 0,
                 };
@@ -654,7 +656,7 @@ impl<D: Device> Endpoint<D> {
         op.deadline = deadline;
         match op.proto {
             RxProto::LongRead(r) | RxProto::RuntRead(r)
-                if op.received >= r.runt && r.next == 0 && r.in_flight == 0 =>
+                if r.phase == ReadPhase::Waiting && op.received >= r.runt =>
             {
                 self.start_reads(id)
             }

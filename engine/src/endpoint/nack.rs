@@ -5,11 +5,11 @@
 //! msg_id.
 
 use super::dispatch::msg_proto;
-use super::ops::{Proto, RxKind, RxProto, RxState, TxKind, TxProto};
+use super::ops::{Proto, ReadPhase, RxKind, RxProto, RxState, TxKind, TxPhase, TxProto};
 use super::types::{BufId, Ctrl, RemoteId, ReqInfo, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
-use crate::device::{Device, HeldBufs};
-use crate::wire::{PacketType, PktFlags, ReadNackRepr, extra};
+use crate::device::Device;
+use crate::wire::{PacketType, extra};
 
 impl<D: Device> Endpoint<D> {
     /// The receiver's side: long-read (or runting-read) entry `id` cannot
@@ -23,6 +23,10 @@ impl<D: Device> Endpoint<D> {
         if nack_ok {
             // Spec 4.7: the sender re-sends the rest by long-CTS.
             self.queue_ctrl(Ctrl::ReadNack { peer, send_id, recv_id: id });
+        }
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        if let Some(reads) = op.proto.reads_mut() {
+            reads.phase = ReadPhase::Refused;
         }
         match kind {
             // A write comes again as a LONGCTS_RTW of its own, a new
@@ -51,7 +55,7 @@ impl<D: Device> Endpoint<D> {
             TxKind::Write => op.proto == TxProto::LongRead,
             _ => false,
         };
-        if op.peer != peer || !reads || !op.req_built {
+        if op.peer != peer || !reads || op.phase == TxPhase::Start {
             self.counters.drop(DropReason::StaleId);
             return;
         }
@@ -62,10 +66,11 @@ impl<D: Device> Endpoint<D> {
         self.give_runt_back(peer, runt);
         let op = self.tx_ops.get_mut(send_id).expect("live op");
         // CTS grants count from the bytes the runts delivered.
+        // Its REQ is due again; what it then awaits follows from the new
+        // protocol (RECEIPT with delivery complete, else nothing).
         op.proto = TxProto::LongCts { granted: runt, after_nack: true };
-        op.req_built = false;
+        op.phase = TxPhase::Start;
         op.sent = runt;
-        op.awaiting_peer = op.dc;
         self.mark_ready(send_id);
     }
 
@@ -75,14 +80,15 @@ impl<D: Device> Endpoint<D> {
         self.release_rx(buf);
         let Some(op) = self.rx_ops.get_mut(id) else { return };
         let retry_ok = matches!(op.proto, RxProto::LongRead(_) | RxProto::RuntRead(_))
-            && msg_proto(info.ptype).is_some_and(|(p, t, _)| p == Proto::LongCts && t == op.tagged)
+            && msg_proto(info).is_some_and(|(p, t, _)| p == Proto::LongCts && t == op.tagged)
             && info.payload_len == 0
             && info.msg_length == op.total;
         if !retry_ok {
             self.counters.drop(DropReason::Invalid);
             return;
         }
-        op.proto = RxProto::LongCts { granted: 0 };
+        // The runt (if any) was the protocol's own: grants count from it.
+        op.proto = RxProto::LongCts { granted: op.received };
         op.send_id = RemoteId(info.send_id);
         if op.state == RxState::Matched {
             self.advance_rx(id);
@@ -97,13 +103,7 @@ impl<D: Device> Endpoint<D> {
         send_id: RemoteId,
         recv_id: RxId,
     ) -> (PeerId, PacketType, usize) {
-        let repr = ReadNackRepr {
-            flags: PktFlags::empty(),
-            send_id: send_id.0,
-            recv_id: recv_id.0,
-            connid: self.ctrl_connid(peer),
-        };
         self.counters.read_nacks += 1;
-        (peer, PacketType::ReadNack, repr.emit(self.dev.held_mut(buf)))
+        self.emit_read_answer(buf, PacketType::ReadNack, peer, send_id, recv_id)
     }
 }

@@ -1,7 +1,7 @@
 //! Operation entries: what the endpoint tracks per send, receive, write,
 //! read and atomic, and the scatter lists their data lives in.
 
-use super::cq::Status;
+use super::cq::{Op, Status};
 pub(crate) use super::types::MAX_IOV;
 use super::types::{Held, Link, PeerId, RemoteId, RtaClass};
 use crate::device::MrId;
@@ -198,6 +198,53 @@ pub(crate) enum TxKind {
     Atomic,
 }
 
+impl TxKind {
+    /// What its completion reports: none for a responder's answer to a
+    /// peer's read, which is the peer's operation, not ours.
+    #[inline]
+    pub(crate) fn reported_as(self) -> Option<Op> {
+        match self {
+            TxKind::Msg => Some(Op::Send),
+            TxKind::Write | TxKind::Rdma { read: false } => Some(Op::Write),
+            TxKind::Rdma { read: true } => Some(Op::Read),
+            TxKind::Atomic => Some(Op::Atomic),
+            TxKind::ReadRsp => None,
+        }
+    }
+}
+
+/// Where a send-side operation stands. Every protocol goes through the
+/// same two (the module map says which answer each awaits):
+///
+/// - `Start`: its first packet (REQ, RTA or READRSP) is due;
+/// - `Transfer`: its first packet is built and the rest goes out as its
+///   protocol allows (medium and runt segments at once, CTSDATA as CTS
+///   packets grant, RDMA segments in a window). `awaits` names the peer's
+///   answer it needs to be done; once that came (or if none is needed),
+///   it is done when every byte is sent and the device completed all it
+///   was given.
+///
+/// A READ_NACK takes a long-read or runting read back to `Start`, as
+/// long-CTS. What the device has not completed yet (`TxOp::in_flight`)
+/// is counted apart, in either phase: a READ_NACK can come while the
+/// first REQ is still posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxPhase {
+    Start,
+    Transfer { awaits: Option<Answer> },
+}
+
+/// The peer's last word, which ends a send-side operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Delivery complete: the data is in the target buffer (spec 4.2).
+    Receipt,
+    /// Long-read, runting read: the peer read the rest (spec 4.1).
+    Eor,
+    /// A fetch or compare atomic: the old values (spec 3.3).
+    AtomRsp,
+}
+
 /// An atomic's request, kept until its packet is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AtomicReq {
@@ -231,21 +278,15 @@ pub(crate) struct TxOp {
     pub(crate) msg_id: u32,
     /// Message length.
     pub(crate) total: u64,
-    /// Bytes put in built packets (or posted RDMA) so far.
+    /// Bytes put in built packets (or posted RDMA) so far; with the EOR
+    /// of a read protocol, all of them (the peer read the rest).
     pub(crate) sent: u64,
-    /// Bytes whose RDMA completed.
-    pub(crate) done_bytes: u64,
     /// Long-CTS: the receiver's operation, from its CTS (ReadRsp: the
     /// requester's, from its RTR).
     pub(crate) recv_id: RemoteId,
-    /// The REQ (first packet) is built.
-    pub(crate) req_built: bool,
+    pub(crate) phase: TxPhase,
     /// Packets or RDMA operations posted and not yet completed.
     pub(crate) in_flight: u32,
-    /// Waiting for the peer's last word: RECEIPT, EOR or ATOMRSP.
-    pub(crate) awaiting_peer: bool,
-    /// Report a completion (a responder's own operations do not).
-    pub(crate) report: bool,
     /// On the TX queue's list of operations with packets due.
     pub(crate) queued: bool,
     /// The first error, reported when nothing is in flight any more.
@@ -277,12 +318,9 @@ impl TxOp {
             msg_id: 0,
             total: src.len(),
             sent: 0,
-            done_bytes: 0,
             recv_id: RemoteId(0),
-            req_built: false,
+            phase: TxPhase::Start,
             in_flight: 0,
-            awaiting_peer: false,
-            report: true,
             queued: false,
             error: None,
             deadline: 0,
@@ -308,12 +346,9 @@ impl TxOp {
         self.msg_id = 0;
         self.total = 0;
         self.sent = 0;
-        self.done_bytes = 0;
         self.recv_id = RemoteId(0);
-        self.req_built = false;
+        self.phase = TxPhase::Start;
         self.in_flight = 0;
-        self.awaiting_peer = false;
-        self.report = true;
         self.queued = false;
         self.error = None;
         self.deadline = 0;
@@ -336,13 +371,40 @@ impl TxOp {
         self.remote.as_slice()
     }
 
+    /// The answer it needs from its peer to be done, by its protocol.
+    #[inline]
+    pub(crate) fn answer(&self) -> Option<Answer> {
+        if self.proto.is_read() {
+            Some(Answer::Eor)
+        } else if self.dc {
+            Some(Answer::Receipt)
+        } else if self.atomic.is_some_and(|a| a.class != RtaClass::Write) {
+            Some(Answer::AtomRsp)
+        } else {
+            None
+        }
+    }
+
+    /// Its first packet is built (or, direct RMA, needs none).
+    #[inline]
+    pub(crate) fn start_transfer(&mut self) {
+        self.phase = TxPhase::Transfer { awaits: self.answer() };
+    }
+
+    /// Whether its peer must answer in time: it awaits an answer, or
+    /// (long-CTS) a CTS.
+    #[inline]
+    pub(crate) fn watches_peer(&self) -> bool {
+        self.answer().is_some() || matches!(self.proto, TxProto::LongCts { .. })
+    }
+
     /// Whether it has a packet (or RDMA operation) to build now.
     #[inline]
     pub(crate) fn has_packet_due(&self) -> bool {
         if self.error.is_some() {
             return false;
         }
-        if !self.req_built {
+        if self.phase == TxPhase::Start {
             return true;
         }
         match (self.kind, self.proto) {
@@ -364,14 +426,9 @@ impl TxOp {
         if self.error.is_some() {
             return true;
         }
-        if self.awaiting_peer || !self.req_built {
-            return false;
-        }
-        match self.kind {
-            TxKind::Rdma { .. } => self.done_bytes == self.total,
-            // Long-read and runting read: the EOR sets `sent` to the total.
-            _ => self.sent == self.total,
-        }
+        // Direct RMA too: with nothing in flight and no error, every byte
+        // posted completed.
+        self.phase == TxPhase::Transfer { awaits: None } && self.sent == self.total
     }
 }
 
@@ -386,8 +443,9 @@ pub(crate) enum RxProto {
     /// Data as we grant it by CTS (CTSDATA; an emulated read's READRSP
     /// first).
     LongCts {
-        /// Bytes granted so far (an offset); an emulated read's first
-        /// grant is its request's.
+        /// Bytes granted so far (an offset): from the start, what the
+        /// REQ carried (an emulated read: what its request asks first; after
+        /// a READ_NACK, what the runt brought).
         granted: u64,
     },
     /// We read the sender's buffer (`read_iov`) by RDMA.
@@ -397,27 +455,40 @@ pub(crate) enum RxProto {
 }
 
 /// The RDMA reads of a long-read or runting-read receive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reads {
     /// Bytes that come in REQ segments (runting read); reads start there.
     pub(crate) runt: u64,
-    /// Reads are posted up to this message offset.
-    pub(crate) next: u64,
-    /// Reads posted and not completed.
-    pub(crate) in_flight: u32,
+    pub(crate) phase: ReadPhase,
+}
+
+/// Where the reads of a long-read or runting-read receive stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadPhase {
+    /// Not begun: no receive matched the message yet, or (runting read)
+    /// the runt is still arriving.
+    Waiting,
+    /// Reads are posted up to message offset `next`; `in_flight` of them
+    /// have not completed.
+    Reading { next: u64, in_flight: u32 },
+    /// The buffer could not be prepared for reads: the sender was told by
+    /// READ_NACK (the rest comes by long-CTS) or is left to time out.
+    Refused,
 }
 
 impl RxProto {
-    /// A protocol's state as its first packet arrives; `runt`: a runting
-    /// read's.
+    /// A protocol's state as its first packet arrives: `first` is what
+    /// the sender sends before any CTS or read, which the protocol itself
+    /// grants (long-CTS: the REQ's data; runting read: the runt).
     #[inline]
-    pub(crate) fn start(proto: Proto, runt: u64) -> RxProto {
+    pub(crate) fn start(proto: Proto, first: u64) -> RxProto {
+        let waiting = |runt| Reads { runt, phase: ReadPhase::Waiting };
         match proto {
             Proto::Eager => RxProto::Eager,
             Proto::Medium => RxProto::Medium,
-            Proto::LongCts => RxProto::LongCts { granted: 0 },
-            Proto::LongRead => RxProto::LongRead(Reads::default()),
-            Proto::RuntRead => RxProto::RuntRead(Reads { runt, ..Reads::default() }),
+            Proto::LongCts => RxProto::LongCts { granted: first },
+            Proto::LongRead => RxProto::LongRead(waiting(0)),
+            Proto::RuntRead => RxProto::RuntRead(waiting(first)),
         }
     }
 
@@ -662,6 +733,7 @@ impl RxOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::BufId;
 
     #[test]
     fn a_reset_send_side_entry_is_a_new_one() {
@@ -681,13 +753,10 @@ mod tests {
         });
         op.msg_id = 5;
         op.sent = 6;
-        op.done_bytes = 7;
         op.proto = TxProto::LongCts { granted: 8, after_nack: true };
         op.recv_id = RemoteId(9);
-        op.req_built = true;
+        op.phase = TxPhase::Transfer { awaits: Some(Answer::Receipt) };
         op.in_flight = 10;
-        op.awaiting_peer = true;
-        op.report = false;
         op.queued = true;
         op.error = Some(Status::Timeout);
         op.deadline = 11;
@@ -707,7 +776,10 @@ mod tests {
         op.dst.push(span);
         op.peer = PeerId(6);
         op.msg_id = 7;
-        op.proto = RxProto::RuntRead(Reads { runt: 14, next: 15, in_flight: 16 });
+        op.proto = RxProto::RuntRead(Reads {
+            runt: 14,
+            phase: ReadPhase::Reading { next: 15, in_flight: 16 },
+        });
         op.dc = true;
         op.tag = 8;
         op.cq_data = Some(9);
@@ -715,7 +787,7 @@ mod tests {
         op.received = 11;
         op.send_id = RemoteId(12);
         op.read_iov = Iovs::one(RmaIov { addr: 1, len: 2, key: 3 });
-        op.held = Held::at(17);
+        op.held = Held::at(BufId(17));
         op.link = Link { prev: 18, next: 19 };
         op.deadline = 20;
         op.watched = true;

@@ -76,7 +76,7 @@ impl<D: Device> Endpoint<D> {
                 op.set_remote(remote);
                 op.cq_data = cq_data;
                 // Nothing to build: the "REQ" is the first segment.
-                op.req_built = true;
+                op.start_transfer();
             })
             .ok_or(Error::Again)?;
         if local.len == 0 {
@@ -194,8 +194,6 @@ impl<D: Device> Endpoint<D> {
         op.deadline = deadline;
         if cqe.status != CqStatus::Ok {
             op.error.get_or_insert(device_status(cqe.status));
-        } else {
-            op.done_bytes += len;
         }
         if op.is_done() {
             self.finish_tx_op(id);
@@ -208,7 +206,7 @@ impl<D: Device> Endpoint<D> {
     /// A peer's RDMA write with immediate data landed (direct write with CQ
     /// data): report it as the target's completion.
     pub(super) fn handle_remote_write_imm(&mut self, cqe: &Cqe) {
-        let buf = cqe.wr_id as BufId;
+        let buf = BufId::from_wr_id(cqe.wr_id);
         self.rx_posted -= 1;
         self.release_rx(buf);
         if cqe.status != CqStatus::Ok {

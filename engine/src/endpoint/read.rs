@@ -60,7 +60,9 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// SHORT_RTR / LONGCTS_RTR: send the requested bytes back, READRSP
-    /// first, then CTSDATA as the requester grants.
+    /// first, then CTSDATA as the requester grants. Inlined into its
+    /// routing table entry, the one caller.
+    #[inline(always)]
     pub(super) fn handle_rtr(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
         let iovs = self.req_iovs(buf, info.rma_iov);
         // An iov the registrations refuse (an unknown or deregistered key,
@@ -78,7 +80,6 @@ impl<D: Device> Endpoint<D> {
             op.reset(TxKind::ReadRsp, peer, Proto::LongCts, 0);
             op.src = src;
             op.total = src.len();
-            op.report = false;
             op.recv_id = RemoteId(info.recv_id);
             let granted = (info.recv_length as u64).min(op.total);
             op.proto = TxProto::LongCts { granted, after_nack: false };

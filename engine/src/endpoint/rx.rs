@@ -3,6 +3,7 @@
 //! HANDSHAKE), hold REQs that arrived ahead of their msg_id's turn and
 //! deliver them when it comes, and retry what waited for resources.
 
+use super::dispatch::req_class;
 use super::ops::Iovs;
 use super::peer::ReorderBuf;
 use super::types::{BufId, Ctrl, FAST_PATHS, Held, IovAt, ReqInfo};
@@ -38,7 +39,7 @@ impl<D: Device> Endpoint<D> {
             p.handshake_sent = true;
             self.queue_ctrl(Ctrl::Handshake { peer });
         }
-        let meta = &mut self.rx_meta[buf as usize];
+        let meta = &mut self.rx_meta[buf.index()];
         meta.len = len as u32;
         meta.peer = peer;
         Some(peer)
@@ -89,14 +90,14 @@ impl<D: Device> Endpoint<D> {
         let p = self.peers.get_mut(peer).expect("live peer");
         let rb = p.reorder.get_or_insert_with(|| ReorderBuf::new(window));
         let slot = &mut rb.slots[(msg_id % window) as usize];
-        self.rx_meta[buf as usize].next = Held::EMPTY;
+        self.rx_meta[buf.index()].next = Held::EMPTY;
         match slot.first() {
             None => *slot = Held::at(buf),
             Some(mut last) => {
-                while let Some(next) = self.rx_meta[last as usize].next.first() {
+                while let Some(next) = self.rx_meta[last.index()].next.first() {
                     last = next;
                 }
-                self.rx_meta[last as usize].next = Held::at(buf);
+                self.rx_meta[last.index()].next = Held::at(buf);
             }
         }
         rb.held += 1;
@@ -131,10 +132,10 @@ impl<D: Device> Endpoint<D> {
                 continue;
             };
             let chain = self.take_slot(peer, slot).first().expect("a packet");
-            let rest = self.rx_meta[chain as usize].next;
-            self.rx_meta[chain as usize].next = Held::EMPTY;
+            let rest = self.rx_meta[chain.index()].next;
+            self.rx_meta[chain.index()].next = Held::EMPTY;
             let taken = match self.in_progress.get(peer, info.msg_id) {
-                Some(rx) if info.continues_a_message() => {
+                Some(rx) if req_class(&info).continues_a_message() => {
                     self.handle_segment(chain, rx, &info);
                     true
                 }
@@ -142,7 +143,7 @@ impl<D: Device> Endpoint<D> {
             };
             if !taken {
                 // Put the chain back whole and wait for resources.
-                self.rx_meta[chain as usize].next = rest;
+                self.rx_meta[chain.index()].next = rest;
                 let held = 1 + self.chain_len(rest);
                 let p = self.peers.get_mut(peer).expect("live peer");
                 let rb = p.reorder.as_mut().expect("reorder buffer");
@@ -155,11 +156,11 @@ impl<D: Device> Endpoint<D> {
             p.expected_msg_id = p.expected_msg_id.wrapping_add(1);
             let mut next = rest;
             while let Some(buf) = next.first() {
-                next = self.rx_meta[buf as usize].next;
-                self.rx_meta[buf as usize].next = Held::EMPTY;
+                next = self.rx_meta[buf.index()].next;
+                self.rx_meta[buf.index()].next = Held::EMPTY;
                 match self.held_info(buf) {
                     Some(info) => match self.in_progress.get(peer, info.msg_id) {
-                        Some(rx) if info.continues_a_message() => {
+                        Some(rx) if req_class(&info).continues_a_message() => {
                             self.handle_segment(buf, rx, &info)
                         }
                         _ => {
@@ -191,7 +192,7 @@ impl<D: Device> Endpoint<D> {
         let mut n = 0;
         while let Some(buf) = chain.first() {
             n += 1;
-            chain = self.rx_meta[buf as usize].next;
+            chain = self.rx_meta[buf.index()].next;
         }
         n
     }
@@ -199,7 +200,7 @@ impl<D: Device> Endpoint<D> {
     /// Frees every buffer of a chain of held packets.
     pub(super) fn release_chain(&mut self, mut chain: Held) {
         while let Some(buf) = chain.first() {
-            chain = self.rx_meta[buf as usize].next;
+            chain = self.rx_meta[buf.index()].next;
             self.release_rx(buf);
         }
     }
@@ -213,7 +214,7 @@ impl<D: Device> Endpoint<D> {
     }
 
     pub(super) fn held_info(&self, buf: BufId) -> Option<ReqInfo> {
-        let len = self.rx_meta[buf as usize].len as usize;
+        let len = self.rx_meta[buf.index()].len as usize;
         ReqInfo::parse(&self.dev.held(buf)[..len]).ok()
     }
 
@@ -241,7 +242,7 @@ impl<D: Device> Endpoint<D> {
         }
         for _ in 0..self.stalled_bufs.len() {
             let Some(buf) = self.stalled_bufs.pop_front() else { return };
-            let peer = self.rx_meta[buf as usize].peer;
+            let peer = self.rx_meta[buf.index()].peer;
             match self.held_info(buf) {
                 Some(info) => {
                     if !self.deliver_req(buf, peer, &info) {

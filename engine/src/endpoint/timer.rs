@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::Endpoint;
 use super::cq::{Completion, Op, Status};
-use super::ops::{RxKind, TxKind};
+use super::ops::RxKind;
 use super::types::{RxId, TxId};
 use crate::device::Device;
 
@@ -116,17 +116,9 @@ impl<D: Device> Endpoint<D> {
                         self.timer.rearm(op.deadline, side);
                         continue;
                     }
-                    let (kind, ctx, peer, report) = (op.kind, op.ctx, op.peer, op.report);
-                    if report {
-                        let op = match kind {
-                            TxKind::Msg => Op::Send,
-                            TxKind::Write => Op::Write,
-                            TxKind::Rdma { read: true } => Op::Read,
-                            TxKind::Rdma { read: false } => Op::Write,
-                            TxKind::Atomic => Op::Atomic,
-                            TxKind::ReadRsp => Op::Read,
-                        };
-                        let mut c = Completion::new(op, ctx);
+                    let (ctx, peer) = (op.ctx, op.peer);
+                    if let Some(what) = op.kind.reported_as() {
+                        let mut c = Completion::new(what, ctx);
                         c.status = Status::Timeout;
                         c.peer = Some(peer);
                         self.cq.push(c);

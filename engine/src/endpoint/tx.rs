@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use super::cq::{Completion, Op, Status};
 use super::dispatch::req_type;
-use super::ops::{MAX_IOV, Proto, Sgl, TxKind, TxProto};
+use super::ops::{MAX_IOV, Proto, Sgl, TxKind, TxPhase, TxProto};
 use super::types::{BufId, Ctrl, Owner, RxId, TxId};
 use super::{DropReason, Endpoint, PeerId};
 use crate::device::{CqStatus, Cqe, DataSeg, Device, HeldBufs, MrId, SendWr};
@@ -51,7 +51,7 @@ impl TxQueue {
     /// TX buffers are ids `0..bufs`.
     pub(crate) fn new(bufs: u32, ops: usize) -> TxQueue {
         TxQueue {
-            free: (0..bufs).rev().collect(),
+            free: (0..bufs).rev().map(BufId).collect(),
             owner: vec![Owner::Ctrl; bufs as usize],
             gather: vec![None; bufs as usize],
             pending: Vec::with_capacity(bufs as usize),
@@ -173,7 +173,7 @@ impl<D: Device> Endpoint<D> {
     #[inline(always)]
     pub(super) fn take_tx_buf(&mut self, owner: Owner) -> Option<BufId> {
         let b = self.txq.free.pop()?;
-        self.txq.owner[b as usize] = owner;
+        self.txq.owner[b.index()] = owner;
         Some(b)
     }
 
@@ -186,14 +186,14 @@ impl<D: Device> Endpoint<D> {
     pub(super) fn tx_gathers_from(&self, mr: MrId) -> bool {
         let mut free = vec![false; self.txq.owner.len()];
         for &b in &self.txq.free {
-            free[b as usize] = true;
+            free[b.index()] = true;
         }
         self.txq.gather.iter().zip(&free).any(|(&g, &is_free)| g == Some(mr) && !is_free)
     }
 
     /// Returns a TX buffer taken and not used.
     pub(super) fn release_tx_buf(&mut self, buf: BufId) {
-        self.txq.owner[buf as usize] = Owner::Ctrl;
+        self.txq.owner[buf.index()] = Owner::Ctrl;
         self.txq.free.push(buf);
     }
 
@@ -210,8 +210,8 @@ impl<D: Device> Endpoint<D> {
     ) {
         let ah = self.peers.get(peer).expect("live peer").ah;
         self.counters.tx_by_type[ptype.id() as usize] += 1;
-        self.txq.gather[buf as usize] = data.map(|d| d.mr);
-        self.txq.pending.push(SendWr { ah, buf, len: len as u32, data, wr_id: buf as u64 });
+        self.txq.gather[buf.index()] = data.map(|d| d.mr);
+        self.txq.pending.push(SendWr { ah, buf, len: len as u32, data, wr_id: buf.wr_id() });
     }
 
     /// Posts built packets once a burst's worth is waiting.
@@ -225,8 +225,8 @@ impl<D: Device> Endpoint<D> {
     /// A send completed at the device: frees its buffer, advances its
     /// operation.
     pub(super) fn handle_send_done(&mut self, cqe: &Cqe) {
-        let buf = cqe.wr_id as BufId;
-        let owner = self.txq.owner[buf as usize];
+        let buf = BufId::from_wr_id(cqe.wr_id);
+        let owner = self.txq.owner[buf.index()];
         self.txq.free.push(buf);
         if cqe.status != CqStatus::Ok {
             self.counters.drop(DropReason::DeviceError);
@@ -261,14 +261,8 @@ impl<D: Device> Endpoint<D> {
     /// Reports a finished send-side operation and frees it.
     pub(super) fn finish_tx_op(&mut self, id: TxId) {
         let Some(op) = self.tx_ops.get(id) else { return };
-        if op.report {
-            let kind = match op.kind {
-                TxKind::Msg => Op::Send,
-                TxKind::Write | TxKind::Rdma { read: false } => Op::Write,
-                TxKind::Rdma { read: true } | TxKind::ReadRsp => Op::Read,
-                TxKind::Atomic => Op::Atomic,
-            };
-            let mut c = Completion::new(kind, op.ctx);
+        if let Some(what) = op.kind.reported_as() {
+            let mut c = Completion::new(what, op.ctx);
             c.len = op.total;
             c.tag = op.tag;
             c.tagged = op.tagged;
@@ -323,7 +317,9 @@ impl<D: Device> Endpoint<D> {
             Ctrl::Receipt { peer, send_id, msg_id } => {
                 self.emit_receipt(buf, peer, send_id, msg_id)
             }
-            Ctrl::Eor { peer, send_id, recv_id } => self.emit_eor(buf, peer, send_id, recv_id),
+            Ctrl::Eor { peer, send_id, recv_id } => {
+                self.emit_read_answer(buf, PacketType::Eor, peer, send_id, recv_id)
+            }
             Ctrl::ReadNack { peer, send_id, recv_id } => {
                 self.emit_read_nack(buf, peer, send_id, recv_id)
             }
@@ -377,7 +373,7 @@ impl<D: Device> Endpoint<D> {
         }
         let buf = self.take_tx_buf(Owner::Op(id)).expect("caller checked a free buffer");
         let op = self.tx_ops.get(id).expect("live op");
-        let first = !op.req_built;
+        let first = op.phase == TxPhase::Start;
         let (ptype, hdr, data_len) = match (op.kind, op.proto.name(), first) {
             (TxKind::ReadRsp, _, true) => self.emit_readrsp(buf, id),
             (TxKind::Msg | TxKind::Write | TxKind::ReadRsp, Proto::LongCts, false)
@@ -395,7 +391,7 @@ impl<D: Device> Endpoint<D> {
             if data_len > 0 { self.attach_data(buf, hdr, &src, sent, data_len) } else { None };
         let op = self.tx_ops.get_mut(id).expect("live op");
         if first {
-            op.req_built = true;
+            op.start_transfer();
             // What the RTM carries is granted by the protocol itself;
             // CTS grants count from there.
             if let TxProto::LongCts { granted, after_nack: false } = &mut op.proto

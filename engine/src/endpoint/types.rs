@@ -3,17 +3,11 @@
 //! the links of the matcher's lists, the control packets and TX buffer
 //! owners the protocols queue, and a received REQ's headers.
 
-use crate::wire::{PacketType, RawAddr, ReqClass, ReqFlags, ReqPacket};
+use crate::wire::{PacketType, RawAddr, ReqFlags, ReqPacket};
 
 pub(crate) use crate::device::BufId;
 
-/// Whether the fast paths are on: always, but in a test build with the
-/// `general-paths` feature. A fast path is work the endpoint could leave
-/// to a general path whose outcome would be the same (header prediction,
-/// an eager message sent or landed without an operation entry, one span
-/// or one target without a list...); with them off, the suites check that
-/// it is. A constant, so that a normal build pays nothing for the switch.
-pub(crate) const FAST_PATHS: bool = !cfg!(feature = "general-paths");
+pub(crate) use crate::FAST_PATHS;
 
 /// Most iovs a REQ may name (libfabric's EFA_RDM_IOV_LIMIT).
 pub(crate) const MAX_IOV: usize = 4;
@@ -83,12 +77,12 @@ impl RemoteId {
 
 /// A chain of held RX buffers (linked through the endpoint's per-buffer
 /// metadata): an unexpected message's packets, or a reorder slot's. Empty
-/// is its "none".
+/// is its "none": a chain whose first buffer is `BufId::NONE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Held(u32);
+pub(crate) struct Held(BufId);
 
 impl Held {
-    pub(crate) const EMPTY: Held = Held(u32::MAX);
+    pub(crate) const EMPTY: Held = Held(BufId::NONE);
 
     /// A chain starting at `buf`.
     #[inline(always)]
@@ -185,7 +179,9 @@ pub(crate) struct EagerSend {
 #[repr(C)]
 pub(crate) struct ReqInfo {
     pub(crate) ptype: PacketType,
-    pub(crate) class: ReqClass,
+    /// The type's raw id, which the endpoint's routing tables are indexed
+    /// by.
+    pub(crate) type_id: u8,
     pub(crate) flags: ReqFlags,
     pub(crate) msg_id: u32,
     pub(crate) tag: u64,
@@ -232,7 +228,7 @@ impl ReqInfo {
     /// call would return the struct through memory, and its caller read
     /// it back wider than it was written, stalling store forwarding.
     #[inline(always)]
-    fn from_view(p: &ReqPacket<&[u8]>) -> ReqInfo {
+    fn from_view(p: &ReqPacket<&[u8]>, type_id: u8) -> ReqInfo {
         let f = p.fields();
         // The codec checked the raw address is at least 24 bytes.
         let raw_connid = p.raw_addr().and_then(|a| RawAddr::from_bytes(a).ok()).map(|a| a.connid);
@@ -240,7 +236,7 @@ impl ReqInfo {
         let (read_iov, more_read) = IovAt::new(p.read_iov(), p.header_len());
         ReqInfo {
             ptype: p.packet_type(),
-            class: p.layout().class,
+            type_id,
             flags: p.flags(),
             msg_id: f.msg_id,
             tag: f.tag,
@@ -268,28 +264,7 @@ impl ReqInfo {
     /// Checks and reads a REQ packet.
     #[inline(always)]
     pub(crate) fn parse(bytes: &[u8]) -> Result<ReqInfo, crate::wire::WireError> {
-        ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p))
-    }
-
-    /// Whether the type is ordered with messages (it has a msg_id).
-    #[inline]
-    pub(crate) fn has_msg_id(&self) -> bool {
-        matches!(self.class, ReqClass::Rtm | ReqClass::Rta)
-    }
-
-    /// Whether later packets of its message carry the same msg_id (medium
-    /// and runting-read segments), so that one already begun must be
-    /// looked up.
-    #[inline]
-    pub(crate) fn continues_a_message(&self) -> bool {
-        matches!(
-            self.ptype,
-            PacketType::MediumMsgRtm
-                | PacketType::MediumTagRtm
-                | PacketType::DcMediumMsgRtm
-                | PacketType::DcMediumTagRtm
-                | PacketType::RuntReadMsgRtm
-                | PacketType::RuntReadTagRtm
-        )
+        // A checked packet has its type byte.
+        ReqPacket::new_checked(bytes).map(|p| ReqInfo::from_view(&p, bytes[0]))
     }
 }

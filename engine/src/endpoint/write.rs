@@ -12,7 +12,7 @@ use super::types::{BufId, Ctrl, RemoteId, ReqInfo};
 use super::{DropReason, Endpoint, Error, PeerId, Span};
 use crate::device::{Access, Device};
 use crate::mem::AccessError;
-use crate::wire::{PacketType, RmaIov, extra};
+use crate::wire::{PacketType, ReqFlags, RmaIov, extra};
 
 impl<D: Device> Endpoint<D> {
     /// Writes `src` to the peer's memory `remote` (its `addr`, `len` and
@@ -74,10 +74,6 @@ impl<D: Device> Endpoint<D> {
         } else {
             Proto::LongCts
         };
-        // A long-read write ends with EOR; `dc` picks the protocol it
-        // falls back to after a READ_NACK.
-        let awaiting_peer = dc || proto == Proto::LongRead;
-        let watch = awaiting_peer || proto == Proto::LongCts;
         let id = self
             .tx_ops
             .insert_with(|op| {
@@ -85,11 +81,12 @@ impl<D: Device> Endpoint<D> {
                 op.set_src(src);
                 op.cq_data = cq_data;
                 op.set_remote(remote);
+                // A long-read write ends with EOR; `dc` picks the protocol
+                // it falls back to after a READ_NACK.
                 op.dc = dc;
-                op.awaiting_peer = awaiting_peer;
             })
             .ok_or(Error::Again)?;
-        if watch {
+        if self.tx_ops.get(id).expect("live op").watches_peer() {
             self.watch_tx(id);
         }
         self.mark_ready(id);
@@ -99,7 +96,9 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
-    /// EAGER_RTW / DC_EAGER_RTW: the data is in the packet.
+    /// EAGER_RTW / DC_EAGER_RTW: the data is in the packet. Inlined into
+    /// its routing table entry, the one caller.
+    #[inline(always)]
     pub(super) fn handle_eager_rtw(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
         // A zero-byte write with no iov is the handshake trigger: the
         // HANDSHAKE is queued already.
@@ -127,26 +126,39 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// LONGCTS_RTW, DC_LONGCTS_RTW, LONGREAD_RTW: a receive-side entry
-    /// takes the rest.
-    pub(super) fn handle_long_rtw(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) {
+    /// takes the rest. False, the packet left to the caller, when there is
+    /// no room for the entry.
+    pub(super) fn handle_long_rtw(&mut self, buf: BufId, peer: PeerId, info: &ReqInfo) -> bool {
+        let long_read = info.ptype == PacketType::LongReadRtw;
+        // Flagged READ_NACK, a long-CTS write is the retry of a long-read
+        // one we could not read, new to us and without data (interop
+        // notes); a long-read write cannot be a retry.
+        if info.flags.contains(ReqFlags::READ_NACK) && (long_read || info.payload_len != 0) {
+            self.counters.drop(DropReason::Unsupported);
+            self.release_rx(buf);
+            return true;
+        }
         let iovs = self.req_iovs(buf, info.rma_iov);
         let Ok(dst) = self.resolve_iovs(iovs.as_slice(), Access::REMOTE_WRITE) else {
             self.release_rx(buf);
-            return;
+            return true;
         };
-        let long_read = info.ptype == PacketType::LongReadRtw;
         let bad = iov_total(iovs.as_slice()) != Some(info.msg_length)
             || info.payload_len as u64 > info.msg_length
             || (long_read && (info.read_iov.n == 0 || info.payload_len != 0));
         if bad {
             self.counters.drop(DropReason::Invalid);
             self.release_rx(buf);
-            return;
+            return true;
         }
         let mut op = RxOp::new(RxKind::Write, RxState::Matched);
         op.dst = dst;
         op.peer = peer;
-        op.proto = RxProto::start(if long_read { Proto::LongRead } else { Proto::LongCts }, 0);
+        op.proto = if long_read {
+            RxProto::start(Proto::LongRead, 0)
+        } else {
+            RxProto::start(Proto::LongCts, info.payload_len as u64)
+        };
         op.dc = info.ptype == PacketType::DcLongCtsRtw;
         op.cq_data = info.cq_data;
         op.total = info.msg_length;
@@ -155,12 +167,12 @@ impl<D: Device> Endpoint<D> {
         let Some(id) = self.rx_ops.insert(op) else {
             // Waits, holding its buffer, for a free entry.
             self.counters.rx_ops_exhausted += 1;
-            self.stalled_bufs.push_back(buf);
-            return;
+            return false;
         };
         self.land(id, buf, info.payload_off, info.payload_len, 0);
         self.release_rx(buf);
         self.advance_rx(id);
+        true
     }
 
     /// Local spans for a REQ's rma_iov list, each checked against our

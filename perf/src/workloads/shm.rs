@@ -38,10 +38,10 @@ impl Ring {
         let ah = a.insert_addr(&b.addr()).unwrap();
         b.insert_addr(&a.addr()).unwrap();
         let wrs = (0..burst as u32)
-            .map(|i| SendWr { ah, buf: i, len: 64, data: None, wr_id: i as u64 })
+            .map(|i| SendWr { ah, buf: BufId(i), len: 64, data: None, wr_id: i as u64 })
             .collect();
         // Receive buffers well clear of the send buffers.
-        let bufs = (1000..1000 + burst as u32).collect();
+        let bufs = (1000..1000 + burst as u32).map(BufId).collect();
         let mut r = Ring { a, b, wrs, bufs, out: [Cqe::default(); 32] };
         r.run(64 * burst as u64);
         r

@@ -56,9 +56,10 @@ impl Burst {
         let (mut a, mut b) = (device(), device());
         let ah = a.insert_addr(&b.addr()).unwrap();
         b.insert_addr(&a.addr()).unwrap();
-        let wrs =
-            (0..32).map(|i| SendWr { ah, buf: i, len: 64, data: None, wr_id: i as u64 }).collect();
-        let bufs = (1000..1032).collect();
+        let wrs = (0..32)
+            .map(|i| SendWr { ah, buf: BufId(i), len: 64, data: None, wr_id: i as u64 })
+            .collect();
+        let bufs = (1000..1032).map(BufId).collect();
         let mut r = Burst { a, b, wrs, bufs, out: [Cqe::default(); 32] };
         r.run(64 * 32);
         r

@@ -584,7 +584,7 @@ impl EfaDevice {
                 let data_ok = wr
                     .data
                     .is_none_or(|d| self.lkey_for(d.mr, d.offset, u64::from(d.len)).is_some());
-                let ok = data_ok && wr.buf < self.caps.bufs && wr.wire_len() <= self.caps.mtu;
+                let ok = data_ok && wr.buf.0 < self.caps.bufs && wr.wire_len() <= self.caps.mtu;
                 ok.then(|| self.book.get(wr.ah).copied()).flatten()
             }
             Work::Rdma(wr) => {
@@ -1250,7 +1250,7 @@ impl Device for EfaDevice {
                 *sges.add(i) =
                     ibv_sge { addr: at, length: self.caps.mtu as u32, lkey: self.pool_lkey };
                 *wrs.add(i) = ibv_recv_wr {
-                    wr_id: RECV_TAG | u64::from(buf),
+                    wr_id: RECV_TAG | buf.wr_id(),
                     next: if i + 1 < n { wrs.add(i + 1) } else { null() },
                     sg_list: sges.add(i),
                     num_sge: 1,

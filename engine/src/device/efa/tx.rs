@@ -242,10 +242,10 @@ impl RnrQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Ah, DataSeg};
+    use crate::device::{Ah, BufId, DataSeg};
 
     fn send(wr_id: u64) -> Work {
-        Work::Send(SendWr { ah: Ah(0), buf: 1, len: 64, data: None, wr_id })
+        Work::Send(SendWr { ah: Ah(0), buf: BufId(1), len: 64, data: None, wr_id })
     }
 
     fn rdma(op: RdmaOp, wr_id: u64) -> Work {
@@ -294,7 +294,7 @@ mod tests {
     fn a_region_is_busy_for_the_work_that_uses_it() {
         let with_data = Work::Send(SendWr {
             ah: Ah(0),
-            buf: 0,
+            buf: BufId(0),
             len: 8,
             data: Some(DataSeg { mr: MrId(2), offset: 0, len: 100 }),
             wr_id: 1,

@@ -837,7 +837,9 @@ impl ShmDevice {
             self.scan_lanes();
         }
         let lanes = self.rx_lanes.len();
-        if lanes <= 1 {
+        // One lane, the pingpong's case: no round to keep (the loop below
+        // does the same, starting from lane 0 every time).
+        if crate::FAST_PATHS && lanes <= 1 {
             return if lanes == 0 { 0 } else { self.receive_lane(0, out).0 };
         }
         let first = if self.next_lane < lanes { self.next_lane } else { 0 };
@@ -881,8 +883,7 @@ impl ShmDevice {
                 continue;
             }
             // The newest buffer first: the endpoint reposts each as it
-            // is done with it, so it is still in cache (4 KiB streaming
-            // 1.10x, pingpong p50 0.75x against the oldest first).
+            // is done with it, so it is still in cache.
             let Some(rx) = self.posted_rx.pop_back() else {
                 self.stats.rnr_waits += 1;
                 rnr = true;
@@ -890,20 +891,20 @@ impl ShmDevice {
             };
             let src = self.source(qpn, connid);
             out[n] = if rec.kind == Kind::Packet {
-                let at = rx as usize * self.cfg.mtu;
+                let at = rx.index() * self.cfg.mtu;
                 lane.read(head, &mut self.pool[at..at + len]);
                 self.stats.delivered += 1;
                 Cqe {
                     op: CqOp::Recv,
                     status: CqStatus::Ok,
-                    wr_id: rx as u64,
+                    wr_id: rx.wr_id(),
                     len: rec.len,
                     src,
                     imm: 0,
                 }
             } else {
                 let op = CqOp::RecvWriteImm;
-                Cqe { op, status: CqStatus::Ok, wr_id: rx as u64, len: rec.len, src, imm: rec.imm }
+                Cqe { op, status: CqStatus::Ok, wr_id: rx.wr_id(), len: rec.len, src, imm: rec.imm }
             };
             n += 1;
             head = head.wrapping_add(1);
@@ -1078,15 +1079,15 @@ impl Device for ShmDevice {
 
     #[inline(always)]
     unsafe fn buf(&self, id: BufId) -> &[u8] {
-        assert!(id < self.caps.bufs, "buffer {id} out of range");
-        let at = id as usize * self.cfg.mtu;
+        assert!(id.0 < self.caps.bufs, "buffer {id} out of range");
+        let at = id.index() * self.cfg.mtu;
         &self.pool[at..at + self.cfg.mtu]
     }
 
     #[inline(always)]
     unsafe fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
-        assert!(id < self.caps.bufs, "buffer {id} out of range");
-        let at = id as usize * self.cfg.mtu;
+        assert!(id.0 < self.caps.bufs, "buffer {id} out of range");
+        let at = id.index() * self.cfg.mtu;
         &mut self.pool[at..at + self.cfg.mtu]
     }
 
@@ -1134,7 +1135,7 @@ impl Device for ShmDevice {
         let pool = &mut self.pool;
         let fetch = |at: usize, old: &[u8]| {
             if let Some((buf, to)) = fetch {
-                let pkt = &mut pool[buf as usize * mtu..][..mtu];
+                let pkt = &mut pool[buf.index() * mtu..][..mtu];
                 pkt[to + at..to + at + old.len()].copy_from_slice(old);
             }
         };
@@ -1142,7 +1143,7 @@ impl Device for ShmDevice {
     }
 
     fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
-        let pkt = &self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
+        let pkt = &self.pool[buf.index() * self.cfg.mtu..][..self.cfg.mtu];
         out.copy_from_slice(&pkt[from..from + out.len()]);
     }
 
@@ -1157,7 +1158,7 @@ impl Device for ShmDevice {
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
         let r = self.regions.expect(mr);
         assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
-        let pkt = &self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
+        let pkt = &self.pool[buf.index() * self.cfg.mtu..][..self.cfg.mtu];
         r.map.write_bytes(REGION_DATA + offset, &pkt[from..from + len]);
     }
 
@@ -1165,7 +1166,7 @@ impl Device for ShmDevice {
     fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize) {
         let r = self.regions.expect(mr);
         assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
-        let pkt = &mut self.pool[buf as usize * self.cfg.mtu..][..self.cfg.mtu];
+        let pkt = &mut self.pool[buf.index() * self.cfg.mtu..][..self.cfg.mtu];
         r.map.read_bytes(REGION_DATA + offset, &mut pkt[to..to + len]);
     }
 
@@ -1177,7 +1178,7 @@ impl Device for ShmDevice {
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {
         let n = bufs.len().min(self.cfg.rx_depth - self.posted_rx.len());
         for &b in &bufs[..n] {
-            assert!(b < self.caps.bufs, "buffer {b} out of range");
+            assert!(b.0 < self.caps.bufs, "buffer {b} out of range");
             self.posted_rx.push_back(b);
         }
         n
@@ -1190,7 +1191,7 @@ impl Device for ShmDevice {
                 break;
             }
             let len = wr.len as usize;
-            assert!(wr.buf < self.caps.bufs && wr.wire_len() <= self.cfg.mtu, "bad send {wr:?}");
+            assert!(wr.buf.0 < self.caps.bufs && wr.wire_len() <= self.cfg.mtu, "bad send {wr:?}");
             let idx = match self.book_peer(wr.ah) {
                 Ok(idx) if wr.wire_len() <= self.peers[idx].lane.payload() => idx,
                 Ok(_) => {
@@ -1211,7 +1212,7 @@ impl Device for ShmDevice {
             }
             let p = &mut self.peers[idx];
             let rec = Record { kind: Kind::Packet, len: wr.wire_len() as u32, imm: 0 };
-            let at = wr.buf as usize * self.cfg.mtu;
+            let at = wr.buf.index() * self.cfg.mtu;
             let data = match wr.data {
                 None => None,
                 Some(d) => {

@@ -234,10 +234,11 @@ impl Lane {
     }
 
     /// Whether slot `pos` is free, given the consumer's head as last read
-    /// (`seen`, refreshed here when the lane looks full).
+    /// (`seen`, refreshed here when the lane looks full: the head is read
+    /// once a lap, not once a packet, as it only moves forward).
     #[inline]
     pub(crate) fn has_room(&self, pos: u32, seen: &mut u32) -> bool {
-        if pos.wrapping_sub(*seen) <= self.mask {
+        if crate::FAST_PATHS && pos.wrapping_sub(*seen) <= self.mask {
             return true;
         }
         // Acquire: the consumer's reads of the slot's last packet happened
@@ -272,8 +273,8 @@ impl Lane {
         // packet used: the consumer read them a lap ago and holds them, and
         // a store to a line another core holds waits for it, with every
         // store behind it. Asked for now, they are ours when that packet is
-        // written (64 B streaming 1.21-1.25x, pingpong p50 0.78-0.91x). A
-        // slot not yet consumed only costs the consumer a second read.
+        // written. A slot not yet consumed only costs the consumer a second
+        // read.
         let ahead = self.slot_off(pos.wrapping_add(PREFETCH_AHEAD));
         let lines = (slot::DATA + head.len() + tail_len).div_ceil(64).min(PREFETCH_LINES);
         self.map.prefetch_write(ahead, lines);

@@ -63,13 +63,13 @@ fn every_packet_size_arrives_in_order_with_its_content() {
     let mut next_send = 1;
     let mut next_recv = 1;
     let mut sent_done = 0;
-    b.post_recv(&(0..64).collect::<Vec<_>>());
+    b.post_recv(&(0..64).map(BufId).collect::<Vec<_>>());
     let mut out = [Cqe::default(); 32];
     while next_recv <= mtu {
         // A burst of up to 16 sizes, then drain both sides.
         let mut wrs = Vec::new();
         while next_send <= mtu && wrs.len() < 16 && a.tx_outstanding() + wrs.len() < 64 {
-            let buf = (next_send % 200) as BufId;
+            let buf = BufId((next_send % 200) as u32);
             if wrs.iter().any(|w: &SendWr| w.buf == buf) {
                 break;
             }
@@ -88,8 +88,11 @@ fn every_packet_size_arrives_in_order_with_its_content() {
         for c in &out[..n] {
             assert_eq!((c.op, c.status), (CqOp::Recv, CqStatus::Ok));
             assert_eq!(c.len as usize, next_recv, "in order");
-            assert_eq!(b.held(c.wr_id as u32)[..next_recv], pattern(next_recv, next_recv)[..]);
-            assert_eq!(b.post_recv(&[c.wr_id as u32]), 1);
+            assert_eq!(
+                b.held(BufId::from_wr_id(c.wr_id))[..next_recv],
+                pattern(next_recv, next_recv)[..]
+            );
+            assert_eq!(b.post_recv(&[BufId::from_wr_id(c.wr_id)]), 1);
             next_recv += 1;
         }
         let n = a.poll(&mut out);
@@ -111,23 +114,23 @@ fn delivery_reports_unknown_sender_until_inserted() {
     let (mut a, mut b) = pair(small());
     let ah_b = a.insert_addr(&b.addr()).unwrap();
     assert_eq!(a.insert_addr(&b.addr()).unwrap(), ah_b, "same address, same handle");
-    assert_eq!(b.post_recv(&[10, 11]), 2);
-    send(&mut a, ah_b, 0, b"hello", 7);
+    assert_eq!(b.post_recv(&[BufId(10), BufId(11)]), 2);
+    send(&mut a, ah_b, BufId(0), b"hello", 7);
     let got = poll_all(&mut b);
     assert_eq!(got.len(), 1);
     // The newest posted buffer first: the one still in cache.
-    let rx = got[0].wr_id as BufId;
-    assert_eq!((got[0].op, rx, got[0].len), (CqOp::Recv, 11, 5));
+    let rx = BufId::from_wr_id(got[0].wr_id);
+    assert_eq!((got[0].op, rx, got[0].len), (CqOp::Recv, BufId(11), 5));
     assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
     assert_eq!(&b.held(rx)[..5], b"hello");
     assert_eq!(poll_all(&mut a), [Cqe { op: CqOp::Send, wr_id: 7, ..Cqe::default() }]);
 
     let ah_a = b.insert_addr(&a.addr()).unwrap();
-    send(&mut a, ah_b, 1, b"again", 8);
+    send(&mut a, ah_b, BufId(1), b"again", 8);
     assert_eq!(poll_all(&mut b)[0].src, Source::Known(ah_a));
     b.remove_addr(ah_a);
-    assert_eq!(b.post_recv(&[12]), 1);
-    send(&mut a, ah_b, 2, b"third", 9);
+    assert_eq!(b.post_recv(&[BufId(12)]), 1);
+    send(&mut a, ah_b, BufId(2), b"third", 9);
     assert_eq!(poll_all(&mut b)[0].src, Source::Unknown { qpn: a.addr().qpn });
 
     // The same QPN with another connid is another sender.
@@ -135,7 +138,7 @@ fn delivery_reports_unknown_sender_until_inserted() {
     assert_eq!(b.insert_addr(&stranger), Err(DeviceError::BadAddress));
     // A removed handle no longer sends.
     a.remove_addr(ah_b);
-    send(&mut a, ah_b, 3, b"gone", 10);
+    send(&mut a, ah_b, BufId(3), b"gone", 10);
     assert_eq!(poll_all(&mut a)[0].status, CqStatus::LocalError);
 }
 
@@ -158,9 +161,10 @@ fn a_receiver_that_stops_polling_back_pressures_the_sender() {
     let cfg = ShmConfig { tx_depth: 8, ..small() };
     let (mut a, mut b) = pair(cfg);
     let ah = a.insert_addr(&b.addr()).unwrap();
-    b.post_recv(&(0..64).collect::<Vec<_>>());
-    let wrs: Vec<SendWr> =
-        (0..12).map(|i| SendWr { ah, buf: i, len: 4, data: None, wr_id: i as u64 }).collect();
+    b.post_recv(&(0..64).map(BufId).collect::<Vec<_>>());
+    let wrs: Vec<SendWr> = (0..12)
+        .map(|i| SendWr { ah, buf: BufId(i), len: 4, data: None, wr_id: i as u64 })
+        .collect();
     assert_eq!(a.post_send(&wrs), 8);
     assert!(poll_all(&mut a).is_empty(), "nothing completes before the receiver polls");
     assert_eq!(a.post_send(&wrs[8..]), 0);
@@ -172,13 +176,14 @@ fn a_receiver_that_stops_polling_back_pressures_the_sender() {
     let cfg = ShmConfig { tx_depth: 64, ring_slots: 8, ..small() };
     let (mut a, mut b) = pair(cfg);
     let ah = a.insert_addr(&b.addr()).unwrap();
-    let wrs: Vec<SendWr> =
-        (0..20).map(|i| SendWr { ah, buf: i, len: 4, data: None, wr_id: i as u64 }).collect();
+    let wrs: Vec<SendWr> = (0..20)
+        .map(|i| SendWr { ah, buf: BufId(i), len: 4, data: None, wr_id: i as u64 })
+        .collect();
     assert_eq!(a.post_send(&wrs), 8, "a full ring takes fewer");
     assert_eq!(a.post_send(&wrs[8..]), 0);
     assert!(a.stats().ring_full >= 2);
     assert!(poll_all(&mut a).is_empty());
-    b.post_recv(&[0, 1, 2]);
+    b.post_recv(&[BufId(0), BufId(1), BufId(2)]);
     assert_eq!(poll_all(&mut b).len(), 3);
     assert_eq!(poll_all(&mut a).len(), 3);
     assert_eq!(a.post_send(&wrs[8..]), 3);
@@ -188,19 +193,19 @@ fn a_receiver_that_stops_polling_back_pressures_the_sender() {
 fn no_posted_buffer_holds_packets_in_the_ring() {
     let (mut a, mut b) = pair(small());
     let ah = a.insert_addr(&b.addr()).unwrap();
-    send(&mut a, ah, 0, b"x", 0);
-    send(&mut a, ah, 1, b"y", 1);
+    send(&mut a, ah, BufId(0), b"x", 0);
+    send(&mut a, ah, BufId(1), b"y", 1);
     assert!(poll_all(&mut b).is_empty());
     assert!(b.stats().rnr_waits >= 1);
     assert!(poll_all(&mut a).is_empty(), "no send completes before delivery");
-    b.post_recv(&[5]);
+    b.post_recv(&[BufId(5)]);
     let got = poll_all(&mut b);
     assert_eq!((got.len(), got[0].wr_id), (1, 5));
-    assert_eq!(b.held(5)[0], b'x');
+    assert_eq!(b.held(BufId(5))[0], b'x');
     assert_eq!(poll_all(&mut a).len(), 1);
-    b.post_recv(&[6]);
+    b.post_recv(&[BufId(6)]);
     let got = poll_all(&mut b);
-    assert_eq!(b.held(got[0].wr_id as u32)[0], b'y');
+    assert_eq!(b.held(BufId::from_wr_id(got[0].wr_id))[0], b'y');
     assert_eq!(poll_all(&mut a)[0].wr_id, 1);
 }
 
@@ -260,7 +265,7 @@ fn rdma_read_write_and_write_with_immediate() {
     assert_eq!(b.region_vec(&remote)[..8], *b"12345678");
     assert!(poll_all(&mut b).is_empty(), "the notice waits for a receive buffer");
     assert!(poll_all(&mut a).is_empty(), "the write completes when its notice is consumed");
-    b.post_recv(&[3]);
+    b.post_recv(&[BufId(3)]);
     let got = poll_all(&mut b);
     let want = Cqe {
         op: CqOp::RecvWriteImm,
@@ -326,7 +331,7 @@ fn rdma_protection_violations_leave_the_target_untouched() {
     for mr in [ro, wo, none] {
         assert_eq!(b.region_vec(&mr), &[9; 32], "target untouched");
     }
-    b.post_recv(&[0]);
+    b.post_recv(&[BufId(0)]);
     assert!(poll_all(&mut b).is_empty(), "a refused write with immediate tells the target nothing");
 
     // Local mistakes are local errors.
@@ -347,13 +352,13 @@ fn a_closed_peer_fails_what_was_sent_to_it() {
     let ah = a.insert_addr(&b.addr()).unwrap();
     let remote = b.register(64, Access::REMOTE_READ).unwrap();
     let local = a.register(64, Access::LOCAL).unwrap();
-    send(&mut a, ah, 0, b"doomed", 1);
-    send(&mut a, ah, 1, b"doomed", 2);
+    send(&mut a, ah, BufId(0), b"doomed", 1);
+    send(&mut a, ah, BufId(1), b"doomed", 2);
     drop(b);
     let got = poll_n(&mut a, 2);
     assert_eq!(got.len(), 2);
     assert!(got.iter().all(|c| c.status == CqStatus::PeerUnreachable && c.op == CqOp::Send));
-    send(&mut a, ah, 2, b"late", 4);
+    send(&mut a, ah, BufId(2), b"late", 4);
     assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
     let rd = rdma(RdmaOp::Read, ah, &local, &remote, 8, 5);
     assert_eq!(a.post_rdma(&[rd]), 1);
@@ -366,15 +371,15 @@ fn a_closed_peer_fails_what_was_sent_to_it() {
 fn what_a_peer_consumed_before_closing_completes_as_delivered() {
     let (mut a, mut b) = pair(small());
     let ah = a.insert_addr(&b.addr()).unwrap();
-    b.post_recv(&[100]);
-    send(&mut a, ah, 0, b"delivered", 1);
-    send(&mut a, ah, 1, b"stranded", 2);
+    b.post_recv(&[BufId(100)]);
+    send(&mut a, ah, BufId(0), b"delivered", 1);
+    send(&mut a, ah, BufId(1), b"stranded", 2);
     // b takes the first packet (one buffer posted), then closes.
     assert_eq!(poll_n(&mut b, 1)[0].len, 9);
     drop(b);
     // The next send finds the peer closed before any poll reaped the
     // first: the first still completes as delivered, in order.
-    send(&mut a, ah, 2, b"late", 3);
+    send(&mut a, ah, BufId(2), b"late", 3);
     let got = poll_all(&mut a);
     let status: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(
@@ -397,10 +402,10 @@ fn malformed_slots_are_dropped_and_counted() {
         lane.publish(pos as u32, rec, &[], None);
     }
     lane.publish(2, &Record { kind: Kind::Packet, len: 3, imm: 0 }, b"abc", None);
-    b.post_recv(&[0]);
+    b.post_recv(&[BufId(0)]);
     let got = poll_all(&mut b);
     assert_eq!(got.len(), 1);
-    assert_eq!((got[0].len, &b.held(0)[..3]), (3, &b"abc"[..]));
+    assert_eq!((got[0].len, &b.held(BufId(0))[..3]), (3, &b"abc"[..]));
     assert_eq!(got[0].src, Source::Unknown { qpn: a.addr().qpn });
     assert_eq!(b.stats().malformed, 2);
     assert!(b.counters().contains(&("malformed", 2)), "reported with the device's counters");
@@ -414,21 +419,21 @@ fn two_threads_move_sequenced_packets_without_loss() {
     let receiver = std::thread::spawn(move || {
         let mut dev = ShmDevice::new(small()).unwrap();
         addr_tx.send(dev.addr()).unwrap();
-        dev.post_recv(&(0..64).collect::<Vec<_>>());
+        dev.post_recv(&(0..64).map(BufId).collect::<Vec<_>>());
         let mut out = [Cqe::default(); 32];
         let mut expect = 0u64;
         while expect < PACKETS {
             let n = dev.poll(&mut out);
             for c in &out[..n] {
                 assert_eq!((c.op, c.status), (CqOp::Recv, CqStatus::Ok));
-                let bytes = &dev.held(c.wr_id as u32)[..c.len as usize];
+                let bytes = &dev.held(BufId::from_wr_id(c.wr_id))[..c.len as usize];
                 let seq = u64::from_le_bytes(bytes[..8].try_into().unwrap());
                 assert_eq!(seq, expect, "no loss, no duplicate, in order");
                 assert_eq!(c.len as u64, 8 + seq % 300);
                 assert!(bytes[8..].iter().all(|&x| x == seq as u8), "content of {seq}");
                 expect += 1;
             }
-            let bufs: Vec<BufId> = out[..n].iter().map(|c| c.wr_id as BufId).collect();
+            let bufs: Vec<BufId> = out[..n].iter().map(|c| BufId::from_wr_id(c.wr_id)).collect();
             assert_eq!(dev.post_recv(&bufs), n);
         }
         done_rx.recv().unwrap();
@@ -437,10 +442,10 @@ fn two_threads_move_sequenced_packets_without_loss() {
     let mut dev = ShmDevice::new(small()).unwrap();
     let ah = dev.insert_addr(&addr_rx.recv().unwrap()).unwrap();
     let mut out = [Cqe::default(); 32];
-    let mut free: Vec<BufId> = (0..64).collect();
+    let mut free: Vec<BufId> = (0..64).map(BufId).collect();
     let (mut next, mut completed) = (0u64, 0u64);
     while completed < PACKETS {
-        let mut wrs = [SendWr { ah, buf: 0, len: 0, data: None, wr_id: 0 }; 32];
+        let mut wrs = [SendWr { ah, buf: BufId(0), len: 0, data: None, wr_id: 0 }; 32];
         let mut k = 0;
         while k < wrs.len() && next + (k as u64) < PACKETS && !free.is_empty() {
             let seq = next + k as u64;
@@ -449,7 +454,7 @@ fn two_threads_move_sequenced_packets_without_loss() {
             let b = dev.held_mut(buf);
             b[..8].copy_from_slice(&seq.to_le_bytes());
             b[8..len].fill(seq as u8);
-            wrs[k] = SendWr { ah, buf, len: len as u32, data: None, wr_id: buf as u64 };
+            wrs[k] = SendWr { ah, buf, len: len as u32, data: None, wr_id: buf.wr_id() };
             k += 1;
         }
         let taken = dev.post_send(&wrs[..k]);
@@ -458,7 +463,7 @@ fn two_threads_move_sequenced_packets_without_loss() {
         let n = dev.poll(&mut out);
         for c in &out[..n] {
             assert_eq!((c.op, c.status), (CqOp::Send, CqStatus::Ok));
-            free.push(c.wr_id as BufId);
+            free.push(BufId::from_wr_id(c.wr_id));
         }
         completed += n as u64;
     }
@@ -490,10 +495,11 @@ fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
     let mut c = ShmDevice::new(cfg).unwrap();
     assert_eq!(c.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
 
-    send(&mut a, ah, 0, b"alive", 1);
-    b.post_recv(&[0, 1]);
+    send(&mut a, ah, BufId(0), b"alive", 1);
+    b.post_recv(&[BufId(0), BufId(1)]);
     let got = poll_n(&mut b, 2);
-    let texts: Vec<&[u8]> = got.iter().map(|c| &b.held(c.wr_id as u32)[..c.len as usize]).collect();
+    let texts: Vec<&[u8]> =
+        got.iter().map(|c| &b.held(BufId::from_wr_id(c.wr_id))[..c.len as usize]).collect();
     assert!(texts.contains(&&b"alive"[..]), "the live sender is not stalled");
     assert!(texts.contains(&&b"dead"[..]), "what the dead sender published arrives");
     assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
@@ -505,10 +511,10 @@ fn a_dead_senders_lane_is_drained_then_freed_and_stalls_no_other() {
     }
     assert_eq!(b.stats().lanes_reclaimed, 1);
     let ah_c = c.insert_addr(&b.addr()).expect("a lane is free again");
-    send(&mut c, ah_c, 0, b"new", 2);
-    b.post_recv(&[2]);
+    send(&mut c, ah_c, BufId(0), b"new", 2);
+    b.post_recv(&[BufId(2)]);
     let got = poll_n(&mut b, 1);
-    assert_eq!(&b.held(got[0].wr_id as u32)[..3], b"new");
+    assert_eq!(&b.held(BufId::from_wr_id(got[0].wr_id))[..3], b"new");
 }
 
 #[test]
@@ -516,21 +522,25 @@ fn a_closed_senders_lane_is_freed_for_the_next() {
     let cfg = ShmConfig { lanes: 1, ..small() };
     let (mut a, mut b) = pair(cfg);
     let ah = a.insert_addr(&b.addr()).unwrap();
-    send(&mut a, ah, 0, b"last", 1);
+    send(&mut a, ah, BufId(0), b"last", 1);
     drop(a);
-    b.post_recv(&[0]);
+    b.post_recv(&[BufId(0)]);
     let got = poll_n(&mut b, 1);
-    assert_eq!(&b.held(got[0].wr_id as u32)[..4], b"last", "published before closing: delivered");
+    assert_eq!(
+        &b.held(BufId::from_wr_id(got[0].wr_id))[..4],
+        b"last",
+        "published before closing: delivered"
+    );
     let mut c = ShmDevice::new(cfg).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while b.stats().lanes_reclaimed == 0 && Instant::now() < deadline {
         poll_all(&mut b);
     }
     let ah_c = c.insert_addr(&b.addr()).expect("the closed sender's lane is free");
-    send(&mut c, ah_c, 0, b"next", 2);
-    b.post_recv(&[1]);
+    send(&mut c, ah_c, BufId(0), b"next", 2);
+    b.post_recv(&[BufId(1)]);
     let got = poll_n(&mut b, 1);
-    assert_eq!(&b.held(got[0].wr_id as u32)[..4], b"next");
+    assert_eq!(&b.held(BufId::from_wr_id(got[0].wr_id))[..4], b"next");
 }
 
 #[test]
@@ -543,15 +553,15 @@ fn sixteen_senders_reach_one_receiver_by_default_and_the_next_is_told_again() {
     let mut senders: Vec<ShmDevice> = (0..16).map(|_| ShmDevice::new(cfg).unwrap()).collect();
     for (i, s) in senders.iter_mut().enumerate() {
         let ah = s.insert_addr(&b.addr()).expect("a lane for each of sixteen");
-        send(s, ah, 0, &pattern(i, 100), i as u64);
+        send(s, ah, BufId(0), &pattern(i, 100), i as u64);
     }
     let mut extra = ShmDevice::new(cfg).unwrap();
     assert_eq!(extra.insert_addr(&b.addr()), Err(DeviceError::Again), "every lane taken");
-    b.post_recv(&(0..16).collect::<Vec<BufId>>());
+    b.post_recv(&(0..16).map(BufId).collect::<Vec<_>>());
     let got = poll_n(&mut b, 16);
     assert_eq!(got.len(), 16);
     let mut seen: Vec<Vec<u8>> =
-        got.iter().map(|c| b.held(c.wr_id as u32)[..100].to_vec()).collect();
+        got.iter().map(|c| b.held(BufId::from_wr_id(c.wr_id))[..100].to_vec()).collect();
     seen.sort();
     let mut want: Vec<Vec<u8>> = (0..16).map(|i| pattern(i, 100)).collect();
     want.sort();
@@ -755,8 +765,8 @@ fn a_process_cannot_take_a_lane_as_another_and_another_user_gets_nothing() {
     assert_eq!(got, format!("{refused} {ok} {ok} true ours"));
     assert!(b.stats().refused >= 1, "{:?}", b.stats());
     // Nothing it did speaks for `a`: b's lanes from a's address are a's.
-    send(&mut a, ah, 0, b"mine", 1);
-    b.post_recv(&[0]);
+    send(&mut a, ah, BufId(0), b"mine", 1);
+    b.post_recv(&[BufId(0)]);
     assert_eq!(poll_n(&mut b, 1).len(), 1);
     let me = std::process::id();
     let from_a: Vec<_> = b.rx_lanes.iter().filter(|l| l.qpn == a.addr().qpn).collect();
@@ -962,10 +972,10 @@ fn an_rdma_to_a_peer_that_does_not_answer_waits_without_holding_the_caller() {
     assert_eq!(poll_all(&mut a)[0].status, CqStatus::PeerUnreachable);
     assert_eq!(a.stats().ask_timeouts, 1);
     // Nothing else waited on it.
-    b.post_recv(&[0]);
+    b.post_recv(&[BufId(0)]);
     let ah_a = b.insert_addr(&a.addr()).unwrap();
-    send(&mut b, ah_a, 1, b"alive", 1);
-    a.post_recv(&[9]);
+    send(&mut b, ah_a, BufId(1), b"alive", 1);
+    a.post_recv(&[BufId(9)]);
     assert_eq!(poll_n(&mut a, 1)[0].len, 5);
 }
 
@@ -1019,7 +1029,7 @@ fn a_sender_cannot_write_in_another_senders_lane() {
     let (mut a, mut b) = pair(cfg);
     let ah = a.insert_addr(&b.addr()).unwrap();
     let ah_a = b.insert_addr(&a.addr()).unwrap();
-    send(&mut a, ah, 0, b"genuine", 1);
+    send(&mut a, ah, BufId(0), b"genuine", 1);
     // A sender of our user granted a lane of b's writes, wherever a slot
     // may start in all it was handed and nothing is published, the packet
     // that would come after a's: were a's lane in it, b would take the
@@ -1037,18 +1047,18 @@ fn a_sender_cannot_write_in_another_senders_lane() {
         }
         handed.write_bytes(at + 16, b"forged");
     }
-    b.post_recv(&(0..8).collect::<Vec<_>>());
+    b.post_recv(&(0..8).map(BufId).collect::<Vec<_>>());
     let got = poll_all(&mut b);
     let from_a: Vec<&[u8]> = got
         .iter()
         .filter(|c| c.src == Source::Known(ah_a))
-        .map(|c| &b.held(c.wr_id as BufId)[..c.len as usize])
+        .map(|c| &b.held(BufId::from_wr_id(c.wr_id))[..c.len as usize])
         .collect();
     assert_eq!(from_a, [&b"genuine"[..]], "only a's own packet is taken as a's");
     for c in got.iter().filter(|c| c.src != Source::Known(ah_a)) {
         // What it forged in its own lane is its own packet.
         assert_eq!(c.src, Source::Unknown { qpn: h.addr().qpn });
-        assert_eq!(&b.held(c.wr_id as BufId)[..c.len as usize], b"forged");
+        assert_eq!(&b.held(BufId::from_wr_id(c.wr_id))[..c.len as usize], b"forged");
     }
     assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
 }

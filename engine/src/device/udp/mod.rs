@@ -425,7 +425,7 @@ struct Op {
 
 impl Op {
     const BLANK: Op = Op {
-        kind: Kind::Send { buf: 0, len: 0, data: None },
+        kind: Kind::Send { buf: BufId::NONE, len: 0, data: None },
         wr_id: 0,
         sess: 0,
         len: 0,
@@ -612,7 +612,7 @@ impl UdpDevice {
         let rx_frames = Frames::new(&rx_pool, BURST as u32, rx_cap, rx_cap);
         let mut rx_ptrs = [std::ptr::null_mut(); BURST];
         for (i, p) in rx_ptrs.iter_mut().enumerate() {
-            *p = rx_frames.ptr(i as u32);
+            *p = rx_frames.ptr(BufId(i as u32));
         }
         let mut sock = sock;
         // SAFETY: the receive frames live in `rx_pool`, which the device
@@ -723,7 +723,7 @@ impl UdpDevice {
     /// for a completion that reported it from an unknown sender (EFA's
     /// sender GID, `efadv_wc_read_sgid`); valid until `buf` is posted again.
     pub fn sender(&self, buf: BufId) -> Option<RawAddr> {
-        let s = *self.unknown_from.get(buf as usize)?;
+        let s = *self.unknown_from.get(buf.index())?;
         let sess = self.sessions.get(s as usize)?;
         let gid = gid_of(sess.peer.ip());
         Some(RawAddr { gid, qpn: sess.peer.port(), connid: sess.connid })
@@ -1212,7 +1212,7 @@ impl UdpDevice {
                 let mut n = 0;
                 while n < BURST {
                     // SAFETY: frame `n` is ours and not lent out.
-                    let frame = unsafe { self.rx_frames.slice_mut(n as u32) };
+                    let frame = unsafe { self.rx_frames.slice_mut(BufId(n as u32)) };
                     match f.recv(now, frame) {
                         Some((from, len)) => {
                             self.rx_got[n] = (from, len);
@@ -1226,12 +1226,12 @@ impl UdpDevice {
         };
         for i in 0..n {
             let (from, len) = self.rx_got[i];
-            self.datagram(i as u32, from, len, now);
+            self.datagram(BufId(i as u32), from, len, now);
         }
         n
     }
 
-    fn datagram(&mut self, frame: u32, from: SocketAddr, len: usize, now: u64) {
+    fn datagram(&mut self, frame: BufId, from: SocketAddr, len: usize, now: u64) {
         // SAFETY: receive frame `frame` is ours and holds the datagram.
         let b = unsafe { &self.rx_frames.slice(frame)[..len] };
         let h = match Hdr::parse(b) {
@@ -1417,7 +1417,7 @@ impl UdpDevice {
     }
 
     /// A sequenced packet from session `s`.
-    fn sequenced(&mut self, s: u32, frame: u32, len: usize, h: &Hdr, from: SocketAddr, now: u64) {
+    fn sequenced(&mut self, s: u32, frame: BufId, len: usize, h: &Hdr, from: SocketAddr, now: u64) {
         let sess = &mut self.sessions[s as usize];
         sess.rx.skip_to(h.base);
         match sess.rx.check(h.seq) {
@@ -1474,7 +1474,7 @@ impl UdpDevice {
     /// the book, landed in `buf`: noted for [`UdpDevice::sender`].
     #[cold]
     fn unknown_sender(&mut self, buf: BufId, s: u32) -> Source {
-        self.unknown_from[buf as usize] = s;
+        self.unknown_from[buf.index()] = s;
         Source::Unknown { qpn: self.sessions[s as usize].peer.port() }
     }
 
@@ -1485,7 +1485,7 @@ impl UdpDevice {
             Some(ah) => Source::Known(ah),
             None => self.unknown_sender(buf, s),
         };
-        self.cq.push_back(Cqe { op, status: CqStatus::Ok, wr_id: u64::from(buf), len, src, imm });
+        self.cq.push_back(Cqe { op, status: CqStatus::Ok, wr_id: buf.wr_id(), len, src, imm });
     }
 
     /// Checks a remote access to `[addr, addr + len)` under `key`.
@@ -1503,7 +1503,7 @@ impl UdpDevice {
         Ok((id, off))
     }
 
-    fn take(&mut self, s: u32, frame: u32, len: usize, h: &Hdr) -> Taken {
+    fn take(&mut self, s: u32, frame: BufId, len: usize, h: &Hdr) -> Taken {
         // SAFETY: receive frame `frame` is ours and holds the datagram.
         let b = unsafe { &self.rx_frames.slice(frame)[..len] };
         match h.ty {
@@ -1824,7 +1824,7 @@ impl Device for UdpDevice {
             n += 1;
             let session = self.book.get(wr.ah.0 as usize).copied().flatten().map(|(_, s)| s);
             let data_ok = wr.data.is_none_or(|d| self.region_ok(d.mr, d.offset, u64::from(d.len)));
-            let fits = wr.wire_len() <= self.cfg.mtu && wr.buf < self.cfg.bufs;
+            let fits = wr.wire_len() <= self.cfg.mtu && wr.buf.0 < self.cfg.bufs;
             let (Some(s), true, true) = (session, data_ok, fits) else {
                 self.local_error(CqOp::Send, wr.wr_id);
                 continue;

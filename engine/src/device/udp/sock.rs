@@ -5,15 +5,16 @@
 //!
 //! Datagrams to a peer leave by a socket connected to it, where the
 //! device keeps one (the first `connected_peers` peers): an unconnected
-//! send looks the route up for every datagram, which costs some 600 ns
-//! of a loopback pingpong's 3 µs here. Every datagram names the device's
+//! send looks the route up for every datagram, a good part of a loopback
+//! pingpong's time (perf/README.md). Every datagram names the device's
 //! own port in its header, where answers go.
 //!
 //! A lone datagram goes by `sendto` (copied whole when short) or
-//! `sendmsg`, and an idle socket is polled by
-//! `recvmsg` until something comes: the burst calls cost some 100 ns more
-//! each (their array handling, and a `recvmmsg` that got one datagram
-//! tries for a second), which a pingpong pays on every message.
+//! `sendmsg`, and an idle socket is polled by `recvmsg` until something
+//! comes: the burst calls cost more each (their array handling, and a
+//! `recvmmsg` that got one datagram tries for a second), which a pingpong
+//! pays on every message. Both are fast paths: with the `general-paths`
+//! feature every send and receive takes the burst calls.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -147,8 +148,7 @@ fn from_c(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
 
 /// A lone datagram up to this long is copied whole and sent by `sendto`,
 /// which takes no message header and no iovec array in from user space:
-/// some 100-200 ns less than `sendmsg` on a pingpong here, more than the
-/// copy costs.
+/// that saves a pingpong more than the copy costs.
 const FLAT_MAX: usize = 1024;
 
 /// Sends the datagrams of `hdrs` on `fd`: `sendto` or `sendmsg` for one,
@@ -161,7 +161,7 @@ const FLAT_MAX: usize = 1024;
 unsafe fn send_run(fd: i32, hdrs: &mut [libc::mmsghdr], flat: &mut [u8; FLAT_MAX]) -> usize {
     let mut sent = 0;
     while sent < hdrs.len() {
-        let r = if hdrs.len() - sent == 1 {
+        let r = if crate::FAST_PATHS && hdrs.len() - sent == 1 {
             let h = &hdrs[sent].msg_hdr;
             // SAFETY: as the caller promises, for the one header's iovecs.
             let iov = unsafe { std::slice::from_raw_parts(h.msg_iov, h.msg_iovlen) };
@@ -359,14 +359,14 @@ impl Sock {
         if self.rx_frames[0].is_null() {
             return 0;
         }
-        let most = if self.rx_flowing { BURST } else { 1 };
+        let most = if self.rx_flowing || !crate::FAST_PATHS { BURST } else { 1 };
         let n = got.len().min(most);
         for h in &mut self.rx_hdrs[..n] {
             // The kernel wrote back the last sender's length.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         }
         let fd = self.sock.as_raw_fd();
-        let r = if n == 1 {
+        let r = if crate::FAST_PATHS && n == 1 {
             // SAFETY: as below, for the first header.
             let r = unsafe { libc::recvmsg(fd, &mut self.rx_hdrs[0].msg_hdr, libc::MSG_DONTWAIT) };
             if r < 0 {

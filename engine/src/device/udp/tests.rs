@@ -48,11 +48,11 @@ const SEC: Duration = Duration::from_secs(10);
 fn every_packet_size_arrives_with_its_content_and_its_sender() {
     let (mut a, mut b) = pair(cfg());
     let to_b = a.insert_addr(&b.addr()).unwrap();
-    let bufs: Vec<BufId> = (0..64).collect();
+    let bufs: Vec<BufId> = (0..64).map(BufId).collect();
     assert_eq!(b.post_recv(&bufs), 64);
     let sizes = [0usize, 1, 63, 64, 1000, 4096, 8191, 8192];
     for (i, &len) in sizes.iter().enumerate() {
-        send(&mut a, to_b, 100 + i as u32, &pattern(i, len), i as u64);
+        send(&mut a, to_b, BufId(100 + i as u32), &pattern(i, len), i as u64);
     }
     let (ca, cb) =
         drive(&mut a, &mut b, SEC, |ca, cb| ca.len() == sizes.len() && cb.len() == sizes.len());
@@ -62,21 +62,24 @@ fn every_packet_size_arrives_with_its_content_and_its_sender() {
         assert_eq!(c.op, CqOp::Recv);
         // Unordered: find the size by length and content.
         let i = sizes.iter().position(|&l| l == c.len as usize).unwrap();
-        assert_eq!(&b.held(c.wr_id as u32)[..c.len as usize], &pattern(i, sizes[i])[..]);
+        assert_eq!(
+            &b.held(BufId::from_wr_id(c.wr_id))[..c.len as usize],
+            &pattern(i, sizes[i])[..]
+        );
         assert_eq!(c.src, Source::Unknown { qpn: a.addr().qpn }, "not in b's book yet");
         assert!(!seen[i], "delivered twice");
         seen[i] = true;
     }
     // An unknown sender's address is there for the asking (EFA's sender GID).
     let c = cb[0];
-    assert_eq!(b.sender(c.wr_id as BufId), Some(a.addr()));
+    assert_eq!(b.sender(BufId::from_wr_id(c.wr_id)), Some(a.addr()));
     // Once in the book, the sender is known.
     let to_a = b.insert_addr(&a.addr()).unwrap();
-    send(&mut a, to_b, 1, b"known", 99);
+    send(&mut a, to_b, BufId(1), b"known", 99);
     let (_, cb) = drive(&mut a, &mut b, SEC, |_, cb| !cb.is_empty());
     assert_eq!(cb[0].src, Source::Known(to_a));
     // A packet larger than the mtu is refused locally.
-    let wr = SendWr { ah: to_b, buf: 0, len: 8193, data: None, wr_id: 7 };
+    let wr = SendWr { ah: to_b, buf: BufId(0), len: 8193, data: None, wr_id: 7 };
     assert_eq!(a.post_send(&[wr]), 1);
     let (ca, _) = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
     assert_eq!((ca[0].wr_id, ca[0].status), (7, CqStatus::LocalError));
@@ -120,7 +123,7 @@ fn rdma_read_write_and_write_with_immediate_of_every_size() {
     let len = 300_000u64;
     let local = a.register(len, Access::empty()).unwrap();
     let remote = b.register(len, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
-    let bufs: Vec<BufId> = (0..8).collect();
+    let bufs: Vec<BufId> = (0..8).map(BufId).collect();
     b.post_recv(&bufs);
     for (k, n) in [0u64, 1, 8151, 8152, 8153, 100_000, len].into_iter().enumerate() {
         let data = pattern(k, n as usize);
@@ -139,7 +142,7 @@ fn rdma_read_write_and_write_with_immediate_of_every_size() {
         assert!(got == data, "write of {n} bytes landed whole");
         if let Some(imm) = imm {
             assert_eq!((cb[0].op, cb[0].imm, cb[0].len), (CqOp::RecvWriteImm, imm, n as u32));
-            b.post_recv(&[cb[0].wr_id as u32]);
+            b.post_recv(&[BufId::from_wr_id(cb[0].wr_id)]);
         }
         // And back: read what b holds, shifted.
         let back = pattern(k + 50, n as usize);
@@ -251,17 +254,17 @@ fn protection_violations_are_terminated_and_leave_the_target_untouched() {
 fn scripted_drops_are_resent_and_delivered_once() {
     let (mut a, mut b) = pair(cfg());
     let to_b = a.insert_addr(&b.addr()).unwrap();
-    let bufs: Vec<BufId> = (0..64).collect();
+    let bufs: Vec<BufId> = (0..64).map(BufId).collect();
     b.post_recv(&bufs);
     a.please_drop(5);
     for i in 0..20u32 {
-        send(&mut a, to_b, 100 + i, &i.to_le_bytes(), u64::from(i));
+        send(&mut a, to_b, BufId(100 + i), &i.to_le_bytes(), u64::from(i));
     }
     let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| ca.len() == 20 && cb.len() == 20);
     assert!(ca.iter().all(|c| c.status == CqStatus::Ok));
     let mut got: Vec<u32> = cb
         .iter()
-        .map(|c| u32::from_le_bytes(b.held(c.wr_id as u32)[..4].try_into().unwrap()))
+        .map(|c| u32::from_le_bytes(b.held(BufId::from_wr_id(c.wr_id))[..4].try_into().unwrap()))
         .collect();
     got.sort();
     assert_eq!(got, (0..20).collect::<Vec<_>>(), "each exactly once");
@@ -274,7 +277,7 @@ fn a_receiver_without_buffers_is_back_pressure_not_loss() {
     let (mut a, mut b) = pair(cfg());
     let to_b = a.insert_addr(&b.addr()).unwrap();
     for i in 0..10u32 {
-        send(&mut a, to_b, i, &[i as u8; 100], u64::from(i));
+        send(&mut a, to_b, BufId(i), &[i as u8; 100], u64::from(i));
     }
     // Nothing posted: the sends wait, refused "not ready".
     let end = Instant::now() + Duration::from_millis(50);
@@ -284,7 +287,7 @@ fn a_receiver_without_buffers_is_back_pressure_not_loss() {
         assert_eq!(b.poll(&mut out), 0);
     }
     assert!(b.stats().rnr_sent > 0 && a.stats().rnr_received > 0, "{:?}", b.stats());
-    let bufs: Vec<BufId> = (0..10).collect();
+    let bufs: Vec<BufId> = (0..10).map(BufId).collect();
     b.post_recv(&bufs);
     let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| ca.len() == 10 && cb.len() == 10);
     assert!(ca.iter().all(|c| c.status == CqStatus::Ok));
@@ -299,8 +302,8 @@ fn a_device_dropped_right_after_receiving_still_acknowledges() {
     let ack_delay = Duration::from_secs(3600);
     let (mut a, mut b) = pair(UdpConfig { ack_delay, ..cfg() });
     let to_b = a.insert_addr(&b.addr()).unwrap();
-    assert_eq!(b.post_recv(&[0]), 1);
-    send(&mut a, to_b, 1, b"last words", 5);
+    assert_eq!(b.post_recv(&[BufId(0)]), 1);
+    send(&mut a, to_b, BufId(1), b"last words", 5);
     drive(&mut a, &mut b, SEC, |_, cb| !cb.is_empty());
     assert_eq!(b.stats().acks_sent, 0, "nothing asked for an ack yet");
     drop(b);
@@ -317,8 +320,8 @@ fn a_device_is_quiet_only_with_nothing_in_flight_owed_or_waiting() {
     let (mut a, mut b) = pair(cfg());
     assert!(a.is_quiet() && b.is_quiet(), "new");
     let to_b = a.insert_addr(&b.addr()).unwrap();
-    assert_eq!(b.post_recv(&[0]), 1);
-    send(&mut a, to_b, 1, b"hi", 5);
+    assert_eq!(b.post_recv(&[BufId(0)]), 1);
+    send(&mut a, to_b, BufId(1), b"hi", 5);
     assert!(!a.is_quiet(), "in flight");
     // The datagram makes b's socket readable.
     let mut p = libc::pollfd { fd: b.rx_fd(), events: libc::POLLIN, revents: 0 };
@@ -351,13 +354,13 @@ fn a_silent_peer_fails_outstanding_work_after_the_peer_timeout() {
     let to_b = a.insert_addr(&b.addr()).unwrap();
     drop(b);
     let start = Instant::now();
-    send(&mut a, to_b, 0, b"anyone?", 1);
+    send(&mut a, to_b, BufId(0), b"anyone?", 1);
     let got = drive_one(&mut a, |got| !got.is_empty());
     assert_eq!((got[0].wr_id, got[0].status), (1, CqStatus::PeerUnreachable));
     assert!(start.elapsed() >= Duration::from_millis(100), "{:?} {:?}", start.elapsed(), a.stats());
     assert!(a.stats().retransmits > 0 && a.stats().peers_lost == 1);
     // Work posted to a lost peer fails at once.
-    send(&mut a, to_b, 0, b"again", 2);
+    send(&mut a, to_b, BufId(0), b"again", 2);
     let mut out = [Cqe::default(); 4];
     assert_eq!(a.poll(&mut out), 1);
     assert_eq!(out[0].status, CqStatus::PeerUnreachable);
@@ -373,9 +376,9 @@ fn a_restarted_peer_is_told_apart_and_the_old_work_fails() {
     // The peer comes back on the same port with a new connid.
     let mut b2 = UdpDevice::new(UdpConfig { bind: port, ..cfg() }).unwrap();
     assert_ne!(b2.addr().connid, old.connid);
-    b2.post_recv(&[0, 1]);
+    b2.post_recv(&[BufId(0), BufId(1)]);
     // What a sends to the old incarnation is answered "bad session".
-    send(&mut a, to_old, 0, b"old", 1);
+    send(&mut a, to_old, BufId(0), b"old", 1);
     let (ca, cb) = drive(&mut a, &mut b2, SEC, |ca, _| !ca.is_empty());
     assert_eq!(ca[0].status, CqStatus::PeerUnreachable);
     assert!(cb.is_empty(), "nothing for the old incarnation is delivered");
@@ -383,16 +386,16 @@ fn a_restarted_peer_is_told_apart_and_the_old_work_fails() {
     // The new one is reachable, and when it speaks, a knows it as new.
     let to_new = a.insert_addr(&b2.addr()).unwrap();
     assert_ne!(to_new, to_old);
-    send(&mut a, to_new, 0, b"new", 2);
+    send(&mut a, to_new, BufId(0), b"new", 2);
     let (ca, cb) = drive(&mut a, &mut b2, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
     assert_eq!(ca[0].status, CqStatus::Ok);
-    assert_eq!(&b2.held(cb[0].wr_id as u32)[..3], b"new");
+    assert_eq!(&b2.held(BufId::from_wr_id(cb[0].wr_id))[..3], b"new");
 }
 
 #[test]
 fn malformed_datagrams_are_counted_and_dropped() {
     let (mut a, mut b) = pair(cfg());
-    b.post_recv(&[0, 1, 2]);
+    b.post_recv(&[BufId(0), BufId(1), BufId(2)]);
     let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
     let to = b.local_addr();
     let mut good = [0u8; hdr::HDR_LEN + 4];
@@ -461,16 +464,16 @@ fn through_damage(faults: Faults, n: u32, len: usize) -> (UdpStats, UdpStats) {
     let c = UdpConfig { faults, min_rto: Duration::from_micros(100), ..cfg() };
     let (mut a, mut b) = pair(c);
     let to_b = a.insert_addr(&b.addr()).unwrap();
-    let bufs: Vec<BufId> = (0..n).collect();
+    let bufs: Vec<BufId> = (0..n).map(BufId).collect();
     assert_eq!(b.post_recv(&bufs), n as usize);
     for i in 0..n {
-        send(&mut a, to_b, i, &pattern(i as usize, len), u64::from(i));
+        send(&mut a, to_b, BufId(i), &pattern(i as usize, len), u64::from(i));
     }
     let n = n as usize;
     let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| ca.len() == n && cb.len() == n);
     assert!(ca.iter().all(|c| c.status == CqStatus::Ok), "{ca:?}");
     let mut got: Vec<&[u8]> =
-        cb.iter().map(|c| &b.held(c.wr_id as BufId)[..c.len as usize]).collect();
+        cb.iter().map(|c| &b.held(BufId::from_wr_id(c.wr_id))[..c.len as usize]).collect();
     let mut want: Vec<Vec<u8>> = (0..n).map(|i| pattern(i, len)).collect();
     got.sort();
     want.sort();
@@ -554,18 +557,18 @@ fn damaged_control_packets_end_nothing() {
     };
 
     // A send waiting for a buffer at b (refused "not ready", resent).
-    send(&mut a, to_b, 0, b"m0", 0);
+    send(&mut a, to_b, BufId(0), b"m0", 0);
     let terminate = |seq: u32| {
         let t = TermHdr { seq: 0, layer_etype: term::LAYER_ETYPE, code: term::ACCESS_RIGHTS };
         forged(Type::Terminate, 0, &move |d: &mut [u8]| TermHdr { seq, ..t }.emit(d))
     };
     sweep(&mut a, &mut b, &terminate(0));
-    b.post_recv(&[0]);
+    b.post_recv(&[BufId(0)]);
     let (ca, _) = drive(&mut a, &mut b, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
-    assert_eq!((ca[0].status, &b.held(0)[..2]), (CqStatus::Ok, &b"m0"[..]));
+    assert_eq!((ca[0].status, &b.held(BufId(0))[..2]), (CqStatus::Ok, &b"m0"[..]));
     assert_eq!(a.stats().terminates_received, 0);
     // Intact, it refuses the next send.
-    send(&mut a, to_b, 1, b"m1", 1);
+    send(&mut a, to_b, BufId(1), b"m1", 1);
     raw.send_to(&terminate(1), a.local_addr()).unwrap();
     let (ca, _) = drive(&mut a, &mut b, SEC, |ca, _| !ca.is_empty());
     assert_eq!((ca[0].wr_id, ca[0].status), (1, CqStatus::RemoteAccess));
@@ -573,8 +576,8 @@ fn damaged_control_packets_end_nothing() {
     // Bad Session: `seq` names the connid a addressed, b's.
     let bad_session = forged(Type::BadSession, b_addr.connid, &|_| {});
     sweep(&mut a, &mut b, &bad_session);
-    b.post_recv(&[1]);
-    send(&mut a, to_b, 2, b"m2", 2);
+    b.post_recv(&[BufId(1)]);
+    send(&mut a, to_b, BufId(2), b"m2", 2);
     let (ca, _) = drive(&mut a, &mut b, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
     assert_eq!(ca[0].status, CqStatus::Ok, "the session goes on");
     assert_eq!((a.stats().peers_lost, b.stats().peers_lost), (0, 0));
@@ -598,13 +601,13 @@ fn faults_on_the_wire_lose_nothing_and_duplicate_nothing() {
         let c = UdpConfig { faults, min_rto: Duration::from_micros(100), ..cfg() };
         let (mut a, mut b) = pair(c);
         let to_b = a.insert_addr(&b.addr()).unwrap();
-        let bufs: Vec<BufId> = (0..128).collect();
+        let bufs: Vec<BufId> = (0..128).map(BufId).collect();
         b.post_recv(&bufs);
         let n = 300u32;
         let mut sent = 0;
         let mut got = Vec::new();
         let mut acked = 0;
-        let mut free: Vec<BufId> = (128..228).collect();
+        let mut free: Vec<BufId> = (128..228).map(BufId).collect();
         let mut out = [Cqe::default(); 32];
         let end = Instant::now() + Duration::from_secs(60);
         while acked < n || got.len() < n as usize {
@@ -612,18 +615,18 @@ fn faults_on_the_wire_lose_nothing_and_duplicate_nothing() {
             if sent < n
                 && let Some(buf) = free.pop()
             {
-                send(&mut a, to_b, buf, &sent.to_le_bytes(), u64::from(buf));
+                send(&mut a, to_b, buf, &sent.to_le_bytes(), buf.wr_id());
                 sent += 1;
             }
             let k = a.poll(&mut out);
             for c in &out[..k] {
                 assert_eq!(c.status, CqStatus::Ok);
-                free.push(c.wr_id as BufId);
+                free.push(BufId::from_wr_id(c.wr_id));
             }
             acked += k as u32;
             let k = b.poll(&mut out);
             for c in &out[..k] {
-                let buf = c.wr_id as u32;
+                let buf = BufId::from_wr_id(c.wr_id);
                 got.push(u32::from_le_bytes(b.held(buf)[..4].try_into().unwrap()));
                 b.post_recv(&[buf]);
             }
@@ -684,8 +687,8 @@ fn a_connid_set_before_traffic_is_the_one_peers_address() {
     b.set_connid(0x1234_5678);
     assert_eq!(b.addr().connid, 0x1234_5678);
     let to_b = a.insert_addr(&b.addr()).unwrap();
-    assert_eq!(b.post_recv(&[0]), 1);
-    send(&mut a, to_b, 1, b"qkey", 5);
+    assert_eq!(b.post_recv(&[BufId(0)]), 1);
+    send(&mut a, to_b, BufId(1), b"qkey", 5);
     let (ca, cb) = drive(&mut a, &mut b, SEC, |ca, cb| !ca.is_empty() && !cb.is_empty());
     assert_eq!((ca[0].status, cb[0].len), (CqStatus::Ok, 4));
 }
