@@ -320,7 +320,7 @@ impl<D: Device> ActiveSide for Initiator<D> {
                 self.io.send_ctl()?
             } else {
                 let local = Span::new(&self.local(), 0, self.size);
-                self.io.post(local, 0, self.seq, true)?
+                self.io.post(local, 0, self.seq, true)
             };
             if self.send_posted {
                 self.io.flush();
@@ -331,10 +331,11 @@ impl<D: Device> ActiveSide for Initiator<D> {
             self.recv_posted = if self.fencing {
                 self.io.recv_ctl()?
             } else {
-                self.io.recv(Span::new(&self.rx, 0, self.size), self.seq)?
+                self.io.recv(Span::new(&self.rx, 0, self.size), self.seq)
             };
             worked |= self.recv_posted;
         }
+        self.io.failure()?;
         Ok(worked.into())
     }
 
@@ -445,7 +446,7 @@ impl<D: Device> PassiveSide for Responder<D> {
         // buffer the next message lands in: that message cannot come
         // before the echo has been read.
         if let Some((size, seq)) = self.echo
-            && self.io.post(Span::new(&self.rx, 0, size), 0, seq, true)?
+            && self.io.post(Span::new(&self.rx, 0, size), 0, seq, true)
         {
             self.io.flush();
             self.echo = None;
@@ -455,9 +456,10 @@ impl<D: Device> PassiveSide for Responder<D> {
         if !self.recv_posted && self.k < self.params.sizes.len() {
             let size = self.params.sizes[self.k];
             self.recv_posted =
-                self.io.op.is_one_sided() || self.io.recv(Span::new(&self.rx, 0, size), 0)?;
+                self.io.op.is_one_sided() || self.io.recv(Span::new(&self.rx, 0, size), 0);
             worked |= self.recv_posted;
         }
+        self.io.failure()?;
         Ok(worked)
     }
 
