@@ -581,6 +581,32 @@ fn refused(e: Error, what: &str) -> RunError {
     RunError::Engine(format!("posting a {what}: {e}"))
 }
 
+/// A set of completion kinds, tested as a bit mask. A poll loop's
+/// `match` on the kind, with the loop's end among its arms, can compile
+/// to a jump table: an indirect jump whose target changes with each
+/// completion when the kinds take turns (a message, then a send's
+/// completion), which a predictor may miss; a bit test is a plain
+/// conditional branch.
+#[derive(Debug, Clone, Copy)]
+pub struct Ops(u8);
+
+impl Ops {
+    pub const fn of(ops: &[Op]) -> Ops {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < ops.len() {
+            bits |= 1 << ops[i] as u8;
+            i += 1;
+        }
+        Ops(bits)
+    }
+
+    #[inline(always)]
+    pub fn has(self, op: Op) -> bool {
+        (self.0 >> op as u8) & 1 != 0
+    }
+}
+
 /// Fails a completion that is not a success.
 #[inline]
 pub fn check_status(c: &Completion) -> Result<(), RunError> {
