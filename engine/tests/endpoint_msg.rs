@@ -575,3 +575,42 @@ fn flush_posts_a_send_before_the_next_progress() {
     w.drive_until(100, |w| w.done[1].len() == 1 && w.done[0].len() == 1);
     assert_eq!(w.done[1][0].len, 64);
 }
+
+#[test]
+fn a_burst_poll_hands_over_what_poll_cq_would_and_stops_where_told() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    w.connect(1, 0);
+    let (src, dst) = (w.register(0, 4 * 64), w.register(1, 4 * 64));
+    for i in 0..4 {
+        w.eps[1].recv(span(&dst, i * 64, 64), None, 10 + i).unwrap();
+        w.eps[0].send(to_b, span(&src, i * 64, 16 + i), 20 + i).unwrap();
+    }
+    // Progress only: the completions stay queued for the polls below.
+    for _ in 0..10 {
+        w.eps[0].progress();
+        w.eps[1].progress();
+    }
+    assert_eq!((w.eps[0].cq_len(), w.eps[1].cq_len()), (4, 4));
+    // Told to stop at the second receive: two taken, in order.
+    let mut got = Vec::new();
+    let taken = w.eps[1].poll_cq_with(|c| {
+        got.push((c.op, c.ctx, c.len, c.status));
+        got.len() < 2
+    });
+    assert_eq!(taken, 2);
+    assert_eq!(got, [(Op::Recv, 10, 16, Status::Ok), (Op::Recv, 11, 17, Status::Ok)]);
+    // The rest as poll_cq hands them over.
+    let rest: Vec<_> = std::iter::from_fn(|| w.eps[1].poll_cq()).map(|c| (c.ctx, c.len)).collect();
+    assert_eq!(rest, [(12, 18), (13, 19)]);
+    // All of them in one burst, then none.
+    let mut sent = Vec::new();
+    let taken = w.eps[0].poll_cq_with(|c| {
+        sent.push((c.op, c.ctx));
+        true
+    });
+    assert_eq!(taken, 4);
+    assert_eq!(sent, (20..24).map(|ctx| (Op::Send, ctx)).collect::<Vec<_>>());
+    assert_eq!(w.eps[0].poll_cq_with(|_| true), 0);
+    assert!(w.eps[0].poll_cq().is_none());
+}

@@ -187,8 +187,11 @@ pub struct Io<D: Device> {
     /// `-o smbd`: what the sides negotiate, and the connection once the
     /// peer is known.
     smbd: Option<(smbd::Params, Option<Connection>)>,
-    /// Why the SMB Direct connection failed, once `poll_cq` met it.
+    /// Why the SMB Direct connection failed, once `poll_cq` met it, or
+    /// why an operation was refused.
     failure: Option<RunError>,
+    /// The completion `poll_smbd` found, on its way to `poll_cq`'s caller.
+    smbd_ready: Option<Completion>,
 }
 
 impl<D: Device> Io<D> {
@@ -200,7 +203,8 @@ impl<D: Device> Io<D> {
         let remote = MemDesc { addr: 0, key: 0, len: 0 };
         let smbd = (op == OpKind::Smbd).then(|| (smbd_params(params), None));
         let peer = PeerId(u32::MAX);
-        Ok(Io { ep, peer, op, remote, ctl, staged: Vec::new(), smbd, failure: None })
+        let staged = Vec::new();
+        Ok(Io { ep, peer, op, remote, ctl, staged, smbd, failure: None, smbd_ready: None })
     }
 
     /// Progresses the endpoint, and the SMB Direct connection over it.
@@ -225,49 +229,90 @@ impl<D: Device> Io<D> {
     /// followed by [`Io::failure`], which says why.
     // Always inlined, as are `post` and `recv`, and no `Result`: a call,
     // or a `Result` around the completion, moves it through the stack
-    // more than once. smbd's path goes out of line.
+    // more than once. smbd's path goes out of line and hands its
+    // completion back through `self`: returned by the call, it would
+    // share the result with the endpoint's, whose fields would then go
+    // through the stack too.
     #[inline(always)]
     pub fn poll_cq(&mut self) -> Option<Completion> {
         if self.smbd.is_none() {
             return self.ep.poll_cq();
         }
-        self.poll_smbd()
+        self.poll_smbd();
+        self.smbd_ready.take()
     }
 
+    /// Hands `f` each completion waiting, as [`Io::poll_cq`] would, until
+    /// there is none or `f` fails; whether there was any. Then
+    /// [`Io::failure`], as after `poll_cq`. The endpoint's completions are
+    /// read where they lie, and `f`, which has no way back to the
+    /// endpoint, lets the loop keep the queue's place in registers (a
+    /// `poll_cq` loop whose body may reach the endpoint reads it again for
+    /// every completion).
+    #[inline(always)]
+    pub fn drain_cq<E>(
+        &mut self,
+        mut f: impl FnMut(&Completion) -> Result<(), E>,
+    ) -> Result<bool, E> {
+        if self.smbd.is_some() {
+            let mut any = false;
+            while let Some(c) = self.poll_cq() {
+                any = true;
+                f(&c)?;
+            }
+            return Ok(any);
+        }
+        let mut failed = None;
+        let taken = self.ep.poll_cq_with(|c| match f(c) {
+            Ok(()) => true,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        });
+        match failed {
+            None => Ok(taken > 0),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Leaves the next completion of `-o smbd` in `smbd_ready`.
     #[inline(never)]
-    fn poll_smbd(&mut self) -> Option<Completion> {
+    fn poll_smbd(&mut self) {
         let Some((_, Some(conn))) = &mut self.smbd else {
-            return self.ep.poll_cq();
+            self.smbd_ready = self.ep.poll_cq();
+            return;
         };
         if self.failure.is_some() {
-            return None;
+            return;
         }
-        loop {
+        self.smbd_ready = loop {
             if let Some(e) = conn.poll_event() {
                 match smbd_completion(e, conn.error(), self.peer) {
-                    Ok(Some(c)) => return Some(c),
+                    Ok(Some(c)) => break Some(c),
                     Ok(None) => continue,
                     Err(e) => {
                         self.failure = Some(e);
-                        return None;
+                        break None;
                     }
                 }
             }
             match self.ep.poll_cq() {
-                None => return None,
-                Some(c) if !conn.handle_completion(&mut self.ep, &c) => return Some(c),
+                None => break None,
+                Some(c) if !conn.handle_completion(&mut self.ep, &c) => break Some(c),
                 Some(_) => {}
             }
-        }
+        };
     }
 
     /// Fails the step if `poll_cq` stopped at the SMB Direct connection's
-    /// failure.
+    /// failure, or the endpoint refused an operation.
     #[inline(always)]
     pub fn failure(&mut self) -> Result<(), RunError> {
-        match self.failure.take() {
-            None => Ok(()),
-            Some(e) => Err(e),
+        // Looked at before it is taken: no store when there is none.
+        match self.failure.is_some() {
+            false => Ok(()),
+            true => Err(self.failure.take().expect("a failure")),
         }
     }
 
@@ -324,18 +369,14 @@ impl<D: Device> Io<D> {
     /// or a fetch-add of [`ATOMIC_ADD`] to the peer's u64 there whose old
     /// value lands in it. `notify`: a write carries `seq` as CQ data, so
     /// the peer hears of it. False when the endpoint pushed back (retry
-    /// after progress).
+    /// after progress), or refused: then [`Io::failure`] says why.
+    // A bool, the refusal parked in `failure`: a `Result` with a run's
+    // error in it would come back through the stack on every post.
     #[inline(always)]
-    pub fn post(
-        &mut self,
-        local: Span,
-        remote_at: u64,
-        seq: u64,
-        notify: bool,
-    ) -> Result<bool, RunError> {
+    pub fn post(&mut self, local: Span, remote_at: u64, seq: u64, notify: bool) -> bool {
         if matches!(self.op, OpKind::Send | OpKind::Tagged) {
             let result = self.op.post_send(&mut self.ep, self.peer, local, seq);
-            return posted(result, self.op.name());
+            return self.posted(result, self.op.name());
         }
         self.post_any(local, remote_at, seq, notify)
     }
@@ -343,13 +384,7 @@ impl<D: Device> Io<D> {
     /// [`Io::post`] out of line, for any operation (only sends are worth
     /// inlining).
     #[inline(never)]
-    fn post_any(
-        &mut self,
-        local: Span,
-        remote_at: u64,
-        seq: u64,
-        notify: bool,
-    ) -> Result<bool, RunError> {
+    fn post_any(&mut self, local: Span, remote_at: u64, seq: u64, notify: bool) -> bool {
         let (ep, peer) = (&mut self.ep, self.peer);
         let remote = RmaIov {
             addr: self.remote.addr.wrapping_add(remote_at),
@@ -368,28 +403,30 @@ impl<D: Device> Io<D> {
                 ep.fetch_atomic(peer, add, dt, operand, local, remote, seq)
             }
         };
-        posted(result, self.op.name())
+        self.posted(result, self.op.name())
     }
 
     /// Posts a receive for a message of the transfer; false when the
-    /// endpoint pushed back.
+    /// endpoint pushed back, or refused ([`Io::failure`] says why).
     #[inline(always)]
-    pub fn recv(&mut self, dst: Span, ctx: u64) -> Result<bool, RunError> {
+    pub fn recv(&mut self, dst: Span, ctx: u64) -> bool {
         if self.smbd.is_some() {
             return self.recv_smbd(dst, ctx);
         }
-        posted(self.op.post_recv(&mut self.ep, dst, ctx), "receive")
+        let result = self.op.post_recv(&mut self.ep, dst, ctx);
+        self.posted(result, "receive")
     }
 
     #[inline(never)]
-    fn recv_smbd(&mut self, dst: Span, ctx: u64) -> Result<bool, RunError> {
+    fn recv_smbd(&mut self, dst: Span, ctx: u64) -> bool {
         let Some((_, Some(conn))) = &mut self.smbd else {
-            return posted(self.op.post_recv(&mut self.ep, dst, ctx), "receive");
+            let result = self.op.post_recv(&mut self.ep, dst, ctx);
+            return self.posted(result, "receive");
         };
         match conn.recv(&mut self.ep, dst, ctx) {
-            Ok(()) => Ok(true),
-            Err(smbd::RecvError::Again) => Ok(false),
-            Err(e) => Err(RunError::Engine(format!("posting an SMB Direct receive: {e}"))),
+            Ok(()) => true,
+            Err(smbd::RecvError::Again) => false,
+            Err(e) => self.refuse(RunError::Engine(format!("posting an SMB Direct receive: {e}"))),
         }
     }
 
@@ -397,29 +434,63 @@ impl<D: Device> Io<D> {
     /// pushed back.
     pub fn send_ctl(&mut self) -> Result<bool, RunError> {
         let src = Span::new(&self.ctl, CTL_TX_AT, CTL_LEN);
-        if self.op == OpKind::Smbd {
-            return self.send_smbd(src, 0);
-        }
-        posted(self.op.post_send(&mut self.ep, self.peer, src, 0), "send")
+        let sent = if self.op == OpKind::Smbd {
+            self.send_smbd(src, 0)
+        } else {
+            let result = self.op.post_send(&mut self.ep, self.peer, src, 0);
+            self.posted(result, "send")
+        };
+        self.failure()?;
+        Ok(sent)
     }
 
     /// Sends `src` as an SMB Direct message; false when the connection's
-    /// queue is full.
+    /// queue is full, or it refused ([`Io::failure`] says why).
     #[inline]
-    fn send_smbd(&mut self, src: Span, ctx: u64) -> Result<bool, RunError> {
+    fn send_smbd(&mut self, src: Span, ctx: u64) -> bool {
         let Some((_, Some(conn))) = &mut self.smbd else {
-            return Err(RunError::Setup("the SMB Direct connection is not set up".into()));
+            return self.refuse(RunError::Setup("the SMB Direct connection is not set up".into()));
         };
         match conn.send(&mut self.ep, src, None, ctx) {
-            Ok(()) => Ok(true),
-            Err(smbd::SendError::Again) => Ok(false),
-            Err(e) => Err(RunError::Engine(format!("sending an SMB Direct message: {e}"))),
+            Ok(()) => true,
+            Err(smbd::SendError::Again) => false,
+            Err(e) => self.refuse(RunError::Engine(format!("sending an SMB Direct message: {e}"))),
         }
     }
 
     /// Posts a receive for a control message.
     pub fn recv_ctl(&mut self) -> Result<bool, RunError> {
-        self.recv(Span::new(&self.ctl, CTL_RX_AT, CTL_LEN), 0)
+        let posted = self.recv(Span::new(&self.ctl, CTL_RX_AT, CTL_LEN), 0);
+        self.failure()?;
+        Ok(posted)
+    }
+
+    /// Whether the endpoint took an operation: false when it pushed back,
+    /// or refused (why is parked for [`Io::failure`]).
+    #[inline(always)]
+    fn posted(&mut self, result: Result<(), Error>, what: &'static str) -> bool {
+        // Taken is the one outcome a busy loop sees: the others out of line.
+        match result {
+            Ok(()) => true,
+            Err(e) => self.not_posted(e, what),
+        }
+    }
+
+    #[inline(never)]
+    fn not_posted(&mut self, e: Error, what: &'static str) -> bool {
+        match e {
+            Error::Again => false,
+            e => self.refuse(refused(e, what)),
+        }
+    }
+
+    /// Parks why an operation was refused for [`Io::failure`] (the first
+    /// reason, if there are several); false, as nothing was posted.
+    #[cold]
+    #[inline(never)]
+    fn refuse(&mut self, e: RunError) -> bool {
+        self.failure.get_or_insert(e);
+        false
     }
 
     /// Counters worth reporting: the endpoint's, and its device's (named
@@ -504,44 +575,64 @@ fn register<D: Device>(ep: &mut Endpoint<D>, len: u64) -> Result<Mr, RunError> {
         .map_err(|e| RunError::Setup(format!("registering {len} bytes: {e}")))
 }
 
-#[inline]
-fn posted(result: Result<(), Error>, what: &str) -> Result<bool, RunError> {
-    match result {
-        Ok(()) => Ok(true),
-        Err(Error::Again) => Ok(false),
-        Err(e) => Err(refused(e, what)),
-    }
-}
-
 #[cold]
 #[inline(never)]
 fn refused(e: Error, what: &str) -> RunError {
     RunError::Engine(format!("posting a {what}: {e}"))
 }
 
+/// A set of completion kinds, tested as a bit mask. A poll loop's
+/// `match` on the kind, with the loop's end among its arms, can compile
+/// to a jump table: an indirect jump whose target changes with each
+/// completion when the kinds take turns (a message, then a send's
+/// completion), which a predictor may miss; a bit test is a plain
+/// conditional branch.
+#[derive(Debug, Clone, Copy)]
+pub struct Ops(u8);
+
+impl Ops {
+    pub const fn of(ops: &[Op]) -> Ops {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < ops.len() {
+            bits |= 1 << ops[i] as u8;
+            i += 1;
+        }
+        Ops(bits)
+    }
+
+    #[inline(always)]
+    pub fn has(self, op: Op) -> bool {
+        (self.0 >> op as u8) & 1 != 0
+    }
+}
+
 /// Fails a completion that is not a success.
 #[inline]
 pub fn check_status(c: &Completion) -> Result<(), RunError> {
-    if c.status == Status::Ok { Ok(()) } else { Err(failed(c)) }
+    // The failure takes the fields it tells of: were the completion's
+    // address to reach a call, even one never made, the poll loop would
+    // keep the whole completion on the stack, and a copy of it would keep
+    // every field live until the check.
+    if c.status == Status::Ok { Ok(()) } else { Err(failed(c.op, c.status, c.len)) }
 }
 
-/// Why a completion failed, for the run's error.
+/// Why a completion of `op` failed with `status` (`len`: the bytes of a
+/// truncated receive), for the run's error.
 #[cold]
 #[inline(never)]
-fn failed(c: &Completion) -> RunError {
-    match c.status {
+fn failed(op: Op, status: Status, len: u64) -> RunError {
+    match status {
         Status::PeerUnreachable => {
-            RunError::PeerGone(format!("the peer is unreachable (a {:?} failed)", c.op))
+            RunError::PeerGone(format!("the peer is unreachable (a {op:?} failed)"))
         }
         Status::Truncated { olen } => RunError::Verify(format!(
-            "a {olen}-byte message arrived in a {}-byte receive: the sides disagree on sizes",
-            c.len
+            "a {olen}-byte message arrived in a {len}-byte receive: the sides disagree on sizes"
         )),
         Status::RemoteAccess => RunError::Engine(format!(
-            "the peer refused a {:?} on its buffer (key, bounds or rights)",
-            c.op
+            "the peer refused a {op:?} on its buffer (key, bounds or rights)"
         )),
-        s => RunError::Engine(format!("{:?} completed with {s:?}", c.op)),
+        s => RunError::Engine(format!("{op:?} completed with {s:?}")),
     }
 }
 
@@ -553,7 +644,7 @@ fn failed(c: &Completion) -> RunError {
 #[inline]
 pub fn check_passive_status(c: &Completion, all_received: bool) -> Result<(), RunError> {
     let last_send = matches!(c.op, Op::Send | Op::Write);
-    if all_received && last_send && c.status == Status::PeerUnreachable {
+    if c.status == Status::Ok || all_received && last_send && c.status == Status::PeerUnreachable {
         return Ok(());
     }
     check_status(c)

@@ -26,7 +26,9 @@ use efapoll::endpoint::{Completion, Op, Span};
 use hdrhistogram::Histogram;
 
 use super::counts::{Counts, UNKNOWN};
-use super::op::{self, CTL_LEN, Io, check_cq_data, check_len, check_passive_status, check_status};
+use super::op::{
+    self, CTL_LEN, Io, Ops, check_cq_data, check_len, check_passive_status, check_status,
+};
 use super::report::{HIST_MAX_NS, PingpongSample, new_histogram};
 use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
 
@@ -58,26 +60,37 @@ pub fn batch_for(rtt_ns: f64, clock_ns: f64) -> u64 {
     batch
 }
 
+/// The halves of an exchange (a round trip, or the fence), as bits of
+/// what is left of it to post and to complete: our message or operation,
+/// and the reply (its receive; its arrival).
+const OURS: u8 = 1;
+const REPLY: u8 = 2;
+
 /// The measuring side.
 #[derive(Debug)]
 pub struct Initiator<D: Device> {
     io: Io<D>,
-    tx: Mr,
     rx: Mr,
+    /// Where an operation goes from (send, write) or lands (read, the
+    /// fetched value of an atomic).
+    local: Mr,
     params: Params,
     k: usize,
     size: u64,
     /// Next iteration of the size (warmup included) and the phase's end.
     seq: u64,
     end: u64,
+    /// An exchange is under way, and what is left of it to post and to
+    /// complete ([`OURS`], [`REPLY`]).
     in_flight: bool,
-    recv_posted: bool,
-    send_posted: bool,
-    recv_done: bool,
-    send_done: bool,
+    unposted: u8,
+    pending: u8,
+    /// What an iteration posts and completes: only send needs a receive,
+    /// and only send and write a reply.
+    posts: u8,
+    completes: u8,
     measuring: bool,
-    /// Exchanging the fence that ends a one-sided size (the flags above
-    /// then track its two messages).
+    /// The exchange under way is the fence that ends a one-sided size.
     fencing: bool,
     /// Warmup round trips, ns, to size the batch.
     warm_ns: Vec<u64>,
@@ -103,20 +116,24 @@ impl<D: Device> Initiator<D> {
         let tx = io.register(params.max_size())?;
         let rx = io.register(params.max_size())?;
         let now = Instant::now();
+        let op = io.op;
+        let local = if op.lands_here() { rx } else { tx };
+        let posts = if op.is_one_sided() { OURS } else { OURS | REPLY };
+        let completes = if op.echoes() { OURS | REPLY } else { OURS };
         Ok(Initiator {
             io,
-            tx,
             rx,
+            local,
             params: params.clone(),
             k: 0,
             size: 0,
             seq: 0,
             end: 0,
             in_flight: false,
-            recv_posted: false,
-            send_posted: false,
-            recv_done: false,
-            send_done: false,
+            unposted: 0,
+            pending: 0,
+            posts,
+            completes,
             measuring: false,
             fencing: false,
             warm_ns: Vec::new(),
@@ -131,36 +148,42 @@ impl<D: Device> Initiator<D> {
         })
     }
 
-    /// Where an operation goes from (send, write) or lands (read, the
-    /// fetched value of an atomic).
-    fn local(&self) -> Mr {
-        if self.io.op.lands_here() { self.rx } else { self.tx }
-    }
-
+    #[inline]
     fn finish_iteration(&mut self) {
         self.seq += 1;
         self.in_flight = false;
         if !self.measuring {
-            let now = Instant::now();
-            self.warm_ns.push((now - self.stamp).as_nanos() as u64);
-            self.stamp = now;
+            self.time_warmup_iteration();
             return;
         }
         self.in_batch += 1;
         if self.in_batch == self.batch || self.seq == self.end {
-            let now = Instant::now();
-            let ns = (now - self.stamp).as_nanos() as u64;
-            let legs = self.io.op.legs();
-            let t = (ns / (legs * self.in_batch)).clamp(1, HIST_MAX_NS);
-            self.hist.record_n(t, self.in_batch).expect("value within bounds");
-            self.stamp = now;
-            self.in_batch = 0;
-            if self.deadline.is_some_and(|d| now >= d) && !self.announced {
-                // One round trip more, once the peer knows it is the last.
-                let n = self.seq + 1 - self.params.warmup_for(self.k);
-                self.counts.announce(self.k, n);
-                self.announced = true;
-            }
+            self.time_batch();
+        }
+    }
+
+    #[inline(never)]
+    fn time_warmup_iteration(&mut self) {
+        let now = Instant::now();
+        self.warm_ns.push((now - self.stamp).as_nanos() as u64);
+        self.stamp = now;
+    }
+
+    /// Records the batch of round trips that just ended.
+    #[inline(never)]
+    fn time_batch(&mut self) {
+        let now = Instant::now();
+        let ns = (now - self.stamp).as_nanos() as u64;
+        let legs = self.io.op.legs();
+        let t = (ns / (legs * self.in_batch)).clamp(1, HIST_MAX_NS);
+        self.hist.record_n(t, self.in_batch).expect("value within bounds");
+        self.stamp = now;
+        self.in_batch = 0;
+        if self.deadline.is_some_and(|d| now >= d) && !self.announced {
+            // One round trip more, once the peer knows it is the last.
+            let n = self.seq + 1 - self.params.warmup_for(self.k);
+            self.counts.announce(self.k, n);
+            self.announced = true;
         }
     }
 
@@ -183,16 +206,11 @@ impl<D: Device> Initiator<D> {
 
     fn begin_iteration(&mut self) {
         self.in_flight = true;
-        // Only send needs a receive, and only send and write a reply.
-        let op = self.io.op;
-        self.recv_posted = op.is_one_sided();
-        self.send_posted = false;
-        self.recv_done = !op.echoes();
-        self.send_done = false;
+        self.unposted = self.posts;
+        self.pending = self.completes;
         if self.params.verify {
-            let (size, local) = (self.size, self.local());
-            let seq = self.seq;
-            self.io.fill_in(local.id, 0, size, |buf| op::prepare_local(op, buf, size, seq));
+            let (op, size, seq) = (self.io.op, self.size, self.seq);
+            self.io.fill_in(self.local.id, 0, size, |buf| op::prepare_local(op, buf, size, seq));
         }
     }
 
@@ -200,51 +218,95 @@ impl<D: Device> Initiator<D> {
     /// there and back, untimed.
     fn begin_fence(&mut self) {
         self.fencing = true;
-        self.recv_posted = false;
-        self.send_posted = false;
-        self.recv_done = false;
-        self.send_done = false;
+        self.in_flight = true;
+        self.unposted = OURS | REPLY;
+        self.pending = OURS | REPLY;
     }
 
+    #[inline]
     fn complete(&mut self, c: &Completion) -> Result<(), RunError> {
         check_status(c)?;
-        let (size, verify) = (self.size, self.params.verify);
-        match c.op {
-            Op::Recv if self.fencing => {
+        if self.fencing && matches!(c.op, Op::Recv | Op::Send) {
+            if c.op == Op::Recv {
                 check_len(c, CTL_LEN)?;
-                self.recv_done = true;
+                self.pending &= !REPLY;
+            } else {
+                self.pending &= !OURS;
             }
-            Op::Send if self.fencing => self.send_done = true,
+        } else if c.op == Op::Recv || c.op == Op::RemoteWrite {
             // The reply: a message or a write's notice.
-            Op::Recv | Op::RemoteWrite => {
-                if c.op == Op::Recv {
-                    check_len(c, size)?;
-                } else {
-                    check_cq_data(c, self.seq)?;
-                }
-                if verify {
-                    let got = self.io.copy_out(self.rx.id, 0, size);
-                    op::verify(got, size, self.seq)?;
-                }
-                self.recv_done = true;
+            if c.op == Op::Recv {
+                check_len(c, self.size)?;
+            } else {
+                check_cq_data(c, self.seq)?;
             }
-            Op::Read => {
-                if verify {
-                    let got = self.io.copy_out(self.rx.id, 0, size);
-                    op::verify_read(got, size, self.seq, 0)?;
-                }
-                self.send_done = true;
+            if self.params.verify {
+                self.check_reply()?;
             }
-            Op::Atomic => {
-                if verify {
-                    let got = op::fetched(self.io.copy_out(self.rx.id, 0, 8));
-                    op::verify_fetched(got, self.seq, self.params.total(self.k), true)?;
-                }
-                self.send_done = true;
+            self.pending &= !REPLY;
+        } else {
+            // Ours: a send, a write, or a read or an atomic, whose data
+            // landed here.
+            if self.params.verify {
+                self.check_landed(c.op)?;
             }
-            Op::Send | Op::Write => self.send_done = true,
+            self.pending &= !OURS;
         }
         Ok(())
+    }
+
+    /// With `-c`: checks the reply to iteration `seq`.
+    fn check_reply(&mut self) -> Result<(), RunError> {
+        let (size, seq) = (self.size, self.seq);
+        op::verify(self.io.copy_out(self.rx.id, 0, size), size, seq)
+    }
+
+    /// With `-c`: checks what a read or an atomic (`op`) brought back.
+    fn check_landed(&mut self, op: Op) -> Result<(), RunError> {
+        let (size, seq) = (self.size, self.seq);
+        match op {
+            Op::Read => op::verify_read(self.io.copy_out(self.rx.id, 0, size), size, seq, 0),
+            Op::Atomic => {
+                let got = op::fetched(self.io.copy_out(self.rx.id, 0, 8));
+                op::verify_fetched(got, seq, self.params.total(self.k), true)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Posts what the exchange has not posted yet; whether anything went.
+    #[inline(always)]
+    fn post_unposted(&mut self) -> Result<bool, RunError> {
+        let mut worked = false;
+        // The message leaves first and the receive for its reply is posted
+        // while it travels: off the round trip's critical path. The reply
+        // takes a round trip, far longer than posting a receive; were it
+        // ever first, it would wait as unexpected and still match.
+        if self.unposted & OURS != 0 {
+            let sent = if self.fencing {
+                self.io.send_ctl()?
+            } else {
+                self.io.post(Span::new(&self.local, 0, self.size), 0, self.seq, true)
+            };
+            if sent {
+                self.io.flush();
+                self.unposted &= !OURS;
+                worked = true;
+            }
+        }
+        if self.unposted & REPLY != 0 {
+            let posted = if self.fencing {
+                self.io.recv_ctl()?
+            } else {
+                self.io.recv(Span::new(&self.rx, 0, self.size), self.seq)
+            };
+            if posted {
+                self.unposted &= !REPLY;
+                worked = true;
+            }
+        }
+        self.io.failure()?;
+        Ok(worked)
     }
 }
 
@@ -256,6 +318,7 @@ impl<D: Device> ActiveSide for Initiator<D> {
         self.end = self.params.warmup_for(k);
         self.measuring = false;
         self.fencing = false;
+        self.in_flight = false;
         self.warm_ns.clear();
         self.stamp = Instant::now();
     }
@@ -281,59 +344,32 @@ impl<D: Device> ActiveSide for Initiator<D> {
     #[inline]
     fn step(&mut self) -> Result<Phase, RunError> {
         let mut worked = self.io.progress();
-        // By reference (here, in the responder and in streaming): moving
-        // the completion out of the poll's result copies it on the stack
-        // again.
-        while let Some(ref c) = self.io.poll_cq() {
+        while let Some(c) = self.io.poll_cq() {
             worked = true;
-            self.complete(c)?;
+            self.complete(&c)?;
         }
         self.io.failure()?;
-        if self.fencing {
-            if self.recv_done && self.send_done {
+        if self.in_flight && self.pending == 0 {
+            if self.fencing {
                 return Ok(Phase::Done);
             }
-        } else {
-            if self.in_flight && self.recv_done && self.send_done {
-                self.finish_iteration();
-            }
-            if !self.in_flight && self.awaiting_count() {
+            self.finish_iteration();
+        }
+        if !self.in_flight {
+            if self.awaiting_count() {
                 return Ok(worked.into());
             }
-            if !self.in_flight {
-                if self.seq < self.end {
-                    self.begin_iteration();
-                } else if self.measuring && !self.io.op.echoes() {
-                    // The target checks and readies its buffer.
-                    self.begin_fence();
-                } else {
-                    return Ok(Phase::Done);
-                }
+            if self.seq < self.end {
+                self.begin_iteration();
+            } else if self.measuring && !self.io.op.echoes() {
+                // The target checks and readies its buffer.
+                self.begin_fence();
+            } else {
+                return Ok(Phase::Done);
             }
         }
-        // The message leaves first and the receive for its reply is posted
-        // while it travels: off the round trip's critical path. The reply
-        // takes a round trip, far longer than posting a receive; were it
-        // ever first, it would wait as unexpected and still match.
-        if !self.send_posted {
-            self.send_posted = if self.fencing {
-                self.io.send_ctl()?
-            } else {
-                let local = Span::new(&self.local(), 0, self.size);
-                self.io.post(local, 0, self.seq, true)?
-            };
-            if self.send_posted {
-                self.io.flush();
-            }
-            worked |= self.send_posted;
-        }
-        if !self.recv_posted {
-            self.recv_posted = if self.fencing {
-                self.io.recv_ctl()?
-            } else {
-                self.io.recv(Span::new(&self.rx, 0, self.size), self.seq)?
-            };
-            worked |= self.recv_posted;
+        if self.unposted != 0 {
+            worked |= self.post_unposted()?;
         }
         Ok(worked.into())
     }
@@ -368,6 +404,8 @@ pub struct Responder<D: Device> {
     k: usize,
     i: u64,
     total: u64,
+    /// The size of message `i` (0 once every size is done).
+    size: u64,
     counts: Arc<Counts>,
     recv_posted: bool,
     /// The echo to send: its size and sequence number.
@@ -390,6 +428,7 @@ impl<D: Device> Responder<D> {
             k: 0,
             i: 0,
             total: counts.total(params, 0),
+            size: params.sizes.first().copied().unwrap_or(0),
             counts,
             recv_posted: false,
             echo: None,
@@ -397,45 +436,56 @@ impl<D: Device> Responder<D> {
             sends_done: 0,
         })
     }
+
+    /// Message `i` of the size arrived (a write's notice, with `-o
+    /// write`): checks it and readies its echo.
+    #[inline]
+    fn take_message(&mut self, c: &Completion) -> Result<(), RunError> {
+        let size = self.size;
+        if c.op == Op::Recv {
+            check_len(c, size)?;
+        } else {
+            check_cq_data(c, self.i)?;
+        }
+        if self.params.verify {
+            op::verify(self.io.copy_out(self.rx.id, 0, size), size, self.i)?;
+        }
+        self.echo = Some((size, self.i));
+        self.recv_posted = false;
+        self.i += 1;
+        if self.total == UNKNOWN {
+            self.total = self.counts.total(&self.params, self.k);
+        }
+        if self.i == self.total {
+            self.next_size();
+        }
+        Ok(())
+    }
+
+    fn next_size(&mut self) {
+        self.k += 1;
+        self.i = 0;
+        (self.total, self.size) = match self.params.sizes.get(self.k) {
+            Some(&size) => (self.counts.total(&self.params, self.k), size),
+            None => (UNKNOWN, 0),
+        };
+    }
 }
 
 impl<D: Device> PassiveSide for Responder<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
+        // A message, or a write's notice; our echo's completion.
+        const MESSAGE: Ops = Ops::of(&[Op::Recv, Op::RemoteWrite]);
+        const ECHO: Ops = Ops::of(&[Op::Send, Op::Write]);
         let mut worked = self.io.progress();
-        while let Some(ref c) = self.io.poll_cq() {
+        while let Some(c) = self.io.poll_cq() {
             worked = true;
-            check_passive_status(c, self.k == self.params.sizes.len())?;
-            match c.op {
-                // A message, or a write's notice.
-                Op::Recv | Op::RemoteWrite => {
-                    let size = self.params.sizes[self.k];
-                    if c.op == Op::Recv {
-                        check_len(c, size)?;
-                    } else {
-                        check_cq_data(c, self.i)?;
-                    }
-                    if self.params.verify {
-                        let got = self.io.copy_out(self.rx.id, 0, size);
-                        op::verify(got, size, self.i)?;
-                    }
-                    self.echo = Some((size, self.i));
-                    self.recv_posted = false;
-                    self.i += 1;
-                    if self.total == UNKNOWN {
-                        self.total = self.counts.total(&self.params, self.k);
-                    }
-                    if self.i == self.total {
-                        self.k += 1;
-                        self.i = 0;
-                        self.total = match self.k < self.params.sizes.len() {
-                            true => self.counts.total(&self.params, self.k),
-                            false => UNKNOWN,
-                        };
-                    }
-                }
-                Op::Send | Op::Write => self.sends_done += 1,
-                _ => {}
+            check_passive_status(&c, self.k == self.params.sizes.len())?;
+            if MESSAGE.has(c.op) {
+                self.take_message(&c)?;
+            } else if ECHO.has(c.op) {
+                self.sends_done += 1;
             }
         }
         self.io.failure()?;
@@ -445,7 +495,7 @@ impl<D: Device> PassiveSide for Responder<D> {
         // buffer the next message lands in: that message cannot come
         // before the echo has been read.
         if let Some((size, seq)) = self.echo
-            && self.io.post(Span::new(&self.rx, 0, size), 0, seq, true)?
+            && self.io.post(Span::new(&self.rx, 0, size), 0, seq, true)
         {
             self.io.flush();
             self.echo = None;
@@ -453,11 +503,11 @@ impl<D: Device> PassiveSide for Responder<D> {
             worked = true;
         }
         if !self.recv_posted && self.k < self.params.sizes.len() {
-            let size = self.params.sizes[self.k];
-            self.recv_posted =
-                self.io.op.is_one_sided() || self.io.recv(Span::new(&self.rx, 0, size), 0)?;
+            let dst = Span::new(&self.rx, 0, self.size);
+            self.recv_posted = self.io.op.is_one_sided() || self.io.recv(dst, 0);
             worked |= self.recv_posted;
         }
+        self.io.failure()?;
         Ok(worked)
     }
 

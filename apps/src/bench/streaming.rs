@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use efapoll::device::{Device, Mr};
-use efapoll::endpoint::{Completion, Op, Span};
+use efapoll::endpoint::{Op, Span};
 
 use super::counts::{Counts, UNKNOWN};
 use super::op::{self, CTL_LEN, Io, OpKind, check_len, check_passive_status, check_status};
@@ -48,6 +48,10 @@ pub struct Sender<D: Device> {
     /// without writing it again).
     slot_busy: Vec<bool>,
     filled: Option<u64>,
+    /// Verifying: operations completed whose slots are still to free, and
+    /// for reads and atomics to check (after the poll, which cannot reach
+    /// the endpoint).
+    completed: Vec<u64>,
     ack_posted: bool,
     ack_received: bool,
     /// One-sided: the fence that asks the target for the ack is out.
@@ -85,6 +89,7 @@ impl<D: Device> Sender<D> {
             done: 0,
             slot_busy: Vec::new(),
             filled: None,
+            completed: Vec::new(),
             ack_posted: false,
             ack_received: false,
             fence_sent: false,
@@ -158,30 +163,114 @@ impl<D: Device> Sender<D> {
         false
     }
 
-    /// One of our data operations completed; with `-c`, checks what a read
-    /// or an atomic brought back.
-    fn complete_op(&mut self, c: &Completion) -> Result<(), RunError> {
-        self.done += 1;
-        if self.done == self.total && self.io.op.is_one_sided() {
-            // As perftest's _bw tests: the last completion ends the
-            // measurement.
-            self.end = Instant::now();
+    /// Takes the completions waiting; whether there were any. `NOTING`:
+    /// a one-sided run's last one ends the measurement (as perftest's _bw
+    /// tests), and with `-c` each notes its slot. Without, the poll loop
+    /// does nothing that could reach the endpoint, not even a call on a
+    /// path it never takes, and keeps the queue in registers.
+    #[inline(always)]
+    fn poll<const NOTING: bool>(&mut self) -> Result<bool, RunError> {
+        let (local_op, total, verify) = (self.io.op.local_op(), self.total, self.params.verify);
+        let last_ends = self.io.op.is_one_sided();
+        let (end, completed) = (&mut self.end, &mut self.completed);
+        let (mut done, mut acked) = (self.done, false);
+        let polled = self.io.drain_cq(|c| {
+            check_status(c)?;
+            if c.op == local_op {
+                done += 1;
+                if NOTING && last_ends && done == total {
+                    *end = Instant::now();
+                }
+                if NOTING && verify {
+                    completed.push(c.ctx);
+                }
+            } else if c.op == Op::Recv {
+                check_len(c, CTL_LEN)?;
+                acked = true;
+            }
+            // Else the fence's.
+            Ok::<(), RunError>(())
+        });
+        self.done = done;
+        self.ack_received |= acked;
+        let polled = polled?;
+        self.io.failure()?;
+        Ok(polled)
+    }
+
+    /// With `-c`: frees the slots of the operations that completed, once
+    /// what the reads and atomics among them brought back is checked.
+    fn free_slots(&mut self) -> Result<(), RunError> {
+        let (size, op) = (self.size, self.io.op);
+        for k in 0..self.completed.len() {
+            let seq = self.completed[k];
+            let slot = self.slot(seq);
+            if op.lands_here() {
+                let got = self.io.copy_out(self.src.id, slot * size, size);
+                match op {
+                    OpKind::Read => op::verify_read(got, size, seq, slot)?,
+                    // No more adds than were posted (the count may not be
+                    // fixed yet).
+                    _ => op::verify_fetched(op::fetched(got), seq, self.sent, false)?,
+                }
+            }
+            self.slot_busy[slot as usize] = false;
         }
-        if !self.params.verify {
-            return Ok(());
-        }
-        let (size, slot) = (self.size, self.slot(c.ctx));
-        let at = (slot * size) as usize;
-        let op = self.io.op;
-        let got = self.io.copy_out(self.src.id, at as u64, size);
-        match op {
-            OpKind::Read => op::verify_read(got, size, c.ctx, slot)?,
-            // No more adds than were posted (the count may not be fixed yet).
-            OpKind::Atomic => op::verify_fetched(op::fetched(got), c.ctx, self.sent, false)?,
-            _ => {}
-        }
-        self.slot_busy[slot as usize] = false;
+        self.completed.clear();
         Ok(())
+    }
+
+    /// Posts operations while the window and `limit` allow; whether any
+    /// went.
+    // Out of line: the posting loop has the registers to itself, not
+    // spilling around the inlined send what the step keeps live.
+    #[inline(never)]
+    fn post_window(&mut self, limit: u64) -> Result<bool, RunError> {
+        if self.params.verify {
+            return self.post_checked(limit);
+        }
+        // Every operation from (or into) the buffer's start, and every
+        // fetch-add to the one counter: no slot to choose or keep.
+        let end = limit.min(self.done + self.window);
+        let span = Span::new(&self.src, 0, self.size);
+        let first = self.sent;
+        let mut seq = first;
+        while seq < end && self.io.post(span, 0, seq, false) {
+            seq += 1;
+        }
+        self.sent = seq;
+        self.io.failure()?;
+        Ok(seq > first)
+    }
+
+    /// [`Sender::post_window`] with `-c`: each operation in flight has its
+    /// slot, filled with its pattern before it goes.
+    fn post_checked(&mut self, limit: u64) -> Result<bool, RunError> {
+        let (size, first) = (self.size, self.sent);
+        while self.sent < limit && self.sent - self.done < self.window {
+            let seq = self.sent;
+            let slot = self.slot(seq);
+            if self.slot_busy[slot as usize] {
+                break;
+            }
+            if self.filled != Some(seq) {
+                let at = (slot * size) as usize;
+                let kind = self.io.op;
+                self.io.fill_in(self.src.id, at as u64, size, |buf| {
+                    op::prepare_local(kind, buf, size, seq)
+                });
+                self.filled = Some(seq);
+            }
+            // Every fetch-add hits the one counter, as in ib_atomic_bw.
+            let remote_at = if self.io.op == OpKind::Atomic { 0 } else { slot * size };
+            if !self.io.post(Span::new(&self.src, slot * size, size), remote_at, seq, false) {
+                break;
+            }
+            self.slot_busy[slot as usize] = true;
+            self.sent += 1;
+        }
+        self.io.failure()?;
+        Ok(self.sent > first)
     }
 }
 
@@ -195,6 +284,9 @@ impl<D: Device> ActiveSide for Sender<D> {
         self.done = 0;
         self.slot_busy = vec![false; if self.params.verify { self.window as usize } else { 0 }];
         self.filled = None;
+        // No more complete at once than are in flight: no allocation in
+        // the poll.
+        self.completed = Vec::with_capacity(self.slot_busy.len());
         self.ack_posted = false;
         self.ack_received = false;
         self.fence_sent = false;
@@ -218,25 +310,18 @@ impl<D: Device> ActiveSide for Sender<D> {
     fn step(&mut self) -> Result<Phase, RunError> {
         let mut worked = self.io.progress();
         let before = self.done;
-        while let Some(ref c) = self.io.poll_cq() {
-            worked = true;
-            check_status(c)?;
-            match c.op {
-                op if op == self.io.op.local_op() => self.complete_op(c)?,
-                Op::Recv => {
-                    check_len(c, CTL_LEN)?;
-                    self.ack_received = true;
-                }
-                // The fence's.
-                _ => {}
-            }
+        // A two-sided run's completions, unchecked, are only counted.
+        worked |= match self.params.verify || self.io.op.is_one_sided() {
+            false => self.poll::<false>()?,
+            true => self.poll::<true>()?,
+        };
+        if !self.completed.is_empty() {
+            self.free_slots()?;
         }
-        self.io.failure()?;
         if !self.ack_posted {
             self.ack_posted = self.io.recv_ctl()?;
             worked |= self.ack_posted;
         }
-        let size = self.size;
         // The warmup posts only its own operations, so that the measured
         // phase times exactly the measured ones (a window may outnumber
         // them).
@@ -248,33 +333,7 @@ impl<D: Device> ActiveSide for Sender<D> {
         } else {
             self.total
         };
-        while self.sent < limit && self.sent - self.done < self.window {
-            let seq = self.sent;
-            let slot = self.slot(seq);
-            if self.params.verify {
-                if self.slot_busy[slot as usize] {
-                    break;
-                }
-                if self.filled != Some(seq) {
-                    let at = (slot * size) as usize;
-                    let kind = self.io.op;
-                    self.io.fill_in(self.src.id, at as u64, size, |buf| {
-                        op::prepare_local(kind, buf, size, seq)
-                    });
-                    self.filled = Some(seq);
-                }
-            }
-            // Every fetch-add hits the one counter, as in ib_atomic_bw.
-            let remote_at = if self.io.op == OpKind::Atomic { 0 } else { slot * size };
-            if !self.io.post(Span::new(&self.src, slot * size, size), remote_at, seq, false)? {
-                break;
-            }
-            if self.params.verify {
-                self.slot_busy[slot as usize] = true;
-            }
-            self.sent += 1;
-            worked = true;
-        }
+        worked |= self.post_window(limit)?;
         if !self.measuring {
             return Ok(if self.done >= warmup { Phase::Done } else { worked.into() });
         }
@@ -338,8 +397,11 @@ pub struct Receiver<D: Device> {
     posted: u64,
     received: u64,
     /// Verifying: which buffers a posted receive owns (messages of one
-    /// size may complete out of order, medium ones segment by segment).
+    /// size may complete out of order, medium ones segment by segment),
+    /// and the messages arrived that are still to check (after the poll,
+    /// which cannot reach the endpoint).
     slot_busy: Vec<bool>,
+    arrived: Vec<u64>,
     sends_posted: u64,
     sends_done: u64,
     counts: Arc<Counts>,
@@ -363,6 +425,7 @@ impl<D: Device> Receiver<D> {
             posted: 0,
             received: 0,
             slot_busy: Vec::new(),
+            arrived: Vec::new(),
             sends_posted: 0,
             sends_done: 0,
             counts,
@@ -382,6 +445,7 @@ impl<D: Device> Receiver<D> {
         self.posted = 0;
         self.received = 0;
         self.slot_busy = vec![false; if self.params.verify { self.depth as usize } else { 0 }];
+        self.arrived = Vec::with_capacity(self.slot_busy.len());
     }
 
     /// Where message `seq` lands.
@@ -389,32 +453,94 @@ impl<D: Device> Receiver<D> {
     fn slot(&self, seq: u64) -> u64 {
         if self.params.verify { seq % self.depth } else { 0 }
     }
+
+    /// Takes the completions waiting; whether there were any. `VERIFY`
+    /// (`-c`): each message notes its slot to check; without, the poll
+    /// loop does nothing that could reach the endpoint and keeps the queue
+    /// in registers (see `Sender::poll`).
+    #[inline(always)]
+    fn poll<const VERIFY: bool>(&mut self) -> Result<bool, RunError> {
+        let (size, all_received) = (self.size, self.k == self.params.sizes.len());
+        let arrived = &mut self.arrived;
+        let (mut received, mut sends_done) = (self.received, self.sends_done);
+        let polled = self.io.drain_cq(|c| {
+            check_passive_status(c, all_received)?;
+            if c.op == Op::Recv {
+                check_len(c, size)?;
+                if VERIFY {
+                    arrived.push(c.ctx);
+                }
+                received += 1;
+            }
+            // Added, not branched to: two counts behind one test end up
+            // in memory.
+            sends_done += u64::from(c.op == Op::Send);
+            Ok::<(), RunError>(())
+        });
+        (self.received, self.sends_done) = (received, sends_done);
+        let polled = polled?;
+        self.io.failure()?;
+        Ok(polled)
+    }
+
+    /// With `-c`: checks the messages that arrived in their slots, and
+    /// frees the slots.
+    fn check_arrived(&mut self) -> Result<(), RunError> {
+        let size = self.size;
+        for k in 0..self.arrived.len() {
+            let seq = self.arrived[k];
+            let slot = self.slot(seq);
+            op::verify(self.io.copy_out(self.dst.id, slot * size, size), size, seq)?;
+            self.slot_busy[slot as usize] = false;
+        }
+        self.arrived.clear();
+        Ok(())
+    }
+
+    /// Posts receives up to the depth past what arrived, and no further
+    /// than the size's count; whether any was posted.
+    #[inline(always)]
+    fn post_depth(&mut self) -> Result<bool, RunError> {
+        let end = self.total.min(self.received + self.depth);
+        let first = self.posted;
+        if self.params.verify {
+            while self.posted < end {
+                let slot = self.slot(self.posted);
+                if self.slot_busy[slot as usize] {
+                    break;
+                }
+                let span = Span::new(&self.dst, slot * self.size, self.size);
+                if !self.io.recv(span, self.posted) {
+                    break;
+                }
+                self.slot_busy[slot as usize] = true;
+                self.posted += 1;
+            }
+        } else {
+            // Every message lands at the buffer's start.
+            let span = Span::new(&self.dst, 0, self.size);
+            let mut seq = first;
+            while seq < end && self.io.recv(span, seq) {
+                seq += 1;
+            }
+            self.posted = seq;
+        }
+        self.io.failure()?;
+        Ok(self.posted > first)
+    }
 }
 
 impl<D: Device> PassiveSide for Receiver<D> {
     #[inline]
     fn step(&mut self) -> Result<bool, RunError> {
         let mut worked = self.io.progress();
-        while let Some(ref c) = self.io.poll_cq() {
-            worked = true;
-            check_passive_status(c, self.k == self.params.sizes.len())?;
-            match c.op {
-                Op::Recv => {
-                    check_len(c, self.size)?;
-                    if self.params.verify {
-                        let slot = self.slot(c.ctx);
-                        let at = (slot * self.size) as usize;
-                        let got = self.io.copy_out(self.dst.id, at as u64, self.size);
-                        op::verify(got, self.size, c.ctx)?;
-                        self.slot_busy[slot as usize] = false;
-                    }
-                    self.received += 1;
-                }
-                Op::Send => self.sends_done += 1,
-                _ => {}
-            }
+        worked |= match self.params.verify {
+            false => self.poll::<false>()?,
+            true => self.poll::<true>()?,
+        };
+        if !self.arrived.is_empty() {
+            self.check_arrived()?;
         }
-        self.io.failure()?;
         if self.k == self.params.sizes.len() {
             return Ok(worked);
         }
@@ -423,21 +549,7 @@ impl<D: Device> PassiveSide for Receiver<D> {
             // past our depth, so none is posted beyond it.
             self.total = self.counts.total(&self.params, self.k);
         }
-        while self.posted < self.total && self.posted - self.received < self.depth {
-            let slot = self.slot(self.posted);
-            if self.params.verify && self.slot_busy[slot as usize] {
-                break;
-            }
-            let span = Span::new(&self.dst, slot * self.size, self.size);
-            if !self.io.recv(span, self.posted)? {
-                break;
-            }
-            if self.params.verify {
-                self.slot_busy[slot as usize] = true;
-            }
-            self.posted += 1;
-            worked = true;
-        }
+        worked |= self.post_depth()?;
         if self.received == self.total && self.io.send_ctl()? {
             self.sends_posted += 1;
             self.start_size(self.k + 1);

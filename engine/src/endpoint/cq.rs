@@ -149,6 +149,31 @@ impl CompletionQueue {
         Some(c)
     }
 
+    /// Hands `f` each completion, oldest first, where it lies (read in
+    /// place, a field at a time as `pop` reads it); stops when none is left
+    /// or `f` returns false (the completion it returned false for is
+    /// taken). How many it took. The queue's place is written back once,
+    /// after the loop.
+    #[inline(always)]
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(&Completion) -> bool) -> usize {
+        let (mut head, mut len, mask) = (self.head, self.len, self.cap - 1);
+        let ring = &self.ring[..];
+        let mut n = 0;
+        while len > 0 {
+            let more = f(&ring[head]);
+            head = (head + 1) & mask;
+            len -= 1;
+            n += 1;
+            if !more {
+                break;
+            }
+        }
+        self.len = len;
+        // Rewound once drained, as by `pop`.
+        self.head = if len == 0 { 0 } else { head };
+        n
+    }
+
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -193,5 +218,38 @@ mod tests {
         assert_eq!(next_out, next_in);
         assert_eq!(q.cap, 32, "grew to hold 17");
         assert_eq!(q.pop(), None);
+    }
+
+    #[test]
+    fn a_drain_takes_completions_in_order_and_stops_where_told() {
+        let mut q = CompletionQueue::with_capacity(4);
+        // Wrapped: 2, 3, 4, 5 queued, the last two in the ring's first slots.
+        for ctx in 0..3 {
+            q.push(Completion::new(Op::Recv, ctx));
+        }
+        assert_eq!(q.pop().map(|c| c.ctx), Some(0));
+        assert_eq!(q.pop().map(|c| c.ctx), Some(1));
+        for ctx in 3..6 {
+            q.push(Completion::new(Op::Recv, ctx));
+        }
+        // Told to stop at the second: it is taken, the rest stay queued.
+        let mut seen = Vec::new();
+        let taken = q.drain(|c| {
+            seen.push(c.ctx);
+            seen.len() < 2
+        });
+        assert_eq!((taken, seen.as_slice()), (2, &[2, 3][..]));
+        assert_eq!(q.len(), 2);
+        // To the end: the rest in order, and the queue rewinds.
+        seen.clear();
+        let taken = q.drain(|c| {
+            seen.push(c.ctx);
+            true
+        });
+        assert_eq!((taken, seen.as_slice()), (2, &[4, 5][..]));
+        assert_eq!((q.len(), q.head), (0, 0));
+        assert_eq!(q.drain(|_| true), 0);
+        q.push(Completion::new(Op::Send, 6));
+        assert_eq!(q.pop().map(|c| c.ctx), Some(6));
     }
 }

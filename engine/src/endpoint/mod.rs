@@ -21,7 +21,8 @@
 //! Application commands (`send`, `recv`, `write`, `read`, `atomic`...)
 //! enqueue work and may build packets at once; they return
 //! [`Error::Again`] when a pool is full (back-pressure, not failure).
-//! Completions wait in a queue that [`Endpoint::poll_cq`] drains.
+//! Completions wait in a queue that [`Endpoint::poll_cq`] drains, one at a
+//! time, or [`Endpoint::poll_cq_with`], in a burst.
 //!
 //! Everything from the wire is checked before use: a packet the codec
 //! rejects, a send_id/recv_id that names no live operation (slab index
@@ -673,6 +674,35 @@ impl<D: Device> Endpoint<D> {
     #[inline]
     pub fn poll_cq(&mut self) -> Option<Completion> {
         self.cq.pop()
+    }
+
+    /// Hands `f` the completions waiting, oldest first, until none is left
+    /// or `f` returns false (the completion it returned false for is
+    /// taken); how many it took. A burst of [`Endpoint::poll_cq`]s without
+    /// their copies: `f` reads the fields it wants where the completion
+    /// lies, and as it cannot reach the endpoint, the loop keeps its place
+    /// in the queue in registers, where a `poll_cq` loop whose body calls
+    /// out reads it again for every completion.
+    ///
+    /// ```
+    /// # use efapoll::device::sim::{SimConfig, SimFabric};
+    /// # use efapoll::endpoint::{Config, Endpoint, Op};
+    /// # let fabric = SimFabric::new(SimConfig::default());
+    /// # let mut ep = Endpoint::new(fabric.device(), Config::default()).unwrap();
+    /// let (mut sent, mut received) = (0, 0);
+    /// ep.progress();
+    /// ep.poll_cq_with(|c| {
+    ///     match c.op {
+    ///         Op::Send => sent += 1,
+    ///         Op::Recv => received += c.len,
+    ///         _ => {}
+    ///     }
+    ///     true
+    /// });
+    /// ```
+    #[inline]
+    pub fn poll_cq_with(&mut self, f: impl FnMut(&Completion) -> bool) -> usize {
+        self.cq.drain(f)
     }
 
     /// Completions waiting.
