@@ -404,3 +404,11 @@ fn an_empty_message_on_the_last_credit_goes_and_asks_for_more() {
         }
     }
 }
+
+/// Both sides on their last credits at once, each with a message of
+/// several segments: neither may spend its last credit on a segment that
+/// grants nothing, or both end with none and each waits for the other.
+#[test]
+fn two_sides_short_of_credits_at_once_both_finish() {
+    both_ways([vec![9], vec![17]], 32, 2, 0).unwrap();
+}
