@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 
 use crate::corelist::LcoreId;
 use crate::idle::{IdleStrategy, Idler};
-use crate::stats::{LcoreStatsSnapshot, LoopCounts, StatsSlots, new_slots};
+use crate::stats::{Accounting, LcoreStatsSnapshot, LoopCounts, StatsSlots, new_slots};
 use crate::stop::StopFlag;
 use crate::sys::Clock;
 
@@ -46,6 +46,7 @@ pub struct LcoreCtx {
     stop: StopFlag,
     slots: StatsSlots,
     idle: IdleStrategy,
+    accounting: Accounting,
     clock: Clock,
     // Pins the context to the thread that made it (see the type's doc).
     _single_thread: PhantomData<*const ()>,
@@ -58,15 +59,17 @@ impl LcoreCtx {
         stop: StopFlag,
         slots: StatsSlots,
         idle: IdleStrategy,
+        accounting: Accounting,
     ) -> Self {
-        Self { lcore, index, stop, slots, idle, clock: Clock::new(), _single_thread: PhantomData }
+        let clock = Clock::new();
+        Self { lcore, index, stop, slots, idle, accounting, clock, _single_thread: PhantomData }
     }
 
     /// A context outside any [`Lcores`](crate::Lcores) launch, for embedders that manage
     /// their own threads: the calling thread is not pinned, and the statistics are only
     /// readable through [`stats`](Self::stats).
     pub fn standalone(lcore: LcoreId, stop: StopFlag, idle: IdleStrategy) -> Self {
-        Self::new(lcore, 0, stop, new_slots(1), idle)
+        Self::new(lcore, 0, stop, new_slots(1), idle, Accounting::default())
     }
 
     /// The core this lcore runs on.
@@ -96,6 +99,16 @@ impl LcoreCtx {
         self.idle
     }
 
+    /// What this lcore's poll loops count.
+    pub fn accounting(&self) -> Accounting {
+        self.accounting
+    }
+
+    /// Makes the next poll loops count `accounting`'s way.
+    pub fn set_accounting(&mut self, accounting: Accounting) {
+        self.accounting = accounting;
+    }
+
     /// This lcore's counters so far, over every poll loop it ran.
     pub fn stats(&self) -> LcoreStatsSnapshot {
         self.slots[self.index].snapshot(self.lcore)
@@ -104,10 +117,12 @@ impl LcoreCtx {
     /// Runs `step` over and over until the stop flag is raised or a step returns
     /// [`Step::Done`], and returns the counters of this run alone.
     ///
-    /// Each step returns whether it did work (a `bool` or a [`Step`]). The loop reads the
-    /// cycle counter once per iteration and charges the ticks since the previous reading to
-    /// busy or idle, so the idle strategy's waiting counts as idle; the counters are
-    /// published every iteration for the main lcore to read.
+    /// Each step returns whether it did work (a `bool` or a [`Step`]). With
+    /// [`Accounting::Cycles`] (the default) the loop reads the cycle counter once per
+    /// iteration and charges the ticks since the previous reading to busy or idle, so the idle
+    /// strategy's waiting counts as idle; with [`Accounting::Iterations`] it reads no clock and
+    /// counts iterations alone. The counters are published every iteration for the main lcore
+    /// to read.
     pub fn run_until_stopped<S: Into<Step>>(
         &mut self,
         mut step: impl FnMut() -> S,
@@ -116,28 +131,32 @@ impl LcoreCtx {
         let start = slot.load();
         let mut counts = start;
         let mut idler = Idler::new(self.idle);
-        let mut last_tick = self.clock.now();
+        // One loop for both ways of counting, so that the step is inlined into it once.
+        let cycles = self.accounting == Accounting::Cycles;
+        let mut last_tick = if cycles { self.clock.now() } else { 0 };
         while !self.stop.is_stopped() {
             let outcome = step().into();
-            if outcome == Step::Idle {
+            counts.iterations += 1;
+            let idle = outcome == Step::Idle;
+            if idle {
                 idler.idle();
             } else {
                 idler.reset();
-            }
-            let now = self.clock.now();
-            // Saturating: an unpinned (standalone) thread may move to a core whose TSC is
-            // slightly behind.
-            let ticks = now.saturating_sub(last_tick);
-            last_tick = now;
-            counts.iterations += 1;
-            if outcome == Step::Idle {
-                counts.idle_cycles += ticks;
-                slot.publish_idle(&counts);
-            } else {
                 counts.busy_iterations += 1;
-                counts.busy_cycles += ticks;
-                slot.publish_busy(&counts);
             }
+            if cycles {
+                let now = self.clock.now();
+                // Saturating: an unpinned (standalone) thread may move to a core whose TSC
+                // is slightly behind.
+                let ticks = now.saturating_sub(last_tick);
+                last_tick = now;
+                if idle {
+                    counts.idle_cycles += ticks;
+                } else {
+                    counts.busy_cycles += ticks;
+                }
+            }
+            slot.publish(&counts);
             if outcome == Step::Done {
                 break;
             }
@@ -234,6 +253,34 @@ mod tests {
         }
         assert!(!stop.is_stopped());
         assert_eq!(ctx.stats().iterations, 10);
+    }
+
+    #[test]
+    fn counting_iterations_reads_no_clock_and_leaves_the_cycles_alone() {
+        let stop = StopFlag::new();
+        let mut ctx = LcoreCtx::standalone(0, stop.clone(), IdleStrategy::Spin);
+        let mut left = 100;
+        let cycles = ctx.run_until_stopped(|| {
+            left -= 1;
+            if left == 0 { Step::Done } else { Step::Worked }
+        });
+        assert!(cycles.busy_cycles > 0);
+        ctx.set_accounting(Accounting::Iterations);
+        assert_eq!(ctx.accounting(), Accounting::Iterations);
+        let mut calls = 0u64;
+        let run = ctx.run_until_stopped(|| {
+            calls += 1;
+            if calls == 1_000 {
+                stop.stop();
+            }
+            calls.is_multiple_of(4)
+        });
+        assert_eq!((run.iterations, run.busy_iterations), (1_000, 250));
+        assert_eq!((run.busy_cycles, run.idle_cycles), (0, 0));
+        let total = ctx.stats();
+        assert_eq!((total.iterations, total.busy_iterations), (1_100, 350));
+        assert_eq!(total.busy_cycles, cycles.busy_cycles);
+        assert_eq!(total.idle_cycles, cycles.idle_cycles);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::corelist::{CoreList, LcoreId, LcoreMap};
 use crate::ctx::LcoreCtx;
 use crate::idle::IdleStrategy;
 use crate::pin::{PinError, check_cores_exist, pin_current_thread};
-use crate::stats::{LcoreStatsSnapshot, StatsReader, StatsSlots, new_slots};
+use crate::stats::{Accounting, LcoreStatsSnapshot, StatsReader, StatsSlots, new_slots};
 use crate::stop::StopFlag;
 
 /// What a launch runs on: the cores, which one is main, how idle loops wait.
@@ -26,12 +26,20 @@ pub struct LcoresConfig {
     pub main_lcore: Option<LcoreId>,
     /// What poll loops do after an iteration without work.
     pub idle: IdleStrategy,
+    /// What poll loops count (each lcore may change it: [`LcoreCtx::set_accounting`]).
+    pub accounting: Accounting,
 }
 
 impl LcoresConfig {
-    /// A configuration with the first core as main and the default (spinning) idle strategy.
+    /// A configuration with the first core as main, the default (spinning) idle strategy and
+    /// cycle accounting.
     pub fn new(lcores: impl Into<LcoreMap>) -> Self {
-        Self { lcores: lcores.into(), main_lcore: None, idle: IdleStrategy::default() }
+        Self {
+            lcores: lcores.into(),
+            main_lcore: None,
+            idle: IdleStrategy::default(),
+            accounting: Accounting::default(),
+        }
     }
 }
 
@@ -128,6 +136,7 @@ pub struct Lcores<R: Send + 'static = ()> {
     main: LcoreId,
     main_index: usize,
     idle: IdleStrategy,
+    accounting: Accounting,
     stop: StopFlag,
     slots: StatsSlots,
     /// Indexed by lcore index; `Some` from launch until waited for.
@@ -150,6 +159,7 @@ impl<R: Send + 'static> Lcores<R> {
             main,
             main_index: cores.index_of(main).unwrap_or_default(),
             idle: config.idle,
+            accounting: config.accounting,
             stop: StopFlag::new(),
             slots: new_slots(count),
             workers: (0..count).map(|_| None).collect(),
@@ -201,13 +211,14 @@ impl<R: Send + 'static> Lcores<R> {
         if self.workers[index].is_some() {
             return Err(LaunchError::Busy { lcore });
         }
-        let (stop, slots, idle) = (self.stop.clone(), self.slots.clone(), self.idle);
+        let (stop, slots) = (self.stop.clone(), self.slots.clone());
+        let (idle, accounting) = (self.idle, self.accounting);
         let cpu = self.cpus[index];
         let handle = thread::Builder::new()
             .name(format!("lcore-{lcore}"))
             .spawn(move || {
                 pin_current_thread(cpu).map_err(|source| LcoreError::Pin { lcore, source })?;
-                let mut ctx = LcoreCtx::new(lcore, index, stop, slots, idle);
+                let mut ctx = LcoreCtx::new(lcore, index, stop, slots, idle, accounting);
                 Ok(work(&mut ctx))
             })
             .map_err(|source| LaunchError::Spawn { lcore, source })?;
@@ -226,6 +237,7 @@ impl<R: Send + 'static> Lcores<R> {
             self.stop.clone(),
             self.slots.clone(),
             self.idle,
+            self.accounting,
         );
         Ok(work(&mut ctx))
     }

@@ -10,7 +10,8 @@
 //! - [`Lcores`]: `remote_launch(lcore, work)` on pinned threads, `run_on_main` on the calling
 //!   thread, `wait_all()` for the results (a panic is a result, not a crash);
 //! - [`LcoreCtx::run_until_stopped`]: the poll loop, counting busy and idle cycles per lcore
-//!   with one cycle-counter read per iteration, waiting per an [`IdleStrategy`];
+//!   with one cycle-counter read per iteration (or iterations alone: [`Accounting`]),
+//!   waiting per an [`IdleStrategy`];
 //! - [`LcoreStatsSnapshot`]: per-lcore counters (on their own cache lines) for utilisation
 //!   reports by the main lcore;
 //! - [`ring`]: a bounded SPSC ring for lcore-to-lcore messages, with bursts and bulks;
@@ -65,5 +66,5 @@ pub use idle::{IdleStrategy, UnknownIdleStrategy};
 pub use launch::{LaunchError, LcoreError, LcoreState, Lcores, LcoresConfig, LcoresError};
 pub use mem::spsc as ring;
 pub use pin::{PinError, available_cores, check_cores_exist, pin_current_thread};
-pub use stats::{LcoreStatsSnapshot, StatsReader};
+pub use stats::{Accounting, LcoreStatsSnapshot, StatsReader};
 pub use stop::{SignalError, StopFlag, install_ctrlc_handler};

@@ -13,6 +13,22 @@ use crossbeam_utils::CachePadded;
 
 use crate::corelist::{CoreList, LcoreId};
 
+/// What an lcore's poll loop counts.
+///
+/// Reading the cycle counter costs a few nanoseconds per iteration, on a virtual machine
+/// more; a loop whose every nanosecond is latency (a pingpong, a trading path) may count
+/// iterations alone, as DPDK's service cores count cycles only when their statistics are
+/// enabled (`rte_service_set_stats_enable`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Accounting {
+    /// Iterations and the ticks of busy and idle ones: one cycle-counter read per iteration.
+    #[default]
+    Cycles,
+    /// Iterations and busy iterations only, no clock read: cycles stay as they were, so
+    /// [`LcoreStatsSnapshot::busy_percent`] says nothing of such a run.
+    Iterations,
+}
+
 /// One lcore's counters, written by that lcore only.
 #[derive(Debug, Default)]
 pub(crate) struct LcoreStats {
@@ -49,18 +65,12 @@ impl LcoreStats {
         }
     }
 
-    /// Publishes the counters after a busy iteration (idle cycles did not change).
+    /// Publishes the counters after an iteration.
     #[inline]
-    pub(crate) fn publish_busy(&self, counts: &LoopCounts) {
+    pub(crate) fn publish(&self, counts: &LoopCounts) {
         self.iterations.store(counts.iterations, Ordering::Relaxed);
         self.busy_iterations.store(counts.busy_iterations, Ordering::Relaxed);
         self.busy_cycles.store(counts.busy_cycles, Ordering::Relaxed);
-    }
-
-    /// Publishes the counters after an idle iteration (busy counts did not change).
-    #[inline]
-    pub(crate) fn publish_idle(&self, counts: &LoopCounts) {
-        self.iterations.store(counts.iterations, Ordering::Relaxed);
         self.idle_cycles.store(counts.idle_cycles, Ordering::Relaxed);
     }
 

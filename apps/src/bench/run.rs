@@ -27,8 +27,8 @@ use efapoll::device::udp::{UdpConfig, UdpDevice, Window};
 use efapoll::endpoint::{Config, Endpoint};
 use efapoll::relink::Conn;
 use efapoll_lcores::{
-    CoreList, IdleStrategy, LcoreCtx, LcoreError, LcoreId, LcoreMap, Lcores, LcoresConfig,
-    StopFlag, install_ctrlc_handler,
+    Accounting, CoreList, IdleStrategy, LcoreCtx, LcoreError, LcoreId, LcoreMap, Lcores,
+    LcoresConfig, StopFlag, install_ctrlc_handler,
 };
 
 use super::counts::Counts;
@@ -291,8 +291,14 @@ fn recv_or_stop<T>(
     }
 }
 
-fn new_lcores(lcores: LcoreMap, idle: IdleStrategy) -> Result<Lcores<FlowResult>, RunError> {
-    Lcores::new(LcoresConfig { lcores, main_lcore: None, idle })
+fn new_lcores(lcores: LcoreMap, a: &RunArgs) -> Result<Lcores<FlowResult>, RunError> {
+    // Pingpong reports no busy share, and a clock read per poll-loop
+    // iteration would be on its round trip.
+    let accounting = match a.app {
+        App::Pingpong => Accounting::Iterations,
+        App::Streaming => Accounting::Cycles,
+    };
+    Lcores::new(LcoresConfig { lcores, main_lcore: None, idle: a.idle, accounting })
         .map_err(|e| RunError::Setup(format!("lcores: {e}")))
 }
 
@@ -341,7 +347,7 @@ fn ctrlc(stop: &StopFlag) {
 }
 
 fn run_sim(a: &RunArgs) -> Result<(), RunError> {
-    let mut lcores = new_lcores(a.lcores.clone(), a.idle)?;
+    let mut lcores = new_lcores(a.lcores.clone(), a)?;
     ctrlc(lcores.stop_flag());
     let (sample_tx, sample_rx) = mpsc::channel();
     for (flow, lcore) in a.lcores.lcores().iter().enumerate().skip(1) {
@@ -612,7 +618,7 @@ fn send_sample(
 
 fn run_local(a: &RunArgs) -> Result<(), RunError> {
     let pairs = pairs(a.lcores.lcores());
-    let mut lcores = new_lcores(a.lcores.clone(), a.idle)?;
+    let mut lcores = new_lcores(a.lcores.clone(), a)?;
     ctrlc(lcores.stop_flag());
     let (sample_tx, sample_rx) = mpsc::channel();
     let mut main_link = None;
@@ -687,7 +693,7 @@ fn run_remote(a: &RunArgs, conn: Conn, role: Role, cores: Vec<LcoreId>) -> Resul
         .ok()
         .and_then(|list| a.lcores.restricted_to(&list))
         .ok_or_else(|| RunError::Setup(format!("lcores: {cores:?} not in {}", a.lcores)))?;
-    let mut lcores = new_lcores(list, a.idle)?;
+    let mut lcores = new_lcores(list, a)?;
     let stop = lcores.stop_flag().clone();
     ctrlc(&stop);
     let (card_tx, card_rx) = mpsc::channel::<(usize, Card)>();
