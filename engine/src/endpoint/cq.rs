@@ -128,12 +128,12 @@ impl CompletionQueue {
         // stores cannot take their values from the store buffer; it waits
         // until they reach the cache, behind every older store, such as a
         // ring store that waits for the peer's core to give up its line
-        // (what a whole-struct copy cost: perf/README.md). The opaque first
-        // field keeps the compiler from merging the fields back into one
-        // copy.
+        // (what a whole-struct copy cost: perf/README.md). The first field
+        // loaded apart keeps the compiler from merging the fields back into
+        // one copy.
         let r = &self.ring[self.head];
         let c = Completion {
-            ctx: std::hint::black_box(r.ctx),
+            ctx: crate::mem::load_apart(&r.ctx),
             op: r.op,
             status: r.status,
             len: r.len,
