@@ -274,6 +274,33 @@ fn long_read_and_runting_read_messages() {
 }
 
 #[test]
+fn a_runting_read_that_times_out_gives_its_runt_back() {
+    // The whole budget goes to one message the receiver never takes: until
+    // it times out, the next message goes by plain long-read; after, by
+    // runting read again.
+    let runt = 64 << 10;
+    let cfg = Config { runt_size: runt, ..quick() };
+    let mut w = ready(sim(3, true, true), cfg);
+    let to_b = efapoll::endpoint::PeerId(0);
+    let len = 1 << 20;
+    let src = w.register(0, len);
+    let sent = |w: &mut World, ctx| {
+        w.fabric.set_capture(true);
+        w.eps[0].send(to_b, span(&src, 0, len), ctx).unwrap();
+        w.settle();
+        let wire = w.fabric.take_capture();
+        let (_, _, first) =
+            wire.iter().find(|(_, _, p)| p[0] != PacketType::Handshake.id()).unwrap();
+        PacketType::from(first[0])
+    };
+    assert_eq!(sent(&mut w, 1), PacketType::RuntReadMsgRtm);
+    assert_eq!(sent(&mut w, 2), PacketType::LongReadMsgRtm, "the budget is spent");
+    w.drive_for(Duration::from_secs(2), |w| w.done[0].len() == 2);
+    assert!(w.done[0].iter().all(|c| c.status == Status::Timeout), "{:?}", w.done[0]);
+    assert_eq!(sent(&mut w, 3), PacketType::RuntReadMsgRtm, "the budget is back");
+}
+
+#[test]
 fn unexpected_long_read_messages_are_read_once_matched() {
     let mut w = ready(sim(4, true, true), quick());
     let len = 3 << 20;

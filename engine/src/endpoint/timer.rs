@@ -124,7 +124,7 @@ impl<D: Device> Endpoint<D> {
                         self.cq.push(c);
                     }
                     self.counters.timeouts += 1;
-                    self.tx_ops.free(id);
+                    self.free_tx_op(id);
                 }
                 Side::Rx(id) => {
                     let Some(op) = self.rx_ops.get(id) else { continue };

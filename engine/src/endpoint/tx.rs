@@ -270,6 +270,13 @@ impl<D: Device> Endpoint<D> {
             c.status = op.error.unwrap_or(Status::Ok);
             self.cq.push(c);
         }
+        self.free_tx_op(id);
+    }
+
+    /// Frees a send-side operation that has been reported (or is not),
+    /// giving back what it held of its peer's runt budget.
+    pub(super) fn free_tx_op(&mut self, id: TxId) {
+        let Some(op) = self.tx_ops.get(id) else { return };
         if let TxProto::RuntRead { runt } = op.proto {
             let peer = op.peer;
             self.give_runt_back(peer, runt);
