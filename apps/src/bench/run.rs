@@ -825,7 +825,7 @@ fn note_batches(rows: &[Row]) {
     if !batched.is_empty() {
         eprintln!(
             "note: batch (last column) is round trips timed per clock read. A clock read costs \
-             over 1% of these sizes' round trips, so they were timed in batches ({}): their \
+             over 0.25% of these sizes' round trips, so they were timed in batches ({}): their \
              t_min to t_max are of batch means, t_avg is exact",
             batched.join(", ")
         );
