@@ -16,8 +16,9 @@
 //!   is a registration of the caller's memory on it (lkey = rkey = key).
 //! * A send of one SGE of registered memory goes from it (the device
 //!   gathers it after its header); inline data and two SGEs are copied
-//!   into the device's packet buffers. Receives copy a packet into the
-//!   posted SGEs; RDMA read and write are the device's.
+//!   into the device's packet buffers. Receives are consumed in the order
+//!   they were posted (the udp device takes its buffers so), and copy a
+//!   packet into the posted SGEs; RDMA read and write are the device's.
 //! * A CQ polls the QPs attached to it: the udp device makes progress
 //!   (acknowledgements, retransmissions, serving peers' reads) when
 //!   polled. As a NIC does that whatever its program does, a thread

@@ -552,7 +552,9 @@ pub struct UdpDevice {
     /// Operations the endpoint posted and has not polled the completion of.
     tx_used: usize,
     serving: usize,
-    posted: Vec<BufId>,
+    /// Posted receive buffers, taken in the order posted, as EFA takes
+    /// a QP's receives.
+    posted: VecDeque<BufId>,
     cq: VecDeque<Cqe>,
     please_drop: u32,
     /// Calls of `poll`, the device's clock of turns.
@@ -650,7 +652,7 @@ impl UdpDevice {
             free_ops: (0..nops as u32).rev().collect(),
             tx_used: 0,
             serving: 0,
-            posted: Vec::with_capacity(cfg.rx_depth),
+            posted: VecDeque::with_capacity(cfg.rx_depth),
             cq: VecDeque::with_capacity(cfg.tx_depth + cfg.rx_depth),
             please_drop: 0,
             polls: 0,
@@ -1512,7 +1514,7 @@ impl UdpDevice {
                 if payload.len() > self.cfg.mtu {
                     return Taken::Malformed;
                 }
-                let Some(buf) = self.posted.pop() else { return Taken::NotReady };
+                let Some(buf) = self.posted.pop_front() else { return Taken::NotReady };
                 // SAFETY: a posted buffer is the device's until completed.
                 let dst = unsafe { self.frames.slice_mut(buf) };
                 dst[..payload.len()].copy_from_slice(payload);
@@ -1533,7 +1535,7 @@ impl UdpDevice {
                 let data = &b[hdr::HDR_LEN + WriteHdr::LEN..];
                 self.bytes(id).write((off + w.frag_off) as usize, data);
                 if imm {
-                    let buf = self.posted.pop().expect("checked above");
+                    let buf = self.posted.pop_front().expect("checked above");
                     self.deliver(CqOp::RecvWriteImm, buf, w.msg_len as u32, s, w.imm);
                 }
                 Taken::Yes
@@ -1810,7 +1812,7 @@ impl Device for UdpDevice {
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {
         let room = self.cfg.rx_depth - self.posted.len();
         let n = bufs.len().min(room);
-        self.posted.extend_from_slice(&bufs[..n]);
+        self.posted.extend(&bufs[..n]);
         n
     }
 
