@@ -1,5 +1,6 @@
 //! Receives as EFA completes them: a QP's posted receives are consumed in
-//! the order they were posted.
+//! the order they were posted; a send with immediate data completes as a
+//! receive flagged with it.
 
 use std::time::{Duration, Instant};
 
@@ -83,5 +84,136 @@ fn receives_complete_in_the_order_posted() {
         }
         assert_eq!(sv::ibv_dereg_mr(mr), 0);
         v.close();
+    }
+}
+
+/// A completion's fields a receive test looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wc {
+    wr_id: u64,
+    status: u32,
+    opcode: u32,
+    flags: u32,
+    imm: u32,
+    byte_len: u32,
+}
+
+/// Takes a completion of `v`'s CQ if one came.
+///
+/// # Safety
+/// The objects are open.
+unsafe fn poll_wc(v: &Verbs) -> Option<Wc> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut attr: ibv_poll_cq_attr = std::mem::zeroed();
+        if ibv_start_poll(v.cq, &mut attr) != 0 {
+            return None;
+        }
+        let flags = ibv_wc_read_wc_flags(v.cq);
+        let with_imm = flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        let wc = Wc {
+            wr_id: (*v.cq).wr_id,
+            status: (*v.cq).status,
+            opcode: ibv_wc_read_opcode(v.cq),
+            flags,
+            imm: if with_imm { ibv_wc_read_imm_data(v.cq) } else { 0 },
+            byte_len: ibv_wc_read_byte_len(v.cq),
+        };
+        ibv_end_poll(v.cq);
+        Some(wc)
+    }
+}
+
+/// Sends with immediate data, through `ibv_wr_send_imm` and through
+/// `ibv_post_send`'s `IBV_WR_SEND_WITH_IMM`, complete at the receiver as
+/// EFA completes them: `IBV_WC_RECV`, flagged `IBV_WC_WITH_IMM`, the value
+/// as given (no byte order conversion), the payload in the receive's SGE;
+/// a plain send after them is not flagged.
+#[test]
+fn a_send_with_immediate_data_completes_with_it() {
+    const SLOT: usize = 256;
+    // SAFETY: a verbs program's calls, in order, on objects made here.
+    unsafe {
+        let a = Verbs::open(0x0100_0001);
+        let b = Verbs::open(0x0200_0002);
+        let mut src = vec![0u8; 3 * SLOT];
+        let mut dst = vec![0u8; 3 * SLOT];
+        let src_mr = a.reg(&mut src, LOCAL_WRITE);
+        let dst_mr = b.reg(&mut dst, LOCAL_WRITE);
+        for i in 0..3 {
+            let at = dst.as_ptr() as u64 + (i * SLOT) as u64;
+            post_recv(b.qp, 100 + i as u64, at, SLOT as u32, (*dst_mr).lkey);
+        }
+        let mut ah_attr: ibv_ah_attr = std::mem::zeroed();
+        ah_attr.is_global = 1;
+        ah_attr.port_num = 1;
+        ah_attr.grh.dgid.raw = b.me.gid;
+        let ah = sv::ibv_create_ah(a.pd, &mut ah_attr);
+        assert!(!ah.is_null());
+        let (b_qpn, b_qkey) = (u32::from(b.me.qpn), b.me.connid);
+
+        let msgs: [&[u8]; 3] = [b"with imm, wr api", b"with imm, post_send", b"plain"];
+        // (wr_id, immediate) of each; the values as a program gives them.
+        let sends = [(1u64, Some(0x1122_3344u32)), (2, Some(0xa0b0_c0d0)), (3, None)];
+        let end = Instant::now() + Duration::from_secs(20);
+        for (i, (msg, (wr_id, imm))) in msgs.iter().zip(sends).enumerate() {
+            let at = src.as_mut_ptr().add(i * SLOT);
+            std::ptr::copy_nonoverlapping(msg.as_ptr(), at, msg.len());
+            let (addr, len, lkey) = (at as u64, msg.len() as u32, (*src_mr).lkey);
+            if i == 1 {
+                let mut sge = ibv_sge { addr, length: len, lkey };
+                let mut wr: ibv_send_wr = std::mem::zeroed();
+                wr.wr_id = wr_id;
+                wr.sg_list = &mut sge;
+                wr.num_sge = 1;
+                wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+                wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.unwrap();
+                wr.wr.ud.ah = ah;
+                wr.wr.ud.remote_qpn = b_qpn;
+                wr.wr.ud.remote_qkey = b_qkey;
+                let mut bad = std::ptr::null_mut();
+                assert_eq!(ibv_post_send(a.qp, &mut wr, &mut bad), 0);
+            } else {
+                ibv_wr_start(a.qpx);
+                (*a.qpx).wr_id = wr_id;
+                (*a.qpx).wr_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+                match imm {
+                    Some(imm) => ibv_wr_send_imm(a.qpx, imm),
+                    None => ibv_wr_send(a.qpx),
+                }
+                ibv_wr_set_ud_addr(a.qpx, ah, b_qpn, b_qkey);
+                ibv_wr_set_sge(a.qpx, lkey, addr, len);
+                assert_eq!(ibv_wr_complete(a.qpx), 0);
+            }
+            let (mut sent, mut got) = (None, None);
+            while sent.is_none() || got.is_none() {
+                assert!(Instant::now() < end, "send {i}: sent {sent:?} got {got:?}");
+                sent = sent.or(poll_wc(&a));
+                got = got.or(poll_wc(&b));
+            }
+            let sent = sent.unwrap();
+            assert_eq!((sent.wr_id, sent.status), (wr_id, ibv_wc_status::IBV_WC_SUCCESS));
+            assert_eq!(sent.opcode, ibv_wc_opcode::IBV_WC_SEND);
+            let flags = match imm {
+                Some(_) => ibv_wc_flags::IBV_WC_WITH_IMM.0,
+                None => 0,
+            };
+            let want = Wc {
+                wr_id: 100 + i as u64,
+                status: ibv_wc_status::IBV_WC_SUCCESS,
+                opcode: ibv_wc_opcode::IBV_WC_RECV,
+                flags,
+                imm: imm.unwrap_or(0),
+                byte_len: msg.len() as u32,
+            };
+            assert_eq!(got.unwrap(), want, "send {i}");
+            assert_eq!(&dst[i * SLOT..i * SLOT + msg.len()], *msg, "send {i}'s payload");
+        }
+        assert_eq!(sv::ibv_destroy_ah(ah), 0);
+        assert_eq!(sv::ibv_dereg_mr(src_mr), 0);
+        assert_eq!(sv::ibv_dereg_mr(dst_mr), 0);
+        a.close();
+        b.close();
     }
 }
