@@ -16,8 +16,9 @@
 //!   is a registration of the caller's memory on it (lkey = rkey = key).
 //! * A send of one SGE of registered memory goes from it (the device
 //!   gathers it after its header); inline data and two SGEs are copied
-//!   into the device's packet buffers. Receives copy a packet into the
-//!   posted SGEs; RDMA read and write are the device's.
+//!   into the device's packet buffers. Receives are consumed in the order
+//!   they were posted (the udp device takes its buffers so), and copy a
+//!   packet into the posted SGEs; RDMA read and write are the device's.
 //! * A CQ polls the QPs attached to it: the udp device makes progress
 //!   (acknowledgements, retransmissions, serving peers' reads) when
 //!   polled. As a NIC does that whatever its program does, a thread
@@ -31,7 +32,11 @@
 //! * Unsignaled WRs are refused (`EINVAL`) unless the QP is `sq_sig_all`.
 //! * RDMA read completions carry `IBV_WC_SEND`; RDMA write ones
 //!   `IBV_WC_RDMA_WRITE`; a write with immediate data completes at the
-//!   target as `IBV_WC_RECV_RDMA_WITH_IMM` (rdma-core 45 and later).
+//!   target as `IBV_WC_RECV_RDMA_WITH_IMM` (rdma-core 45 and later); a
+//!   send with immediate data (`ibv_wr_send_imm`, `IBV_WR_SEND_WITH_IMM`:
+//!   libfabric's efa-direct endpoint sends `FI_REMOTE_CQ_DATA` so) as
+//!   `IBV_WC_RECV` flagged `IBV_WC_WITH_IMM`. The udp wire carries the
+//!   value in the Send's header.
 //! * A receive from a GID with no address handle here has `slid` 0xffff,
 //!   its `src_qp`, and its GID through `efadv_wc_read_sgid`; one with an
 //!   AH has `slid` = the AH number, and `efadv_wc_read_sgid` says ENOENT.
@@ -68,13 +73,8 @@
 //!
 //! # Not implemented
 //!
-//! Send with immediate data (`ibv_wr_send_imm`, `IBV_WR_SEND_WITH_IMM`)
-//! completes with `LOCAL_ERROR_UNSUPPORTED_OP`: the udp wire carries
-//! immediate data only on RDMA writes. Neither the efa device nor
-//! libfabric's RDM endpoint sends with immediate data (the RDM protocol
-//! carries CQ data in its headers); libfabric's efa-direct endpoint does
-//! for `FI_REMOTE_CQ_DATA`. Completion channels (`ibv_create_comp_channel`,
-//! CQ events) are absent: both poll.
+//! Completion channels (`ibv_create_comp_channel`, CQ events) are absent:
+//! the efa device and libfabric's EFA provider both poll.
 
 pub mod cq;
 pub mod ctx;

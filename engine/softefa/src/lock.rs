@@ -19,7 +19,7 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 unsafe impl<T: Send> Send for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
-    pub(crate) fn new(data: T) -> SpinLock<T> {
+    pub(crate) const fn new(data: T) -> SpinLock<T> {
         SpinLock { held: AtomicBool::new(false), data: UnsafeCell::new(data) }
     }
 

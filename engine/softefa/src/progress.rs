@@ -21,12 +21,19 @@
 //! polled either). A process whose QPs all wait costs a wakeup per
 //! [`QUIET`]; one whose program polls, a wakeup per [`WATCH`].
 //!
+//! A child process after `fork` has no thread (fork copies only the
+//! calling one): its first QP starts one of its own, as a NIC drives a
+//! child's QPs too. The parent's QPs leave the child's list at the fork:
+//! their sockets are the parent's, whose datagrams the child must not take.
+//!
 //! `SOFTEFA_PROGRESS=0` starts no thread: a QP then makes progress only
 //! while its CQ is polled.
 
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::Once;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::lock::{Guard, SpinLock};
 use crate::qp::Qp;
 
 /// A QP its CQ has not driven for this long is driven by the thread: long
@@ -55,29 +62,63 @@ struct Live(Vec<Entry>);
 // list's lock, before it is freed), which are Sync.
 unsafe impl Send for Live {}
 
-static LIVE: Mutex<Live> = Mutex::new(Live(Vec::new()));
+/// A spin lock rather than a Mutex: the fork handlers take it in one call
+/// and release it in another.
+static LIVE: SpinLock<Live> = SpinLock::new(Live(Vec::new()));
 
-fn live() -> MutexGuard<'static, Live> {
-    // Every change is one push or retain: a panic elsewhere leaves it whole.
-    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+fn live() -> Guard<'static, Live> {
+    LIVE.lock()
 }
 
+/// The process whose thread runs: a child after `fork` has none.
+static STARTED_IN: AtomicU32 = AtomicU32::new(0);
+
 /// A QP made: the thread drives it when its CQ does not (the thread starts
-/// with the first QP).
+/// with the process's first QP).
 pub(crate) fn add(qp: *const Qp) {
     if !crate::config().progress {
         return;
     }
-    static START: Once = Once::new();
-    START.call_once(|| {
+    static AT_FORK: Once = Once::new();
+    AT_FORK.call_once(|| {
+        // SAFETY: the handlers are functions of this library, which is
+        // never unloaded (preloaded, or linked into a test).
+        let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        if rc != 0 {
+            eprintln!("softefa: pthread_atfork: {rc}: a child after fork may hang in a QP");
+        }
+    });
+    let pid = std::process::id();
+    if STARTED_IN.swap(pid, Ordering::AcqRel) != pid {
         let t = std::thread::Builder::new().name("softefa-progress".into()).spawn(run);
         if let Err(e) = t {
             eprintln!("softefa: no progress thread ({e}): QPs progress only while polled");
         }
-    });
+    }
     // SAFETY: the caller's QP, just made.
     let polls = unsafe { &*qp }.polls();
     live().0.push(Entry { qp, polls, since: Instant::now() });
+}
+
+/// Before a fork: the list is held, so that no sweep is half done in it
+/// (the child would find it locked for good).
+extern "C" fn prepare() {
+    LIVE.raw_lock();
+}
+
+extern "C" fn parent() {
+    // SAFETY: `prepare` took the lock in this thread, which holds no
+    // reference to the list.
+    unsafe { LIVE.raw_unlock() };
+}
+
+/// In the child: the parent's QPs are not its own to drive.
+extern "C" fn child() {
+    // SAFETY: `prepare` took the lock (the child's copy of it held) and
+    // this is the reference to the list until it is released below.
+    unsafe { LIVE.data() }.0.clear();
+    // SAFETY: as in `parent`.
+    unsafe { LIVE.raw_unlock() };
 }
 
 /// A QP about to be freed: once this returns, no sweep reaches it.

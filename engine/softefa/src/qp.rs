@@ -55,6 +55,9 @@ struct Pending {
     /// RDMA: the local span.
     local: Option<(MrInfo, u64)>,
     dest: Option<(*mut ibv_ah, u32, u32)>,
+    /// Sends: immediate data (`ibv_wr_send_imm`, `IBV_WR_SEND_WITH_IMM`),
+    /// passed through as given.
+    imm: Option<u32>,
     /// A vendor error to complete with instead of posting.
     err: u32,
 }
@@ -144,6 +147,8 @@ pub(crate) struct QpInner {
     done_recv: VecDeque<Wc>,
     cqes: Vec<Cqe>,
     send_wrs: Vec<SendWr>,
+    /// Each of `send_wrs`' immediate data.
+    send_imms: Vec<Option<u32>>,
     rdma_wrs: Vec<RdmaWr>,
 }
 
@@ -257,7 +262,7 @@ impl Qp {
         let n = q.dev.poll(&mut cqes);
         for c in &cqes[..n] {
             match c.op {
-                CqOp::Recv | CqOp::RecvWriteImm => {
+                CqOp::Recv | CqOp::RecvImm | CqOp::RecvWriteImm => {
                     let w = self.received(q, c);
                     q.done_recv.push_back(w);
                 }
@@ -294,19 +299,21 @@ impl Qp {
         }
     }
 
-    /// A receive (or a write with immediate) into a posted buffer: its
-    /// payload copied into the posted SGEs, its sender named.
+    /// A receive (with immediate data or not, or a write with immediate)
+    /// into a posted buffer: its payload copied into the posted SGEs, its
+    /// sender named.
     fn received(&self, q: &mut QpInner, c: &Cqe) -> Wc {
         let buf = BufId::from_wr_id(c.wr_id);
         let slot = q.recvs[buf.index()];
         let mut vendor = status::OK;
+        let with_imm = ibv_wc_flags::IBV_WC_WITH_IMM.0;
         let (opcode, flags) = match c.op {
-            CqOp::RecvWriteImm => {
-                (ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM, ibv_wc_flags::IBV_WC_WITH_IMM.0)
-            }
+            CqOp::RecvWriteImm => (ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM, with_imm),
+            // As EFA reports a SEND_WITH_IMM: a receive, flagged.
+            CqOp::RecvImm => (ibv_wc_opcode::IBV_WC_RECV, with_imm),
             _ => (ibv_wc_opcode::IBV_WC_RECV, 0),
         };
-        if c.op == CqOp::Recv {
+        if c.op != CqOp::RecvWriteImm {
             let room: u64 =
                 slot.sge[..slot.nsge as usize].iter().map(|s| u64::from(s.length)).sum();
             if u64::from(c.len) > room {
@@ -418,6 +425,7 @@ impl Qp {
             data: None,
             local: None,
             dest: None,
+            imm: None,
             err: if supported { status::OK } else { status::LOCAL_ERROR_UNSUPPORTED_OP },
         });
     }
@@ -502,13 +510,16 @@ impl Qp {
             let i = q.free_sends.pop().expect("a slot per SQ entry");
             q.sends[i as usize] = slot;
             match p.op {
-                Op::Send => q.send_wrs.push(SendWr {
-                    ah,
-                    buf: p.buf,
-                    len: if p.data.is_some() { 0 } else { p.len },
-                    data: p.data.map(|(d, _)| d),
-                    wr_id: u64::from(i),
-                }),
+                Op::Send => {
+                    q.send_wrs.push(SendWr {
+                        ah,
+                        buf: p.buf,
+                        len: if p.data.is_some() { 0 } else { p.len },
+                        data: p.data.map(|(d, _)| d),
+                        wr_id: u64::from(i),
+                    });
+                    q.send_imms.push(p.imm);
+                }
                 Op::Read { rkey, raddr } | Op::Write { rkey, raddr, .. } => {
                     let (m, off) = p.local.expect("checked at gather");
                     let op = match p.op {
@@ -530,9 +541,10 @@ impl Qp {
         }
         q.batch = batch;
         if !q.send_wrs.is_empty() {
-            let n = q.dev.post_send(&q.send_wrs);
+            let n = q.dev.post_send_imm(&q.send_wrs, &q.send_imms);
             debug_assert_eq!(n, q.send_wrs.len(), "the SQ depth bounds the device's");
             q.send_wrs.clear();
+            q.send_imms.clear();
         }
         if !q.rdma_wrs.is_empty() {
             let n = q.dev.post_rdma(&q.rdma_wrs);
@@ -737,6 +749,7 @@ fn create_qp(
         done_recv: VecDeque::with_capacity(rq_depth as usize),
         cqes: vec![Cqe::default(); 32],
         send_wrs: Vec::with_capacity(sq_depth as usize),
+        send_imms: Vec::with_capacity(sq_depth as usize),
         rdma_wrs: Vec::with_capacity(sq_depth as usize),
     };
     let qp = Box::new(Qp {
@@ -1109,16 +1122,16 @@ unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
     unsafe { wr_begin(qpx, Op::Send) }
 }
 
-unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, _imm: __be32) {
-    // The udp wire carries no immediate on a send: complete it in error.
+unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: __be32) {
     // SAFETY: inside the session.
     unsafe { wr_begin(qpx, Op::Send) };
     // SAFETY: as above.
     let (_, s) = unsafe { session(qpx) };
+    // (A WR refused at its start set wr_err: the last one is not it.)
     if s.wr_err == 0
         && let Some(p) = s.batch.last_mut()
     {
-        p.err = status::LOCAL_ERROR_UNSUPPORTED_OP;
+        p.imm = Some(imm);
     }
 }
 
@@ -1266,7 +1279,8 @@ pub(crate) unsafe extern "C" fn post_send(
         }
         let p = s.batch.last_mut().expect("begun");
         if w.opcode == ibv_wr_opcode::IBV_WR_SEND_WITH_IMM {
-            p.err = status::LOCAL_ERROR_UNSUPPORTED_OP;
+            // SAFETY: a SEND_WITH_IMM's union holds its immediate data.
+            p.imm = Some(unsafe { w.imm_data_invalidated_rkey_union.imm_data });
         }
         // SAFETY: a UD WR names its destination in `wr.ud`.
         let ud = unsafe { w.wr.ud };

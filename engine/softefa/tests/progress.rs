@@ -46,6 +46,40 @@ fn a_receiver_that_stops_polling_still_acknowledges() {
     assert!(out.status.success() && text.contains("1 passed"), "without the thread:\n{text}");
 }
 
+/// A child after `fork` gets a progress thread of its own (fork copies
+/// only the calling thread): its QP, which it stops polling, still
+/// acknowledges, as in the parent.
+#[test]
+fn a_forked_child_gets_a_progress_thread() {
+    if std::env::var_os("SOFTEFA_PROGRESS").is_some() {
+        return; // The run without the thread is the test above's.
+    }
+    // The parent's thread starts with its first QP.
+    // SAFETY: a verbs program's calls, in order, on objects made here.
+    unsafe { Verbs::open(0x0f0f_0001).close() };
+    // SAFETY: the child calls only what a forked child of this
+    // single-threaded test (bar the progress thread) may: the library's
+    // own fork handlers made its state whole; it ends with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let r = std::panic::catch_unwind(|| stop_polling_after_one_receive(true));
+        let ok = matches!(r, Ok((CqStatus::Ok, took)) if took < PEER_TIMEOUT / 2);
+        if !ok {
+            eprintln!("the child: {r:?}");
+        }
+        // SAFETY: ends the child without the parent's exit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: `pid` is our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's QP did not acknowledge without polling: status {status:#x}"
+    );
+}
+
 /// A softefa QP takes a send from a udp device, and its program polls no
 /// more; returns how the udp device's send completed, and when. With the
 /// thread, a second send is taken meanwhile, and its completion waits in

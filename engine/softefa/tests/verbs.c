@@ -1,7 +1,8 @@
 /* A verbs program as EFA users write them (libibverbs + efadv), run under
  * softefa (LD_PRELOAD): device and port queries, PD, MRs, extended CQs
  * with the sender GID, SRD QPs through efadv, the ibv_wr_* builder, the
- * old post/poll API, AHs, sends, RDMA read and write (with immediate), and
+ * old post/poll API, AHs, sends and RDMA writes with immediate data (a
+ * receive in posting order takes each), RDMA read and write, and
  * EFA's quirks: RDMA read completes as a send, an unknown sender has slid
  * 0xffff and its GID, SQ full fails the whole batch, unsignaled WRs and
  * too many receive SGEs are refused.
@@ -143,7 +144,8 @@ static struct ibv_qp *make_qp(struct side *s, uint32_t max_send_wr, int sig_all)
 	a.sq_sig_all = sig_all;
 	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	a.pd = s->pd;
-	a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ |
+	a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+			   IBV_QP_EX_WITH_RDMA_READ |
 			   IBV_QP_EX_WITH_RDMA_WRITE |
 			   IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
 	e.driver_qp_type = EFADV_QP_DRIVER_TYPE_SRD;
@@ -393,6 +395,25 @@ int main(void)
 	CHECK(w.wr_id == 4 && w.status == IBV_WC_SUCCESS && w.opcode == IBV_WC_RDMA_WRITE, "write done %u",
 	      w.opcode);
 	OK("rdma write with immediate");
+
+	/* Send with immediate: a receive flagged with it, the value as given;
+	 * it takes the next receive posted (b's fifth). */
+	ibv_wr_start(a.qpx);
+	a.qpx->wr_id = 44;
+	a.qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(a.qpx, htobe32(0x5e4d1234));
+	ibv_wr_set_ud_addr(a.qpx, a.ah, b.qp->qp_num, b.qkey);
+	ibv_wr_set_inline_data(a.qpx, "imm!", 4);
+	CHECK(ibv_wr_complete(a.qpx) == 0, "send imm");
+	w = wait_wc(&b, &a);
+	CHECK(w.status == IBV_WC_SUCCESS && w.opcode == IBV_WC_RECV && (w.flags & IBV_WC_WITH_IMM) &&
+		      w.imm == htobe32(0x5e4d1234) && w.byte_len == 4 && w.wr_id == 104,
+	      "send imm: opcode %u flags %x imm %x len %u wr_id %lu", w.opcode, w.flags, w.imm,
+	      w.byte_len, (unsigned long)w.wr_id);
+	CHECK(memcmp(b.buf + 4 * 8192, "imm!", 4) == 0, "send imm payload");
+	w = wait_wc(&a, &b);
+	CHECK(w.wr_id == 44 && w.status == IBV_WC_SUCCESS && w.opcode == IBV_WC_SEND, "send imm done");
+	OK("send with immediate");
 
 	/* RDMA read: its completion carries the send opcode, as on EFA. */
 	fill(b.buf + 40000, 12345, 5);

@@ -66,6 +66,7 @@ fn a_verbs_program_sends_reads_writes_and_meets_efa_quirks() {
         "ok known sender by AH number",
         "ok post_send with two SGEs, poll_cq",
         "ok rdma write with immediate",
+        "ok send with immediate",
         "ok rdma read completes with IBV_WC_SEND",
         "ok bad rkey: vendor error 7",
         "ok bad lkey: vendor error 5",

@@ -267,6 +267,10 @@ pub enum CqOp {
     /// A peer's RDMA write with immediate data landed; `wr_id` is the
     /// receive buffer it consumed (which holds no data).
     RecvWriteImm,
+    /// A packet sent with immediate data (EFA's SEND_WITH_IMM, which the
+    /// udp device carries for a verbs provider) arrived in buffer
+    /// `wr_id`; `imm` holds the value.
+    RecvImm,
 }
 
 /// How an operation ended.
@@ -309,7 +313,7 @@ pub struct Cqe {
     pub len: u32,
     /// Receives: who sent it.
     pub src: Source,
-    /// [`CqOp::RecvWriteImm`]: the immediate data.
+    /// [`CqOp::RecvWriteImm`], [`CqOp::RecvImm`]: the immediate data.
     pub imm: u32,
 }
 

@@ -752,7 +752,9 @@ impl<D: Device> Endpoint<D> {
         use crate::device::CqOp;
         match cqe.op {
             CqOp::Send => self.handle_send_done(cqe),
-            CqOp::Recv => self.handle_recv(cqe),
+            // Immediate data is no part of the RDM protocol: a packet that
+            // came with some is a packet.
+            CqOp::Recv | CqOp::RecvImm => self.handle_recv(cqe),
             CqOp::Read | CqOp::Write => self.handle_rdma_done(cqe),
             CqOp::RecvWriteImm => self.handle_remote_write_imm(cqe),
         }

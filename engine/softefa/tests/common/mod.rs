@@ -22,9 +22,9 @@ pub struct Verbs {
 }
 
 impl Verbs {
-    /// Opens the device and makes a QP with qkey `qkey` that sends and
-    /// does RDMA read, its send and receive queues on one CQ that reports
-    /// senders' GIDs.
+    /// Opens the device and makes a QP with qkey `qkey` that sends (with
+    /// immediate data or not) and does RDMA read, its send and receive
+    /// queues on one CQ that reports senders' GIDs.
     ///
     /// # Safety
     /// A verbs program's calls; the objects are the caller's until
@@ -58,6 +58,7 @@ impl Verbs {
                 | ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
             qa.pd = pd;
             qa.send_ops_flags = (ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND.0
+                | ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND_WITH_IMM.0
                 | ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_READ.0)
                 as u64;
             let mut e = efadv_qp_init_attr::default();

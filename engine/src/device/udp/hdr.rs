@@ -19,6 +19,14 @@
 //! +--------------+-------+-------+
 //! ```
 //!
+//! A Send flagged `IMM` carries immediate data: 8 more bytes of header
+//! ([`SendImmHdr`]: the 32-bit value, then 4 reserved zero bytes, whole
+//! 64-bit words as the check reads them) before its payload, covered by
+//! the check. A Send without it has no RDMAP header, byte for byte what
+//! the device sent before immediate data on Sends existed, so peers of
+//! either kind meet. The flag, like the type, says how long the headers
+//! are, so both are read before the check.
+//!
 //! * `seq`: the packet's number in the sender's session to this peer, for
 //!   the sequenced types (Send, Write, Read Request, Read Response).
 //! * `base`: the sender's oldest unacknowledged number: the receiver need
@@ -103,16 +111,21 @@ impl Type {
         matches!(self, Type::Write | Type::ReadReq | Type::ReadResp | Type::Send)
     }
 
-    /// Bytes of its RDMAP header, after the transport header.
-    pub(crate) fn ext_len(self) -> usize {
-        match self {
+    /// Bytes of its RDMAP header, after the transport header, with header
+    /// flags `fl`: a Send's depends on whether it carries immediate data.
+    #[inline]
+    pub(crate) fn ext_len(self, fl: u8) -> usize {
+        let fixed = match self {
             Type::Write => WriteHdr::LEN,
             Type::ReadReq => ReadReqHdr::LEN,
             Type::ReadResp => ReadRespHdr::LEN,
             Type::Terminate => TermHdr::LEN,
             Type::Rnr => RnrHdr::LEN,
             Type::Send | Type::Ack | Type::BadSession => 0,
-        }
+        };
+        // Without a branch: a table lookup and an add, on every datagram.
+        let imm = (self == Type::Send) & (fl & flags::IMM != 0);
+        fixed + usize::from(imm) * SendImmHdr::LEN
     }
 }
 
@@ -124,7 +137,8 @@ pub(crate) mod flags {
     pub const REQUEST_ACK: u8 = 1 << 1;
     /// Drop on arrival: scripted loss for tests (RAMCloud's pleaseDrop).
     pub const PLEASE_DROP: u8 = 1 << 2;
-    /// A Write that carries immediate data (its last fragment).
+    /// A Write that carries immediate data (its last fragment), or a Send
+    /// that does ([`super::SendImmHdr`] after the transport header).
     pub const IMM: u8 = 1 << 3;
     /// A Read Response that carries no data but says the region read was
     /// deregistered at its source: the read fails, the rest never comes.
@@ -198,7 +212,7 @@ impl Hdr {
             return Err(HdrError::Version);
         }
         let ty = Type::from_u8(b[1]).ok_or(HdrError::Type)?;
-        let hdrs = HDR_LEN + ty.ext_len();
+        let hdrs = HDR_LEN + ty.ext_len(b[2]);
         if b.len() < hdrs {
             return Err(HdrError::Truncated);
         }
@@ -283,8 +297,15 @@ pub(crate) fn seal(hdrs: &mut [u8], len: usize) {
 
 // Every header is whole 64-bit words, as the sum reads them.
 const _: () = {
-    let lens =
-        [HDR_LEN, WriteHdr::LEN, ReadReqHdr::LEN, ReadRespHdr::LEN, TermHdr::LEN, RnrHdr::LEN];
+    let lens = [
+        HDR_LEN,
+        WriteHdr::LEN,
+        ReadReqHdr::LEN,
+        ReadRespHdr::LEN,
+        TermHdr::LEN,
+        RnrHdr::LEN,
+        SendImmHdr::LEN,
+    ];
     let mut i = 0;
     while i < lens.len() {
         assert!(lens[i].is_multiple_of(8));
@@ -339,6 +360,31 @@ impl WriteHdr {
         put_u64(e, 24, self.frag_off);
         put_u32(e, 32, self.imm);
         put_u32(e, 36, 0);
+    }
+}
+
+/// A Send's immediate data ([`flags::IMM`]), passed to the receiver's
+/// completion as it came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SendImmHdr {
+    pub imm: u32,
+}
+
+impl SendImmHdr {
+    pub(crate) const LEN: usize = 8;
+
+    pub(crate) fn parse(b: &[u8]) -> Result<SendImmHdr, HdrError> {
+        let e = b.get(HDR_LEN..HDR_LEN + Self::LEN).ok_or(HdrError::Truncated)?;
+        if u32_at(e, 4) != 0 {
+            return Err(HdrError::Reserved);
+        }
+        Ok(SendImmHdr { imm: u32_at(e, 0) })
+    }
+
+    pub(crate) fn emit(&self, b: &mut [u8]) {
+        let e = &mut b[HDR_LEN..HDR_LEN + Self::LEN];
+        put_u32(e, 0, self.imm);
+        put_u32(e, 4, 0);
     }
 }
 
@@ -468,10 +514,13 @@ impl RnrHdr {
 mod tests {
     use super::*;
 
+    /// A header of type `ty`, flagged IMM but for a Send, whose headers
+    /// the flag lengthens ([`imm_send`] has it).
     fn hdr(ty: Type) -> Hdr {
+        let imm = if ty == Type::Send { 0 } else { flags::IMM };
         Hdr {
             ty,
-            flags: flags::ACK | flags::IMM,
+            flags: flags::ACK | imm,
             src_connid: 0x0403_0201,
             dst_connid: 0x0807_0605,
             seq: 0x0c0b_0a09,
@@ -483,11 +532,22 @@ mod tests {
         }
     }
 
+    /// A Send that carries immediate data.
+    fn imm_send() -> Hdr {
+        Hdr { flags: flags::ACK | flags::IMM, ..hdr(Type::Send) }
+    }
+
     /// A datagram of type `ty` with `data` payload bytes, sealed.
     fn datagram(ty: Type, data: usize) -> Vec<u8> {
-        let hdrs = HDR_LEN + ty.ext_len();
+        datagram_of(hdr(ty), data)
+    }
+
+    /// A datagram with header `h` and `data` payload bytes, sealed.
+    fn datagram_of(h: Hdr, data: usize) -> Vec<u8> {
+        let ty = h.ty;
+        let hdrs = HDR_LEN + ty.ext_len(h.flags);
         let mut b: Vec<u8> = (0..hdrs + data).map(|i| (i * 7 + 3) as u8).collect();
-        hdr(ty).emit(&mut b);
+        h.emit(&mut b);
         match ty {
             Type::Write => {
                 let len = data as u64 + 5;
@@ -499,6 +559,7 @@ mod tests {
             Type::ReadResp => ReadRespHdr { sink_stag: 1, sink_to: 2 }.emit(&mut b),
             Type::Terminate => TermHdr { seq: 3, layer_etype: 1, code: 2 }.emit(&mut b),
             Type::Rnr => RnrHdr { seq: 3 }.emit(&mut b),
+            Type::Send if h.flags & flags::IMM != 0 => SendImmHdr { imm: 0x1234 }.emit(&mut b),
             Type::Send | Type::Ack | Type::BadSession => {}
         }
         let len = b.len();
@@ -533,6 +594,40 @@ mod tests {
         assert_eq!(b[..HDR_LEN + WriteHdr::LEN], golden);
         assert_eq!(Hdr::parse(&b), Ok(hdr(Type::Write)));
         assert_eq!(WriteHdr::parse(&b), Ok(w));
+    }
+
+    /// A Send with immediate data: the value, then 4 reserved zero bytes,
+    /// between the transport header and the payload; covered by the check.
+    #[test]
+    fn golden_send_with_immediate_data() {
+        let mut b = [0xa5u8; HDR_LEN + SendImmHdr::LEN + 5];
+        imm_send().emit(&mut b);
+        SendImmHdr { imm: 0xdead_beef }.emit(&mut b);
+        let len = b.len();
+        seal(&mut b[..HDR_LEN + SendImmHdr::LEN], len);
+        assert_eq!(b[1..3], [3, 9], "RDMAP's Send opcode, flagged ACK and IMM");
+        assert_eq!(b[HDR_LEN..HDR_LEN + 8], [0xef, 0xbe, 0xad, 0xde, 0, 0, 0, 0]);
+        assert_eq!(b[HDR_LEN + 8..], [0xa5; 5], "the payload, untouched");
+        assert_eq!(Hdr::parse(&b), Ok(imm_send()));
+        assert_eq!(SendImmHdr::parse(&b), Ok(SendImmHdr { imm: 0xdead_beef }));
+        // The value damaged in any bit fails the check.
+        for bit in 0..32 {
+            let mut c = b;
+            c[HDR_LEN + bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(Hdr::parse(&c), Err(HdrError::Checksum), "imm bit {bit}");
+        }
+        // Reserved bytes set (and sealed so): refused.
+        let mut c = b;
+        c[HDR_LEN + 6] = 1;
+        seal(&mut c[..HDR_LEN + SendImmHdr::LEN], len);
+        assert!(Hdr::parse(&c).is_ok());
+        assert_eq!(SendImmHdr::parse(&c), Err(HdrError::Reserved));
+        // Too short for its headers.
+        assert_eq!(Hdr::parse(&b[..HDR_LEN + 7]), Err(HdrError::Truncated));
+        // A Send without the flag is what it always was: no RDMAP header.
+        let plain = datagram(Type::Send, 5);
+        assert_eq!(plain.len(), HDR_LEN + 5);
+        assert_eq!(Type::Send.ext_len(flags::ACK), 0);
     }
 
     #[test]
@@ -626,20 +721,24 @@ mod tests {
     /// the payload does (it is the endpoint's, or UDP's, to catch).
     #[test]
     fn every_flipped_header_bit_and_every_cut_is_caught() {
-        for ty in TYPES {
-            let hdrs = HDR_LEN + ty.ext_len();
+        for h in TYPES.map(hdr).into_iter().chain([imm_send()]) {
+            let ty = h.ty;
+            let hdrs = HDR_LEN + ty.ext_len(h.flags);
             let data = if ty.sequenced() && ty != Type::ReadReq { 24 } else { 0 };
-            let b = datagram(ty, data);
+            let b = datagram_of(h, data);
             assert!(Hdr::parse(&b).is_ok(), "{ty:?}");
             for bit in 0..hdrs * 8 {
                 let mut c = b.clone();
                 c[bit / 8] ^= 1 << (bit % 8);
                 let got = Hdr::parse(&c);
+                let imm_bit = bit == 2 * 8 + flags::IMM.trailing_zeros() as usize;
                 match bit / 8 {
                     // The version, or the type (which says how long the
                     // headers are), is read first.
                     0 => assert_eq!(got, Err(HdrError::Version)),
                     1 => assert!(got.is_err(), "{ty:?} type bit {bit}: {got:?}"),
+                    // So is a Send's IMM flag, which says so too.
+                    2 if imm_bit && ty == Type::Send => assert!(got.is_err(), "{got:?}"),
                     _ => assert_eq!(got, Err(HdrError::Checksum), "{ty:?} bit {bit}"),
                 }
             }
@@ -711,7 +810,7 @@ mod tests {
                 credits: fields[5],
                 src_qpn,
             };
-            let hdrs = HDR_LEN + ty.ext_len();
+            let hdrs = HDR_LEN + ty.ext_len(flags);
             let mut b = vec![0xa5; hdrs + data];
             h.emit(&mut b);
             let len = b.len();
@@ -719,7 +818,13 @@ mod tests {
             proptest::prop_assert_eq!(Hdr::parse(&b), Ok(h));
             let at = 2 + at.index(hdrs - 2);
             b[at] ^= xor;
-            proptest::prop_assert_eq!(Hdr::parse(&b), Err(HdrError::Checksum));
+            if ty == Type::Send && at == 2 && xor & flags::IMM != 0 {
+                // The headers' length changed: not necessarily their check
+                // that fails first.
+                proptest::prop_assert!(Hdr::parse(&b).is_err());
+            } else {
+                proptest::prop_assert_eq!(Hdr::parse(&b), Err(HdrError::Checksum));
+            }
         }
     }
 }

@@ -66,6 +66,10 @@
 //! deregistration) is read no more, and what of the read remains goes as
 //! a Read Response without data flagged REVOKED, which fails the read.
 //!
+//! A Send may carry immediate data too ([`UdpDevice::post_send_imm`], for a
+//! verbs provider's SEND_WITH_IMM; the engine's endpoint sends none): its
+//! receive completes as [`CqOp::RecvImm`], with the value.
+//!
 //! # Threat model
 //!
 //! As RoCE and EFA do, the device trusts its network: datagrams are not
@@ -93,7 +97,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hdr::{Hdr, HdrError, ReadReqHdr, ReadRespHdr, RnrHdr, TermHdr, Type, WriteHdr, flags, term};
+use hdr::{
+    Hdr, HdrError, ReadReqHdr, ReadRespHdr, RnrHdr, SendImmHdr, TermHdr, Type, WriteHdr, flags,
+    term,
+};
 use sock::{BURST, MAIN, Out, Sock};
 use window::{Rtt, RxWindow, SPAN, Seen, acked};
 
@@ -126,7 +133,8 @@ pub struct UdpConfig {
     /// network the peers share (not the unspecified address).
     pub bind: SocketAddr,
     /// Largest packet, in bytes; a datagram carries it and a 40-byte
-    /// header (an IP network fragments what exceeds its MTU).
+    /// header (48 with immediate data; an IP network fragments what
+    /// exceeds its MTU).
     pub mtu: usize,
     /// Packet buffers.
     pub bufs: u32,
@@ -373,6 +381,10 @@ enum Kind {
         buf: BufId,
         len: u32,
         data: Option<DataSeg>,
+        /// Immediate data, if `with_imm` (not an Option: that would make
+        /// every operation 8 bytes larger).
+        imm: u32,
+        with_imm: bool,
     },
     Write {
         local: MrId,
@@ -425,7 +437,7 @@ struct Op {
 
 impl Op {
     const BLANK: Op = Op {
-        kind: Kind::Send { buf: BufId::NONE, len: 0, data: None },
+        kind: Kind::Send { buf: BufId::NONE, len: 0, data: None, imm: 0, with_imm: false },
         wr_id: 0,
         sess: 0,
         len: 0,
@@ -552,7 +564,9 @@ pub struct UdpDevice {
     /// Operations the endpoint posted and has not polled the completion of.
     tx_used: usize,
     serving: usize,
-    posted: Vec<BufId>,
+    /// Posted receive buffers, taken in the order posted, as EFA takes
+    /// a QP's receives.
+    posted: VecDeque<BufId>,
     cq: VecDeque<Cqe>,
     please_drop: u32,
     /// Calls of `poll`, the device's clock of turns.
@@ -607,7 +621,8 @@ impl UdpDevice {
         };
         let pool = Bytes::zeroed(cfg.bufs as usize * cfg.mtu);
         let frames = Frames::new(&pool, cfg.bufs, cfg.mtu, cfg.mtu);
-        let rx_cap = hdr::HDR_LEN + cfg.mtu;
+        // The largest datagram: a Send of `mtu` bytes with immediate data.
+        let rx_cap = hdr::HDR_LEN + SendImmHdr::LEN + cfg.mtu;
         let rx_pool = Bytes::zeroed(BURST * rx_cap);
         let rx_frames = Frames::new(&rx_pool, BURST as u32, rx_cap, rx_cap);
         let mut rx_ptrs = [std::ptr::null_mut(); BURST];
@@ -650,7 +665,7 @@ impl UdpDevice {
             free_ops: (0..nops as u32).rev().collect(),
             tx_used: 0,
             serving: 0,
-            posted: Vec::with_capacity(cfg.rx_depth),
+            posted: VecDeque::with_capacity(cfg.rx_depth),
             cq: VecDeque::with_capacity(cfg.tx_depth + cfg.rx_depth),
             please_drop: 0,
             polls: 0,
@@ -727,6 +742,48 @@ impl UdpDevice {
         let sess = self.sessions.get(s as usize)?;
         let gid = gid_of(sess.peer.ip());
         Some(RawAddr { gid, qpn: sess.peer.port(), connid: sess.connid })
+    }
+
+    /// Posts sends as [`Device::post_send`] does, each with the immediate
+    /// data `imm` has for it (EFA's SEND_WITH_IMM): the receiver's
+    /// completion is a [`CqOp::RecvImm`] carrying it. `imm` is as long as
+    /// `wrs`.
+    pub fn post_send_imm(&mut self, wrs: &[SendWr], imm: &[Option<u32>]) -> usize {
+        assert_eq!(wrs.len(), imm.len(), "an immediate (or none) per send");
+        self.post_sends(wrs, |k| imm[k])
+    }
+
+    /// Posts sends, the `k`th with immediate data `imm(k)`.
+    #[inline(always)]
+    fn post_sends(&mut self, wrs: &[SendWr], imm: impl Fn(usize) -> Option<u32>) -> usize {
+        let mut n = 0;
+        for (k, wr) in wrs.iter().enumerate() {
+            if self.tx_used >= self.cfg.tx_depth {
+                break;
+            }
+            self.tx_used += 1;
+            n += 1;
+            let session = self.book.get(wr.ah.0 as usize).copied().flatten().map(|(_, s)| s);
+            let data_ok = wr.data.is_none_or(|d| self.region_ok(d.mr, d.offset, u64::from(d.len)));
+            let fits = wr.wire_len() <= self.cfg.mtu && wr.buf.0 < self.cfg.bufs;
+            let (Some(s), true, true) = (session, data_ok, fits) else {
+                self.local_error(CqOp::Send, wr.wr_id);
+                continue;
+            };
+            let (with_imm, imm) = match imm(k) {
+                Some(v) => (true, v),
+                None => (false, 0),
+            };
+            let kind = Kind::Send { buf: wr.buf, len: wr.len, data: wr.data, imm, with_imm };
+            let i = self.alloc_op(kind, wr.wr_id, s, wr.wire_len() as u64).expect("tx_depth");
+            if let Some(d) = wr.data {
+                self.regions.mark_busy(d.mr);
+            }
+            self.start(i);
+        }
+        self.pump(host_now_ns());
+        self.flush();
+        n
     }
 
     /// What uses region `mr` here; None if it is not attached here.
@@ -995,11 +1052,11 @@ impl UdpDevice {
                 let op = self.ops[i as usize];
                 let frag_cap = |ext: usize| (self.cfg.mtu - ext) as u64;
                 let (ty, len, mut fl) = match op.kind {
-                    Kind::Send { .. } => {
+                    Kind::Send { with_imm, .. } => {
                         if sess.sends_in_flight >= sess.peer_credits.max(1) {
                             break;
                         }
-                        (Type::Send, op.len, 0)
+                        (Type::Send, op.len, if with_imm { flags::IMM } else { 0 })
                     }
                     Kind::Write { imm, .. } => {
                         let len = (op.len - op.emitted).min(frag_cap(WriteHdr::LEN));
@@ -1074,8 +1131,8 @@ impl UdpDevice {
         let mut hb = [0u8; HDR_MAX];
         h.emit(&mut hb);
         let mut parts = [(std::ptr::null(), 0usize); 3];
-        match op.kind {
-            Kind::Send { buf, len, data } => {
+        let ext = match op.kind {
+            Kind::Send { buf, len, data, imm, with_imm } => {
                 parts[1] = (self.frames.ptr(buf).cast_const(), len as usize);
                 if let Some(d) = data {
                     let p = self.bytes(d.mr).ptr();
@@ -1083,6 +1140,12 @@ impl UdpDevice {
                     // when posted, and the region is busy until the send
                     // completes.
                     parts[2] = (unsafe { p.add(d.offset as usize) }.cast_const(), d.len as usize);
+                }
+                if with_imm {
+                    SendImmHdr { imm }.emit(&mut hb);
+                    SendImmHdr::LEN
+                } else {
+                    0
                 }
             }
             Kind::Write { local, local_off, remote_addr, key, imm } => {
@@ -1099,11 +1162,13 @@ impl UdpDevice {
                 // posted; the region is busy until the write completes.
                 let at = unsafe { p.add((local_off + slot.off) as usize) };
                 parts[1] = (at.cast_const(), slot.len as usize);
+                WriteHdr::LEN
             }
             Kind::Read { remote_addr, key, .. } => {
                 let sink = u64::from(slot.op) | u64::from(op.generation) << 32;
                 ReadReqHdr { sink_stag: sink, size: op.len, src_stag: key, src_to: remote_addr }
                     .emit(&mut hb);
+                ReadReqHdr::LEN
             }
             Kind::Serve { src, src_off, sink } => {
                 ReadRespHdr { sink_stag: sink, sink_to: slot.off }.emit(&mut hb);
@@ -1112,12 +1177,15 @@ impl UdpDevice {
                 // request came; the region is busy until served.
                 let at = unsafe { p.add((src_off + slot.off) as usize) };
                 parts[1] = (at.cast_const(), slot.len as usize);
+                ReadRespHdr::LEN
             }
             Kind::Revoked { sink } => {
                 ReadRespHdr { sink_stag: sink, sink_to: slot.off }.emit(&mut hb);
+                ReadRespHdr::LEN
             }
-        }
-        let hdrs = hdr::HDR_LEN + slot.ty.ext_len();
+        };
+        debug_assert_eq!(ext, slot.ty.ext_len(slot.flags));
+        let hdrs = hdr::HDR_LEN + ext;
         hdr::seal(&mut hb[..hdrs], hdrs + parts[1].1 + parts[2].1);
         let n = self.tx.len();
         self.tx_hdrs[n] = hb;
@@ -1157,7 +1225,7 @@ impl UdpDevice {
         let b = &mut self.tx_hdrs[n];
         h.emit(b);
         ext(b);
-        let len = hdr::HDR_LEN + h.ty.ext_len();
+        let len = hdr::HDR_LEN + h.ty.ext_len(h.flags);
         hdr::seal(&mut b[..len], len);
         self.tx.push(Out {
             to,
@@ -1503,16 +1571,37 @@ impl UdpDevice {
         Ok((id, off))
     }
 
+    /// A Send with immediate data: out of the way of the engine's Sends,
+    /// which carry none.
+    #[cold]
+    #[inline(never)]
+    fn take_send_imm(&mut self, s: u32, frame: BufId, len: usize) -> Taken {
+        // SAFETY: receive frame `frame` is ours and holds the datagram.
+        let b = unsafe { &self.rx_frames.slice(frame)[..len] };
+        let Ok(e) = SendImmHdr::parse(b) else { return Taken::Malformed };
+        let payload = &b[hdr::HDR_LEN + SendImmHdr::LEN..];
+        if payload.len() > self.cfg.mtu {
+            return Taken::Malformed;
+        }
+        let Some(buf) = self.posted.pop_front() else { return Taken::NotReady };
+        // SAFETY: a posted buffer is the device's until completed.
+        let dst = unsafe { self.frames.slice_mut(buf) };
+        dst[..payload.len()].copy_from_slice(payload);
+        self.deliver(CqOp::RecvImm, buf, payload.len() as u32, s, e.imm);
+        Taken::Yes
+    }
+
     fn take(&mut self, s: u32, frame: BufId, len: usize, h: &Hdr) -> Taken {
         // SAFETY: receive frame `frame` is ours and holds the datagram.
         let b = unsafe { &self.rx_frames.slice(frame)[..len] };
         match h.ty {
+            Type::Send if h.flags & flags::IMM != 0 => self.take_send_imm(s, frame, len),
             Type::Send => {
                 let payload = &b[hdr::HDR_LEN..];
                 if payload.len() > self.cfg.mtu {
                     return Taken::Malformed;
                 }
-                let Some(buf) = self.posted.pop() else { return Taken::NotReady };
+                let Some(buf) = self.posted.pop_front() else { return Taken::NotReady };
                 // SAFETY: a posted buffer is the device's until completed.
                 let dst = unsafe { self.frames.slice_mut(buf) };
                 dst[..payload.len()].copy_from_slice(payload);
@@ -1533,7 +1622,7 @@ impl UdpDevice {
                 let data = &b[hdr::HDR_LEN + WriteHdr::LEN..];
                 self.bytes(id).write((off + w.frag_off) as usize, data);
                 if imm {
-                    let buf = self.posted.pop().expect("checked above");
+                    let buf = self.posted.pop_front().expect("checked above");
                     self.deliver(CqOp::RecvWriteImm, buf, w.msg_len as u32, s, w.imm);
                 }
                 Taken::Yes
@@ -1810,35 +1899,12 @@ impl Device for UdpDevice {
     fn post_recv(&mut self, bufs: &[BufId]) -> usize {
         let room = self.cfg.rx_depth - self.posted.len();
         let n = bufs.len().min(room);
-        self.posted.extend_from_slice(&bufs[..n]);
+        self.posted.extend(&bufs[..n]);
         n
     }
 
     fn post_send(&mut self, wrs: &[SendWr]) -> usize {
-        let mut n = 0;
-        for wr in wrs {
-            if self.tx_used >= self.cfg.tx_depth {
-                break;
-            }
-            self.tx_used += 1;
-            n += 1;
-            let session = self.book.get(wr.ah.0 as usize).copied().flatten().map(|(_, s)| s);
-            let data_ok = wr.data.is_none_or(|d| self.region_ok(d.mr, d.offset, u64::from(d.len)));
-            let fits = wr.wire_len() <= self.cfg.mtu && wr.buf.0 < self.cfg.bufs;
-            let (Some(s), true, true) = (session, data_ok, fits) else {
-                self.local_error(CqOp::Send, wr.wr_id);
-                continue;
-            };
-            let kind = Kind::Send { buf: wr.buf, len: wr.len, data: wr.data };
-            let i = self.alloc_op(kind, wr.wr_id, s, wr.wire_len() as u64).expect("tx_depth");
-            if let Some(d) = wr.data {
-                self.regions.mark_busy(d.mr);
-            }
-            self.start(i);
-        }
-        self.pump(host_now_ns());
-        self.flush();
-        n
+        self.post_sends(wrs, |_| None)
     }
 
     fn post_rdma(&mut self, wrs: &[RdmaWr]) -> usize {
@@ -1909,7 +1975,7 @@ impl Device for UdpDevice {
         let mut n = 0;
         while n < out.len() {
             let Some(c) = self.cq.pop_front() else { break };
-            if !matches!(c.op, CqOp::Recv | CqOp::RecvWriteImm) {
+            if !matches!(c.op, CqOp::Recv | CqOp::RecvWriteImm | CqOp::RecvImm) {
                 self.tx_used -= 1;
             }
             out[n] = c;
