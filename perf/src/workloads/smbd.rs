@@ -28,20 +28,19 @@ fn endpoints() -> Pair<ShmDevice> {
     Pair::connect(Endpoint::new(dev(), cfg).unwrap(), Endpoint::new(dev(), cfg).unwrap(), None)
 }
 
-/// The parameters `efapoll streaming -o smbd` negotiates for one size: a
-/// segment holds a message (up to 1 MiB), 255 credits, at most 64 MiB of
-/// receives.
-pub fn params(len: u64) -> Params {
+/// The parameters `efapoll streaming -o smbd` negotiates for one size and
+/// window: a segment holds a message (up to 1 MiB), a window of credits,
+/// at most 64 MiB of receives.
+pub fn params(len: u64, window: u64) -> Params {
     let segment = len + smbd::DEFAULT_DATA_OFFSET as u64;
-    let credits = 255.min(((64 * MIB) / segment).max(4));
+    let credits = window.clamp(4, 255).min(((64 * MIB) / segment).max(4));
     Params::symmetric(segment as u32, len as u32, credits as u16)
 }
 
 /// Messages of one size from a to b, `window` in flight, framed as SMB
 /// Direct data transfer; one operation is one message. The receiver keeps
-/// two windows of buffers and one of credits posted, as `efapoll
-/// streaming` does: more than its receives, so that they are posted into
-/// the buffers.
+/// two windows of buffers posted, as `efapoll streaming` does: more than
+/// its receives, so that they are posted into the buffers.
 struct SmbdStream<D: Device> {
     p: Pair<D>,
     c: [Connection; 2],
@@ -53,9 +52,8 @@ struct SmbdStream<D: Device> {
 
 impl<D: Device> SmbdStream<D> {
     fn new(mut p: Pair<D>, len: u64, window: u64) -> Self {
-        let params = params(len);
-        let ahead = 2 * window + params.receive_credit_max as u64;
-        let cfg = smbd::Config { recv_queue: ahead as u16, ..smbd::Config::default() };
+        let params = params(len, window);
+        let cfg = smbd::Config::default();
         let ca = Connection::new(&mut p.a, p.to_b, params, cfg).unwrap();
         let cb = Connection::new(&mut p.b, p.to_a, params, cfg).unwrap();
         let src = region(&mut p.a, len);
@@ -72,10 +70,9 @@ impl<D: Device> Runner for SmbdStream<D> {
         let SmbdStream { p, c, len, window, src, dst } = self;
         let (len, window) = (*len, *window);
         let [ca, cb] = c;
-        let ahead = 2 * window + ca.params().receive_credit_max as u64;
         let (mut posted, mut sent, mut recvd, mut sdone) = (0u64, 0u64, 0u64, 0u64);
         while recvd < n || sdone < n {
-            while posted < n && posted - recvd < ahead {
+            while posted < n && posted - recvd < 2 * window {
                 cb.recv(&mut p.b, Span::new(dst, 0, len), posted).unwrap();
                 posted += 1;
             }
