@@ -727,6 +727,41 @@ fn a_buffer_shorter_than_the_message_gets_its_start() {
 }
 
 #[test]
+fn short_messages_arrive_byte_exact_whole_or_cut_to_their_buffer() {
+    // Segments of 24 header bytes and 64 to 120 of data: about where the
+    // receiver reads a segment whole rather than copying its data from the
+    // slot; the third into a buffer shorter than the message.
+    let mut p = Pair::symmetric(small(1364, 8));
+    let src = p.w.register(0, 512);
+    let dst = p.w.register(1, 512);
+    p.w.fill(0, &src, 5);
+    let (c, ep) = p.conn(1);
+    c.recv(ep, span(&dst, 0, 64), 1).unwrap();
+    c.recv(ep, span(&dst, 64, 104), 2).unwrap();
+    c.recv(ep, span(&dst, 168, 30), 3).unwrap();
+    c.recv(ep, span(&dst, 198, 120), 4).unwrap();
+    let (c, ep) = p.conn(0);
+    for (ctx, len) in [(1, 64), (2, 104), (3, 100), (4, 120)] {
+        c.send(ep, span(&src, 0, len), None, ctx).unwrap();
+    }
+    p.drive_until(10_000, |p| p.received(1).len() == 4);
+    assert_eq!(
+        p.received(1),
+        [
+            (1, 64, RecvStatus::Ok, None),
+            (2, 104, RecvStatus::Ok, None),
+            (3, 30, RecvStatus::Truncated { olen: 100 }, None),
+            (4, 120, RecvStatus::Ok, None)
+        ]
+    );
+    let got = p.w.eps[1].mem(dst.id);
+    for (at, len) in [(0, 64), (64, 104), (168, 30), (198, 120)] {
+        assert!((0..len).all(|i| got[at + i] == pattern(5, i as u64)), "at {at}");
+    }
+    assert_eq!(got[318], 0, "nothing past the last buffer");
+}
+
+#[test]
 fn setup_checks_the_parameters_and_the_endpoint() {
     let mut w = World::pair(SimConfig::default(), EpConfig::default());
     let to = w.connect(0, 1);

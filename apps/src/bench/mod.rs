@@ -168,8 +168,14 @@ impl Params {
 
     /// Streaming: receives kept posted at `size`: twice the window, so the
     /// sender never finds none posted (each verified into its own buffer).
+    /// With -o smbd, the connection's credits more: its receives are
+    /// posted into the buffers of the messages they may carry (direct
+    /// placement), which must be posted further ahead than its receives.
     pub fn depth_for(&self, size: u64) -> u64 {
-        let depth = 2 * self.window as u64;
+        let mut depth = 2 * self.window as u64;
+        if self.op == op::OpKind::Smbd.name() {
+            depth += op::SMBD_CREDITS;
+        }
         if self.verify { depth.min((VERIFY_BYTES / size.max(1)).max(1)) } else { depth }
     }
 

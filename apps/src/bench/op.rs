@@ -151,24 +151,41 @@ impl OpKind {
 /// up to 1 MiB goes in one.
 const SMBD_SEGMENT_MAX: u64 = (1 << 20) + smbd::DEFAULT_DATA_OFFSET as u64;
 
+/// The credits an smbd run negotiates, memory permitting: 255, MS-SMBD's
+/// ReceiveCreditMax and the Linux client's, whatever the window. A
+/// receiver grants credits back once it has handled and reposted about
+/// half of them, and sees a sender's request for more only behind the
+/// messages sent before it: a sender holding no more credits than it
+/// keeps messages in flight (the window, as this once was) runs out on
+/// every grant while a plain sender streams on.
+pub const SMBD_CREDITS: u64 = 255;
+
 /// The most memory an smbd run's receives take, per side.
 const SMBD_RECEIVE_BYTES: u64 = 64 << 20;
 
 /// What both sides of an smbd run negotiate, from the run's parameters
 /// alone (both sides have the same): segments that hold the largest
-/// message (1 MiB at most), messages up to the largest size, and credits
-/// for a window of segments, 4 to 255, fewer where the receives would
-/// take over 64 MiB. Streaming's receiver keeps two windows of buffers
-/// posted: more than the receives, so that each receive is posted into
-/// the buffer its message goes to and nothing is copied
-/// (`efapoll::ulp::smbd`'s direct placement).
+/// message (1 MiB at most), messages up to the largest size, and
+/// [`SMBD_CREDITS`] credits, fewer where the receives would take over
+/// 64 MiB.
 pub fn smbd_params(p: &Params) -> smbd::Params {
     let largest = p.max_size().max(CTL_LEN);
     let segment = (largest + smbd::DEFAULT_DATA_OFFSET as u64).min(SMBD_SEGMENT_MAX);
     let by_memory = (SMBD_RECEIVE_BYTES / segment).max(4);
-    let credits = (p.window as u64).clamp(4, 255).min(by_memory) as u16;
+    let credits = SMBD_CREDITS.min(by_memory) as u16;
     let max_message = u32::try_from(largest).unwrap_or(u32::MAX);
     smbd::Params::symmetric(segment as u32, max_message, credits)
+}
+
+/// The local settings of an smbd run's connection: room for the buffers
+/// streaming's receiver keeps posted ([`Params::depth_for`]).
+fn smbd_config(p: &Params) -> smbd::Config {
+    let depth = p.sizes.iter().map(|&s| p.depth_for(s)).max().unwrap_or(1);
+    let recv_queue = depth.clamp(1, u16::MAX as u64) as u16;
+    smbd::Config {
+        recv_queue: recv_queue.max(smbd::Config::default().recv_queue),
+        ..smbd::Config::default()
+    }
 }
 
 /// An endpoint, its one peer, and the operation to use.
@@ -187,6 +204,7 @@ pub struct Io<D: Device> {
     /// `-o smbd`: what the sides negotiate, and the connection once the
     /// peer is known.
     smbd: Option<(smbd::Params, Option<Connection>)>,
+    smbd_config: smbd::Config,
     /// Why the SMB Direct connection failed, once `poll_cq` met it, or
     /// why an operation was refused.
     failure: Option<RunError>,
@@ -204,7 +222,9 @@ impl<D: Device> Io<D> {
         let smbd = (op == OpKind::Smbd).then(|| (smbd_params(params), None));
         let peer = PeerId(u32::MAX);
         let staged = Vec::new();
-        Ok(Io { ep, peer, op, remote, ctl, staged, smbd, failure: None, smbd_ready: None })
+        let smbd_config = smbd_config(params);
+        let failure = None;
+        Ok(Io { ep, peer, op, remote, ctl, staged, smbd, smbd_config, failure, smbd_ready: None })
     }
 
     /// Progresses the endpoint, and the SMB Direct connection over it.
@@ -357,7 +377,7 @@ impl<D: Device> Io<D> {
         };
         self.remote = mem;
         if let Some((params, conn)) = &mut self.smbd {
-            let c = Connection::new(&mut self.ep, self.peer, *params, smbd::Config::default())
+            let c = Connection::new(&mut self.ep, self.peer, *params, self.smbd_config)
                 .map_err(|e| RunError::Setup(format!("SMB Direct connection: {e}")))?;
             *conn = Some(c);
         }
