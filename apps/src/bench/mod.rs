@@ -174,7 +174,7 @@ impl Params {
     pub fn depth_for(&self, size: u64) -> u64 {
         let mut depth = 2 * self.window as u64;
         if self.op == op::OpKind::Smbd.name() {
-            depth += op::SMBD_CREDITS;
+            depth += op::smbd_params(self).receive_credit_max as u64;
         }
         if self.verify { depth.min((VERIFY_BYTES / size.max(1)).max(1)) } else { depth }
     }

@@ -158,7 +158,7 @@ const SMBD_SEGMENT_MAX: u64 = (1 << 20) + smbd::DEFAULT_DATA_OFFSET as u64;
 /// messages sent before it: a sender holding no more credits than it
 /// keeps messages in flight (the window, as this once was) runs out on
 /// every grant while a plain sender streams on.
-pub const SMBD_CREDITS: u64 = 255;
+const SMBD_CREDITS: u64 = 255;
 
 /// The most memory an smbd run's receives take, per side.
 const SMBD_RECEIVE_BYTES: u64 = 64 << 20;
