@@ -191,6 +191,18 @@ mod tests {
         }
     }
 
+    /// A step that works every fourth call and raises the stop flag after `iterations`.
+    fn every_fourth_busy(iterations: u64, stop: StopFlag) -> impl FnMut() -> bool {
+        let mut calls = 0u64;
+        move || {
+            calls += 1;
+            if calls == iterations {
+                stop.stop();
+            }
+            calls.is_multiple_of(4)
+        }
+    }
+
     #[test]
     fn a_step_that_always_works_is_all_busy() {
         let stop = StopFlag::new();
@@ -224,14 +236,7 @@ mod tests {
     fn mixed_steps_split_iterations() {
         let stop = StopFlag::new();
         let mut ctx = LcoreCtx::standalone(3, stop.clone(), IdleStrategy::Spin);
-        let mut calls = 0u64;
-        let run = ctx.run_until_stopped(|| {
-            calls += 1;
-            if calls == 1_000 {
-                stop.stop();
-            }
-            calls.is_multiple_of(4)
-        });
+        let run = ctx.run_until_stopped(every_fourth_busy(1_000, stop.clone()));
         assert_eq!(run.lcore, 3);
         assert_eq!(run.iterations, 1_000);
         assert_eq!(run.busy_iterations, 250);
@@ -267,14 +272,7 @@ mod tests {
         assert!(cycles.busy_cycles > 0);
         ctx.set_accounting(Accounting::Iterations);
         assert_eq!(ctx.accounting(), Accounting::Iterations);
-        let mut calls = 0u64;
-        let run = ctx.run_until_stopped(|| {
-            calls += 1;
-            if calls == 1_000 {
-                stop.stop();
-            }
-            calls.is_multiple_of(4)
-        });
+        let run = ctx.run_until_stopped(every_fourth_busy(1_000, stop.clone()));
         assert_eq!((run.iterations, run.busy_iterations), (1_000, 250));
         assert_eq!((run.busy_cycles, run.idle_cycles), (0, 0));
         let total = ctx.stats();

@@ -392,16 +392,11 @@ fn a_restarted_peer_is_told_apart_and_the_old_work_fails() {
     assert_eq!(&b2.held(BufId::from_wr_id(cb[0].wr_id))[..3], b"new");
 }
 
-#[test]
-fn malformed_datagrams_are_counted_and_dropped() {
-    let (mut a, mut b) = pair(cfg());
-    b.post_recv(&[BufId(0), BufId(1), BufId(2)]);
-    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let to = b.local_addr();
-    let mut good = [0u8; hdr::HDR_LEN + 4];
+/// The header of the first Send of session 5 from the socket `raw` to `b`.
+fn first_send(flags: u8, b: &UdpDevice, raw: &UdpSocket) -> Hdr {
     Hdr {
         ty: Type::Send,
-        flags: 0,
+        flags,
         src_connid: 5,
         dst_connid: b.addr().connid,
         seq: 0,
@@ -411,7 +406,16 @@ fn malformed_datagrams_are_counted_and_dropped() {
         credits: 0,
         src_qpn: raw.local_addr().unwrap().port(),
     }
-    .emit(&mut good);
+}
+
+#[test]
+fn malformed_datagrams_are_counted_and_dropped() {
+    let (mut a, mut b) = pair(cfg());
+    b.post_recv(&[BufId(0), BufId(1), BufId(2)]);
+    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = b.local_addr();
+    let mut good = [0u8; hdr::HDR_LEN + 4];
+    first_send(0, &b, &raw).emit(&mut good);
     let len = good.len();
     hdr::seal(&mut good[..hdr::HDR_LEN], len);
     let mut bad_version = good;
@@ -789,19 +793,7 @@ fn a_send_with_damaged_immediate_data_fails_the_check() {
     let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
     let hdrs = hdr::HDR_LEN + SendImmHdr::LEN;
     let mut d = vec![0u8; hdrs + 4];
-    Hdr {
-        ty: Type::Send,
-        flags: flags::IMM,
-        src_connid: 5,
-        dst_connid: b.addr().connid,
-        seq: 0,
-        base: 0,
-        ack: 0,
-        staging: 0,
-        credits: 0,
-        src_qpn: raw.local_addr().unwrap().port(),
-    }
-    .emit(&mut d);
+    first_send(flags::IMM, &b, &raw).emit(&mut d);
     SendImmHdr { imm: 0xcafe_f00d }.emit(&mut d);
     d[hdrs..].copy_from_slice(b"data");
     let len = d.len();
