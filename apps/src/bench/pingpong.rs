@@ -36,6 +36,10 @@ use super::{ActiveSide, Params, PassiveSide, Phase, RunError, Sample};
 /// times (0.25%: at 1% it was still 1 ns of a 180 ns round trip on sim).
 const CLOCK_SHARE: f64 = 400.0;
 
+/// The fewest batches a size's measured round trips are timed in, where
+/// the count is known.
+const MIN_SAMPLES: u64 = 16;
+
 /// The most round trips one clock read may cover.
 const MAX_BATCH: u64 = 1024;
 
@@ -179,7 +183,10 @@ impl<D: Device> Initiator<D> {
         let now = Instant::now();
         let ns = (now - self.stamp).as_nanos() as u64;
         let legs = self.io.op.legs();
-        let t = (ns / (legs * self.in_batch)).clamp(1, HIST_MAX_NS);
+        // Rounded to the nearest ns: a recorded mean is within half a ns
+        // of the exact one, which the average is.
+        let per = legs * self.in_batch;
+        let t = ((ns + per / 2) / per).clamp(1, HIST_MAX_NS);
         self.hist.record_n(t, self.in_batch).expect("value within bounds");
         self.stamp = now;
         self.in_batch = 0;
@@ -337,7 +344,14 @@ impl<D: Device> ActiveSide for Initiator<D> {
         // The fastest warmup round trip: the handshake and preemptions
         // only ever slow one down.
         let fastest = self.warm_ns.iter().copied().min();
-        self.batch = fastest.map_or(1, |ns| batch_for(ns as f64, clock_cost_ns()));
+        let batch = fastest.map_or(1, |ns| batch_for(ns as f64, clock_cost_ns()));
+        // A short run keeps MIN_SAMPLES batches, so that its percentiles
+        // are of more than one or two means.
+        let samples_allow = match self.end {
+            UNKNOWN => batch,
+            end => ((end - self.seq) / MIN_SAMPLES).max(1),
+        };
+        self.batch = batch.min(samples_allow);
         self.in_batch = 0;
         self.hist.reset();
         self.start = Instant::now();
