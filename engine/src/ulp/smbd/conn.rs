@@ -249,6 +249,8 @@ pub struct Connection {
     reasm: Reassembler,
     credits: Credits,
     events: Ring<Event>,
+    /// A short segment read whole out of its slot (the fast path).
+    scratch: [u8; SMALL_SEGMENT],
     error: Option<ProtocolError>,
     closed: bool,
     stats: Stats,
@@ -323,6 +325,7 @@ impl Connection {
                 cfg.send_queue as usize + cfg.recv_queue as usize + 4,
                 Event::Terminated(ProtocolError::Closed),
             ),
+            scratch: [0; SMALL_SEGMENT],
             error: None,
             closed: false,
             stats: Stats::default(),
@@ -954,12 +957,14 @@ impl Connection {
         // A short segment is read whole, its data then written into the
         // buffer: one read and one write of plain bytes cost less than a
         // copy between two regions, which checks and looks up both.
-        let mut seg = [0u8; SMALL_SEGMENT];
+        // Into the connection's scratch bytes, which a fresh array would
+        // zero for every segment; only the `read` bytes are looked at.
         let small = a.len as usize <= SMALL_SEGMENT;
         let read = if small { a.len as usize } else { HEADER_LEN };
-        if ep.read_mem(self.rx.id, at, &mut seg[..read]).is_err() {
+        if ep.read_mem(self.rx.id, at, &mut self.scratch[..read]).is_err() {
             return false;
         }
+        let seg = &self.scratch;
         // The codec's checks, and the reassembler's for a first segment
         // that is also the last.
         let Ok(r) = Repr::parse_header(&seg[..HEADER_LEN], a.len as usize) else { return false };
