@@ -226,6 +226,9 @@ pub struct Connection {
     rx_order: Ring<u16>,
     /// Per slot: its completion, until its turn.
     arrivals: Vec<Option<Arrival>>,
+    /// Completions stored in `arrivals` (at least as many as are there):
+    /// with none, no slot's turn can have come with the one handled.
+    arrivals_held: usize,
     /// Messages queued or in flight, oldest first; the front's sequence
     /// number is `tx_front_seq`, and `next_post` indexes the first with
     /// segments still to post.
@@ -308,6 +311,7 @@ impl Connection {
             rx_free: (0..slots as u16).rev().collect(),
             rx_order: Ring::with_capacity(slots, 0),
             arrivals: vec![None; slots],
+            arrivals_held: 0,
             tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
             tx_front_seq: 0,
             next_post: 0,
@@ -505,8 +509,10 @@ impl Connection {
             }
         } else {
             self.arrivals[slot as usize] = Some(a);
+            self.arrivals_held += 1;
         }
-        let next = self.rx_order.front().is_some_and(|&s| self.arrivals[s as usize].is_some());
+        let next = self.arrivals_held > 0
+            && self.rx_order.front().is_some_and(|&s| self.arrivals[s as usize].is_some());
         if next || self.error.is_some() {
             self.on_arrivals(ep);
         }
@@ -1006,6 +1012,7 @@ impl Connection {
     fn on_arrivals<D: Device>(&mut self, ep: &mut Endpoint<D>) {
         while let Some(&slot) = self.rx_order.front() {
             let Some(a) = self.arrivals[slot as usize].take() else { break };
+            self.arrivals_held = self.arrivals_held.saturating_sub(1);
             self.rx_order.pop_front();
             self.on_arrival(ep, slot, a);
         }
