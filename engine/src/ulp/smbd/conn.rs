@@ -226,6 +226,9 @@ pub struct Connection {
     rx_order: Ring<u16>,
     /// Per slot: its completion, until its turn.
     arrivals: Vec<Option<Arrival>>,
+    /// Completions stored in `arrivals` (at least as many as are there):
+    /// with none, no slot's turn can have come with the one handled.
+    arrivals_held: usize,
     /// Messages queued or in flight, oldest first; the front's sequence
     /// number is `tx_front_seq`, and `next_post` indexes the first with
     /// segments still to post.
@@ -249,6 +252,8 @@ pub struct Connection {
     reasm: Reassembler,
     credits: Credits,
     events: Ring<Event>,
+    /// A short segment read whole out of its slot (the fast path).
+    scratch: [u8; SMALL_SEGMENT],
     error: Option<ProtocolError>,
     closed: bool,
     stats: Stats,
@@ -306,6 +311,7 @@ impl Connection {
             rx_free: (0..slots as u16).rev().collect(),
             rx_order: Ring::with_capacity(slots, 0),
             arrivals: vec![None; slots],
+            arrivals_held: 0,
             tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
             tx_front_seq: 0,
             next_post: 0,
@@ -323,6 +329,7 @@ impl Connection {
                 cfg.send_queue as usize + cfg.recv_queue as usize + 4,
                 Event::Terminated(ProtocolError::Closed),
             ),
+            scratch: [0; SMALL_SEGMENT],
             error: None,
             closed: false,
             stats: Stats::default(),
@@ -502,8 +509,10 @@ impl Connection {
             }
         } else {
             self.arrivals[slot as usize] = Some(a);
+            self.arrivals_held += 1;
         }
-        let next = self.rx_order.front().is_some_and(|&s| self.arrivals[s as usize].is_some());
+        let next = self.arrivals_held > 0
+            && self.rx_order.front().is_some_and(|&s| self.arrivals[s as usize].is_some());
         if next || self.error.is_some() {
             self.on_arrivals(ep);
         }
@@ -954,12 +963,14 @@ impl Connection {
         // A short segment is read whole, its data then written into the
         // buffer: one read and one write of plain bytes cost less than a
         // copy between two regions, which checks and looks up both.
-        let mut seg = [0u8; SMALL_SEGMENT];
+        // Into the connection's scratch bytes, which a fresh array would
+        // zero for every segment; only the `read` bytes are looked at.
         let small = a.len as usize <= SMALL_SEGMENT;
         let read = if small { a.len as usize } else { HEADER_LEN };
-        if ep.read_mem(self.rx.id, at, &mut seg[..read]).is_err() {
+        if ep.read_mem(self.rx.id, at, &mut self.scratch[..read]).is_err() {
             return false;
         }
+        let seg = &self.scratch;
         // The codec's checks, and the reassembler's for a first segment
         // that is also the last.
         let Ok(r) = Repr::parse_header(&seg[..HEADER_LEN], a.len as usize) else { return false };
@@ -1001,6 +1012,7 @@ impl Connection {
     fn on_arrivals<D: Device>(&mut self, ep: &mut Endpoint<D>) {
         while let Some(&slot) = self.rx_order.front() {
             let Some(a) = self.arrivals[slot as usize].take() else { break };
+            self.arrivals_held = self.arrivals_held.saturating_sub(1);
             self.rx_order.pop_front();
             self.on_arrival(ep, slot, a);
         }
