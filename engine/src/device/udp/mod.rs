@@ -1579,7 +1579,23 @@ impl UdpDevice {
         // SAFETY: receive frame `frame` is ours and holds the datagram.
         let b = unsafe { &self.rx_frames.slice(frame)[..len] };
         let Ok(e) = SendImmHdr::parse(b) else { return Taken::Malformed };
-        let payload = &b[hdr::HDR_LEN + SendImmHdr::LEN..];
+        let at = hdr::HDR_LEN + SendImmHdr::LEN;
+        self.land_send(s, frame, at..len, CqOp::RecvImm, e.imm)
+    }
+
+    /// Lands a Send's payload, `data` of receive frame `frame`, in the
+    /// oldest posted buffer and completes it as `op` with `imm`.
+    #[inline(always)]
+    fn land_send(
+        &mut self,
+        s: u32,
+        frame: BufId,
+        data: std::ops::Range<usize>,
+        op: CqOp,
+        imm: u32,
+    ) -> Taken {
+        // SAFETY: receive frame `frame` is ours and holds the datagram.
+        let payload = unsafe { &self.rx_frames.slice(frame)[data] };
         if payload.len() > self.cfg.mtu {
             return Taken::Malformed;
         }
@@ -1587,7 +1603,7 @@ impl UdpDevice {
         // SAFETY: a posted buffer is the device's until completed.
         let dst = unsafe { self.frames.slice_mut(buf) };
         dst[..payload.len()].copy_from_slice(payload);
-        self.deliver(CqOp::RecvImm, buf, payload.len() as u32, s, e.imm);
+        self.deliver(op, buf, payload.len() as u32, s, imm);
         Taken::Yes
     }
 
@@ -1596,18 +1612,7 @@ impl UdpDevice {
         let b = unsafe { &self.rx_frames.slice(frame)[..len] };
         match h.ty {
             Type::Send if h.flags & flags::IMM != 0 => self.take_send_imm(s, frame, len),
-            Type::Send => {
-                let payload = &b[hdr::HDR_LEN..];
-                if payload.len() > self.cfg.mtu {
-                    return Taken::Malformed;
-                }
-                let Some(buf) = self.posted.pop_front() else { return Taken::NotReady };
-                // SAFETY: a posted buffer is the device's until completed.
-                let dst = unsafe { self.frames.slice_mut(buf) };
-                dst[..payload.len()].copy_from_slice(payload);
-                self.deliver(CqOp::Recv, buf, payload.len() as u32, s, 0);
-                Taken::Yes
-            }
+            Type::Send => self.land_send(s, frame, hdr::HDR_LEN..len, CqOp::Recv, 0),
             Type::Write => {
                 let Ok(w) = WriteHdr::parse(b) else { return Taken::Malformed };
                 let (id, off) = match self.remote(w.stag, w.msg_to, w.msg_len, Access::REMOTE_WRITE)
