@@ -55,9 +55,13 @@
 //! data (spec 4.7).
 //!
 //! Before a peer's HANDSHAKE arrives, sends use the baseline protocols
-//! (eager, medium, long-CTS), as the provider does; writes, reads and
-//! delivery-complete operations ask for the HANDSHAKE and return `Again`
-//! until it is in, since their protocol depends on what the peer supports
+//! (eager, medium, long-CTS), as the spec's handshake workflow says (2.1,
+//! step 1); the provider instead holds a message it would send by
+//! long-read until the HANDSHAKE is in (libfabric 1.17's
+//! `rxr_msg_post_rtm`: `-FI_EAGAIN` after triggering it), and either
+//! meets the other. Writes, reads and delivery-complete operations ask
+//! for the HANDSHAKE and return `Again` until it is in, since their
+//! protocol depends on what the peer supports
 //! ([`Config::handshake_on_insert`] avoids the wait).
 //!
 //! # Map
