@@ -5,11 +5,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The built `libsoftefa.so`: cargo builds the package's cdylib with its
-/// tests, beside their executables' directory (`target/<profile>/`).
+/// tests, beside their executables (`target/<profile>/deps`), looked at
+/// first; then the profile's directory, where `cargo build -p softefa`
+/// puts it (and an older build of it may lie).
 fn library() -> PathBuf {
     let exe = std::env::current_exe().expect("the test's path");
     let deps = exe.parent().expect("deps/");
-    for dir in [deps.parent().expect("the profile's directory"), deps] {
+    for dir in [deps, deps.parent().expect("the profile's directory")] {
         let lib = dir.join("libsoftefa.so");
         if lib.exists() {
             return lib;
