@@ -57,7 +57,9 @@
 //! at the latest (if that buffer, and the most a segment can carry, hold
 //! at least [`Config::direct_min`] bytes); a message of one segment at
 //! the peer's DataOffset then lands where it goes and is not copied
-//! ([`Stats::in_place`]). Any other segment is copied from where it
+//! ([`Stats::in_place`]); a receive posted before that buffer was (every
+//! receive of a fresh connection) is withdrawn and posted again into it
+//! when the buffer comes. Any other segment is copied from where it
 //! landed, in order, before that buffer is written or handed out. A
 //! segment is checked and copied as soon as it is in its turn, which is
 //! usually when its receive completes.

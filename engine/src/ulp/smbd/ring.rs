@@ -88,6 +88,17 @@ impl<T: Copy> Ring<T> {
         self.get(0)
     }
 
+    pub(super) fn back(&self) -> Option<&T> {
+        self.len().checked_sub(1).and_then(|i| self.get(i))
+    }
+
+    /// Drops the back value, if any.
+    pub(super) fn skip_back(&mut self) {
+        if !self.is_empty() {
+            self.tail = self.tail.wrapping_sub(1);
+        }
+    }
+
     #[inline(always)]
     pub(super) fn get(&self, i: usize) -> Option<&T> {
         if i >= self.len() {
