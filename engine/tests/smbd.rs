@@ -13,8 +13,8 @@ use efapoll::endpoint::{
     Completion, Config as EpConfig, Endpoint, Error as EpError, Op, PeerId, TagMatch,
 };
 use efapoll::ulp::smbd::{
-    Config, Connection, Event, Flags, HEADER_LEN, Params, ProtocolError, RecvError, RecvStatus,
-    Repr, SegmentError, SendError, SendStatus, SetupError,
+    Config, Connection, Event, Flags, HEADER_LEN, Loan, Params, ProtocolError, RecvError,
+    RecvStatus, Repr, SegmentError, SendError, SendStatus, SetupError,
 };
 
 /// Side 0 runs a connection; side 1 a connection too, or a bare endpoint
@@ -25,6 +25,11 @@ struct Pair {
     events: [Vec<Event>; 2],
     /// Completions that were not a connection's (the raw peer's).
     others: [Vec<Completion>; 2],
+    /// Lent messages' bytes, read when they were reported.
+    lent: [Vec<Vec<u8>>; 2],
+    /// Loans kept rather than given back at once.
+    keep_loans: bool,
+    loans: [Vec<Loan>; 2],
 }
 
 impl Pair {
@@ -46,7 +51,15 @@ impl Pair {
         for i in 0..sides {
             conns[i] = Some(Connection::new(&mut w.eps[i], to[i], params[i], cfg).unwrap());
         }
-        Pair { w, conns, events: [vec![], vec![]], others: [vec![], vec![]] }
+        Pair {
+            w,
+            conns,
+            events: [vec![], vec![]],
+            others: [vec![], vec![]],
+            lent: [vec![], vec![]],
+            keep_loans: false,
+            loans: [vec![], vec![]],
+        }
     }
 
     fn symmetric(params: Params) -> Pair {
@@ -77,6 +90,16 @@ impl Pair {
             if let Some(conn) = self.conns[i].as_mut() {
                 did |= conn.progress(ep);
                 while let Some(e) = conn.poll_event() {
+                    if let Event::Lent { loan, data, .. } = e {
+                        let mut bytes = vec![0u8; data.len as usize];
+                        ep.read_mem(data.mr, data.offset, &mut bytes).unwrap();
+                        self.lent[i].push(bytes);
+                        if self.keep_loans {
+                            self.loans[i].push(loan);
+                        } else {
+                            conn.give_back(loan).unwrap();
+                        }
+                    }
                     self.events[i].push(e);
                     did = true;
                 }
@@ -964,4 +987,195 @@ fn a_buffer_a_receive_is_posted_into_comes_back_after_the_receive() {
     p.step();
     assert_eq!(back(&p), (2..8).collect::<Vec<u64>>(), "every buffer, once");
     assert_eq!(p.w.eps[0].deregister(dst.id), Ok(()));
+}
+
+/// Sends `sizes` from 0 to 1, posting buffers only for the messages that
+/// are not lent (longer than `lend_max`, or of several segments), and
+/// returns each message's bytes as the receiver saw them, lent or landed
+/// in a buffer, in the order they were reported.
+fn lend_transfer(p: &mut Pair, sizes: &[u64], lend_max: u64, per_segment: u64) -> Vec<Vec<u8>> {
+    let total: u64 = sizes.iter().sum::<u64>() + 1;
+    let src = p.w.register(0, total);
+    let dst = p.w.register(1, total);
+    p.w.fill(0, &src, total);
+    let lent = |len: u64| len > 0 && len <= lend_max && len <= per_segment;
+    let mut at = 0;
+    let mut bufs = Vec::new();
+    for (i, &len) in sizes.iter().enumerate() {
+        if len > 0 && !lent(len) {
+            bufs.push((i as u64, at, len));
+        }
+        at += len;
+    }
+    let (mut next_send, mut send_at, mut next_buf) = (0, 0, 0);
+    let delivered = |p: &Pair| {
+        p.events[1]
+            .iter()
+            .filter(|e| matches!(e, Event::Lent { .. } | Event::Received { .. }))
+            .count()
+    };
+    let want = sizes.iter().filter(|&&l| l > 0).count();
+    for _ in 0..1_000_000 {
+        if delivered(p) == want {
+            break;
+        }
+        if let Some(&(ctx, at, len)) = bufs.get(next_buf) {
+            let (c, ep) = p.conn(1);
+            if c.recv(ep, span(&dst, at, len), ctx).is_ok() {
+                next_buf += 1;
+            }
+        }
+        if let Some(&len) = sizes.get(next_send) {
+            let (c, ep) = p.conn(0);
+            if c.send(ep, span(&src, send_at, len), None, next_send as u64).is_ok() {
+                next_send += 1;
+                send_at += len;
+            }
+        }
+        p.step();
+    }
+    assert_eq!(delivered(p), want, "every message delivered: {:?}", p.terminated(1));
+    let mem = p.w.eps[1].mem(dst.id);
+    let mut lent_bytes = p.lent[1].iter();
+    p.events[1]
+        .iter()
+        .filter_map(|e| match *e {
+            Event::Lent { .. } => Some(lent_bytes.next().unwrap().clone()),
+            Event::Received { ctx, len, status, .. } => {
+                assert_eq!(status, RecvStatus::Ok);
+                let (_, at, _) = bufs.iter().find(|b| b.0 == ctx).unwrap();
+                Some(mem[*at as usize..(at + len) as usize].to_vec())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// What `lend_transfer`'s messages should read.
+fn expected(sizes: &[u64]) -> Vec<Vec<u8>> {
+    let total: u64 = sizes.iter().sum::<u64>() + 1;
+    let mut at = 0;
+    let mut want = Vec::new();
+    for &len in sizes {
+        if len > 0 {
+            want.push((at..at + len).map(|j| pattern(total, j)).collect());
+        }
+        at += len;
+    }
+    want
+}
+
+/// Short messages are lent where they landed, byte-exact and in order
+/// among the longer ones that fill buffers; each loan given back posts its
+/// receive again, so that 300 messages pass through 8 credits.
+#[test]
+fn lent_messages_arrive_byte_exact_in_order_and_their_receives_come_back() {
+    let cfg = Config { lend_max: 600, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 8); 2], cfg, false);
+    // Lent (1 to 600), one segment in a buffer (601 to 1340), several
+    // segments in a buffer (up to 4000).
+    let sizes: Vec<u64> = (0..300)
+        .map(|i| [1 + (i * 37) % 600, 601 + i % 700, 1341 + i * 9][(i % 7 % 3) as usize])
+        .collect();
+    let got = lend_transfer(&mut p, &sizes, 600, 1340);
+    assert_eq!(got, expected(&sizes));
+    let c = p.conns[1].as_ref().unwrap();
+    let lendable = sizes.iter().filter(|&&l| l <= 600).count() as u64;
+    assert_eq!(c.stats().lent, lendable);
+    assert!(lendable > 100 && lendable < 300, "{lendable}");
+    p.settle();
+    let c = p.conns[1].as_ref().unwrap();
+    assert_eq!(c.credits().posted(), 8, "every receive posted again");
+}
+
+/// A loan kept holds its receive, and so the peer's credit: the sender
+/// stops once the receiver has lent all it granted, and goes on when the
+/// loans come back. A loan comes back once.
+#[test]
+fn a_loan_kept_holds_its_credit_until_given_back() {
+    let cfg = Config { lend_max: 64, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, false);
+    p.keep_loans = true;
+    let src = p.w.register(0, 64);
+    for k in 0..12 {
+        let (c, ep) = p.conn(0);
+        c.send(ep, span(&src, 0, 64), None, k).unwrap();
+    }
+    p.settle();
+    let held = p.loans[1].len();
+    assert!((1..=4).contains(&held), "lent {held} of 12 on 4 credits");
+    assert_eq!(p.conns[1].as_ref().unwrap().credits().posted(), (4 - held) as u32);
+    for _ in 0..100 {
+        p.step();
+    }
+    assert_eq!(p.loans[1].len(), held, "nothing more without the loans back");
+    let loans = p.loans[1].clone();
+    let c = p.conns[1].as_mut().unwrap();
+    c.give_back(loans[0]).unwrap();
+    assert_eq!(c.give_back(loans[0]), Err(RecvError::NotLent), "given back twice");
+    for &loan in &loans[1..] {
+        c.give_back(loan).unwrap();
+    }
+    p.loans[1].clear();
+    p.keep_loans = false;
+    p.drive_until(100_000, |p| p.lent[1].len() == 12);
+    assert!(p.lent[1].iter().all(|b| b.len() == 64));
+}
+
+/// With loans out, `close` says Busy and keeps the receive region, whose
+/// bytes the loans name; once they are back it closes.
+#[test]
+fn a_connection_with_loans_out_closes_once_they_are_back() {
+    let cfg = Config { lend_max: 64, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, false);
+    p.keep_loans = true;
+    let src = p.w.register(0, 64);
+    let (c, ep) = p.conn(0);
+    c.send(ep, span(&src, 0, 64), None, 1).unwrap();
+    p.drive_until(10_000, |p| p.loans[1].len() == 1);
+    let rx = *p.conns[1].as_ref().unwrap().receive_region();
+    let loan = p.loans[1][0];
+    let (c, ep) = p.conn(1);
+    assert_eq!(c.close(ep), Err(EpError::Busy));
+    assert!(ep.mr(rx.id).is_some(), "the lent bytes stay readable");
+    c.give_back(loan).unwrap();
+    assert_eq!(c.close(ep), Ok(()));
+    assert_eq!(ep.mr(rx.id), None);
+}
+
+/// A token on a lent message is invalidated before the loan is reported,
+/// and said with it.
+#[test]
+fn a_lent_message_reports_the_token_it_invalidated() {
+    let cfg = Config { lend_max: 64, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 8); 2], cfg, false);
+    let token = p.w.eps[1].register(64, Access::REMOTE_WRITE).unwrap();
+    let src = p.w.register(0, 32);
+    p.w.fill(0, &src, 33);
+    let (c, ep) = p.conn(0);
+    c.send(ep, span(&src, 0, 32), Some(token.key), 5).unwrap();
+    p.drive_until(10_000, |p| !p.lent[1].is_empty());
+    let lent: Vec<_> = p.events[1].iter().filter(|e| matches!(e, Event::Lent { .. })).collect();
+    assert!(
+        matches!(lent[..], [Event::Lent { invalidated: Some(k), data, .. }] if *k == token.key && data.len == 32)
+    );
+    assert_eq!(p.w.eps[1].mr(token.id), None);
+    assert_eq!(p.lent[1], expected(&[32]));
+}
+
+/// Receives posted into buffers for the long messages (direct placement)
+/// are sometimes filled by a short one, which is lent: its bytes come back
+/// from the buffer into its slot first, and the buffer still gets its own
+/// message.
+#[test]
+fn a_lent_message_that_landed_in_a_buffer_is_lent_from_its_slot() {
+    let cfg = Config { lend_max: 100, direct_min: 1, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 8); 2], cfg, false);
+    let sizes: Vec<u64> =
+        (0..200).map(|i| if i % 3 == 0 { 50 + i % 40 } else { 900 + i }).collect();
+    let got = lend_transfer(&mut p, &sizes, 100, 1340);
+    assert_eq!(got, expected(&sizes));
+    let s = p.conns[1].as_ref().unwrap().stats();
+    assert_eq!(s.lent, 67);
+    assert!(s.in_place > 0, "the long ones still land in place: {s:?}");
 }

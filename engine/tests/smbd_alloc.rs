@@ -26,9 +26,10 @@ fn the_steady_state_allocates_nothing() {
     // Few credits, so that stalls, requests for a response and empty
     // messages are part of the steady state.
     let params = Params::symmetric(1364, 1 << 20, 8);
-    let mut c: Vec<Connection> = (0..2)
-        .map(|i| Connection::new(&mut eps[i], to[i], params, Config::default()).unwrap())
-        .collect();
+    // 64-byte messages lent and given back, the others into buffers.
+    let cfg = Config { lend_max: 100, ..Config::default() };
+    let mut c: Vec<Connection> =
+        (0..2).map(|i| Connection::new(&mut eps[i], to[i], params, cfg).unwrap()).collect();
     let sizes = [0u64, 64, 1340, 1341, 20_000];
     let src = eps[0].register(20_000, Access::empty()).unwrap();
     let dst = eps[1].register(20_000, Access::empty()).unwrap();
@@ -37,10 +38,10 @@ fn the_steady_state_allocates_nothing() {
         for batch in (0..n).step_by(8) {
             for i in batch..batch + 8 {
                 let len = sizes[i % sizes.len()];
-                if len > 0 {
+                if len > 100 {
                     c[1].recv(&mut eps[1], span(&dst, 0, len), i as u64).unwrap();
-                    want += 1;
                 }
+                want += (len > 0) as usize;
                 c[0].send(&mut eps[0], span(&src, 0, len), None, i as u64).unwrap();
             }
             while sent < batch + 8 || got < want {
@@ -54,6 +55,10 @@ fn the_steady_state_allocates_nothing() {
                         match e {
                             Event::Sent { .. } => sent += 1,
                             Event::Received { .. } => got += 1,
+                            Event::Lent { loan, .. } => {
+                                c[i].give_back(loan).unwrap();
+                                got += 1;
+                            }
                             other => panic!("{other:?}"),
                         }
                     }
@@ -67,4 +72,5 @@ fn the_steady_state_allocates_nothing() {
     assert_eq!(allocations_on_this_thread() - before, 0, "allocations in the steady state");
     let (a, b) = (c[0].stats(), c[1].stats());
     assert!(a.credit_stalls > 0 && b.empty_sent > 0, "credits were part of it: {a:?} {b:?}");
+    assert_eq!(b.lent, 4400 / 5, "every 64-byte message lent: {b:?}");
 }

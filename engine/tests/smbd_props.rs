@@ -305,13 +305,24 @@ type Seen = (Vec<(u16, u16, Vec<u8>)>, [Vec<Event>; 2]);
 
 /// Both sides send each other `sizes[i]`, a message given whenever the
 /// queue takes one, with the fast path on or off.
-fn fast_or_general(fast: bool, sizes: &[Vec<u64>; 2], max: u32, credits: u16, seed: u64) -> Seen {
-    let cfg = Config { send_queue: 8, recv_queue: 64, fast_path: fast, ..Config::default() };
+/// `lend_max`: messages of one segment up to it are lent, and given back
+/// as soon as they are reported; the others get buffers.
+fn fast_or_general(
+    fast: bool,
+    sizes: &[Vec<u64>; 2],
+    max: u32,
+    credits: u16,
+    seed: u64,
+    lend_max: u64,
+) -> Seen {
+    let cfg =
+        Config { send_queue: 8, recv_queue: 64, fast_path: fast, lend_max, ..Config::default() };
     let TwoWay { mut w, mut c, src, dst } = two_way(sizes, max, credits, seed, cfg);
+    let lent = |len: u64| len <= lend_max && len <= max as u64 - 24;
     for i in 0..2 {
         let mut at = 0;
         for (k, &len) in sizes[i].iter().enumerate() {
-            if len > 0 {
+            if len > 0 && !lent(len) {
                 c[1 - i].recv(&mut w.eps[1 - i], span(&dst[1 - i], at, len), k as u64).unwrap();
             }
             at += len;
@@ -340,6 +351,10 @@ fn fast_or_general(fast: bool, sizes: &[Vec<u64>; 2], max: u32, credits: u16, se
             }
             did |= c[i].progress(&mut w.eps[i]);
             while let Some(e) = c[i].poll_event() {
+                if let Event::Lent { loan, .. } = e {
+                    c[i].give_back(loan).unwrap();
+                    did = true;
+                }
                 events[i].push(e);
             }
         }
@@ -364,6 +379,7 @@ proptest! {
         seed in any::<u64>(),
         picks in proptest::collection::vec(
             proptest::collection::vec((0u64..3, -1i64..=1), 0..48), 2..=2),
+        lend_max in prop_oneof![Just(0u64), Just(24), Just(u64::MAX)],
     ) {
         let per = max as u64 - 24;
         let sizes: [Vec<u64>; 2] = [0, 1].map(|i: usize| {
@@ -372,11 +388,22 @@ proptest! {
                 .map(|&(k, d)| if k == 0 { [0, 1, 24][(d + 1) as usize] } else { (k * per).saturating_add_signed(d) })
                 .collect()
         });
-        let general = fast_or_general(false, &sizes, max, credits, seed);
-        let fast = fast_or_general(true, &sizes, max, credits, seed);
+        let general = fast_or_general(false, &sizes, max, credits, seed, lend_max);
+        let fast = fast_or_general(true, &sizes, max, credits, seed, lend_max);
         for (i, (events, sizes)) in fast.1.iter().zip(&sizes).enumerate() {
             let sent = events.iter().filter(|e| matches!(e, Event::Sent { status: SendStatus::Ok, .. })).count();
             prop_assert_eq!(sent, sizes.len(), "side {} sent all", i);
+        }
+        for (i, events) in fast.1.iter().enumerate() {
+            let delivered = events
+                .iter()
+                .filter(|e| matches!(e, Event::Lent { .. } | Event::Received { status: RecvStatus::Ok, .. }))
+                .count();
+            let lent = events.iter().filter(|e| matches!(e, Event::Lent { .. })).count();
+            let from_peer = &sizes[1 - i];
+            prop_assert_eq!(delivered, from_peer.iter().filter(|&&l| l > 0).count(), "side {} received all", i);
+            let lendable = from_peer.iter().filter(|&&l| l > 0 && l <= lend_max && l <= per).count();
+            prop_assert_eq!(lent, lendable, "side {} lent", i);
         }
         prop_assert_eq!(&fast.1, &general.1, "events");
         prop_assert_eq!(fast.0.len(), general.0.len(), "packets");
@@ -394,7 +421,7 @@ proptest! {
 fn an_empty_message_on_the_last_credit_goes_and_asks_for_more() {
     let sizes: [Vec<u64>; 2] = [vec![80], vec![0, 0]];
     for fast in [false, true] {
-        let (_, events) = fast_or_general(fast, &sizes, 64, 3, 0);
+        let (_, events) = fast_or_general(fast, &sizes, 64, 3, 0, 0);
         for (i, (events, sizes)) in events.iter().zip(&sizes).enumerate() {
             let sent = events
                 .iter()

@@ -11,6 +11,8 @@
 //! ends each size with a *fence*: an 8-byte control message to the target,
 //! which checks and readies its buffer, and the target's 8-byte ack.
 
+use std::collections::VecDeque;
+
 use clap::ValueEnum;
 use efapoll::device::{Access, Device, DeviceError, Mr, MrId};
 use efapoll::endpoint::{
@@ -178,13 +180,17 @@ pub fn smbd_params(p: &Params) -> smbd::Params {
 }
 
 /// The local settings of an smbd run's connection: room for the buffers
-/// streaming's receiver keeps posted ([`Params::depth_for`]).
+/// streaming's receiver keeps posted ([`Params::depth_for`]), and messages
+/// shorter than those the connection places in their buffers lent where
+/// they land (no copy either way).
 fn smbd_config(p: &Params) -> smbd::Config {
     let depth = p.sizes.iter().map(|&s| p.depth_for(s)).max().unwrap_or(1);
     let recv_queue = depth.clamp(1, u16::MAX as u64) as u16;
+    let default = smbd::Config::default();
     smbd::Config {
-        recv_queue: recv_queue.max(smbd::Config::default().recv_queue),
-        ..smbd::Config::default()
+        recv_queue: recv_queue.max(default.recv_queue),
+        lend_max: default.direct_min - 1,
+        ..default
     }
 }
 
@@ -210,6 +216,14 @@ pub struct Io<D: Device> {
     failure: Option<RunError>,
     /// The completion `poll_smbd` found, on its way to `poll_cq`'s caller.
     smbd_ready: Option<Completion>,
+    /// `-o smbd`: the receives posted for messages the connection lends
+    /// (as it will: they are short and in one segment), oldest first.
+    lent_to: VecDeque<(Span, u64)>,
+    /// Messages lent before their receive was posted, oldest first.
+    lent: VecDeque<(smbd::Loan, Span)>,
+    /// With `-c`: a lent message is copied into its receive's buffer, to
+    /// be checked there.
+    copy_lent: bool,
 }
 
 impl<D: Device> Io<D> {
@@ -224,7 +238,26 @@ impl<D: Device> Io<D> {
         let staged = Vec::new();
         let smbd_config = smbd_config(params);
         let failure = None;
-        Ok(Io { ep, peer, op, remote, ctl, staged, smbd, smbd_config, failure, smbd_ready: None })
+        let lent_to = VecDeque::with_capacity(smbd_config.recv_queue as usize);
+        let lent = VecDeque::with_capacity(
+            smbd.as_ref().map_or(0, |(p, _)| p.receive_credit_max as usize),
+        );
+        let copy_lent = params.verify;
+        Ok(Io {
+            ep,
+            peer,
+            op,
+            remote,
+            ctl,
+            staged,
+            smbd,
+            smbd_config,
+            failure,
+            smbd_ready: None,
+            lent_to,
+            lent,
+            copy_lent,
+        })
     }
 
     /// Progresses the endpoint, and the SMB Direct connection over it.
@@ -307,8 +340,29 @@ impl<D: Device> Io<D> {
             return;
         }
         self.smbd_ready = loop {
+            // A lent message completes the oldest receive posted for one.
+            if !self.lent.is_empty()
+                && let Some(to) = self.lent_to.pop_front()
+                && let Some((loan, data)) = self.lent.pop_front()
+            {
+                let ep = &mut self.ep;
+                match lent_completion(ep, conn, to, self.copy_lent, loan, data, self.peer) {
+                    Ok(c) => break Some(c),
+                    Err(e) => {
+                        self.failure = Some(e);
+                        break None;
+                    }
+                }
+            }
             if let Some(e) = conn.poll_event() {
-                match smbd_completion(e, conn.error(), self.peer) {
+                let c = match e {
+                    Event::Lent { loan, data, .. } => {
+                        self.lent.push_back((loan, data));
+                        continue;
+                    }
+                    e => smbd_completion(e, conn.error(), self.peer),
+                };
+                match c {
                     Ok(Some(c)) => break Some(c),
                     Ok(None) => continue,
                     Err(e) => {
@@ -443,6 +497,15 @@ impl<D: Device> Io<D> {
             let result = self.op.post_recv(&mut self.ep, dst, ctx);
             return self.posted(result, "receive");
         };
+        let segment = conn.params().max_receive_size as u64 - smbd::DEFAULT_DATA_OFFSET as u64;
+        if dst.len > 0 && dst.len <= self.smbd_config.lend_max.min(segment) {
+            // The connection lends such a message: no buffer of its own.
+            if self.lent_to.len() >= self.smbd_config.recv_queue as usize {
+                return false;
+            }
+            self.lent_to.push_back((dst, ctx));
+            return true;
+        }
         match conn.recv(&mut self.ep, dst, ctx) {
             Ok(()) => true,
             Err(smbd::RecvError::Again) => false,
@@ -530,6 +593,7 @@ impl<D: Device> Io<D> {
                 ("slot_stalls", s.slot_stalls),
                 ("responses_requested", s.responses_requested),
                 ("in_place", s.in_place),
+                ("lent", s.lent),
             ];
             let nonzero = smbd.into_iter().filter(|&(_, n)| n > 0);
             all.extend(nonzero.map(|(name, n)| (format!("smbd.{name}"), n)));
@@ -552,16 +616,7 @@ fn smbd_completion(
         Some(ProtocolError::SendFailed(s) | ProtocolError::RecvFailed(s)) => s,
         _ => Status::DeviceError,
     };
-    let c = |op, ctx, len, status| Completion {
-        ctx,
-        op,
-        status,
-        len,
-        tag: 0,
-        tagged: false,
-        cq_data: None,
-        peer: Some(peer),
-    };
+    let c = |op, ctx, len, status| untagged(op, ctx, len, status, peer);
     Ok(Some(match e {
         Event::Sent { ctx, status } => {
             let status = match status {
@@ -586,7 +641,37 @@ fn smbd_completion(
             return Err(RunError::Engine(format!("the SMB Direct connection ended: {e}")));
         }
         Event::Invalidated { .. } => return Ok(None),
+        // `lent_completion`'s, which `poll_smbd` hands it.
+        Event::Lent { .. } => return Err(RunError::Engine("a lent message misrouted".into())),
     }))
+}
+
+/// A message the SMB Direct connection lent, as the completion of the
+/// receive posted for it (`to`): copied into that receive's buffer when
+/// `copy` (to be checked there), and given back.
+fn lent_completion<D: Device>(
+    ep: &mut Endpoint<D>,
+    conn: &mut Connection,
+    (dst, ctx): (Span, u64),
+    copy: bool,
+    loan: smbd::Loan,
+    data: Span,
+    peer: PeerId,
+) -> Result<Completion, RunError> {
+    let len = data.len.min(dst.len);
+    if copy && len > 0 {
+        ep.copy_mem(Span { len, ..data }, dst.mr, dst.offset)
+            .map_err(|e| RunError::Engine(format!("copying a lent SMB Direct message: {e}")))?;
+    }
+    conn.give_back(loan)
+        .map_err(|e| RunError::Engine(format!("giving back a lent SMB Direct message: {e}")))?;
+    let status = if data.len > dst.len { Status::Truncated { olen: data.len } } else { Status::Ok };
+    Ok(untagged(Op::Recv, ctx, len, status, peer))
+}
+
+/// The completion of an untagged operation with `peer`.
+fn untagged(op: Op, ctx: u64, len: u64, status: Status, peer: PeerId) -> Completion {
+    Completion { ctx, op, status, len, tag: 0, tagged: false, cq_data: None, peer: Some(peer) }
 }
 
 fn register<D: Device>(ep: &mut Endpoint<D>, len: u64) -> Result<Mr, RunError> {

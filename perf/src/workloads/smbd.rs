@@ -38,9 +38,11 @@ pub fn params(len: u64, window: u64) -> Params {
 }
 
 /// Messages of one size from a to b, `window` in flight, framed as SMB
-/// Direct data transfer; one operation is one message. The receiver keeps
-/// two windows of buffers posted, as `efapoll streaming` does: more than
-/// its receives, so that they are posted into the buffers.
+/// Direct data transfer; one operation is one message. As `efapoll
+/// streaming -o smbd` does, the receiver has messages shorter than a
+/// placed buffer lent and gives them back, and keeps two windows of
+/// buffers posted for the others: more than its receives, so that they
+/// are posted into the buffers.
 struct SmbdStream<D: Device> {
     p: Pair<D>,
     c: [Connection; 2],
@@ -53,7 +55,8 @@ struct SmbdStream<D: Device> {
 impl<D: Device> SmbdStream<D> {
     fn new(mut p: Pair<D>, len: u64, window: u64) -> Self {
         let params = params(len, window);
-        let cfg = smbd::Config::default();
+        let default = smbd::Config::default();
+        let cfg = smbd::Config { lend_max: default.direct_min - 1, ..default };
         let ca = Connection::new(&mut p.a, p.to_b, params, cfg).unwrap();
         let cb = Connection::new(&mut p.b, p.to_a, params, cfg).unwrap();
         let src = region(&mut p.a, len);
@@ -70,9 +73,10 @@ impl<D: Device> Runner for SmbdStream<D> {
         let SmbdStream { p, c, len, window, src, dst } = self;
         let (len, window) = (*len, *window);
         let [ca, cb] = c;
+        let lent = len <= cb.config().lend_max;
         let (mut posted, mut sent, mut recvd, mut sdone) = (0u64, 0u64, 0u64, 0u64);
         while recvd < n || sdone < n {
-            while posted < n && posted - recvd < 2 * window {
+            while !lent && posted < n && posted - recvd < 2 * window {
                 cb.recv(&mut p.b, Span::new(dst, 0, len), posted).unwrap();
                 posted += 1;
             }
@@ -93,6 +97,11 @@ impl<D: Device> Runner for SmbdStream<D> {
                         Event::Sent { .. } => sdone += 1,
                         Event::Received { .. } => {
                             black_box(e);
+                            recvd += 1;
+                        }
+                        Event::Lent { loan, .. } => {
+                            black_box(e);
+                            c.give_back(loan).unwrap();
                             recvd += 1;
                         }
                         other => panic!("{other:?}"),

@@ -62,11 +62,22 @@ pub enum Event {
     /// `len` bytes. `invalidated`: the token one of its segments carried,
     /// whose region was deregistered before this event.
     Received { ctx: u64, len: u64, status: RecvStatus, invalidated: Option<u64> },
+    /// A message of one segment of at most [`Config::lend_max`] bytes is
+    /// `data`, where it landed in the receive region: read it there, and
+    /// give it back with [`Connection::give_back`], which posts its
+    /// receive again (until then it holds a credit, as a message waiting
+    /// for a buffer does). `invalidated` as for `Received`.
+    Lent { loan: Loan, data: Span, invalidated: Option<u64> },
     /// An empty message carried a token, whose region was deregistered.
     Invalidated { token: u64 },
     /// The connection ended, for this reason; reported once.
     Terminated(super::ProtocolError),
 }
+
+/// A message lent in its receive slot ([`Event::Lent`]), until given
+/// back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loan(u16);
 
 /// What a connection counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -92,6 +103,8 @@ pub struct Stats {
     /// Data segments that landed where their message goes, by a receive
     /// posted into the application's buffer: no copy.
     pub in_place: u64,
+    /// Messages lent where they landed ([`Event::Lent`]): no copy.
+    pub lent: u64,
 }
 
 /// A message queued or being sent.
@@ -247,6 +260,9 @@ pub struct Connection {
     msgs_seen: u64,
     /// Per receive slot: the application buffer it was posted into.
     landings: Vec<Option<Landing>>,
+    /// Per receive slot: lent to the application ([`Event::Lent`]).
+    lent: Vec<bool>,
+    lent_out: usize,
     /// The peer's DataOffset, as its last data segment said.
     peer_data_offset: u32,
     pending: Ring<Pending>,
@@ -324,6 +340,8 @@ impl Connection {
             apps_front_seq: 0,
             msgs_seen: 0,
             landings: vec![None; slots],
+            lent: vec![false; slots],
+            lent_out: 0,
             peer_data_offset: super::DEFAULT_DATA_OFFSET,
             pending: Ring::with_capacity(slots, Pending::FILL),
             rx_msg: None,
@@ -480,6 +498,24 @@ impl Connection {
         Ok(())
     }
 
+    /// Gives back a message lent by [`Event::Lent`]: its receive is posted
+    /// again by the next [`Connection::progress`] (on a connection still
+    /// up), and its bytes are no longer the application's to read. [`RecvError::NotLent`] for a loan given back
+    /// already.
+    pub fn give_back(&mut self, loan: Loan) -> Result<(), RecvError> {
+        let slot = loan.0;
+        match self.lent.get_mut(slot as usize) {
+            Some(lent) if *lent => *lent = false,
+            _ => return Err(RecvError::NotLent),
+        }
+        self.lent_out -= 1;
+        if self.error.is_none() {
+            // Posted by the next `progress`, with the others freed by then.
+            self.rx_free.push(slot);
+        }
+        Ok(())
+    }
+
     /// Takes an endpoint completion; returns false if it is not this
     /// connection's (it is left to its owner).
     #[inline]
@@ -565,6 +601,7 @@ impl Connection {
         // Buffers that withdrawn receives were posted into are free now.
         self.release_buffers();
         if !self.rx_order.is_empty()
+            || self.lent_out > 0
             || self.hdr_free.len() < self.hdr_owner.len()
             || self.tx.iter().any(|m| m.in_flight > 0)
         {
@@ -1026,14 +1063,20 @@ impl Connection {
         if a.len < HEADER_LEN as u64 || a.len > self.params.max_receive_size as u64 {
             return false;
         }
-        let Some(&buf) = self.apps.front() else { return false };
+        // A segment this short may be lent, and needs no buffer.
+        let lend = self.cfg.lend_max > 0
+            && a.len <= self.cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64);
+        let buf = self.apps.front().copied();
+        if buf.is_none() && !lend {
+            return false;
+        }
         let at = self.rx_slot_offset(slot);
         // A short segment is read whole, its data then written into the
         // buffer: one read and one write of plain bytes cost less than a
         // copy between two regions, which checks and looks up both.
         // Into the connection's scratch bytes, which a fresh array would
         // zero for every segment; only the `read` bytes are looked at.
-        let small = a.len as usize <= SMALL_SEGMENT;
+        let small = a.len as usize <= SMALL_SEGMENT && !lend;
         let read = if small { a.len as usize } else { HEADER_LEN };
         if ep.read_mem(self.rx.id, at, &mut self.scratch[..read]).is_err() {
             return false;
@@ -1047,6 +1090,17 @@ impl Connection {
             return false;
         }
         let len = r.data_length as u64;
+        if self.lends(len) {
+            self.stats.segments_received += 1;
+            let arrived = self.credits.on_arrival();
+            debug_assert!(arrived.is_ok());
+            self.credits.on_header(r.credits_granted, r.flags.contains(Flags::RESPONSE_REQUESTED));
+            self.credits.on_data();
+            self.peer_data_offset = r.data_offset;
+            self.lend(slot, at + r.data_offset as u64, len, None);
+            return true;
+        }
+        let Some(buf) = buf else { return false };
         let n = len.min(buf.dst.len);
         let copied = if n == 0 {
             Ok(())
@@ -1161,7 +1215,8 @@ impl Connection {
                     self.invalidate(ep, token)?;
                 }
                 self.token_in_msg = (before || a.token.is_some()) && !last;
-                self.msgs_seen += first as u64;
+                // A lent message takes no buffer: not one of those counted.
+                self.msgs_seen += (first && !(last && self.lends(len as u64))) as u64;
                 // Where the next receives are posted assumes this offset.
                 self.peer_data_offset = r.data_offset;
                 let p = Pending {
@@ -1217,6 +1272,18 @@ impl Connection {
     /// which terminates).
     #[inline]
     fn deliver_segment<D: Device>(&mut self, ep: &mut Endpoint<D>, p: &Pending) -> bool {
+        if p.first && p.last && self.lends(p.len as u64) {
+            let at = self.rx_slot_offset(p.slot) + p.data_offset as u64;
+            // Bytes a receive put into a buffer that was not theirs come
+            // back into the slot, where they are lent.
+            let landed = self.landings[p.slot as usize].is_some();
+            if landed && let Err(e) = self.copy_data(ep, p, p.len as u64, self.rx.id, at) {
+                self.terminate(ProtocolError::Endpoint(e));
+                return false;
+            }
+            self.lend(p.slot, at, p.len as u64, p.token);
+            return true;
+        }
         if p.first && p.last && self.landings[p.slot as usize].is_none() {
             // A message of one segment, in its slot: copied and reported
             // with no message kept in between. A copy that fails is left
@@ -1260,6 +1327,24 @@ impl Connection {
         self.rx_msg = None;
         self.report_received(m.buf.ctx, m.total, dst.len, m.token);
         true
+    }
+
+    /// Whether a whole message of `len` bytes in one segment is lent.
+    #[inline(always)]
+    fn lends(&self, len: u64) -> bool {
+        len <= self.cfg.lend_max
+    }
+
+    /// Lends the message of `len` bytes at `offset` of receive slot `slot`.
+    #[inline]
+    fn lend(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) {
+        self.lent[slot as usize] = true;
+        self.lent_out += 1;
+        self.stats.lent += 1;
+        self.stats.messages_received += 1;
+        self.stats.bytes_received += len;
+        let data = Span { mr: self.rx.id, offset, len };
+        self.events.push_back(Event::Lent { loan: Loan(slot), data, invalidated });
     }
 
     /// Reports a message of `total` bytes delivered into a buffer of

@@ -50,6 +50,14 @@
 //! (deregisters the region with that key) on arrival, before the message
 //! is delivered.
 //!
+//! Lending ([`Config::lend_max`]): a message of one segment that short
+//! takes no buffer. It is reported where it landed ([`Event::Lent`]: a
+//! span of the receive region, read there) and its receive is posted
+//! again when the application gives it back ([`Connection::give_back`]);
+//! until then it holds the credit, as a message waiting for a buffer
+//! does. A short message costs the connection no copy then, and the
+//! application no buffer to post.
+//!
 //! Direct placement: when the application has posted buffers further
 //! ahead than the receives, a receive is posted again scattered
 //! ([`Endpoint::recvv`](crate::endpoint::Endpoint::recvv)) over the
@@ -101,7 +109,9 @@
 //!         if !conn.handle_completion(&mut ep, &c) { /* another user's */ }
 //!     }
 //!     conn.progress(&mut ep);
-//!     while let Some(ev) = conn.poll_event() { /* Sent, Received... */ }
+//!     while let Some(ev) = conn.poll_event() {
+//!         /* Sent, Received...; Lent: read it, then conn.give_back(loan) */
+//!     }
 //! }
 //! ```
 //!
@@ -121,7 +131,7 @@ mod header;
 mod ring;
 mod segment;
 
-pub use conn::{Connection, Event, RecvStatus, SendStatus, Stats};
+pub use conn::{Connection, Event, Loan, RecvStatus, SendStatus, Stats};
 pub use credits::Credits;
 pub use header::{DEFAULT_DATA_OFFSET, Flags, HEADER_LEN, Packet, Repr, check_layout, golden};
 pub use segment::{Placement, Reassembler, Segment, Segmenter};
@@ -236,6 +246,12 @@ pub struct Config {
     /// short can tell apart (it does not wait for one); off, every message
     /// takes the general path (the tests compare the two).
     pub fast_path: bool,
+    /// Messages of one segment of at most this many bytes are lent where
+    /// they landed ([`Event::Lent`]) rather than copied into a buffer the
+    /// application posted: a receive with no copy of the connection's,
+    /// for an application that reads short messages where they are. 0,
+    /// the default, lends none.
+    pub lend_max: u64,
 }
 
 impl Default for Config {
@@ -248,6 +264,7 @@ impl Default for Config {
             ctx_tag: u32::from_be_bytes(*b"SMBD"),
             direct_min: 4096,
             fast_path: true,
+            lend_max: 0,
         }
     }
 }
@@ -367,4 +384,7 @@ pub enum RecvError {
     /// The connection was terminated.
     #[error("connection terminated: {0}")]
     Terminated(ProtocolError),
+    /// [`Connection::give_back`] of a loan that is not out.
+    #[error("no such message lent")]
+    NotLent,
 }
