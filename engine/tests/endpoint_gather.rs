@@ -179,6 +179,32 @@ fn a_cancelled_receive_takes_no_message_and_frees_its_region() {
     assert_eq!(w.eps[1].mem(b.id), (0..64).map(|i| pattern(4, i)).collect::<Vec<_>>());
 }
 
+/// Of receives posted with one context, `cancel_recv` withdraws the
+/// earliest and `cancel_last_recv` the latest: the other takes the next
+/// message, into its own buffer.
+#[test]
+fn a_receive_is_withdrawn_from_the_oldest_or_from_the_newest() {
+    for last in [false, true] {
+        let mut w = World::pair(SimConfig::default(), Config::default());
+        let to_b = w.connect(0, 1);
+        let src = w.register(0, 64);
+        let bufs = [w.register(1, 64), w.register(1, 64), w.register(1, 64)];
+        w.fill(0, &src, 4);
+        for b in &bufs {
+            w.eps[1].recv(span(b, 0, 64), None, 7).unwrap();
+        }
+        let withdrawn = if last { w.eps[1].cancel_last_recv(7) } else { w.eps[1].cancel_recv(7) };
+        assert!(withdrawn);
+        assert!(!w.eps[1].cancel_last_recv(8), "never posted");
+        let gone = if last { 2 } else { 0 };
+        assert_eq!(w.eps[1].deregister(bufs[gone].id), Ok(()), "withdrawn: {gone}");
+        w.eps[0].send(to_b, span(&src, 0, 64), 3).unwrap();
+        w.drive_until(10_000, |w| w.done[1].len() == 1);
+        let took = if last { 0 } else { 1 };
+        assert_eq!(w.eps[1].mem(bufs[took].id), (0..64).map(|i| pattern(4, i)).collect::<Vec<_>>());
+    }
+}
+
 /// Sends `len` bytes from 0 to 1 into a receive scattered over three
 /// spans of two regions (posted before the message, or after it arrived
 /// unexpected); checks each span got its part.

@@ -1179,3 +1179,46 @@ fn a_lent_message_that_landed_in_a_buffer_is_lent_from_its_slot() {
     assert_eq!(s.lent, 67);
     assert!(s.in_place > 0, "the long ones still land in place: {s:?}");
 }
+
+/// An application that keeps fewer buffers posted than receives: each new
+/// buffer could be placed only by posting again every receive behind the
+/// one for its message, which is not done (those messages are copied);
+/// the fresh connection's receives are posted again into the first
+/// buffers once, all of them.
+#[test]
+fn receives_are_posted_again_into_buffers_only_when_most_would_be_placed() {
+    let cfg = Config { direct_min: 1, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 32); 2], cfg, false);
+    let n = 300u64;
+    let len = 1000u64;
+    let src = p.w.register(0, len);
+    let dst = p.w.register(1, n * len);
+    p.w.fill(0, &src, len);
+    let (mut posted, mut sent) = (0u64, 0u64);
+    // 40 buffers first: the 32 receives go again into the first 32.
+    let ahead = |p: &Pair, posted: u64| {
+        posted < n && (posted < 40 || posted < p.received(1).len() as u64 + 4)
+    };
+    while p.received(1).len() < n as usize {
+        while ahead(&p, posted) {
+            let (c, ep) = p.conn(1);
+            c.recv(ep, span(&dst, posted * len, len), posted).unwrap();
+            posted += 1;
+        }
+        if sent < n {
+            let (c, ep) = p.conn(0);
+            if c.send(ep, span(&src, 0, len), None, sent).is_ok() {
+                sent += 1;
+            }
+        }
+        p.step();
+    }
+    let got = p.w.eps[1].mem(dst.id);
+    let want: Vec<u8> = (0..len).map(|j| pattern(len, j)).collect();
+    for k in 0..n as usize {
+        assert_eq!(&got[k * len as usize..(k + 1) * len as usize], &want[..], "message {k}");
+    }
+    let s = p.conns[1].as_ref().unwrap().stats();
+    assert!((32..=64).contains(&s.replaced), "posted again: {s:?}");
+    assert!(s.in_place >= 32, "{s:?}");
+}

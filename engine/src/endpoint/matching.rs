@@ -120,16 +120,27 @@ impl List {
     fn find<T: Linked>(
         &self,
         ops: &Slab<T, T::Id>,
+        f: impl FnMut(T::Id, &T) -> bool,
+    ) -> Option<T::Id> {
+        self.find_from(ops, false, f)
+    }
+
+    /// The first id for which `f` holds, from the head, or from the tail
+    /// when `newest`.
+    fn find_from<T: Linked>(
+        &self,
+        ops: &Slab<T, T::Id>,
+        newest: bool,
         mut f: impl FnMut(T::Id, &T) -> bool,
     ) -> Option<T::Id> {
-        let mut raw = self.head;
+        let mut raw = if newest { self.tail } else { self.head };
         while raw != Link::END {
             let id = T::Id::from_raw(raw);
             let op = ops.get(id).expect("live entry");
             if f(id, op) {
                 return Some(id);
             }
-            raw = op.link().next;
+            raw = if newest { op.link().prev } else { op.link().next };
         }
         None
     }
@@ -259,6 +270,18 @@ impl Matcher {
         f: impl FnMut(PostedId, &Posted) -> bool,
     ) -> Option<PostedId> {
         let id = self.posted_msg.find(posted, f)?;
+        self.posted_msg.remove(posted, id);
+        Some(id)
+    }
+
+    /// Withdraws the latest untagged posted receive for which `f` holds
+    /// (searched from the newest).
+    pub(crate) fn withdraw_untagged_last(
+        &mut self,
+        posted: &mut Slab<Posted, PostedId>,
+        f: impl FnMut(PostedId, &Posted) -> bool,
+    ) -> Option<PostedId> {
+        let id = self.posted_msg.find_from(posted, true, f)?;
         self.posted_msg.remove(posted, id);
         Some(id)
     }

@@ -162,15 +162,25 @@ impl<D: Device> Endpoint<D> {
     /// returns whether there was one. Its buffer is the caller's again, to
     /// deregister or repost. A linear search: set-up and teardown work.
     pub fn cancel_recv(&mut self, ctx: u64) -> bool {
-        match self.matcher.withdraw_untagged(&mut self.posted, |_, p| p.ctx == ctx) {
-            Some(id) => {
-                if let Some(Posted { dst, .. }) = self.posted.take(id) {
-                    self.take_scattered(id, &dst);
-                }
-                true
-            }
-            None => false,
+        let id = self.matcher.withdraw_untagged(&mut self.posted, |_, p| p.ctx == ctx);
+        self.free_withdrawn(id)
+    }
+
+    /// [`Endpoint::cancel_recv`] of the latest untagged receive posted
+    /// with `ctx`, searched from the newest: the receives posted last are
+    /// withdrawn with no search.
+    pub fn cancel_last_recv(&mut self, ctx: u64) -> bool {
+        let id = self.matcher.withdraw_untagged_last(&mut self.posted, |_, p| p.ctx == ctx);
+        self.free_withdrawn(id)
+    }
+
+    /// Frees a withdrawn receive; whether there was one.
+    fn free_withdrawn(&mut self, id: Option<PostedId>) -> bool {
+        let Some(id) = id else { return false };
+        if let Some(Posted { dst, .. }) = self.posted.take(id) {
+            self.take_scattered(id, &dst);
         }
+        true
     }
 
     pub(super) fn check_peer(&self, peer: PeerId) -> Result<(), Error> {

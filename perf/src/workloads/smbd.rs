@@ -28,21 +28,21 @@ fn endpoints() -> Pair<ShmDevice> {
     Pair::connect(Endpoint::new(dev(), cfg).unwrap(), Endpoint::new(dev(), cfg).unwrap(), None)
 }
 
-/// The parameters `efapoll streaming -o smbd` negotiates for one size and
-/// window: a segment holds a message (up to 1 MiB), a window of credits,
-/// at most 64 MiB of receives.
-pub fn params(len: u64, window: u64) -> Params {
+/// The parameters `efapoll streaming -o smbd` negotiates for one size: a
+/// segment holds a message (up to 1 MiB), 255 credits, fewer where the
+/// receives would take over 64 MiB.
+pub fn params(len: u64) -> Params {
     let segment = len + smbd::DEFAULT_DATA_OFFSET as u64;
-    let credits = window.clamp(4, 255).min(((64 * MIB) / segment).max(4));
+    let credits = ((64 * MIB) / segment).clamp(4, 255);
     Params::symmetric(segment as u32, len as u32, credits as u16)
 }
 
 /// Messages of one size from a to b, `window` in flight, framed as SMB
 /// Direct data transfer; one operation is one message. As `efapoll
 /// streaming -o smbd` does, the receiver has messages shorter than a
-/// placed buffer lent and gives them back, and keeps two windows of
-/// buffers posted for the others: more than its receives, so that they
-/// are posted into the buffers.
+/// placed buffer lent and gives them back, and keeps buffers posted for
+/// the others two windows and its credits ahead: more than its receives,
+/// so that they are posted into the buffers.
 struct SmbdStream<D: Device> {
     p: Pair<D>,
     c: [Connection; 2],
@@ -54,7 +54,7 @@ struct SmbdStream<D: Device> {
 
 impl<D: Device> SmbdStream<D> {
     fn new(mut p: Pair<D>, len: u64, window: u64) -> Self {
-        let params = params(len, window);
+        let params = params(len);
         let default = smbd::Config::default();
         let cfg = smbd::Config { lend_max: default.direct_min - 1, ..default };
         let ca = Connection::new(&mut p.a, p.to_b, params, cfg).unwrap();
@@ -74,9 +74,10 @@ impl<D: Device> Runner for SmbdStream<D> {
         let (len, window) = (*len, *window);
         let [ca, cb] = c;
         let lent = len <= cb.config().lend_max;
+        let ahead = 2 * window + cb.params().receive_credit_max as u64;
         let (mut posted, mut sent, mut recvd, mut sdone) = (0u64, 0u64, 0u64, 0u64);
         while recvd < n || sdone < n {
-            while !lent && posted < n && posted - recvd < 2 * window {
+            while !lent && posted < n && posted - recvd < ahead {
                 cb.recv(&mut p.b, Span::new(dst, 0, len), posted).unwrap();
                 posted += 1;
             }
@@ -153,7 +154,8 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     // The comparison, side by side: 64-byte messages (window 64,
     // as `efapoll streaming -S 64`) and 1 MiB ones (window 8), plain and
     // framed, over shm in one thread.
-    for (size, len, window, iters) in [("64B", 64u64, 64u64, 200_000u64), ("1MiB", MIB, 8, 2000)] {
+    for (size, len, window, iters) in [("64B", 64u64, 64u64, 200_000u64), ("1MiB", MIB, 8, 20_000)]
+    {
         let unit = if len <= 64 { Unit::Ops } else { Unit::Bytes(len) };
         let plain = Workload::new(format!("smbd/stream_{size}/plain"), unit, Kind::Rate, iters, {
             move || Box::new(Stream::new(endpoints(), len, window))

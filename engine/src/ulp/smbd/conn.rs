@@ -105,6 +105,9 @@ pub struct Stats {
     pub in_place: u64,
     /// Messages lent where they landed ([`Event::Lent`]): no copy.
     pub lent: u64,
+    /// Receives withdrawn to be posted again into buffers posted after
+    /// them.
+    pub replaced: u64,
 }
 
 /// A message queued or being sent.
@@ -235,6 +238,9 @@ pub struct Connection {
     rx: Mr,
     /// Slots to post (again).
     rx_free: Vec<u16>,
+    /// Receives at the back of `rx_order` posted into their slots alone
+    /// (at most; fewer once the order is shorter).
+    unplaced_back: usize,
     /// Slots at the top of `rx_free` whose receives were withdrawn to be
     /// posted into a buffer (`place_posted`): granted already, so posted
     /// again without a credit.
@@ -330,6 +336,7 @@ impl Connection {
             rx,
             rx_free: (0..slots as u16).rev().collect(),
             withdrawn: 0,
+            unplaced_back: 0,
             rx_order: Ring::with_capacity(slots, 0),
             arrivals: vec![None; slots],
             arrivals_held: 0,
@@ -944,6 +951,9 @@ impl Connection {
             if landing.is_some() {
                 self.apps[i].placed = true;
                 self.landings[slot as usize] = landing;
+                self.unplaced_back = 0;
+            } else {
+                self.unplaced_back = self.unplaced_back.min(self.rx_order.len()) + 1;
             }
             self.rx_free.pop();
             self.rx_order.push_back(slot);
@@ -982,38 +992,40 @@ impl Connection {
         }
     }
 
-    /// Posts the receive that will carry the message of the buffer just
-    /// posted into that buffer, when it was posted before the buffer (on
-    /// a fresh connection every receive was): the receives at the back of
-    /// the order, down to that one, none of them placed or filled, are
-    /// withdrawn and posted again in the same order, which places each
-    /// whose buffer is there. Else a stream's first ReceiveCreditMax
-    /// messages would each be copied out of its slot (at 1 MiB, some 6%
-    /// of `efapoll streaming -o smbd`'s first 3,000 messages' time). Set-up
-    /// work: withdrawing searches the posted receives.
+    /// Posts again into their buffers the receives at the back of the
+    /// order that were posted before their messages' buffers were (on a
+    /// fresh connection, every receive): withdrawn from the newest and
+    /// posted again in the same order, which places each whose buffer is
+    /// there now. Else a stream's first ReceiveCreditMax messages would
+    /// each be copied out of its slot (at 1 MiB, some 6% of `efapoll
+    /// streaming -o smbd`'s first 3,000 messages' time). Only when at
+    /// least half of those receives would be placed: an application that
+    /// keeps fewer buffers posted than receives would otherwise have the
+    /// whole back of the order posted again for every buffer.
     fn place_posted<D: Device>(&mut self, ep: &mut Endpoint<D>) {
-        let Some(b) = self.apps.back() else { return };
-        let seq = self.apps_front_seq + self.apps.len() as u64 - 1;
-        let Some(q) = seq.checked_sub(self.msgs_seen) else { return };
-        let q = q as usize;
-        if q >= self.rx_order.len() || !self.placeable(b) {
-            return;
-        }
-        let untouched =
-            |s: u16| self.landings[s as usize].is_none() && self.arrivals[s as usize].is_none();
-        if !self.rx_order.iter().skip(q).all(|&s| untouched(s)) {
+        let n = self.rx_order.len();
+        let tail = self.unplaced_back.min(n);
+        let q = n - tail;
+        // The receive at position p carries at the latest message
+        // `msgs_seen + p`: those before `have` have their buffers.
+        let have = (self.apps_front_seq + self.apps.len() as u64).saturating_sub(self.msgs_seen);
+        let placed = (have.min(n as u64) as usize).saturating_sub(q);
+        if placed == 0 || 2 * placed < tail || !self.apps.back().is_some_and(|b| self.placeable(b))
+        {
             return;
         }
         while self.rx_order.len() > q {
             let Some(&slot) = self.rx_order.back() else { break };
-            // A receive a message matched and has not completed stays.
-            if !ep.cancel_recv(self.ctx(KIND_RECV, slot)) {
+            // A receive a message matched, or that completed, stays.
+            if !ep.cancel_last_recv(self.ctx(KIND_RECV, slot)) {
                 break;
             }
             self.rx_order.skip_back();
             self.rx_free.push(slot);
             self.withdrawn += 1;
+            self.stats.replaced += 1;
         }
+        self.unplaced_back = self.rx_order.len() - q;
         self.repost(ep);
     }
 
