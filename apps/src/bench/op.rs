@@ -216,14 +216,22 @@ pub struct Io<D: Device> {
     failure: Option<RunError>,
     /// The completion `poll_smbd` found, on its way to `poll_cq`'s caller.
     smbd_ready: Option<Completion>,
-    /// `-o smbd`: the receives posted for messages the connection lends
-    /// (as it will: they are short and in one segment), oldest first.
-    lent_to: VecDeque<(Span, u64)>,
+    /// `-o smbd`: messages lent and the receives they complete (boxed:
+    /// the other operations' fields stay as close together as without).
+    lending: Box<Lending>,
+}
+
+/// `-o smbd`'s lent messages and the receives posted for them.
+#[derive(Debug)]
+struct Lending {
+    /// Receives posted for messages the connection lends (as it will:
+    /// they are short and in one segment), oldest first.
+    to: VecDeque<(Span, u64)>,
     /// Messages lent before their receive was posted, oldest first.
     lent: VecDeque<(smbd::Loan, Span)>,
     /// With `-c`: a lent message is copied into its receive's buffer, to
     /// be checked there.
-    copy_lent: bool,
+    copy: bool,
 }
 
 impl<D: Device> Io<D> {
@@ -238,11 +246,12 @@ impl<D: Device> Io<D> {
         let staged = Vec::new();
         let smbd_config = smbd_config(params);
         let failure = None;
-        let lent_to = VecDeque::with_capacity(smbd_config.recv_queue as usize);
-        let lent = VecDeque::with_capacity(
-            smbd.as_ref().map_or(0, |(p, _)| p.receive_credit_max as usize),
-        );
-        let copy_lent = params.verify;
+        let credits = smbd.as_ref().map_or(0, |(p, _)| p.receive_credit_max as usize);
+        let lending = Box::new(Lending {
+            to: VecDeque::with_capacity(smbd_config.recv_queue as usize),
+            lent: VecDeque::with_capacity(credits),
+            copy: params.verify,
+        });
         Ok(Io {
             ep,
             peer,
@@ -254,9 +263,7 @@ impl<D: Device> Io<D> {
             smbd_config,
             failure,
             smbd_ready: None,
-            lent_to,
-            lent,
-            copy_lent,
+            lending,
         })
     }
 
@@ -341,12 +348,13 @@ impl<D: Device> Io<D> {
         }
         self.smbd_ready = loop {
             // A lent message completes the oldest receive posted for one.
-            if !self.lent.is_empty()
-                && let Some(to) = self.lent_to.pop_front()
-                && let Some((loan, data)) = self.lent.pop_front()
+            let lending = &mut *self.lending;
+            if !lending.lent.is_empty()
+                && let Some(to) = lending.to.pop_front()
+                && let Some((loan, data)) = lending.lent.pop_front()
             {
                 let ep = &mut self.ep;
-                match lent_completion(ep, conn, to, self.copy_lent, loan, data, self.peer) {
+                match lent_completion(ep, conn, to, lending.copy, loan, data, self.peer) {
                     Ok(c) => break Some(c),
                     Err(e) => {
                         self.failure = Some(e);
@@ -357,7 +365,7 @@ impl<D: Device> Io<D> {
             if let Some(e) = conn.poll_event() {
                 let c = match e {
                     Event::Lent { loan, data, .. } => {
-                        self.lent.push_back((loan, data));
+                        self.lending.lent.push_back((loan, data));
                         continue;
                     }
                     e => smbd_completion(e, conn.error(), self.peer),
@@ -500,10 +508,10 @@ impl<D: Device> Io<D> {
         let segment = conn.params().max_receive_size as u64 - smbd::DEFAULT_DATA_OFFSET as u64;
         if dst.len > 0 && dst.len <= self.smbd_config.lend_max.min(segment) {
             // The connection lends such a message: no buffer of its own.
-            if self.lent_to.len() >= self.smbd_config.recv_queue as usize {
+            if self.lending.to.len() >= self.smbd_config.recv_queue as usize {
                 return false;
             }
-            self.lent_to.push_back((dst, ctx));
+            self.lending.to.push_back((dst, ctx));
             return true;
         }
         match conn.recv(&mut self.ep, dst, ctx) {
