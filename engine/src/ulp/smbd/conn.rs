@@ -507,8 +507,8 @@ impl Connection {
 
     /// Gives back a message lent by [`Event::Lent`]: its receive is posted
     /// again by the next [`Connection::progress`] (on a connection still
-    /// up), and its bytes are no longer the application's to read. [`RecvError::NotLent`] for a loan given back
-    /// already.
+    /// up), and its bytes are no longer the application's to read.
+    /// [`RecvError::NotLent`] for a loan given back already.
     pub fn give_back(&mut self, loan: Loan) -> Result<(), RecvError> {
         let slot = loan.0;
         match self.lent.get_mut(slot as usize) {
@@ -593,8 +593,9 @@ impl Connection {
 
     /// Ends the connection (with [`ProtocolError::Closed`] if it was still
     /// up), withdraws its receives and deregisters its regions;
-    /// [`EpError::Busy`] while segments are in flight or arriving: progress
-    /// the endpoint, hand the connection its completions, and call again.
+    /// [`EpError::Busy`] while segments are in flight or arriving, or
+    /// messages are lent: progress the endpoint, hand the connection its
+    /// completions, give the loans back, and call again.
     pub fn close<D: Device>(&mut self, ep: &mut Endpoint<D>) -> Result<(), EpError> {
         self.terminate(ProtocolError::Closed);
         if self.closed {
