@@ -374,18 +374,29 @@ impl SendImmHdr {
     pub(crate) const LEN: usize = 8;
 
     pub(crate) fn parse(b: &[u8]) -> Result<SendImmHdr, HdrError> {
-        let e = b.get(HDR_LEN..HDR_LEN + Self::LEN).ok_or(HdrError::Truncated)?;
-        if u32_at(e, 4) != 0 {
-            return Err(HdrError::Reserved);
-        }
-        Ok(SendImmHdr { imm: u32_at(e, 0) })
+        Ok(SendImmHdr { imm: parse_word(b)? })
     }
 
     pub(crate) fn emit(&self, b: &mut [u8]) {
-        let e = &mut b[HDR_LEN..HDR_LEN + Self::LEN];
-        put_u32(e, 0, self.imm);
-        put_u32(e, 4, 0);
+        emit_word(b, self.imm);
     }
+}
+
+/// The value of an 8-byte RDMAP header that is one 32-bit value and 4
+/// reserved zero bytes ([`SendImmHdr`], [`RnrHdr`]).
+fn parse_word(b: &[u8]) -> Result<u32, HdrError> {
+    let e = b.get(HDR_LEN..HDR_LEN + 8).ok_or(HdrError::Truncated)?;
+    if u32_at(e, 4) != 0 {
+        return Err(HdrError::Reserved);
+    }
+    Ok(u32_at(e, 0))
+}
+
+/// Writes [`parse_word`]'s header.
+fn emit_word(b: &mut [u8], v: u32) {
+    let e = &mut b[HDR_LEN..HDR_LEN + 8];
+    put_u32(e, 0, v);
+    put_u32(e, 4, 0);
 }
 
 /// RDMA Read Request (RFC 5040 4.4, with 64-bit STags): the data sink is
@@ -496,17 +507,11 @@ impl RnrHdr {
     pub(crate) const LEN: usize = 8;
 
     pub(crate) fn parse(b: &[u8]) -> Result<RnrHdr, HdrError> {
-        let e = b.get(HDR_LEN..HDR_LEN + Self::LEN).ok_or(HdrError::Truncated)?;
-        if u32_at(e, 4) != 0 {
-            return Err(HdrError::Reserved);
-        }
-        Ok(RnrHdr { seq: u32_at(e, 0) })
+        Ok(RnrHdr { seq: parse_word(b)? })
     }
 
     pub(crate) fn emit(&self, b: &mut [u8]) {
-        let e = &mut b[HDR_LEN..HDR_LEN + Self::LEN];
-        put_u32(e, 0, self.seq);
-        put_u32(e, 4, 0);
+        emit_word(b, self.seq);
     }
 }
 
