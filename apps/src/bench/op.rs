@@ -232,6 +232,12 @@ struct Lending {
     /// With `-c`: a lent message is copied into its receive's buffer, to
     /// be checked there.
     copy: bool,
+    /// The longest message the connection lends: its `lend_max`, or what
+    /// one segment carries if less.
+    max: u64,
+    /// Receives posted for lent messages at most (the connection's
+    /// `recv_queue`).
+    depth: usize,
 }
 
 impl<D: Device> Io<D> {
@@ -251,6 +257,11 @@ impl<D: Device> Io<D> {
             to: VecDeque::with_capacity(smbd_config.recv_queue as usize),
             lent: VecDeque::with_capacity(credits),
             copy: params.verify,
+            max: smbd.as_ref().map_or(0, |(p, _)| {
+                let segment = p.max_receive_size as u64 - smbd::DEFAULT_DATA_OFFSET as u64;
+                smbd_config.lend_max.min(segment)
+            }),
+            depth: smbd_config.recv_queue as usize,
         });
         Ok(Io {
             ep,
@@ -346,45 +357,51 @@ impl<D: Device> Io<D> {
         if self.failure.is_some() {
             return;
         }
-        self.smbd_ready = loop {
-            // A lent message completes the oldest receive posted for one.
-            let lending = &mut *self.lending;
+        let (ep, peer, lending) = (&mut self.ep, self.peer, &mut *self.lending);
+        let done = loop {
+            // A message lent before its receive was posted completes the
+            // oldest receive posted since.
             if !lending.lent.is_empty()
                 && let Some(to) = lending.to.pop_front()
                 && let Some((loan, data)) = lending.lent.pop_front()
             {
-                let ep = &mut self.ep;
-                match lent_completion(ep, conn, to, lending.copy, loan, data, self.peer) {
-                    Ok(c) => break Some(c),
-                    Err(e) => {
-                        self.failure = Some(e);
-                        break None;
-                    }
-                }
+                break lent_completion(ep, conn, to, lending.copy, loan, data, peer).map(Some);
             }
-            if let Some(e) = conn.poll_event() {
-                let c = match e {
-                    Event::Lent { loan, data, .. } => {
-                        self.lending.lent.push_back((loan, data));
-                        continue;
-                    }
-                    e => smbd_completion(e, conn.error(), self.peer),
-                };
-                match c {
-                    Ok(Some(c)) => break Some(c),
-                    Ok(None) => continue,
-                    Err(e) => {
-                        self.failure = Some(e);
-                        break None;
-                    }
+            let Some(e) = conn.poll_event() else {
+                match ep.poll_cq() {
+                    None => break Ok(None),
+                    Some(c) if !conn.handle_completion(ep, &c) => break Ok(Some(c)),
+                    Some(_) => continue,
                 }
-            }
-            match self.ep.poll_cq() {
-                None => break None,
-                Some(c) if !conn.handle_completion(&mut self.ep, &c) => break Some(c),
-                Some(_) => {}
+            };
+            // A message sent and one lent, as a stream has them, before
+            // the others.
+            match e {
+                Event::Sent { ctx, status: SendStatus::Ok } => {
+                    break Ok(Some(untagged(Op::Send, ctx, 0, Status::Ok, peer)));
+                }
+                Event::Lent { loan, data, .. } => {
+                    if lending.lent.is_empty()
+                        && let Some(to) = lending.to.pop_front()
+                    {
+                        break lent_completion(ep, conn, to, lending.copy, loan, data, peer)
+                            .map(Some);
+                    }
+                    lending.lent.push_back((loan, data));
+                }
+                e => match smbd_completion(e, conn.error(), peer) {
+                    Ok(None) => {}
+                    c => break c,
+                },
             }
         };
+        match done {
+            Ok(c) => self.smbd_ready = c,
+            Err(e) => {
+                self.smbd_ready = None;
+                self.failure = Some(e);
+            }
+        }
     }
 
     /// Fails the step if `poll_cq` stopped at the SMB Direct connection's
@@ -460,6 +477,9 @@ impl<D: Device> Io<D> {
             let result = self.op.post_send(&mut self.ep, self.peer, local, seq);
             return self.posted(result, self.op.name());
         }
+        if self.op == OpKind::Smbd {
+            return self.send_smbd(local, seq);
+        }
         self.post_any(local, remote_at, seq, notify)
     }
 
@@ -505,13 +525,13 @@ impl<D: Device> Io<D> {
             let result = self.op.post_recv(&mut self.ep, dst, ctx);
             return self.posted(result, "receive");
         };
-        let segment = conn.params().max_receive_size as u64 - smbd::DEFAULT_DATA_OFFSET as u64;
-        if dst.len > 0 && dst.len <= self.smbd_config.lend_max.min(segment) {
+        let lending = &mut *self.lending;
+        if dst.len > 0 && dst.len <= lending.max {
             // The connection lends such a message: no buffer of its own.
-            if self.lending.to.len() >= self.smbd_config.recv_queue as usize {
+            if lending.to.len() >= lending.depth {
                 return false;
             }
-            self.lending.to.push_back((dst, ctx));
+            lending.to.push_back((dst, ctx));
             return true;
         }
         match conn.recv(&mut self.ep, dst, ctx) {
@@ -657,6 +677,7 @@ fn smbd_completion(
 /// A message the SMB Direct connection lent, as the completion of the
 /// receive posted for it (`to`): copied into that receive's buffer when
 /// `copy` (to be checked there), and given back.
+#[inline(always)]
 fn lent_completion<D: Device>(
     ep: &mut Endpoint<D>,
     conn: &mut Connection,

@@ -4,7 +4,7 @@
 use super::credits::Credits;
 use super::header::{Flags, HEADER_LEN, Repr};
 use super::ring::Ring;
-use super::segment::{Placement, Reassembler, Segment, Segmenter};
+use super::segment::{Placement, Reassembler, Segmenter};
 use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
 use crate::device::{Access, Device, Mr};
 use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, Span, Status};
@@ -457,17 +457,37 @@ impl Connection {
         if src.len > max as u64 {
             return Err(SendError::TooLong { len: src.len, max });
         }
-        if !registered(ep, &src) {
-            return Err(SendError::BadSpan);
-        }
         if self.tx.len() >= self.cfg.send_queue as usize {
             return Err(SendError::Again);
         }
-        let seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
+        let mut seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
         let one =
             src.len > 0 && src.len <= (self.params.max_send_size - self.cfg.data_offset) as u64;
         let whole = one && token.is_none() && self.cfg.fast_path;
         let status = SendStatus::Ok;
+        // Nothing waiting to be posted before it: sent at once, as
+        // `post_segment` would, without queueing it first.
+        if whole && self.next_post == self.tx.len() && self.error.is_none() {
+            let grants = self.credits.to_grant();
+            if self.credits.may_send(grants) {
+                match self.send_whole(ep, self.tx.len(), src, grants) {
+                    Ok(true) => {
+                        seg.advance();
+                        let m = TxMsg { src, token, ctx, seg, in_flight: 1, status, whole };
+                        self.tx.push_back(m);
+                        self.next_post = self.tx.len();
+                        return Ok(());
+                    }
+                    Ok(false) => {}
+                    Err(EpError::BadSpan) => return Err(SendError::BadSpan),
+                    // Told as the general path tells it.
+                    Err(_) => {}
+                }
+            }
+        }
+        if !registered(ep, &src) {
+            return Err(SendError::BadSpan);
+        }
         self.tx.push_back(TxMsg { src, token, ctx, seg, in_flight: 0, status, whole });
         // A sender streaming faster than it is granted usually waits here:
         // told as `post_segments` would, without the call.
@@ -656,20 +676,23 @@ impl Connection {
         let i = self.next_post;
         let Some(m) = self.tx.get(i) else { return false };
         let (src, token, whole) = (m.src, m.token, m.whole);
-        let seg = if whole {
-            // What the segmenter gives for it, without asking.
-            let repr = Repr {
-                data_offset: self.cfg.data_offset,
-                data_length: src.len as u32,
-                ..Repr::default()
-            };
-            Segment { offset: 0, repr }
-        } else {
-            let Some(seg) = m.seg.peek() else {
-                self.next_post += 1;
-                return true;
-            };
-            seg
+        if whole {
+            match self.send_whole(ep, i, src, grants) {
+                Ok(true) => {
+                    let m = &mut self.tx[i];
+                    m.seg.advance();
+                    m.in_flight += 1;
+                    self.next_post = i + 1;
+                    return true;
+                }
+                // From a header slot, as any other segment.
+                Ok(false) => {}
+                Err(e) => return self.refused(e),
+            }
+        }
+        let Some(seg) = self.tx[i].seg.peek() else {
+            self.next_post += 1;
+            return true;
         };
         let mut r = seg.repr;
         r.credits_requested = self.params.send_credit_target;
@@ -681,44 +704,69 @@ impl Connection {
         }
         let seq = self.tx_front_seq + i as u64;
         let body = Span { mr: src.mr, offset: src.offset + seg.offset, len: r.data_length as u64 };
-        let mut slot = None;
-        let inline = whole && {
-            let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
-            let emit = |b: &mut [u8]| {
-                r.emit(b);
-            };
-            match ep.send_inline_head_with(self.peer, r.buffer_len(), emit, body, None, ctx) {
-                Ok(went) => went,
-                Err(e) => return self.refused(e),
-            }
+        let Some(&slot) = self.hdr_free.last() else {
+            self.stats.slot_stalls += 1;
+            return false;
         };
-        if !inline {
-            let Some(&s) = self.hdr_free.last() else {
-                self.stats.slot_stalls += 1;
-                return false;
-            };
-            let data = !r.is_empty();
-            // The token rides with exactly one segment, the first (see the
-            // module's documentation).
-            let token = if seg.is_first() { token } else { None };
-            if !self.posted(ep, s, &r, data.then_some(body), token) {
-                return false;
-            }
-            slot = Some(s);
+        let data = !r.is_empty();
+        // The token rides with exactly one segment, the first (see the
+        // module's documentation).
+        let token = if seg.is_first() { token } else { None };
+        if !self.posted(ep, slot, &r, data.then_some(body), token) {
+            return false;
         }
-        if let Some(s) = slot {
-            self.hdr_free.pop();
-            self.hdr_owner[s as usize] = seq;
-        }
+        self.hdr_free.pop();
+        self.hdr_owner[slot as usize] = seq;
         let m = &mut self.tx[i];
         m.seg.advance();
         m.in_flight += 1;
         self.next_post = i + m.seg.is_done() as usize;
+        self.count_segment(&r, grants);
+        true
+    }
+
+    /// Sends message `i` of the queue, `src` in one segment with no token
+    /// ([`TxMsg::whole`]), as one endpoint send with its header emitted
+    /// into the packet and its sequence number in the send's context,
+    /// holding no header slot; granting `grants`, which a credit allows.
+    /// False, with nothing sent, when it does not go so now.
+    #[inline(always)]
+    fn send_whole<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        i: usize,
+        src: Span,
+        grants: u16,
+    ) -> Result<bool, EpError> {
+        let mut r = Repr {
+            credits_requested: self.params.send_credit_target,
+            credits_granted: grants,
+            data_offset: self.cfg.data_offset,
+            data_length: src.len as u32,
+            ..Repr::default()
+        };
+        if self.credits.asks_response() {
+            r.flags |= Flags::RESPONSE_REQUESTED;
+        }
+        let seq = self.tx_front_seq + i as u64;
+        let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
+        let emit = |b: &mut [u8]| {
+            r.emit(b);
+        };
+        if !ep.send_inline_head_with(self.peer, r.buffer_len(), emit, src, None, ctx)? {
+            return Ok(false);
+        }
+        self.count_segment(&r, grants);
+        Ok(true)
+    }
+
+    /// A segment with header `r` went, granting `grants`.
+    #[inline(always)]
+    fn count_segment(&mut self, r: &Repr, grants: u16) {
         self.credits.on_send(grants);
         self.stats.segments_sent += 1;
         self.stats.bytes_sent += r.data_length as u64;
         self.stats.responses_requested += r.flags.contains(Flags::RESPONSE_REQUESTED) as u64;
-        true
     }
 
     /// An endpoint error on a post: back-pressure leaves it for later,
