@@ -13,8 +13,8 @@ use efapoll::endpoint::{
     Completion, Config as EpConfig, Endpoint, Error as EpError, Op, PeerId, TagMatch,
 };
 use efapoll::ulp::smbd::{
-    Config, Connection, Event, Flags, HEADER_LEN, Loan, Params, ProtocolError, RecvError,
-    RecvStatus, Repr, SegmentError, SendError, SendStatus, SetupError,
+    Config, Connection, Drained, Event, Flags, Flow, HEADER_LEN, Loan, Params, ProtocolError,
+    RecvError, RecvStatus, Repr, SegmentError, SendError, SendStatus, SetupError,
 };
 
 /// Side 0 runs a connection; side 1 a connection too, or a bare endpoint
@@ -30,6 +30,9 @@ struct Pair {
     /// Loans kept rather than given back at once.
     keep_loans: bool,
     loans: [Vec<Loan>; 2],
+    /// Completions and events taken by `Connection::drain`, lent messages
+    /// read inside it, rather than polled.
+    drain: bool,
 }
 
 impl Pair {
@@ -59,6 +62,7 @@ impl Pair {
             lent: [vec![], vec![]],
             keep_loans: false,
             loans: [vec![], vec![]],
+            drain: false,
         }
     }
 
@@ -79,6 +83,34 @@ impl Pair {
         for i in 0..2 {
             let ep = &mut self.w.eps[i];
             did |= ep.progress();
+            if self.drain
+                && let Some(conn) = self.conns[i].as_mut()
+            {
+                let (events, others, lent) =
+                    (&mut self.events[i], &mut self.others[i], &mut self.lent[i]);
+                let (keep, loans) = (self.keep_loans, &mut self.loans[i]);
+                did |= conn.drain(ep, |ep, d| {
+                    let e = match d {
+                        Drained::Other(c) => {
+                            others.push(*c);
+                            return Flow::Next;
+                        }
+                        Drained::Event(e) => e,
+                    };
+                    events.push(e);
+                    let Event::Lent { loan, data, .. } = e else { return Flow::Next };
+                    let mut bytes = vec![0u8; data.len as usize];
+                    ep.read_mem(data.mr, data.offset, &mut bytes).unwrap();
+                    lent.push(bytes);
+                    if !keep {
+                        return Flow::Next;
+                    }
+                    loans.push(loan);
+                    Flow::Keep
+                }) > 0;
+                did |= conn.progress(ep);
+                continue;
+            }
             while let Some(c) = ep.poll_cq() {
                 did = true;
                 let mine =
@@ -1223,4 +1255,118 @@ fn receives_are_posted_again_into_buffers_only_when_most_would_be_placed() {
     let s = p.conns[1].as_ref().unwrap().stats();
     assert!((32..=64).contains(&s.replaced), "posted again: {s:?}");
     assert!(s.in_place >= 32, "{s:?}");
+}
+
+/// The same transfer taken by `Connection::drain` as by polling: the same
+/// messages in the same order, byte-exact, lent or landed; a message lent
+/// and read inside `drain` has its receive posted again before it returns.
+#[test]
+fn drain_hands_out_what_polling_does() {
+    let cfg = Config { lend_max: 600, ..Config::default() };
+    let sizes: Vec<u64> = (0..300).map(|i| [64, 0, 700, 3000, 600, 1][i % 6]).collect();
+    let mut runs = Vec::new();
+    for drain in [false, true] {
+        let mut p = Pair::new(SimConfig::default(), [small(1364, 8); 2], cfg, false);
+        p.drain = drain;
+        let got = lend_transfer(&mut p, &sizes, 600, 1340);
+        assert_eq!(got, expected(&sizes), "drain {drain}");
+        p.settle();
+        let sent: Vec<u64> =
+            p.sent(0).iter().map(|&(ctx, s)| (s == SendStatus::Ok) as u64 * ctx).collect();
+        assert_eq!(sent, (0..300).collect::<Vec<_>>(), "drain {drain}: every send, in order");
+        let c = p.conns[1].as_ref().unwrap();
+        assert_eq!(c.stats().lent, 150, "drain {drain}");
+        runs.push(got);
+    }
+    assert_eq!(runs[0], runs[1]);
+}
+
+/// Side 1's endpoint takes every packet in flight, and its connection
+/// none of their completions yet.
+fn deliver_to_endpoint(p: &mut Pair) {
+    for _ in 0..100 {
+        p.w.eps[0].progress();
+        p.w.eps[1].progress();
+        p.w.fabric.skip_to_next_due();
+    }
+}
+
+/// What one `drain` of side 1 hands out, `flow` answered to each.
+fn drain_once(p: &mut Pair, flow: Flow) -> Vec<Event> {
+    let (c, ep) = p.conn(1);
+    let mut seen = vec![];
+    let n = c.drain(ep, |_, d| {
+        let Drained::Event(e) = d else { panic!("{d:?}") };
+        seen.push(e);
+        flow
+    });
+    assert_eq!(n, seen.len());
+    seen
+}
+
+/// A message read inside `drain` is given back as `f` returns: its
+/// receive is posted again before any `progress`, and nothing is left for
+/// `close` to wait on. `Flow::Stop` stops after the one it answers, which
+/// is given back too; the rest wait for the next `drain`.
+#[test]
+fn a_message_read_inside_drain_has_its_receive_posted_again_at_once() {
+    let cfg = Config { lend_max: 64, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, false);
+    let src = p.w.register(0, 64);
+    for k in 0..3 {
+        let (c, ep) = p.conn(0);
+        c.send(ep, span(&src, 0, 64), None, k).unwrap();
+    }
+    deliver_to_endpoint(&mut p);
+    assert_eq!(p.conns[1].as_ref().unwrap().credits().posted(), 4);
+    let first = drain_once(&mut p, Flow::Stop);
+    assert!(matches!(first[..], [Event::Lent { data, .. }] if data.len == 64), "{first:?}");
+    let c = p.conns[1].as_ref().unwrap();
+    assert_eq!(c.credits().posted(), 4, "posted again, before any progress");
+    let rest = drain_once(&mut p, Flow::Next);
+    assert_eq!(rest.len(), 2, "{rest:?}");
+    assert!(rest.iter().all(|e| matches!(e, Event::Lent { .. })));
+    let (c, ep) = p.conn(1);
+    assert_eq!(c.credits().posted(), 4);
+    assert_eq!(c.stats().lent, 3);
+    assert_eq!(c.close(ep), Ok(()), "no loan out");
+}
+
+/// `Flow::Keep` keeps the loan: its receive and credit stay held until
+/// `give_back`, as a loan polled and not given back.
+#[test]
+fn a_message_kept_inside_drain_is_given_back_later() {
+    let cfg = Config { lend_max: 64, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, false);
+    let src = p.w.register(0, 64);
+    let (c, ep) = p.conn(0);
+    c.send(ep, span(&src, 0, 64), None, 1).unwrap();
+    deliver_to_endpoint(&mut p);
+    let kept = drain_once(&mut p, Flow::Keep);
+    let [Event::Lent { loan, .. }] = kept[..] else { panic!("{kept:?}") };
+    let (c, ep) = p.conn(1);
+    c.progress(ep);
+    assert_eq!(c.credits().posted(), 3, "held by the loan");
+    assert_eq!(c.close(ep), Err(EpError::Busy));
+    c.give_back(loan).unwrap();
+    assert_eq!(c.close(ep), Ok(()));
+}
+
+/// Completions that are not the connection's (a tagged message of the
+/// application's own) come out of `drain` as they are, in their place.
+#[test]
+fn drain_hands_out_the_completions_that_are_not_the_connections() {
+    let mut p = Pair::symmetric(small(1364, 4));
+    p.drain = true;
+    let src = p.w.register(0, 100);
+    let dst = p.w.register(1, 100);
+    p.w.eps[1].trecv(span(&dst, 0, 100), TagMatch { tag: 9, ignore: 0 }, None, 41).unwrap();
+    p.w.eps[0].tsend(p.conns[0].as_ref().unwrap().peer(), span(&src, 0, 100), 9, 42).unwrap();
+    let (c, ep) = p.conn(0);
+    c.send(ep, span(&src, 0, 10), None, 5).unwrap();
+    p.settle();
+    let ctx = |i: usize| p.others[i].iter().map(|c| (c.ctx, c.op)).collect::<Vec<_>>();
+    assert_eq!(ctx(0), [(42, Op::Send)]);
+    assert_eq!(ctx(1), [(41, Op::Recv)]);
+    assert_eq!(p.sent(0), [(5, SendStatus::Ok)]);
 }

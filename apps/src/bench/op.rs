@@ -18,7 +18,9 @@ use efapoll::device::{Access, Device, DeviceError, Mr, MrId};
 use efapoll::endpoint::{
     AtomicOp, Completion, Config, Datatype, Endpoint, Error, Op, PeerId, Span, Status, TagMatch,
 };
-use efapoll::ulp::smbd::{self, Connection, Event, ProtocolError, RecvStatus, SendStatus};
+use efapoll::ulp::smbd::{
+    self, Connection, Drained, Event, Flow, ProtocolError, RecvStatus, SendStatus,
+};
 use efapoll::wire::RmaIov;
 
 use super::oob::MemDesc;
@@ -326,12 +328,7 @@ impl<D: Device> Io<D> {
         mut f: impl FnMut(&Completion) -> Result<(), E>,
     ) -> Result<bool, E> {
         if self.smbd.is_some() {
-            let mut any = false;
-            while let Some(c) = self.poll_cq() {
-                any = true;
-                f(&c)?;
-            }
-            return Ok(any);
+            return self.drain_smbd(f);
         }
         let mut failed = None;
         let taken = self.ep.poll_cq_with(|c| match f(c) {
@@ -344,6 +341,77 @@ impl<D: Device> Io<D> {
         match failed {
             None => Ok(taken > 0),
             Some(e) => Err(e),
+        }
+    }
+
+    /// [`Io::drain_cq`] of `-o smbd`: the connection's events handed to
+    /// `f` as they come (`Connection::drain`), as the completions a send
+    /// would have made; a lent message read there and given back.
+    #[inline(always)]
+    fn drain_smbd<E>(
+        &mut self,
+        mut f: impl FnMut(&Completion) -> Result<(), E>,
+    ) -> Result<bool, E> {
+        let mut any = false;
+        loop {
+            let Io { ep, peer, smbd, lending, failure, .. } = self;
+            let (Some((_, Some(conn))), None, true) = (smbd, &failure, lending.lent.is_empty())
+            else {
+                // Not connected, failed, or messages lent before their
+                // receives were posted: one at a time.
+                while let Some(c) = self.poll_cq() {
+                    any = true;
+                    f(&c)?;
+                }
+                return Ok(any);
+            };
+            let (peer, lending) = (*peer, &mut **lending);
+            let (mut failed, mut slow) = (None, None);
+            conn.drain(ep, |ep, d| {
+                any = true;
+                let c = match d {
+                    Drained::Other(c) => *c,
+                    Drained::Event(Event::Sent { ctx, status: SendStatus::Ok }) => {
+                        untagged(Op::Send, ctx, 0, Status::Ok, peer)
+                    }
+                    Drained::Event(Event::Lent { loan, data, .. }) => {
+                        let Some(to) = lending.to.pop_front() else {
+                            lending.lent.push_back((loan, data));
+                            return Flow::Keep;
+                        };
+                        match read_lent(ep, to, lending.copy, data, peer) {
+                            Ok(c) => c,
+                            Err(e) => {
+                                failure.get_or_insert(e);
+                                return Flow::Stop;
+                            }
+                        }
+                    }
+                    Drained::Event(e) => {
+                        slow = Some(e);
+                        return Flow::Stop;
+                    }
+                };
+                match f(&c) {
+                    Ok(()) => Flow::Next,
+                    Err(e) => {
+                        failed = Some(e);
+                        Flow::Stop
+                    }
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let Some(e) = slow else { return Ok(any) };
+            match smbd_completion(e, conn.error(), peer) {
+                Ok(Some(c)) => f(&c)?,
+                Ok(None) => {}
+                Err(e) => {
+                    self.failure = Some(e);
+                    return Ok(any);
+                }
+            }
         }
     }
 
@@ -675,15 +743,30 @@ fn smbd_completion(
 }
 
 /// A message the SMB Direct connection lent, as the completion of the
-/// receive posted for it (`to`): copied into that receive's buffer when
-/// `copy` (to be checked there), and given back.
-#[inline(always)]
+/// receive posted for it (`to`, [`read_lent`]), and given back.
 fn lent_completion<D: Device>(
     ep: &mut Endpoint<D>,
     conn: &mut Connection,
-    (dst, ctx): (Span, u64),
+    to: (Span, u64),
     copy: bool,
     loan: smbd::Loan,
+    data: Span,
+    peer: PeerId,
+) -> Result<Completion, RunError> {
+    let c = read_lent(ep, to, copy, data, peer)?;
+    conn.give_back(loan)
+        .map_err(|e| RunError::Engine(format!("giving back a lent SMB Direct message: {e}")))?;
+    Ok(c)
+}
+
+/// A message the SMB Direct connection lent, as the completion of the
+/// receive posted for it (`to`): copied into that receive's buffer when
+/// `copy` (to be checked there).
+#[inline(always)]
+fn read_lent<D: Device>(
+    ep: &mut Endpoint<D>,
+    (dst, ctx): (Span, u64),
+    copy: bool,
     data: Span,
     peer: PeerId,
 ) -> Result<Completion, RunError> {
@@ -692,8 +775,6 @@ fn lent_completion<D: Device>(
         ep.copy_mem(Span { len, ..data }, dst.mr, dst.offset)
             .map_err(|e| RunError::Engine(format!("copying a lent SMB Direct message: {e}")))?;
     }
-    conn.give_back(loan)
-        .map_err(|e| RunError::Engine(format!("giving back a lent SMB Direct message: {e}")))?;
     let status = if data.len > dst.len { Status::Truncated { olen: data.len } } else { Status::Ok };
     Ok(untagged(Op::Recv, ctx, len, status, peer))
 }

@@ -74,6 +74,26 @@ pub enum Event {
     Terminated(super::ProtocolError),
 }
 
+/// What [`Connection::drain`] hands its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained<'a> {
+    /// An event of the connection's.
+    Event(Event),
+    /// An endpoint completion that is not the connection's.
+    Other(&'a Completion),
+}
+
+/// What [`Connection::drain`]'s caller says of what it was handed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Go on; a lent message was read, and is given back.
+    Next,
+    /// Go on; a lent message is kept, until [`Connection::give_back`].
+    Keep,
+    /// Stop here; a lent message was read, and is given back.
+    Stop,
+}
+
 /// A message lent in its receive slot ([`Event::Lent`]), until given
 /// back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -611,6 +631,68 @@ impl Connection {
         self.events.pop_front()
     }
 
+    /// Takes the endpoint's completions and hands `f` what they make, in
+    /// order, as it comes: the connection's events, and the completions
+    /// that are not the connection's ([`Drained::Other`]); what `f`
+    /// returns says whether to go on, and whether a lent message was read
+    /// ([`Flow`]). A message lent so is read where it landed, inside `f`,
+    /// and given back as `f` returns, its receive posted again at once: no
+    /// [`Connection::give_back`], no wait for [`Connection::progress`].
+    /// Returns how many things `f` was handed.
+    ///
+    /// What a loop of [`Endpoint::poll_cq`],
+    /// [`Connection::handle_completion`] and [`Connection::poll_event`]
+    /// does, for an application that hands the connection every
+    /// completion of its endpoint.
+    pub fn drain<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        mut f: impl FnMut(&mut Endpoint<D>, Drained<'_>) -> Flow,
+    ) -> usize {
+        let mut n = 0;
+        loop {
+            while let Some(e) = self.events.pop_front() {
+                n += 1;
+                let flow = f(ep, Drained::Event(e));
+                if flow != Flow::Keep
+                    && let Event::Lent { loan, .. } = e
+                {
+                    self.repost_lent(ep, loan.0);
+                }
+                if flow == Flow::Stop {
+                    return n;
+                }
+            }
+            let Some(c) = ep.poll_cq() else { return n };
+            if !self.handle_completion(ep, &c) {
+                n += 1;
+                if f(ep, Drained::Other(&c)) == Flow::Stop {
+                    return n;
+                }
+            }
+        }
+    }
+
+    /// A message lent from `slot` was read ([`Connection::drain`]): its
+    /// receive is posted again now, when it goes into its slot alone (else
+    /// by the next [`Connection::progress`], as given back).
+    #[inline]
+    fn repost_lent<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) {
+        self.lent[slot as usize] = false;
+        self.lent_out -= 1;
+        if self.error.is_some() {
+            return;
+        }
+        if self.places() {
+            self.rx_free.push(slot);
+            return;
+        }
+        if let Err(e) = self.post_in_slot(ep, slot) {
+            self.rx_free.push(slot);
+            self.refused(e);
+        }
+    }
+
     /// Ends the connection (with [`ProtocolError::Closed`] if it was still
     /// up), withdraws its receives and deregisters its regions;
     /// [`EpError::Busy`] while segments are in flight or arriving, or
@@ -1083,23 +1165,26 @@ impl Connection {
     #[inline]
     fn repost_in_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
         let mut did = false;
-        let mrs = self.params.max_receive_size as u64;
         while let Some(&slot) = self.rx_free.last() {
-            let whole = Span { mr: self.rx.id, offset: self.rx_slot_offset(slot), len: mrs };
-            match ep.recv(whole, Some(self.peer), self.ctx(KIND_RECV, slot)) {
-                Ok(()) => {}
-                Err(EpError::Again) => break,
-                Err(e) => {
-                    self.terminate(ProtocolError::Endpoint(e));
-                    break;
-                }
+            if let Err(e) = self.post_in_slot(ep, slot) {
+                self.refused(e);
+                break;
             }
             self.rx_free.pop();
-            self.rx_order.push_back(slot);
-            self.count_post();
             did = true;
         }
         did
+    }
+
+    /// Posts the receive of slot `slot` into the slot alone.
+    #[inline(always)]
+    fn post_in_slot<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) -> Result<(), EpError> {
+        let mrs = self.params.max_receive_size as u64;
+        let whole = Span { mr: self.rx.id, offset: self.rx_slot_offset(slot), len: mrs };
+        ep.recv(whole, Some(self.peer), self.ctx(KIND_RECV, slot))?;
+        self.rx_order.push_back(slot);
+        self.count_post();
+        Ok(())
     }
 
     /// Handles slot `slot`'s segment in its turn when it is a whole

@@ -115,6 +115,22 @@
 //! }
 //! ```
 //!
+//! or, with [`Connection::drain`], the same loop inside the connection, each
+//! event handed out as it comes and a lent message read there, given back
+//! as the closure returns (its receive posted again at once):
+//!
+//! ```text
+//! loop {
+//!     ep.progress();
+//!     conn.drain(&mut ep, |ep, d| match d {
+//!         Drained::Event(Event::Lent { data, .. }) => { /* read data */ Flow::Next }
+//!         Drained::Event(e) => { /* Sent, Received... */ Flow::Next }
+//!         Drained::Other(c) => { /* another user's completion */ Flow::Next }
+//!     });
+//!     conn.progress(&mut ep);
+//! }
+//! ```
+//!
 //! The connection owns every untagged message between its endpoint and
 //! its peer: the application posts no untagged receive that could take
 //! one (a wildcard receive would), and sends that peer nothing untagged
@@ -131,7 +147,7 @@ mod header;
 mod ring;
 mod segment;
 
-pub use conn::{Connection, Event, Loan, RecvStatus, SendStatus, Stats};
+pub use conn::{Connection, Drained, Event, Flow, Loan, RecvStatus, SendStatus, Stats};
 pub use credits::Credits;
 pub use header::{DEFAULT_DATA_OFFSET, Flags, HEADER_LEN, Packet, Repr, check_layout, golden};
 pub use segment::{Placement, Reassembler, Segment, Segmenter};
