@@ -567,6 +567,12 @@ impl Connection {
     /// connection's (it is left to its owner).
     #[inline]
     pub fn handle_completion<D: Device>(&mut self, ep: &mut Endpoint<D>, c: &Completion) -> bool {
+        self.handle(ep, c)
+    }
+
+    /// [`Connection::handle_completion`], inlined into `drain`'s loop.
+    #[inline(always)]
+    fn handle<D: Device>(&mut self, ep: &mut Endpoint<D>, c: &Completion) -> bool {
         // Zero above the kind when the tag is this connection's.
         let k = c.ctx ^ self.tag;
         let slot = (k & SLOT_MASK) as usize;
@@ -664,7 +670,7 @@ impl Connection {
                 }
             }
             let Some(c) = ep.poll_cq() else { return n };
-            if !self.handle_completion(ep, &c) {
+            if !self.handle(ep, &c) {
                 n += 1;
                 if f(ep, Drained::Other(&c)) == Flow::Stop {
                     return n;
