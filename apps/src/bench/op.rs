@@ -587,14 +587,12 @@ impl<D: Device> Io<D> {
         self.posted(result, "receive")
     }
 
-    #[inline(never)]
+    /// [`Io::recv`] of `-o smbd`: a receive for a message the connection
+    /// lends waits for it here, in line; any other goes out of line.
+    #[inline(always)]
     fn recv_smbd(&mut self, dst: Span, ctx: u64) -> bool {
-        let Some((_, Some(conn))) = &mut self.smbd else {
-            let result = self.op.post_recv(&mut self.ep, dst, ctx);
-            return self.posted(result, "receive");
-        };
         let lending = &mut *self.lending;
-        if dst.len > 0 && dst.len <= lending.max {
+        if dst.len > 0 && dst.len <= lending.max && matches!(self.smbd, Some((_, Some(_)))) {
             // The connection lends such a message: no buffer of its own.
             if lending.to.len() >= lending.depth {
                 return false;
@@ -602,6 +600,15 @@ impl<D: Device> Io<D> {
             lending.to.push_back((dst, ctx));
             return true;
         }
+        self.recv_smbd_buffer(dst, ctx)
+    }
+
+    #[inline(never)]
+    fn recv_smbd_buffer(&mut self, dst: Span, ctx: u64) -> bool {
+        let Some((_, Some(conn))) = &mut self.smbd else {
+            let result = self.op.post_recv(&mut self.ep, dst, ctx);
+            return self.posted(result, "receive");
+        };
         match conn.recv(&mut self.ep, dst, ctx) {
             Ok(()) => true,
             Err(smbd::RecvError::Again) => false,
