@@ -237,9 +237,6 @@ struct Lending {
     /// The longest message the connection lends: its `lend_max`, or what
     /// one segment carries if less.
     max: u64,
-    /// Receives posted for lent messages at most (the connection's
-    /// `recv_queue`).
-    depth: usize,
 }
 
 impl<D: Device> Io<D> {
@@ -263,7 +260,6 @@ impl<D: Device> Io<D> {
                 let segment = p.max_receive_size as u64 - smbd::DEFAULT_DATA_OFFSET as u64;
                 smbd_config.lend_max.min(segment)
             }),
-            depth: smbd_config.recv_queue as usize,
         });
         Ok(Io {
             ep,
@@ -594,7 +590,7 @@ impl<D: Device> Io<D> {
         let lending = &mut *self.lending;
         if dst.len > 0 && dst.len <= lending.max && matches!(self.smbd, Some((_, Some(_)))) {
             // The connection lends such a message: no buffer of its own.
-            if lending.to.len() >= lending.depth {
+            if lending.to.len() >= self.smbd_config.recv_queue as usize {
                 return false;
             }
             lending.to.push_back((dst, ctx));

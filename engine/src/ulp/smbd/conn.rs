@@ -550,17 +550,24 @@ impl Connection {
     /// up), and its bytes are no longer the application's to read.
     /// [`RecvError::NotLent`] for a loan given back already.
     pub fn give_back(&mut self, loan: Loan) -> Result<(), RecvError> {
-        let slot = loan.0;
-        match self.lent.get_mut(slot as usize) {
+        if !self.end_loan(loan)? {
+            return Ok(());
+        }
+        // Posted by the next `progress`, with the others freed by then.
+        self.rx_free.push(loan.0);
+        Ok(())
+    }
+
+    /// Takes `loan` back; whether its receive is to be posted again (the
+    /// connection is up).
+    #[inline(always)]
+    fn end_loan(&mut self, loan: Loan) -> Result<bool, RecvError> {
+        match self.lent.get_mut(loan.0 as usize) {
             Some(lent) if *lent => *lent = false,
             _ => return Err(RecvError::NotLent),
         }
         self.lent_out -= 1;
-        if self.error.is_none() {
-            // Posted by the next `progress`, with the others freed by then.
-            self.rx_free.push(slot);
-        }
-        Ok(())
+        Ok(self.error.is_none())
     }
 
     /// Takes an endpoint completion; returns false if it is not this
@@ -663,7 +670,7 @@ impl Connection {
                 if flow != Flow::Keep
                     && let Event::Lent { loan, .. } = e
                 {
-                    self.repost_lent(ep, loan.0);
+                    self.repost_lent(ep, loan);
                 }
                 if flow == Flow::Stop {
                     return n;
@@ -679,22 +686,20 @@ impl Connection {
         }
     }
 
-    /// A message lent from `slot` was read ([`Connection::drain`]): its
-    /// receive is posted again now, when it goes into its slot alone (else
-    /// by the next [`Connection::progress`], as given back).
+    /// A lent message was read ([`Connection::drain`]): given back, and
+    /// its receive posted again now when it goes into its slot alone (else
+    /// by the next [`Connection::progress`], as any given back).
     #[inline]
-    fn repost_lent<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) {
-        self.lent[slot as usize] = false;
-        self.lent_out -= 1;
-        if self.error.is_some() {
+    fn repost_lent<D: Device>(&mut self, ep: &mut Endpoint<D>, loan: Loan) {
+        let up = self.end_loan(loan);
+        debug_assert!(up.is_ok(), "drain hands each loan out once");
+        if up != Ok(true) {
             return;
         }
         if self.places() {
-            self.rx_free.push(slot);
-            return;
-        }
-        if let Err(e) = self.post_in_slot(ep, slot) {
-            self.rx_free.push(slot);
+            self.rx_free.push(loan.0);
+        } else if let Err(e) = self.post_in_slot(ep, loan.0) {
+            self.rx_free.push(loan.0);
             self.refused(e);
         }
     }
@@ -1243,12 +1248,7 @@ impl Connection {
         }
         let len = r.data_length as u64;
         if self.lends(len) {
-            self.stats.segments_received += 1;
-            let arrived = self.credits.on_arrival();
-            debug_assert!(arrived.is_ok());
-            self.credits.on_header(r.credits_granted, r.flags.contains(Flags::RESPONSE_REQUESTED));
-            self.credits.on_data();
-            self.peer_data_offset = r.data_offset;
+            self.accept_whole(&r);
             self.lend(slot, at + r.data_offset as u64, len, None);
             return true;
         }
@@ -1267,19 +1267,26 @@ impl Connection {
         if copied.is_err() {
             return false;
         }
-        self.stats.segments_received += 1;
-        let arrived = self.credits.on_arrival();
-        debug_assert!(arrived.is_ok());
-        self.credits.on_header(r.credits_granted, r.flags.contains(Flags::RESPONSE_REQUESTED));
-        self.credits.on_data();
+        self.accept_whole(&r);
         self.msgs_seen += 1;
-        self.peer_data_offset = r.data_offset;
         self.apps.skip_front();
         self.apps_front_seq += 1;
         self.rx_free.push(slot);
         self.stats.bytes_received += len;
         self.report_received(buf.ctx, len, buf.dst.len, None);
         true
+    }
+
+    /// [`Self::on_whole_arrival`]'s segment `r` taken: counted, its
+    /// credits and DataOffset noted (the checks said it may be).
+    #[inline(always)]
+    fn accept_whole(&mut self, r: &Repr) {
+        self.stats.segments_received += 1;
+        let arrived = self.credits.on_arrival();
+        debug_assert!(arrived.is_ok());
+        self.credits.on_header(r.credits_granted, r.flags.contains(Flags::RESPONSE_REQUESTED));
+        self.credits.on_data();
+        self.peer_data_offset = r.data_offset;
     }
 
     /// Handles the completed slots in the order they were matched.
