@@ -664,24 +664,28 @@ impl Connection {
     ) -> usize {
         let mut n = 0;
         loop {
-            while let Some(e) = self.events.pop_front() {
-                n += 1;
-                let flow = f(ep, Drained::Event(e));
-                if flow != Flow::Keep
-                    && let Event::Lent { loan, .. } = e
-                {
-                    self.repost_lent(ep, loan);
+            // One call of `f` in the loop, which it can then take inline.
+            let c;
+            let d = match self.events.pop_front() {
+                Some(e) => Drained::Event(e),
+                None => {
+                    let Some(got) = ep.poll_cq() else { return n };
+                    if self.handle(ep, &got) {
+                        continue;
+                    }
+                    c = got;
+                    Drained::Other(&c)
                 }
-                if flow == Flow::Stop {
-                    return n;
-                }
+            };
+            n += 1;
+            let flow = f(ep, d);
+            if flow != Flow::Keep
+                && let Drained::Event(Event::Lent { loan, .. }) = d
+            {
+                self.repost_lent(ep, loan);
             }
-            let Some(c) = ep.poll_cq() else { return n };
-            if !self.handle(ep, &c) {
-                n += 1;
-                if f(ep, Drained::Other(&c)) == Flow::Stop {
-                    return n;
-                }
+            if flow == Flow::Stop {
+                return n;
             }
         }
     }
