@@ -343,3 +343,42 @@ fn a_head_written_into_the_packet_is_written_only_when_the_message_goes() {
     assert_eq!(&mem[..16], &[7; 16]);
     assert!((0..100).all(|i| mem[16 + i] == pattern(4, i as u64)));
 }
+
+#[test]
+fn a_head_injected_is_copied_at_once_and_completes_only_if_it_fails() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 100_000);
+    let dst = w.register(1, 4096);
+    w.fill(0, &src, 6);
+    for ctx in 1..=2 {
+        w.eps[1].recv(span(&dst, 512 * ctx, 512), None, ctx).unwrap();
+    }
+    let write = |b: &mut [u8]| b.copy_from_slice(&[3; 24]);
+    let sent = w.eps[0].inject_head_with(to_b, 24, write, span(&src, 0, 64), 7);
+    assert_eq!(sent, Ok(FAST));
+    if !FAST {
+        return; // declined, as send_inline_head_with is: the caller's general path
+    }
+    // The source is the caller's again as the call returns: what is
+    // written there now does not travel.
+    w.fill(0, &src, 8);
+    w.drive_until(10_000, |w| w.done[1].len() == 1);
+    w.settle();
+    assert!(w.done[0].is_empty(), "a success is not reported: {:?}", w.done[0]);
+    assert_eq!(w.done[1][0].len, 88);
+    let mem = w.eps[1].mem(dst.id);
+    assert_eq!(&mem[512..536], &[3; 24]);
+    assert!((0..64).all(|i| mem[536 + i] == pattern(6, i as u64)), "the bytes as they were");
+    // A failed one is: with its context and the failure.
+    let a = w.eps[0].addr();
+    w.fabric.fail_sends(&a, 1);
+    assert_eq!(w.eps[0].inject_head_with(to_b, 24, write, span(&src, 0, 64), 9), Ok(true));
+    w.drive_until(10_000, |w| !w.done[0].is_empty());
+    let c = w.done[0][0];
+    assert_eq!((c.ctx, c.op), (9, Op::Send));
+    assert!(!c.status.is_ok(), "{c:?}");
+    // Too long for one packet: declined, nothing sent.
+    let long = span(&src, 0, 50_000);
+    assert_eq!(w.eps[0].inject_head_with(to_b, 24, write, long, 10), Ok(false));
+}

@@ -1369,3 +1369,42 @@ fn drain_hands_out_the_completions_that_are_not_the_connections() {
     assert_eq!(ctx(1), [(41, Op::Recv)]);
     assert_eq!(p.sent(0), [(5, SendStatus::Ok)]);
 }
+
+/// A message of one segment goes by inject, its bytes copied into the
+/// packet: sent as the call returns, the source the application's again.
+/// Its send failing later still ends the connection (spec 3.1.5.4).
+#[test]
+fn a_whole_message_is_sent_as_the_call_returns_and_its_failed_send_terminates() {
+    let fast = !cfg!(feature = "general-paths");
+    let mut p = Pair::raw(small(1364, 8));
+    let recvs = p.raw_recvs(16, 2000);
+    let src = p.w.register(0, 1000);
+    p.w.fill(0, &src, 3);
+    let (c, ep) = p.conn(0);
+    c.send(ep, span(&src, 0, 64), None, 1).unwrap();
+    let now = c.poll_event();
+    if fast {
+        assert_eq!(now, Some(Event::Sent { ctx: 1, status: SendStatus::Ok }));
+        // Overwritten before anything was posted: the copy travels.
+        p.w.fill(0, &src, 4);
+    } else {
+        assert_eq!(now, None, "the general path reports it as its send completes");
+    }
+    p.events[0].extend(now);
+    p.settle();
+    let segs = p.raw_segments(&recvs, 2000);
+    assert_eq!(segs.len(), 1);
+    assert!((0..64).all(|i| segs[0].0[24 + i] == pattern(3, i as u64)));
+    let a = p.w.eps[0].addr();
+    p.w.fabric.fail_sends(&a, 1);
+    let (c, ep) = p.conn(0);
+    c.send(ep, span(&src, 0, 64), None, 2).unwrap();
+    p.settle();
+    let Some(ProtocolError::SendFailed(status)) = p.terminated(0) else {
+        panic!("not terminated by the failed send: {:?}", p.events[0]);
+    };
+    assert!(!status.is_ok());
+    let second = if fast { SendStatus::Ok } else { SendStatus::Failed(status) };
+    assert_eq!(p.sent(0), [(1, SendStatus::Ok), (2, second)]);
+    assert_eq!(p.raw_segments(&recvs, 2000).len(), 1, "the failed one never arrived");
+}

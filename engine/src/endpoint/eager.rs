@@ -34,24 +34,24 @@ impl<D: Device> Endpoint<D> {
             peer,
             tagged: tag.is_some(),
         };
-        let (buf, hdr) = self.begin_eager(peer, done, tag, cq_data);
+        let (buf, hdr) = self.begin_eager(peer, Owner::Eager(done), tag, cq_data);
         let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
         self.finish_eager(peer, ptype, buf, hdr, src);
     }
 
-    /// Takes a TX buffer for eager message `done` to `peer` (the caller
-    /// checked one is free) and writes its header; returns the buffer and
-    /// the header's length.
+    /// Takes a TX buffer for an eager message to `peer`, owned by `owner`
+    /// (the caller checked one is free) and writes its header; returns
+    /// the buffer and the header's length.
     #[inline(always)]
     fn begin_eager(
         &mut self,
         peer: PeerId,
-        done: EagerSend,
+        owner: Owner,
         tag: Option<u64>,
         cq_data: Option<u64>,
     ) -> (BufId, usize) {
         let msg_id = self.next_msg_id(peer);
-        let buf = self.take_tx_buf(Owner::Eager(done)).expect("checked a free buffer");
+        let buf = self.take_tx_buf(owner).expect("checked a free buffer");
         (buf, self.emit_eager(buf, peer, msg_id, tag, cq_data))
     }
 
@@ -59,8 +59,23 @@ impl<D: Device> Endpoint<D> {
     /// gather element or copied (see `gathers`), and queues the packet.
     #[inline(always)]
     fn finish_eager(&mut self, peer: PeerId, ptype: PacketType, buf: BufId, at: usize, src: Span) {
+        self.finish_eager_as(peer, ptype, buf, at, src, false)
+    }
+
+    /// [`Self::finish_eager`], `src` copied into the packet when `copy`
+    /// (its memory is then the sender's again at once).
+    #[inline(always)]
+    fn finish_eager_as(
+        &mut self,
+        peer: PeerId,
+        ptype: PacketType,
+        buf: BufId,
+        at: usize,
+        src: Span,
+        copy: bool,
+    ) {
         let n = src.len as usize;
-        if n > 0 && self.gathers(at, n) {
+        if n > 0 && !copy && self.gathers(at, n) {
             let data = DataSeg { mr: src.mr, offset: src.offset, len: n as u32 };
             self.push_packet(peer, ptype, buf, at, Some(data));
         } else {
@@ -83,7 +98,7 @@ impl<D: Device> Endpoint<D> {
         ctx: u64,
     ) {
         let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
-        let (buf, hdr) = self.begin_eager(peer, done, None, cq_data);
+        let (buf, hdr) = self.begin_eager(peer, Owner::Eager(done), None, cq_data);
         let mut at = hdr;
         for s in sgl.segs() {
             let n = s.len as usize;
@@ -158,6 +173,40 @@ impl<D: Device> Endpoint<D> {
         cq_data: Option<u64>,
         ctx: u64,
     ) -> Result<bool, Error> {
+        self.send_head(peer, head_len, write_head, src, cq_data, ctx, false)
+    }
+
+    /// [`Endpoint::send_inline_head_with`] as an inject: `src` is copied
+    /// into the packet, so its memory is the caller's again on return, and
+    /// the send completes with no completion unless it fails (then one
+    /// with `ctx` and the failure, as `fi_inject`'s errors are reported).
+    /// For a protocol whose sender owes its caller nothing once the bytes
+    /// are copied: a small message framed on top of messages, its header
+    /// and its data in one packet.
+    #[inline]
+    pub fn inject_head_with(
+        &mut self,
+        peer: PeerId,
+        head_len: usize,
+        write_head: impl FnOnce(&mut [u8]),
+        src: Span,
+        ctx: u64,
+    ) -> Result<bool, Error> {
+        self.send_head(peer, head_len, write_head, src, None, ctx, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn send_head(
+        &mut self,
+        peer: PeerId,
+        head_len: usize,
+        write_head: impl FnOnce(&mut [u8]),
+        src: Span,
+        cq_data: Option<u64>,
+        ctx: u64,
+        quiet: bool,
+    ) -> Result<bool, Error> {
         self.check_peer(peer)?;
         self.check_span(&src)?;
         let total = head_len as u64 + src.len;
@@ -168,10 +217,11 @@ impl<D: Device> Endpoint<D> {
             return Ok(false);
         }
         let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
-        let (buf, hdr) = self.begin_eager(peer, done, None, cq_data);
+        let owner = if quiet { Owner::Inject(done) } else { Owner::Eager(done) };
+        let (buf, hdr) = self.begin_eager(peer, owner, None, cq_data);
         let at = hdr + head_len;
         write_head(&mut self.dev.held_mut(buf)[hdr..at]);
-        self.finish_eager(peer, PacketType::EagerMsgRtm, buf, at, src);
+        self.finish_eager_as(peer, PacketType::EagerMsgRtm, buf, at, src, quiet);
         Ok(true)
     }
 

@@ -233,7 +233,8 @@ impl<D: Device> Endpoint<D> {
         }
         match owner {
             Owner::Ctrl => {}
-            Owner::Eager(e) => {
+            Owner::Inject(_) if cqe.status == CqStatus::Ok => {}
+            Owner::Eager(e) | Owner::Inject(e) => {
                 self.cq.push(Completion {
                     ctx: e.ctx,
                     op: Op::Send,

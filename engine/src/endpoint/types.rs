@@ -158,6 +158,9 @@ pub(crate) enum Owner {
     /// An eager message built when it was sent: the whole operation, so
     /// that its completion needs no operation entry.
     Eager(EagerSend),
+    /// An eager message injected ([`super::Endpoint::inject_head_with`]):
+    /// reported only if it fails.
+    Inject(EagerSend),
 }
 
 /// What an eager send reports when its packet completes.

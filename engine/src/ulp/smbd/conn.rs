@@ -13,8 +13,9 @@ use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, Span, Stat
 /// receive slot's receive. The slot is in the low 24 bits.
 const KIND_SEND: u64 = 1;
 const KIND_RECV: u64 = 2;
-/// A whole message's one send, its header emitted into the packet: the
+/// A whole message's one inject, its header emitted into the packet: the
 /// low 24 bits are the message's sequence number, no header slot held.
+/// Such a send completes with a completion only if it fails.
 const KIND_WHOLE: u64 = 3;
 const KIND_SHIFT: u32 = 24;
 const SLOT_MASK: u64 = (1 << KIND_SHIFT) - 1;
@@ -140,8 +141,9 @@ struct TxMsg {
     /// Segments posted and not completed.
     in_flight: u32,
     status: SendStatus,
-    /// One segment with data and no token, on the fast path: sent with
-    /// its header emitted into the packet when it can be.
+    /// One segment with data and no token, on the fast path: injected
+    /// with its header emitted into the packet when it can be (then done
+    /// with nothing in flight).
     whole: bool,
 }
 
@@ -491,9 +493,19 @@ impl Connection {
             let grants = self.credits.to_grant();
             if self.credits.may_send(grants) {
                 match self.send_whole(ep, self.tx.len(), src, grants) {
+                    // Copied into its packet: sent, as far as the
+                    // application is concerned.
+                    Ok(true) if self.tx.is_empty() => {
+                        self.stats.messages_sent += 1;
+                        self.events.push_back(Event::Sent { ctx, status });
+                        // Its sequence number not to be taken again.
+                        self.tx_front_seq += 1;
+                        return Ok(());
+                    }
+                    // Reported after the messages before it.
                     Ok(true) => {
                         seg.advance();
-                        let m = TxMsg { src, token, ctx, seg, in_flight: 1, status, whole };
+                        let m = TxMsg { src, token, ctx, seg, in_flight: 0, status, whole };
                         self.tx.push_back(m);
                         self.next_post = self.tx.len();
                         return Ok(());
@@ -594,7 +606,7 @@ impl Connection {
                     self.on_recv_done(ep, slot as u16, c);
                 }
             }
-            KIND_WHOLE => self.on_whole_done(slot as u64, c.status),
+            KIND_WHOLE => self.on_whole_failed(slot as u64, c.status),
             _ => return false,
         }
         true
@@ -775,10 +787,19 @@ impl Connection {
         let (src, token, whole) = (m.src, m.token, m.whole);
         if whole {
             match self.send_whole(ep, i, src, grants) {
+                // Copied into its packet: sent. The front, as a sender
+                // waiting for credits has it, is reported now; any other
+                // in its turn (`finish_sent`).
+                Ok(true) if i == 0 => {
+                    let ctx = self.tx[0].ctx;
+                    self.stats.messages_sent += 1;
+                    self.events.push_back(Event::Sent { ctx, status: SendStatus::Ok });
+                    self.tx.skip_front();
+                    self.tx_front_seq += 1;
+                    return true;
+                }
                 Ok(true) => {
-                    let m = &mut self.tx[i];
-                    m.seg.advance();
-                    m.in_flight += 1;
+                    self.tx[i].seg.advance();
                     self.next_post = i + 1;
                     return true;
                 }
@@ -823,10 +844,12 @@ impl Connection {
     }
 
     /// Sends message `i` of the queue, `src` in one segment with no token
-    /// ([`TxMsg::whole`]), as one endpoint send with its header emitted
+    /// ([`TxMsg::whole`]), as one endpoint inject with its header emitted
     /// into the packet and its sequence number in the send's context,
     /// holding no header slot; granting `grants`, which a credit allows.
-    /// False, with nothing sent, when it does not go so now.
+    /// `src` is copied, so the message is sent once this returns true (its
+    /// send completes with a completion only if it fails). False, with
+    /// nothing sent, when it does not go so now.
     #[inline(always)]
     fn send_whole<D: Device>(
         &mut self,
@@ -850,7 +873,7 @@ impl Connection {
         let emit = |b: &mut [u8]| {
             r.emit(b);
         };
-        if !ep.send_inline_head_with(self.peer, r.buffer_len(), emit, src, None, ctx)? {
+        if !ep.inject_head_with(self.peer, r.buffer_len(), emit, src, ctx)? {
             return Ok(false);
         }
         self.count_segment(&r, grants);
@@ -988,39 +1011,23 @@ impl Connection {
         self.finish_sent();
     }
 
-    /// A whole message's send completed ([`TxMsg::whole`]); `low_seq`
-    /// is the low bits of its sequence number.
-    #[inline]
-    fn on_whole_done(&mut self, low_seq: u64, status: Status) {
-        // Fewer messages are queued than the low bits count.
-        let i = low_seq.wrapping_sub(self.tx_front_seq) & SLOT_MASK;
-        let Some(m) = self.tx.get_mut(i as usize) else { return };
-        if m.in_flight == 0 {
-            return; // not in flight: not a completion of ours to count
-        }
-        m.in_flight -= 1;
-        if i == 0 && m.in_flight == 0 && status.is_ok() && m.status == SendStatus::Ok {
-            // The front, as sends usually complete: reported here, as
-            // `finish_sent` would, the rest by it.
-            let ctx = m.ctx;
-            self.stats.messages_sent += 1;
-            self.events.push_back(Event::Sent { ctx, status: SendStatus::Ok });
-            self.tx.skip_front();
-            self.tx_front_seq += 1;
-            self.next_post = self.next_post.saturating_sub(1);
-            // The next is usually still in flight: nothing to report.
-            let stopped = self.error.is_some();
-            if self.tx.front().is_some_and(|m| m.in_flight == 0 && (stopped || m.seg.is_done())) {
-                self.finish_sent();
-            }
+    /// A whole message's send failed ([`TxMsg::whole`]: sent by inject,
+    /// whose success is not reported); `low_seq` is the low bits of its
+    /// sequence number.
+    #[cold]
+    fn on_whole_failed(&mut self, low_seq: u64, status: Status) {
+        if status.is_ok() {
             return;
         }
-        if !status.is_ok() {
+        // Fewer messages are queued than the low bits count: one reported
+        // already is not found.
+        let i = low_seq.wrapping_sub(self.tx_front_seq) & SLOT_MASK;
+        if let Some(m) = self.tx.get_mut(i as usize) {
             m.status = SendStatus::Failed(status);
-            // Spec 3.1.5.4: a failed send means the RDMA layer initiated
-            // the connection's termination.
-            self.terminate(ProtocolError::SendFailed(status));
         }
+        // Spec 3.1.5.4: a failed send means the RDMA layer initiated the
+        // connection's termination.
+        self.terminate(ProtocolError::SendFailed(status));
         self.finish_sent();
     }
 

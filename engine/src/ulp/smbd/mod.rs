@@ -29,8 +29,14 @@
 //! "invalidate a remote key as soon as possible").
 //!
 //! Fast path ([`Config::fast_path`]): a message of one segment with no
-//! token holds no header slot; its send's context carries its sequence
-//! number, by which its completion finds it. On the receiving side, a
+//! token holds no header slot and goes by inject
+//! ([`Endpoint::inject_head_with`](crate::endpoint::Endpoint::inject_head_with)):
+//! its bytes copied into the packet, it is sent as the call returns
+//! ([`Event::Sent`] then, or in its turn behind messages still in
+//! flight), as an SMB Direct sender that copies small messages into its
+//! own send buffers tells its caller at once. Its send completes with no
+//! completion unless it fails; the failure, found by the sequence number
+//! in the send's context, ends the connection as any failed send does. On the receiving side, a
 //! whole message arriving in its turn, with no token, nothing waiting
 //! before it and a buffer posted, is checked in one pass over its header
 //! and copied and reported at once. Every other case, and any check that
