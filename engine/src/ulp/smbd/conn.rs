@@ -288,6 +288,10 @@ pub struct Connection {
     msgs_seen: u64,
     /// Per receive slot: the application buffer it was posted into.
     landings: Vec<Option<Landing>>,
+    /// Whether receives are ever posted into buffers: a segment places at
+    /// most MaxReceiveSize bytes, and below `direct_min` placing never
+    /// pays. Set up once, read for every receive posted.
+    places: bool,
     /// Per receive slot: lent to the application ([`Event::Lent`]).
     lent: Vec<bool>,
     lent_out: usize,
@@ -369,6 +373,8 @@ impl Connection {
             apps_front_seq: 0,
             msgs_seen: 0,
             landings: vec![None; slots],
+            places: params.max_receive_size.min(params.max_fragmented_receive_size) as u64
+                >= cfg.direct_min,
             lent: vec![false; slots],
             lent_out: 0,
             peer_data_offset: super::DEFAULT_DATA_OFFSET,
@@ -551,7 +557,7 @@ impl Connection {
         }
         self.apps.push_back(AppBuf { dst, ctx, placed: false, released: false });
         self.deliver(ep);
-        if self.places() {
+        if self.places {
             self.place_posted(ep);
         }
         Ok(())
@@ -712,7 +718,7 @@ impl Connection {
         if up != Ok(true) {
             return;
         }
-        if self.places() {
+        if self.places {
             self.rx_free.push(loan.0);
         } else if let Err(e) = self.post_in_slot(ep, loan.0) {
             self.rx_free.push(loan.0);
@@ -1059,7 +1065,7 @@ impl Connection {
     fn repost<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
         let mut did = false;
         let mrs = self.params.max_receive_size as u64;
-        if !self.places() {
+        if !self.places {
             return self.repost_in_slots(ep);
         }
         while let Some(&slot) = self.rx_free.last() {
@@ -1114,15 +1120,6 @@ impl Connection {
             did = true;
         }
         did
-    }
-
-    /// Whether receives are ever posted into buffers: a segment places at
-    /// most MaxReceiveSize bytes, and below `direct_min` placing never
-    /// pays.
-    #[inline(always)]
-    fn places(&self) -> bool {
-        let most = self.params.max_receive_size.min(self.params.max_fragmented_receive_size);
-        most as u64 >= self.cfg.direct_min
     }
 
     /// Whether a receive may be posted into `b` (its message's buffer).
@@ -1234,8 +1231,7 @@ impl Connection {
         // A segment this short may be lent, and needs no buffer.
         let lend = self.cfg.lend_max > 0
             && a.len <= self.cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64);
-        let buf = self.apps.front().copied();
-        if buf.is_none() && !lend {
+        if !lend && self.apps.is_empty() {
             return false;
         }
         let at = self.rx_slot_offset(slot);
@@ -1263,7 +1259,7 @@ impl Connection {
             self.lend(slot, at + r.data_offset as u64, len, None);
             return true;
         }
-        let Some(buf) = buf else { return false };
+        let Some(&buf) = self.apps.front() else { return false };
         let n = len.min(buf.dst.len);
         let copied = if n == 0 {
             Ok(())
