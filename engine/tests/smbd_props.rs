@@ -11,8 +11,8 @@ use efapoll::device::fault::Faults;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::Config as EpConfig;
 use efapoll::ulp::smbd::{
-    Config, Connection, Event, Flags, HEADER_LEN, Params, Placement, Reassembler, RecvStatus, Repr,
-    Segmenter, SendStatus,
+    Config, Connection, Drained, Event, Flags, Flow, HEADER_LEN, Params, Placement, Reassembler,
+    RecvStatus, Repr, Segmenter, SendStatus,
 };
 use proptest::prelude::*;
 
@@ -301,7 +301,19 @@ proptest! {
 
 /// What one run of [`fast_or_general`] saw: the packets delivered (from,
 /// to, bytes) and each side's events, in order.
-type Seen = (Vec<(u16, u16, Vec<u8>)>, [Vec<Event>; 2]);
+/// The packets on the wire, each side's events, and the bytes of each
+/// message lent to each side, read when it was handed out.
+type Seen = (Vec<(u16, u16, Vec<u8>)>, [Vec<Event>; 2], [Vec<Vec<u8>>; 2]);
+
+/// How a side takes its endpoint's completions and its connection's
+/// events.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Taking {
+    /// `handle_completion`, `poll_event`, `give_back`.
+    Polled,
+    /// `drain`, lent messages read inside it.
+    Drained,
+}
 
 /// Both sides send each other `sizes[i]`, a message given whenever the
 /// queue takes one, with the fast path on or off.
@@ -309,6 +321,18 @@ type Seen = (Vec<(u16, u16, Vec<u8>)>, [Vec<Event>; 2]);
 /// as soon as they are reported; the others get buffers.
 fn fast_or_general(
     fast: bool,
+    sizes: &[Vec<u64>; 2],
+    max: u32,
+    credits: u16,
+    seed: u64,
+    lend_max: u64,
+) -> Seen {
+    taken(fast, Taking::Polled, sizes, max, credits, seed, lend_max)
+}
+
+fn taken(
+    fast: bool,
+    taking: Taking,
     sizes: &[Vec<u64>; 2],
     max: u32,
     credits: u16,
@@ -332,6 +356,15 @@ fn fast_or_general(
     let mut next = [0usize; 2];
     let mut at = [0u64; 2];
     let mut events: [Vec<Event>; 2] = [vec![], vec![]];
+    let mut lent_bytes: [Vec<Vec<u8>>; 2] = [vec![], vec![]];
+    let read = |ep: &efapoll::endpoint::Endpoint<_>, e: &Event| match *e {
+        Event::Lent { data, .. } => {
+            let mut b = vec![0u8; data.len as usize];
+            ep.read_mem(data.mr, data.offset, &mut b).unwrap();
+            Some(b)
+        }
+        _ => None,
+    };
     for _ in 0..200_000 {
         let mut did = false;
         for i in 0..2 {
@@ -346,11 +379,23 @@ fn fast_or_general(
                 }
             }
             did |= w.eps[i].progress();
+            if taking == Taking::Drained {
+                let (seen, bytes) = (&mut events[i], &mut lent_bytes[i]);
+                did |= c[i].drain(&mut w.eps[i], |ep, d| {
+                    let Drained::Event(e) = d else { panic!("not the connection's: {d:?}") };
+                    bytes.extend(read(ep, &e));
+                    seen.push(e);
+                    Flow::Next
+                }) > 0;
+                did |= c[i].progress(&mut w.eps[i]);
+                continue;
+            }
             while let Some(comp) = w.eps[i].poll_cq() {
                 assert!(c[i].handle_completion(&mut w.eps[i], &comp));
             }
             did |= c[i].progress(&mut w.eps[i]);
             while let Some(e) = c[i].poll_event() {
+                lent_bytes[i].extend(read(&w.eps[i], &e));
                 if let Event::Lent { loan, .. } = e {
                     c[i].give_back(loan).unwrap();
                     did = true;
@@ -362,7 +407,7 @@ fn fast_or_general(
             break;
         }
     }
-    (w.fabric.take_capture(), events)
+    (w.fabric.take_capture(), events, lent_bytes)
 }
 
 proptest! {
@@ -421,6 +466,54 @@ proptest! {
     }
 }
 
+/// A side's events with what may differ between taking them by polling
+/// and by draining set aside: when a send is reported against the
+/// receives (a lent receive drained is posted again sooner, so the peer
+/// is granted sooner), and which receive slot a message was lent in.
+fn comparable(events: &[Event]) -> (Vec<String>, Vec<String>) {
+    let slotless = |e: &Event| match *e {
+        Event::Lent { data, invalidated, .. } => format!("lent {} {invalidated:?}", data.len),
+        e => format!("{e:?}"),
+    };
+    let (sent, others): (Vec<&Event>, Vec<&Event>) =
+        events.iter().partition(|e| matches!(e, Event::Sent { .. }));
+    (sent.into_iter().map(slotless).collect(), others.into_iter().map(slotless).collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// A side that drains (`Connection::drain`, which hands out a message
+    /// it lends as it takes it) gets what a side that polls gets: every
+    /// message in order, lent or delivered as by polling, with the same
+    /// bytes, and every send reported alike.
+    #[test]
+    fn draining_hands_out_what_polling_does(
+        max in prop_oneof![Just(64u32), Just(100), Just(1364)],
+        credits in prop_oneof![2u16..6, 8u16..24, Just(255)],
+        seed in any::<u64>(),
+        picks in proptest::collection::vec(
+            proptest::collection::vec((0u64..3, -1i64..=1), 0..48), 2..=2),
+        lend_max in prop_oneof![Just(24u64), Just(u64::MAX)],
+    ) {
+        let per = max as u64 - 24;
+        let sizes: [Vec<u64>; 2] = [0, 1].map(|i: usize| {
+            picks[i]
+                .iter()
+                .map(|&(k, d)| if k == 0 { [0, 1, 24][(d + 1) as usize] } else { (k * per).saturating_add_signed(d) })
+                .collect()
+        });
+        let polled = taken(true, Taking::Polled, &sizes, max, credits, seed, lend_max);
+        let drained = taken(true, Taking::Drained, &sizes, max, credits, seed, lend_max);
+        for i in 0..2 {
+            prop_assert_eq!(comparable(&drained.1[i]), comparable(&polled.1[i]), "side {}", i);
+            prop_assert_eq!(&drained.2[i], &polled.2[i], "side {}: the bytes lent", i);
+            let lendable = sizes[1 - i].iter().filter(|&&l| l > 0 && l <= lend_max && l <= per).count();
+            prop_assert_eq!(drained.2[i].len(), lendable, "side {} lent", i);
+        }
+    }
+}
+
 /// A side that spent its credits on an empty message and on granting the
 /// peer's answer is left with its last one and nothing to grant: its next
 /// message goes on that credit and asks the peer, which holds credits, for
@@ -429,7 +522,7 @@ proptest! {
 fn an_empty_message_on_the_last_credit_goes_and_asks_for_more() {
     let sizes: [Vec<u64>; 2] = [vec![80], vec![0, 0]];
     for fast in [false, true] {
-        let (_, events) = fast_or_general(fast, &sizes, 64, 3, 0, 0);
+        let (_, events, _) = fast_or_general(fast, &sizes, 64, 3, 0, 0);
         for (i, (events, sizes)) in events.iter().zip(&sizes).enumerate() {
             let sent = events
                 .iter()

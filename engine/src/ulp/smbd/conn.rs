@@ -688,11 +688,16 @@ impl Connection {
                 Some(e) => Drained::Event(e),
                 None => {
                     let Some(got) = ep.poll_cq() else { return n };
-                    if self.handle(ep, &got) {
+                    // A short message lent in its turn, as a stream has
+                    // them: handed out as it is taken, not queued first.
+                    if let Some(e) = self.lend_now(ep, &got) {
+                        Drained::Event(e)
+                    } else if self.handle(ep, &got) {
                         continue;
+                    } else {
+                        c = got;
+                        Drained::Other(&c)
                     }
-                    c = got;
-                    Drained::Other(&c)
                 }
             };
             n += 1;
@@ -1218,14 +1223,7 @@ impl Connection {
         slot: u16,
         a: &Arrival,
     ) -> bool {
-        let quiet = self.error.is_none()
-            && self.pending.is_empty()
-            && !self.reasm.in_progress()
-            && self.landings[slot as usize].is_none();
-        if !quiet || a.status != Status::Ok || a.token.is_some() || self.credits.granted() == 0 {
-            return false;
-        }
-        if a.len < HEADER_LEN as u64 || a.len > self.params.max_receive_size as u64 {
+        if !self.whole_may_arrive(slot, a) {
             return false;
         }
         // A segment this short may be lent, and needs no buffer.
@@ -1282,6 +1280,58 @@ impl Connection {
         self.stats.bytes_received += len;
         self.report_received(buf.ctx, len, buf.dst.len, None);
         true
+    }
+
+    /// Whether slot `slot`'s segment, in its turn, may be taken whole
+    /// ([`Self::on_whole_arrival`], [`Self::lend_now`]): nothing waits
+    /// before it or is half received, it carries no token, a credit was
+    /// granted for it, and it holds a header and no more than a receive.
+    #[inline(always)]
+    fn whole_may_arrive(&self, slot: u16, a: &Arrival) -> bool {
+        let quiet = self.error.is_none()
+            && self.pending.is_empty()
+            && !self.reasm.in_progress()
+            && self.landings[slot as usize].is_none();
+        quiet
+            && a.status == Status::Ok
+            && a.token.is_none()
+            && self.credits.granted() > 0
+            && a.len >= HEADER_LEN as u64
+            && a.len <= self.params.max_receive_size as u64
+    }
+
+    /// [`Self::handle`] of a completion [`Connection::drain`] can hand
+    /// out at once: a message it lends, in its turn, with nothing held
+    /// behind it; taken as [`Self::on_whole_arrival`] takes it, and its
+    /// [`Event::Lent`] returned rather than queued. None, with nothing
+    /// changed, for any other completion.
+    #[inline(always)]
+    fn lend_now<D: Device>(&mut self, ep: &mut Endpoint<D>, c: &Completion) -> Option<Event> {
+        let k = c.ctx ^ self.tag;
+        let slot = (k & SLOT_MASK) as u16;
+        if k >> KIND_SHIFT != KIND_RECV || self.rx_order.front() != Some(&slot) {
+            return None;
+        }
+        let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
+        let short = a.len <= self.cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64);
+        if !self.cfg.fast_path || self.arrivals_held > 0 || !short {
+            return None;
+        }
+        if !self.whole_may_arrive(slot, &a) {
+            return None;
+        }
+        let at = self.rx_slot_offset(slot);
+        let head = &mut self.scratch[..HEADER_LEN];
+        ep.read_mem(self.rx.id, at, head).ok()?;
+        let r = Repr::parse_header(head, a.len as usize).ok()?;
+        let len = r.data_length as u64;
+        let whole = r.remaining_data_length == 0 && len > 0;
+        if !whole || !self.lends(len) || r.data_length > self.params.max_fragmented_receive_size {
+            return None;
+        }
+        self.rx_order.skip_front();
+        self.accept_whole(&r);
+        Some(self.loan(slot, at + r.data_offset as u64, len, None))
     }
 
     /// [`Self::on_whole_arrival`]'s segment `r` taken: counted, its
@@ -1504,13 +1554,20 @@ impl Connection {
     /// Lends the message of `len` bytes at `offset` of receive slot `slot`.
     #[inline]
     fn lend(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) {
+        let e = self.loan(slot, offset, len, invalidated);
+        self.events.push_back(e);
+    }
+
+    /// [`Self::lend`]'s loan taken out: its event, to be handed out.
+    #[inline(always)]
+    fn loan(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) -> Event {
         self.lent[slot as usize] = true;
         self.lent_out += 1;
         self.stats.lent += 1;
         self.stats.messages_received += 1;
         self.stats.bytes_received += len;
         let data = Span { mr: self.rx.id, offset, len };
-        self.events.push_back(Event::Lent { loan: Loan(slot), data, invalidated });
+        Event::Lent { loan: Loan(slot), data, invalidated }
     }
 
     /// Reports a message of `total` bytes delivered into a buffer of
