@@ -468,7 +468,9 @@ impl Connection {
     /// Queues `src` for sending, with `token` for the peer to invalidate;
     /// [`Event::Sent`] with `ctx` says when its memory is the
     /// application's again. Segments go at once as far as credits allow,
-    /// the rest from [`Connection::progress`].
+    /// the rest from [`Connection::progress`]. A message of one segment
+    /// on the fast path is copied into its packet: its `Sent` is queued
+    /// as it goes (see the module's documentation).
     pub fn send<D: Device>(
         &mut self,
         ep: &mut Endpoint<D>,
@@ -1313,7 +1315,8 @@ impl Connection {
             return None;
         }
         let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
-        let short = a.len <= self.cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64);
+        let lend_max = self.cfg.lend_max;
+        let short = lend_max > 0 && a.len <= lend_max.saturating_add(MAX_DATA_OFFSET as u64);
         if !self.cfg.fast_path || self.arrivals_held > 0 || !short {
             return None;
         }
