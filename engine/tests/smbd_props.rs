@@ -410,6 +410,31 @@ fn taken(
     (w.fabric.take_capture(), events, lent_bytes)
 }
 
+/// MaxSendSize of the fast and general paths' comparisons: a segment of
+/// 40 bytes of data, of 76, of 1340.
+fn max_sizes() -> impl Strategy<Value = u32> {
+    prop_oneof![Just(64u32), Just(100), Just(1364)]
+}
+
+/// Credits scarce, some, and plentiful.
+fn credit_counts() -> impl Strategy<Value = u16> {
+    prop_oneof![2u16..6, 8u16..24, Just(255)]
+}
+
+/// Each side's messages, as (k, d) picks for [`picked_sizes`].
+fn picks() -> impl Strategy<Value = Vec<Vec<(u64, i64)>>> {
+    proptest::collection::vec(proptest::collection::vec((0u64..3, -1i64..=1), 0..48), 2..=2)
+}
+
+/// The sizes the picks name: 0, 1 or 24 bytes for k = 0, else k times a
+/// segment's data `per`, give or take a byte.
+fn picked_sizes(picks: &[Vec<(u64, i64)>], per: u64) -> [Vec<u64>; 2] {
+    let size = |&(k, d): &(u64, i64)| {
+        if k == 0 { [0, 1, 24][(d + 1) as usize] } else { (k * per).saturating_add_signed(d) }
+    };
+    [0, 1].map(|i: usize| picks[i].iter().map(size).collect())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
@@ -419,20 +444,14 @@ proptest! {
     /// on either side of a segment's data and of MaxSendSize.
     #[test]
     fn the_fast_path_sends_and_reports_what_the_general_path_does(
-        max in prop_oneof![Just(64u32), Just(100), Just(1364)],
-        credits in prop_oneof![2u16..6, 8u16..24, Just(255)],
+        max in max_sizes(),
+        credits in credit_counts(),
         seed in any::<u64>(),
-        picks in proptest::collection::vec(
-            proptest::collection::vec((0u64..3, -1i64..=1), 0..48), 2..=2),
+        picks in picks(),
         lend_max in prop_oneof![Just(0u64), Just(24), Just(u64::MAX)],
     ) {
         let per = max as u64 - 24;
-        let sizes: [Vec<u64>; 2] = [0, 1].map(|i: usize| {
-            picks[i]
-                .iter()
-                .map(|&(k, d)| if k == 0 { [0, 1, 24][(d + 1) as usize] } else { (k * per).saturating_add_signed(d) })
-                .collect()
-        });
+        let sizes = picked_sizes(&picks, per);
         let general = fast_or_general(false, &sizes, max, credits, seed, lend_max);
         let fast = fast_or_general(true, &sizes, max, credits, seed, lend_max);
         for (i, (events, sizes)) in fast.1.iter().zip(&sizes).enumerate() {
@@ -489,20 +508,14 @@ proptest! {
     /// bytes, and every send reported alike.
     #[test]
     fn draining_hands_out_what_polling_does(
-        max in prop_oneof![Just(64u32), Just(100), Just(1364)],
-        credits in prop_oneof![2u16..6, 8u16..24, Just(255)],
+        max in max_sizes(),
+        credits in credit_counts(),
         seed in any::<u64>(),
-        picks in proptest::collection::vec(
-            proptest::collection::vec((0u64..3, -1i64..=1), 0..48), 2..=2),
+        picks in picks(),
         lend_max in prop_oneof![Just(24u64), Just(u64::MAX)],
     ) {
         let per = max as u64 - 24;
-        let sizes: [Vec<u64>; 2] = [0, 1].map(|i: usize| {
-            picks[i]
-                .iter()
-                .map(|&(k, d)| if k == 0 { [0, 1, 24][(d + 1) as usize] } else { (k * per).saturating_add_signed(d) })
-                .collect()
-        });
+        let sizes = picked_sizes(&picks, per);
         let polled = taken(true, Taking::Polled, &sizes, max, credits, seed, lend_max);
         let drained = taken(true, Taking::Drained, &sizes, max, credits, seed, lend_max);
         for i in 0..2 {
