@@ -626,13 +626,21 @@ impl<D: Device> Io<D> {
         Ok(sent)
     }
 
-    /// Sends `src` as an SMB Direct message; false when the connection's
-    /// queue is full, or it refused ([`Io::failure`] says why).
+    /// Sends `src` as an SMB Direct message; false when the connection
+    /// has no credit to send it now or its queue is full, or it refused
+    /// ([`Io::failure`] says why).
     #[inline]
     fn send_smbd(&mut self, src: Span, ctx: u64) -> bool {
         let Some((_, Some(conn))) = &mut self.smbd else {
             return self.refuse(RunError::Setup("the SMB Direct connection is not set up".into()));
         };
+        // Without a credit the message would wait in the connection's
+        // queue: held back here instead, as back-pressure, and sent at
+        // once from a later post (the connection's queue costs more).
+        let credits = conn.credits();
+        if !credits.may_send(credits.to_grant()) {
+            return false;
+        }
         match conn.send(&mut self.ep, src, None, ctx) {
             Ok(()) => true,
             Err(smbd::SendError::Again) => false,
