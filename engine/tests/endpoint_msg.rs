@@ -577,6 +577,42 @@ fn flush_posts_a_send_before_the_next_progress() {
 }
 
 #[test]
+fn a_peeked_completion_stays_until_skipped_or_polled() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    w.connect(1, 0);
+    let (src, dst) = (w.register(0, 3 * 64), w.register(1, 3 * 64));
+    for i in 0..3 {
+        w.eps[1].recv(span(&dst, i * 64, 64), None, 10 + i).unwrap();
+        w.eps[0].send(to_b, span(&src, i * 64, 16 + i), 20 + i).unwrap();
+    }
+    for _ in 0..10 {
+        w.eps[0].progress();
+        w.eps[1].progress();
+    }
+    let ep = &mut w.eps[1];
+    assert_eq!(ep.cq_len(), 3);
+    // Looked at twice, the same one, left where it is.
+    let first = *ep.peek_cq().unwrap();
+    assert_eq!((first.op, first.ctx, first.len), (Op::Recv, 10, 16));
+    assert_eq!(ep.peek_cq(), Some(&first));
+    assert_eq!(ep.cq_len(), 3);
+    // Skipped: taken, unread; the next is what poll_cq hands over.
+    ep.skip_cq();
+    let second = *ep.peek_cq().unwrap();
+    assert_eq!(ep.poll_cq(), Some(second));
+    assert_eq!(second.ctx, 11);
+    ep.skip_cq();
+    assert_eq!((ep.peek_cq(), ep.cq_len()), (None, 0));
+    // Skipping an empty queue takes nothing; what comes next is there.
+    ep.skip_cq();
+    w.eps[1].recv(span(&dst, 0, 64), None, 13).unwrap();
+    w.eps[0].send(to_b, span(&src, 0, 5), 23).unwrap();
+    w.drive_until(100, |w| w.done[1].len() == 1);
+    assert_eq!((w.done[1][0].ctx, w.done[1][0].len), (13, 5));
+}
+
+#[test]
 fn a_burst_poll_hands_over_what_poll_cq_would_and_stops_where_told() {
     let mut w = World::pair(SimConfig::default(), Config::default());
     let to_b = w.connect(0, 1);

@@ -149,6 +149,21 @@ impl CompletionQueue {
         Some(c)
     }
 
+    /// The oldest completion, where it lies.
+    #[inline(always)]
+    pub(crate) fn front(&self) -> Option<&Completion> {
+        (self.len > 0).then(|| &self.ring[self.head])
+    }
+
+    /// Drops the oldest completion, if any.
+    #[inline(always)]
+    pub(crate) fn skip(&mut self) {
+        if self.len > 0 {
+            self.len -= 1;
+            self.head = if self.len == 0 { 0 } else { (self.head + 1) & (self.cap - 1) };
+        }
+    }
+
     /// Hands `f` each completion, oldest first, where it lies (read in
     /// place, a field at a time as `pop` reads it); stops when none is left
     /// or `f` returns false (the completion it returned false for is

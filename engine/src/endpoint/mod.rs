@@ -709,6 +709,20 @@ impl<D: Device> Endpoint<D> {
         self.cq.drain(f)
     }
 
+    /// The next completion, where it lies, left in the queue: a poll loop
+    /// that takes some completions its own way reads the fields it wants
+    /// and takes the completion with [`Endpoint::skip_cq`], no copy made.
+    #[inline]
+    pub fn peek_cq(&self) -> Option<&Completion> {
+        self.cq.front()
+    }
+
+    /// Takes the next completion, unread (after [`Endpoint::peek_cq`]).
+    #[inline]
+    pub fn skip_cq(&mut self) {
+        self.cq.skip()
+    }
+
     /// Completions waiting.
     pub fn cq_len(&self) -> usize {
         self.cq.len()

@@ -689,14 +689,18 @@ impl Connection {
             let d = match self.events.pop_front() {
                 Some(e) => Drained::Event(e),
                 None => {
-                    let Some(got) = ep.poll_cq() else { return n };
+                    let Some(next) = ep.peek_cq() else { return n };
                     // A short message lent in its turn, as a stream has
-                    // them: handed out as it is taken, not queued first.
-                    if let Some(e) = self.lend_now(ep, &got) {
+                    // them: handed out as it is taken, not queued first,
+                    // its completion read where it lies.
+                    if let Some(e) = self.lend_now(ep, next) {
+                        ep.skip_cq();
                         Drained::Event(e)
-                    } else if self.handle(ep, &got) {
-                        continue;
                     } else {
+                        let got = ep.poll_cq().expect("peeked");
+                        if self.handle(ep, &got) {
+                            continue;
+                        }
                         c = got;
                         Drained::Other(&c)
                     }
@@ -1308,7 +1312,7 @@ impl Connection {
     /// [`Event::Lent`] returned rather than queued. None, with nothing
     /// changed, for any other completion.
     #[inline(always)]
-    fn lend_now<D: Device>(&mut self, ep: &mut Endpoint<D>, c: &Completion) -> Option<Event> {
+    fn lend_now<D: Device>(&mut self, ep: &Endpoint<D>, c: &Completion) -> Option<Event> {
         let k = c.ctx ^ self.tag;
         let slot = (k & SLOT_MASK) as u16;
         if k >> KIND_SHIFT != KIND_RECV || self.rx_order.front() != Some(&slot) {
