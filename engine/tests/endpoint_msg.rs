@@ -6,6 +6,7 @@
 mod common;
 
 use common::{Mem, World, pattern, span};
+use efapoll::device::Mr;
 use efapoll::device::fault::Faults;
 use efapoll::device::sim::SimConfig;
 use efapoll::endpoint::{Config, Error, Op, PeerId, Status, TagMatch};
@@ -576,13 +577,16 @@ fn flush_posts_a_send_before_the_next_progress() {
     assert_eq!(w.done[1][0].len, 64);
 }
 
-#[test]
-fn a_peeked_completion_stays_until_skipped_or_polled() {
+/// `n` messages of 16, 17, ... bytes from 0 (sends 20, 21, ...) into
+/// receives 10, 11, ... at 1, their completions left queued on both
+/// sides (progress only, no poll): the world, the way to 1, the source
+/// and the destination.
+fn queued_messages(n: u64) -> (World, PeerId, Mr, Mr) {
     let mut w = World::pair(SimConfig::default(), Config::default());
     let to_b = w.connect(0, 1);
     w.connect(1, 0);
-    let (src, dst) = (w.register(0, 3 * 64), w.register(1, 3 * 64));
-    for i in 0..3 {
+    let (src, dst) = (w.register(0, n * 64), w.register(1, n * 64));
+    for i in 0..n {
         w.eps[1].recv(span(&dst, i * 64, 64), None, 10 + i).unwrap();
         w.eps[0].send(to_b, span(&src, i * 64, 16 + i), 20 + i).unwrap();
     }
@@ -590,6 +594,12 @@ fn a_peeked_completion_stays_until_skipped_or_polled() {
         w.eps[0].progress();
         w.eps[1].progress();
     }
+    (w, to_b, src, dst)
+}
+
+#[test]
+fn a_peeked_completion_stays_until_skipped_or_polled() {
+    let (mut w, to_b, src, dst) = queued_messages(3);
     let ep = &mut w.eps[1];
     assert_eq!(ep.cq_len(), 3);
     // Looked at twice, the same one, left where it is.
@@ -614,19 +624,8 @@ fn a_peeked_completion_stays_until_skipped_or_polled() {
 
 #[test]
 fn a_burst_poll_hands_over_what_poll_cq_would_and_stops_where_told() {
-    let mut w = World::pair(SimConfig::default(), Config::default());
-    let to_b = w.connect(0, 1);
-    w.connect(1, 0);
-    let (src, dst) = (w.register(0, 4 * 64), w.register(1, 4 * 64));
-    for i in 0..4 {
-        w.eps[1].recv(span(&dst, i * 64, 64), None, 10 + i).unwrap();
-        w.eps[0].send(to_b, span(&src, i * 64, 16 + i), 20 + i).unwrap();
-    }
     // Progress only: the completions stay queued for the polls below.
-    for _ in 0..10 {
-        w.eps[0].progress();
-        w.eps[1].progress();
-    }
+    let (mut w, ..) = queued_messages(4);
     assert_eq!((w.eps[0].cq_len(), w.eps[1].cq_len()), (4, 4));
     // Told to stop at the second receive: two taken, in order.
     let mut got = Vec::new();

@@ -142,10 +142,7 @@ impl CompletionQueue {
             cq_data: r.cq_data,
             peer: r.peer,
         };
-        self.len -= 1;
-        // Rewind to the first slots once drained: a queue that rotates
-        // through all its capacity writes a cold line per completion.
-        self.head = if self.len == 0 { 0 } else { (self.head + 1) & (self.cap - 1) };
+        self.skip();
         Some(c)
     }
 
@@ -160,6 +157,8 @@ impl CompletionQueue {
     pub(crate) fn skip(&mut self) {
         if self.len > 0 {
             self.len -= 1;
+            // Rewind to the first slots once drained: a queue that rotates
+            // through all its capacity writes a cold line per completion.
             self.head = if self.len == 0 { 0 } else { (self.head + 1) & (self.cap - 1) };
         }
     }

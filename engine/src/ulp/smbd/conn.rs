@@ -504,10 +504,7 @@ impl Connection {
                     // Copied into its packet: sent, as far as the
                     // application is concerned.
                     Ok(true) if self.tx.is_empty() => {
-                        self.stats.messages_sent += 1;
-                        self.events.push_back(Event::Sent { ctx, status });
-                        // Its sequence number not to be taken again.
-                        self.tx_front_seq += 1;
+                        self.sent_now(ctx);
                         return Ok(());
                     }
                     // Reported after the messages before it.
@@ -809,10 +806,8 @@ impl Connection {
                 // in its turn (`finish_sent`).
                 Ok(true) if i == 0 => {
                     let ctx = self.tx[0].ctx;
-                    self.stats.messages_sent += 1;
-                    self.events.push_back(Event::Sent { ctx, status: SendStatus::Ok });
                     self.tx.skip_front();
-                    self.tx_front_seq += 1;
+                    self.sent_now(ctx);
                     return true;
                 }
                 Ok(true) => {
@@ -895,6 +890,16 @@ impl Connection {
         }
         self.count_segment(&r, grants);
         Ok(true)
+    }
+
+    /// The message at the front of the queue (or, the queue empty, the
+    /// one that would have been) went whole by inject: reported sent, its
+    /// sequence number not to be taken again.
+    #[inline(always)]
+    fn sent_now(&mut self, ctx: u64) {
+        self.stats.messages_sent += 1;
+        self.events.push_back(Event::Sent { ctx, status: SendStatus::Ok });
+        self.tx_front_seq += 1;
     }
 
     /// A segment with header `r` went, granting `grants`.
@@ -1233,8 +1238,7 @@ impl Connection {
             return false;
         }
         // A segment this short may be lent, and needs no buffer.
-        let lend = self.cfg.lend_max > 0
-            && a.len <= self.cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64);
+        let lend = self.may_lend(a.len);
         if !lend && self.apps.is_empty() {
             return false;
         }
@@ -1253,8 +1257,7 @@ impl Connection {
         // The codec's checks, and the reassembler's for a first segment
         // that is also the last.
         let Ok(r) = Repr::parse_header(&seg[..HEADER_LEN], a.len as usize) else { return false };
-        let whole = r.remaining_data_length == 0 && r.data_length > 0;
-        if !whole || r.data_length > self.params.max_fragmented_receive_size {
+        if !self.is_whole(&r) {
             return false;
         }
         let len = r.data_length as u64;
@@ -1306,6 +1309,22 @@ impl Connection {
             && a.len <= self.params.max_receive_size as u64
     }
 
+    /// Whether a segment of `len` bytes is short enough that its message
+    /// may be lent (and so needs no buffer).
+    #[inline(always)]
+    fn may_lend(&self, len: u64) -> bool {
+        self.cfg.lend_max > 0 && len <= self.cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64)
+    }
+
+    /// Whether header `r`, valid, is a whole message in one segment: the
+    /// reassembler's checks for a first segment that is also the last.
+    #[inline(always)]
+    fn is_whole(&self, r: &Repr) -> bool {
+        r.remaining_data_length == 0
+            && r.data_length > 0
+            && r.data_length <= self.params.max_fragmented_receive_size
+    }
+
     /// [`Self::handle`] of a completion [`Connection::drain`] can hand
     /// out at once: a message it lends, in its turn, with nothing held
     /// behind it; taken as [`Self::on_whole_arrival`] takes it, and its
@@ -1319,9 +1338,7 @@ impl Connection {
             return None;
         }
         let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
-        let lend_max = self.cfg.lend_max;
-        let short = lend_max > 0 && a.len <= lend_max.saturating_add(MAX_DATA_OFFSET as u64);
-        if !self.cfg.fast_path || self.arrivals_held > 0 || !short {
+        if !self.cfg.fast_path || self.arrivals_held > 0 || !self.may_lend(a.len) {
             return None;
         }
         if !self.whole_may_arrive(slot, &a) {
@@ -1332,8 +1349,7 @@ impl Connection {
         ep.read_mem(self.rx.id, at, head).ok()?;
         let r = Repr::parse_header(head, a.len as usize).ok()?;
         let len = r.data_length as u64;
-        let whole = r.remaining_data_length == 0 && len > 0;
-        if !whole || !self.lends(len) || r.data_length > self.params.max_fragmented_receive_size {
+        if !self.is_whole(&r) || !self.lends(len) {
             return None;
         }
         self.rx_order.skip_front();

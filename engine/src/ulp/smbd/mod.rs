@@ -36,12 +36,13 @@
 //! flight), as an SMB Direct sender that copies small messages into its
 //! own send buffers tells its caller at once. Its send completes with no
 //! completion unless it fails; the failure, found by the sequence number
-//! in the send's context, ends the connection as any failed send does. On the receiving side, a
-//! whole message arriving in its turn, with no token, nothing waiting
-//! before it and a buffer posted, is checked in one pass over its header
-//! and copied and reported at once. Every other case, and any check that
-//! fails, takes the general path, which decides it the same way; a
-//! property test holds the two to the same packets and events.
+//! in the send's context, ends the connection as any failed send does.
+//! On the receiving side, a whole message arriving in its turn, with no
+//! token, nothing waiting before it and a buffer posted, is checked in
+//! one pass over its header and copied and reported at once. Every other
+//! case, and any check that fails, takes the general path, which decides
+//! it the same way; a property test holds the two to the same packets and
+//! events.
 //!
 //! # Receiving
 //!
