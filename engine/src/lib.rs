@@ -80,6 +80,7 @@ mod intmap;
 #[allow(unsafe_code)]
 pub mod mem;
 pub mod relink;
+mod ring;
 pub mod ulp;
 pub mod wire;
 

@@ -341,6 +341,46 @@ fn directed_receives_among_64_peers() {
     }
 }
 
+/// Untagged receives for given peers, posted in the reverse of the order
+/// their messages come in, and one withdrawn from the middle of the
+/// queue: each message takes the earliest receive that takes its sender,
+/// wherever it waits, and the others keep their order.
+#[test]
+fn untagged_receives_for_given_peers_are_taken_from_the_middle_of_the_queue() {
+    let n = 5;
+    let mut w = World::new(n, SimConfig::default(), Config::default());
+    let dst = w.register(0, 8 * 32);
+    let peers: Vec<PeerId> = (1..n).map(|i| w.connect(0, i)).collect();
+    // Receive k (1 to 4) for peer k, the last peer's first; then one from
+    // any peer (10) and a second for peer 2 (20).
+    for k in (1..n as u64).rev() {
+        w.eps[0].recv(span(&dst, 8 * k, 8), Some(peers[k as usize - 1]), k).unwrap();
+    }
+    w.eps[0].recv(span(&dst, 80, 8), None, 10).unwrap();
+    w.eps[0].recv(span(&dst, 160, 8), Some(peers[1]), 20).unwrap();
+    assert!(w.eps[0].cancel_recv(3), "peer 3's receive, from the middle");
+    // Peers 1, 2 and 3 send their index, one at a time; then peer 2 again.
+    for i in [1, 2, 3, 2] {
+        let to0 = w.connect(i, 0);
+        let src = w.register(i, 8);
+        w.eps[i].write_mem(src.id, 0, &(i as u64).to_le_bytes()).unwrap();
+        w.eps[i].send(to0, span(&src, 0, 8), 0).unwrap();
+        let want = w.done[0].len() + 1;
+        w.drive_until(10_000, |w| w.done[0].len() == want);
+    }
+    let got: Vec<(u64, Option<PeerId>)> = w.done[0].iter().map(|c| (c.ctx, c.peer)).collect();
+    let from = |i: usize| Some(peers[i - 1]);
+    assert_eq!(got, [(1, from(1)), (2, from(2)), (10, from(3)), (20, from(2))]);
+    for (ctx, sender) in [(1u64, 1u64), (2, 2), (10, 3), (20, 2)] {
+        let at = 8 * ctx as usize;
+        let v = u64::from_le_bytes(w.eps[0].mem(dst.id)[at..at + 8].try_into().unwrap());
+        assert_eq!(v, sender, "receive {ctx}");
+    }
+    // Peer 4's is left, the newest and the only one.
+    assert!(w.eps[0].cancel_last_recv(4));
+    assert!(!w.eps[0].cancel_recv(4) && !w.eps[0].cancel_recv(3), "withdrawn once");
+}
+
 #[test]
 fn a_short_receive_buffer_is_truncated_with_both_lengths() {
     // Posted first, and posted after the message arrived (unexpected).

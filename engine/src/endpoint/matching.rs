@@ -9,19 +9,23 @@
 //! complete) moves its receive into a receive entry ([`RxOp`]) when it
 //! matches.
 //!
-//! Posted receives live in intrusive lists threaded through their slab (no
-//! allocation per receive): untagged in one FIFO; tagged with an exact tag
-//! in a FIFO per tag, found by hash, so matching costs the same with 1 or
-//! 10,000 posted tags; tagged with ignore bits in one FIFO. An arriving
-//! message takes the earliest-posted receive that matches, by posting
-//! sequence. Unexpected messages wait in arrival order, in lists through
-//! the receive entries.
+//! Untagged posted receives wait in one FIFO of their ids, a ring as long
+//! as the slab: posting one writes its id, and the message that takes the
+//! head reads that id and the receive (an intrusive list would also write
+//! its neighbours' links). Tagged ones live in intrusive lists threaded
+//! through their slab, which give up an entry from the middle at no cost:
+//! with an exact tag in a FIFO per tag, found by hash, so matching costs
+//! the same with 1 or 10,000 posted tags; with ignore bits in one FIFO.
+//! Nothing is allocated per receive. An arriving message takes the
+//! earliest-posted receive that matches, by posting sequence. Unexpected
+//! messages wait in arrival order, in lists through the receive entries.
 
 use super::TagMatch;
 use super::ops::{Posted, RxOp};
 use super::slab::{self, Slab};
 use super::types::{FAST_PATHS, Link, PeerId, PostedId, RxId, SlabId};
 use crate::intmap::FlatMap;
+use crate::ring::Ring;
 
 /// Entries that lists thread through.
 pub(crate) trait Linked {
@@ -94,53 +98,20 @@ impl List {
         }
     }
 
-    /// Takes the head if `f` holds for it.
-    #[inline(always)]
-    fn pop_front_if<T: Linked>(
-        &mut self,
-        ops: &mut Slab<T, T::Id>,
-        f: impl FnOnce(&T) -> bool,
-    ) -> Option<T::Id> {
-        let id = T::Id::from_raw(self.head);
-        let op = ops.get(id)?;
-        if !f(op) {
-            return None;
-        }
-        let next = op.link().next;
-        self.head = next;
-        if next == Link::END {
-            self.tail = Link::END;
-        } else {
-            ops.get_mut(T::Id::from_raw(next)).expect("live next").link_mut().prev = Link::END;
-        }
-        Some(id)
-    }
-
     /// The first id for which `f` holds.
     fn find<T: Linked>(
         &self,
         ops: &Slab<T, T::Id>,
-        f: impl FnMut(T::Id, &T) -> bool,
-    ) -> Option<T::Id> {
-        self.find_from(ops, false, f)
-    }
-
-    /// The first id for which `f` holds, from the head, or from the tail
-    /// when `newest`.
-    fn find_from<T: Linked>(
-        &self,
-        ops: &Slab<T, T::Id>,
-        newest: bool,
         mut f: impl FnMut(T::Id, &T) -> bool,
     ) -> Option<T::Id> {
-        let mut raw = if newest { self.tail } else { self.head };
+        let mut raw = self.head;
         while raw != Link::END {
             let id = T::Id::from_raw(raw);
             let op = ops.get(id).expect("live entry");
             if f(id, op) {
                 return Some(id);
             }
-            raw = if newest { op.link().prev } else { op.link().next };
+            raw = op.link().next;
         }
         None
     }
@@ -162,7 +133,9 @@ fn tag_ok(want: TagMatch, tag: u64) -> bool {
 /// Posted receives and unexpected messages.
 #[derive(Debug)]
 pub(crate) struct Matcher {
-    posted_msg: List,
+    /// Untagged receives, oldest first; never longer than the slab, so
+    /// never grown.
+    posted_msg: Ring<PostedId>,
     posted_exact: FlatMap<List>,
     posted_wild: List,
     /// What the receives on `posted_wild` match, by slab index: the rare
@@ -177,7 +150,7 @@ impl Matcher {
     /// A matcher for a slab of `n` posted receives.
     pub(crate) fn with_capacity(n: usize) -> Matcher {
         Matcher {
-            posted_msg: List::default(),
+            posted_msg: Ring::with_capacity(n, PostedId(0)),
             posted_exact: FlatMap::with_capacity(n),
             posted_wild: List::default(),
             wild: vec![TagMatch { tag: 0, ignore: 0 }; n],
@@ -195,7 +168,7 @@ impl Matcher {
         tag: Option<TagMatch>,
     ) {
         match tag {
-            None => self.posted_msg.push_back(posted, id),
+            None => self.posted_msg.push_back(id),
             Some(t) if t.ignore == 0 => {
                 self.posted_exact.get_or_default(t.tag).push_back(posted, id)
             }
@@ -219,14 +192,15 @@ impl Matcher {
             // The head, a receive from any peer or from this one, is the
             // usual answer.
             if FAST_PATHS
-                && let Some(id) =
-                    self.posted_msg.pop_front_if(posted, |p| peer_ok(p.want_peer, peer))
+                && let Some(&id) = self.posted_msg.front()
+                && posted.get(id).is_some_and(|p| peer_ok(p.want_peer, peer))
             {
+                self.posted_msg.skip_front();
                 return Some(id);
             }
-            let id = self.posted_msg.find(posted, |_, p| peer_ok(p.want_peer, peer))?;
-            self.posted_msg.remove(posted, id);
-            return Some(id);
+            return Self::withdraw_msg(&mut self.posted_msg, posted, false, |_, p| {
+                peer_ok(p.want_peer, peer)
+            });
         }
         let exact = self
             .posted_exact
@@ -269,9 +243,7 @@ impl Matcher {
         posted: &mut Slab<Posted, PostedId>,
         f: impl FnMut(PostedId, &Posted) -> bool,
     ) -> Option<PostedId> {
-        let id = self.posted_msg.find(posted, f)?;
-        self.posted_msg.remove(posted, id);
-        Some(id)
+        Self::withdraw_msg(&mut self.posted_msg, posted, false, f)
     }
 
     /// Withdraws the latest untagged posted receive for which `f` holds
@@ -281,9 +253,21 @@ impl Matcher {
         posted: &mut Slab<Posted, PostedId>,
         f: impl FnMut(PostedId, &Posted) -> bool,
     ) -> Option<PostedId> {
-        let id = self.posted_msg.find_from(posted, true, f)?;
-        self.posted_msg.remove(posted, id);
-        Some(id)
+        Self::withdraw_msg(&mut self.posted_msg, posted, true, f)
+    }
+
+    /// Takes the first untagged receive for which `f` holds out of
+    /// `fifo`, searched from the oldest, or from the newest when `newest`.
+    fn withdraw_msg(
+        fifo: &mut Ring<PostedId>,
+        posted: &Slab<Posted, PostedId>,
+        newest: bool,
+        mut f: impl FnMut(PostedId, &Posted) -> bool,
+    ) -> Option<PostedId> {
+        let mut hit = |i: &usize| f(fifo[*i], posted.get(fifo[*i]).expect("live entry"));
+        let n = fifo.len();
+        let at = if newest { (0..n).rev().find(&mut hit) } else { (0..n).find(&mut hit) }?;
+        fifo.remove(at)
     }
 
     /// Queues an unexpected message.

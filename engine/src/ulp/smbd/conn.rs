@@ -3,11 +3,11 @@
 
 use super::credits::Credits;
 use super::header::{Flags, HEADER_LEN, Repr};
-use super::ring::Ring;
 use super::segment::{Placement, Reassembler, Segmenter};
 use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
 use crate::device::{Access, Device, Mr};
 use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, Span, Status};
+use crate::ring::Ring;
 
 /// Context kinds, bits 24..32 of a context: a header slot's send, a
 /// receive slot's receive. The slot is in the low 24 bits.

@@ -151,7 +151,6 @@
 mod conn;
 mod credits;
 mod header;
-mod ring;
 mod segment;
 
 pub use conn::{Connection, Drained, Event, Flow, Loan, RecvStatus, SendStatus, Stats};

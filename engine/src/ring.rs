@@ -1,12 +1,13 @@
 //! A first-in first-out queue of `Copy` values over a power-of-two array:
-//! what the connection's queues need of `VecDeque`, with a position that
-//! is a counter masked into the array, so that a push or a pop is an index
-//! and an add (no wrap test, no length to keep beside the ends).
+//! what the hot queues (posted receives, an SMB Direct connection's) need
+//! of `VecDeque`, with a position that is a counter masked into the
+//! array, so that a push or a pop is an index and an add (no wrap test, no
+//! length to keep beside the ends).
 
 use std::ops::{Index, IndexMut};
 
 #[derive(Debug, Clone)]
-pub(super) struct Ring<T: Copy> {
+pub(crate) struct Ring<T: Copy> {
     buf: Box<[T]>,
     /// `buf.len() - 1`, kept rather than loaded and computed per access.
     mask: usize,
@@ -19,7 +20,7 @@ pub(super) struct Ring<T: Copy> {
 impl<T: Copy> Ring<T> {
     /// An empty queue with room for `cap` values before it grows; `fill`
     /// stands in the free places.
-    pub(super) fn with_capacity(cap: usize, fill: T) -> Ring<T> {
+    pub(crate) fn with_capacity(cap: usize, fill: T) -> Ring<T> {
         let n = cap.max(1).next_power_of_two();
         Ring { buf: vec![fill; n].into(), mask: n - 1, head: 0, tail: 0 }
     }
@@ -30,17 +31,17 @@ impl<T: Copy> Ring<T> {
     }
 
     #[inline(always)]
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.tail.wrapping_sub(self.head)
     }
 
     #[inline(always)]
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.tail == self.head
     }
 
     #[inline(always)]
-    pub(super) fn push_back(&mut self, v: T) {
+    pub(crate) fn push_back(&mut self, v: T) {
         if self.len() > self.mask {
             self.grow();
         }
@@ -66,7 +67,7 @@ impl<T: Copy> Ring<T> {
     }
 
     #[inline(always)]
-    pub(super) fn pop_front(&mut self) -> Option<T> {
+    pub(crate) fn pop_front(&mut self) -> Option<T> {
         if self.is_empty() {
             return None;
         }
@@ -77,30 +78,30 @@ impl<T: Copy> Ring<T> {
 
     /// Drops the front value, if any.
     #[inline(always)]
-    pub(super) fn skip_front(&mut self) {
+    pub(crate) fn skip_front(&mut self) {
         if !self.is_empty() {
             self.head = self.head.wrapping_add(1);
         }
     }
 
     #[inline(always)]
-    pub(super) fn front(&self) -> Option<&T> {
+    pub(crate) fn front(&self) -> Option<&T> {
         self.get(0)
     }
 
-    pub(super) fn back(&self) -> Option<&T> {
+    pub(crate) fn back(&self) -> Option<&T> {
         self.len().checked_sub(1).and_then(|i| self.get(i))
     }
 
     /// Drops the back value, if any.
-    pub(super) fn skip_back(&mut self) {
+    pub(crate) fn skip_back(&mut self) {
         if !self.is_empty() {
             self.tail = self.tail.wrapping_sub(1);
         }
     }
 
     #[inline(always)]
-    pub(super) fn get(&self, i: usize) -> Option<&T> {
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
         if i >= self.len() {
             return None;
         }
@@ -108,7 +109,7 @@ impl<T: Copy> Ring<T> {
     }
 
     #[inline(always)]
-    pub(super) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
         if i >= self.len() {
             return None;
         }
@@ -116,16 +117,26 @@ impl<T: Copy> Ring<T> {
         Some(&mut self.buf[at])
     }
 
-    pub(super) fn clear(&mut self) {
+    /// Takes out the value at `i`, those behind it moving up one place.
+    pub(crate) fn remove(&mut self, i: usize) -> Option<T> {
+        let v = *self.get(i)?;
+        for j in i..self.len() - 1 {
+            self[j] = self[j + 1];
+        }
+        self.tail = self.tail.wrapping_sub(1);
+        Some(v)
+    }
+
+    pub(crate) fn clear(&mut self) {
         self.head = self.tail;
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> + '_ {
         (0..self.len()).map(move |i| &self.buf[self.head.wrapping_add(i) & self.mask()])
     }
 
     /// Keeps the values `keep` says yes to, in order.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
         let n = self.len();
         let mut kept = 0;
         for i in 0..n {
@@ -180,6 +191,13 @@ mod tests {
             let seen: Vec<u32> = r.iter().copied().collect();
             assert_eq!(seen, (next_out..next_in).collect::<Vec<_>>());
         }
+        // Out of the middle, the rest kept in order.
+        assert!(r.len() > 2);
+        let before: Vec<u32> = r.iter().copied().collect();
+        assert_eq!(r.remove(1), Some(before[1]));
+        let after: Vec<u32> = r.iter().copied().collect();
+        assert_eq!(after, [&before[..1], &before[2..]].concat());
+        assert_eq!(r.remove(r.len()), None);
         r.retain(|v| v % 2 == 0);
         assert!(r.iter().all(|v| v % 2 == 0));
         assert_eq!(r.get(r.len()), None);
