@@ -689,3 +689,89 @@ fn a_burst_poll_hands_over_what_poll_cq_would_and_stops_where_told() {
     assert_eq!(w.eps[0].poll_cq_with(|_| true), 0);
     assert!(w.eps[0].poll_cq().is_none());
 }
+
+/// A persistent receive, started again after each message, takes an
+/// eager, a medium and a long one (the last before it is started, so
+/// unexpected): each lands whole in its buffer, with its ctx, and the
+/// receive is idle again after each. It cannot be started twice, keeps
+/// its region in use until freed, and is gone once freed.
+#[test]
+fn a_persistent_receive_takes_a_message_each_time_it_is_started() {
+    let lens = [100u64, 30_000, 500_000];
+    let mut w = World::pair(reordering(5), Config::default());
+    let to_b = w.connect(0, 1);
+    let from_a = w.connect(1, 0);
+    let max = lens[2];
+    let src = w.register(0, max);
+    let dst = w.register(1, max);
+    let r = w.eps[1].recv_init(span(&dst, 0, max), Some(from_a), 42).unwrap();
+    for (i, &len) in lens.iter().enumerate() {
+        w.fill(0, &src, i as u64 + 1);
+        let unexpected = i == 2;
+        if !unexpected {
+            w.eps[1].recv_start(r).unwrap();
+            assert_eq!(w.eps[1].recv_start(r), Err(Error::Busy), "started twice");
+        }
+        w.eps[0].send(to_b, span(&src, 0, len), i as u64).unwrap();
+        if unexpected {
+            w.settle();
+            assert_eq!(w.eps[1].counters().unexpected, 1);
+            w.eps[1].recv_start(r).unwrap();
+        }
+        let want = i + 1;
+        w.drive_until(100_000, |w| w.done[1].len() == want && w.done[0].len() == want);
+        let c = w.done[1][i];
+        assert_eq!((c.op, c.ctx, c.len, c.status), (Op::Recv, 42, len, Status::Ok), "len {len}");
+        assert_eq!(c.peer, Some(from_a));
+        let n = len as usize;
+        assert_eq!(&w.eps[1].mem(dst.id)[..n], &w.eps[0].mem(src.id)[..n], "len {len}");
+    }
+    assert_eq!(w.eps[1].deregister(dst.id), Err(Error::Busy), "an idle receive keeps it");
+    // Idle: started and withdrawn again, then freed.
+    w.eps[1].recv_start(r).unwrap();
+    assert!(w.eps[1].cancel_recv(42), "withdrawn, not freed");
+    assert!(!w.eps[1].cancel_recv(42), "idle: nothing queued");
+    w.eps[1].recv_start(r).unwrap();
+    w.eps[1].recv_free(r).unwrap();
+    assert_eq!(w.eps[1].recv_start(r), Err(Error::Invalid), "freed");
+    assert_eq!(w.eps[1].recv_free(r), Err(Error::Invalid), "freed once");
+    w.eps[1].deregister(dst.id).unwrap();
+}
+
+/// A persistent receive waits in the order receives were posted, and
+/// queues again at the back each time it is started: with one-shot
+/// receives posted around it, messages land in posting order; withdrawn
+/// (freed while queued), it takes nothing.
+#[test]
+fn a_persistent_receive_takes_its_turn_among_posted_receives() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let src = w.register(0, 8);
+    let dst = w.register(1, 8 * 8);
+    let r = w.eps[1].recv_init(span(&dst, 0, 8), None, 100).unwrap();
+    w.eps[1].recv(span(&dst, 8, 8), None, 1).unwrap();
+    w.eps[1].recv_start(r).unwrap();
+    w.eps[1].recv(span(&dst, 16, 8), None, 2).unwrap();
+    let send = |w: &mut World, v: u64| {
+        w.eps[0].write_mem(src.id, 0, &v.to_le_bytes()).unwrap();
+        w.eps[0].send(to_b, span(&src, 0, 8), v).unwrap();
+        let want = w.done[1].len() + 1;
+        w.drive_until(10_000, |w| w.done[1].len() == want);
+        w.done[1].last().unwrap().ctx
+    };
+    assert_eq!([send(&mut w, 7), send(&mut w, 8)], [1, 100]);
+    // Started again, behind the one-shot receive still posted.
+    w.eps[1].recv_start(r).unwrap();
+    assert_eq!([send(&mut w, 9), send(&mut w, 10)], [2, 100]);
+    let at = |w: &World, ctx: usize| {
+        u64::from_le_bytes(w.eps[1].mem(dst.id)[8 * ctx..8 * ctx + 8].try_into().unwrap())
+    };
+    assert_eq!([at(&w, 1), at(&w, 0), at(&w, 2)], [7, 10, 9]);
+    // Freed while queued: the next message waits unexpected.
+    w.eps[1].recv_start(r).unwrap();
+    w.eps[1].recv_free(r).unwrap();
+    w.eps[0].send(to_b, span(&src, 0, 8), 11).unwrap();
+    w.settle();
+    assert_eq!(w.eps[1].counters().unexpected, 1);
+    assert_eq!(w.done[1].len(), 4, "no receive took it");
+}

@@ -320,7 +320,7 @@ impl<D: Device> Endpoint<D> {
         let Some(pid) = self.matcher.take_posted(&mut self.posted, e.tagged, e.tag, peer) else {
             return false;
         };
-        let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
+        let Posted { ctx, dst, .. } = self.take_matched(pid);
         let total = (len - e.payload_off) as u64;
         if dst.mr == SCATTERED {
             // Landed from where the spans wait, not taken out first.

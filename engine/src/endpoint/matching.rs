@@ -73,7 +73,7 @@ impl List {
     }
 
     #[inline(always)]
-    fn push_back<T: Linked>(&mut self, ops: &mut Slab<T, T::Id>, id: T::Id) {
+    fn push_back<T: Linked, const K: bool>(&mut self, ops: &mut Slab<T, T::Id, K>, id: T::Id) {
         *ops.get_mut(id).expect("live entry").link_mut() =
             Link { prev: self.tail, next: Link::END };
         if self.tail == Link::END {
@@ -84,7 +84,7 @@ impl List {
         self.tail = id.raw();
     }
 
-    fn remove<T: Linked>(&mut self, ops: &mut Slab<T, T::Id>, id: T::Id) {
+    fn remove<T: Linked, const K: bool>(&mut self, ops: &mut Slab<T, T::Id, K>, id: T::Id) {
         let Link { prev, next } = *ops.get(id).expect("live entry").link();
         if prev == Link::END {
             self.head = next;
@@ -99,9 +99,9 @@ impl List {
     }
 
     /// The first id for which `f` holds.
-    fn find<T: Linked>(
+    fn find<T: Linked, const K: bool>(
         &self,
-        ops: &Slab<T, T::Id>,
+        ops: &Slab<T, T::Id, K>,
         mut f: impl FnMut(T::Id, &T) -> bool,
     ) -> Option<T::Id> {
         let mut raw = self.head;
@@ -163,7 +163,7 @@ impl Matcher {
     #[inline(always)]
     pub(crate) fn post(
         &mut self,
-        posted: &mut Slab<Posted, PostedId>,
+        posted: &mut Slab<Posted, PostedId, true>,
         id: PostedId,
         tag: Option<TagMatch>,
     ) {
@@ -183,7 +183,7 @@ impl Matcher {
     #[inline(always)]
     pub(crate) fn take_posted(
         &mut self,
-        posted: &mut Slab<Posted, PostedId>,
+        posted: &mut Slab<Posted, PostedId, true>,
         tagged: bool,
         tag: u64,
         peer: PeerId,
@@ -240,7 +240,7 @@ impl Matcher {
     /// holds; returns its id (still in the slab, for the caller to free).
     pub(crate) fn withdraw_untagged(
         &mut self,
-        posted: &mut Slab<Posted, PostedId>,
+        posted: &mut Slab<Posted, PostedId, true>,
         f: impl FnMut(PostedId, &Posted) -> bool,
     ) -> Option<PostedId> {
         Self::withdraw_msg(&mut self.posted_msg, posted, false, f)
@@ -250,7 +250,7 @@ impl Matcher {
     /// (searched from the newest).
     pub(crate) fn withdraw_untagged_last(
         &mut self,
-        posted: &mut Slab<Posted, PostedId>,
+        posted: &mut Slab<Posted, PostedId, true>,
         f: impl FnMut(PostedId, &Posted) -> bool,
     ) -> Option<PostedId> {
         Self::withdraw_msg(&mut self.posted_msg, posted, true, f)
@@ -260,7 +260,7 @@ impl Matcher {
     /// `fifo`, searched from the oldest, or from the newest when `newest`.
     fn withdraw_msg(
         fifo: &mut Ring<PostedId>,
-        posted: &Slab<Posted, PostedId>,
+        posted: &Slab<Posted, PostedId, true>,
         newest: bool,
         mut f: impl FnMut(PostedId, &Posted) -> bool,
     ) -> Option<PostedId> {
@@ -277,6 +277,12 @@ impl Matcher {
         } else {
             self.unexp_msg.push_back(ops, id);
         }
+    }
+
+    /// Whether unexpected messages, tagged or not, wait.
+    #[inline(always)]
+    pub(crate) fn unexpected_waiting(&self, tagged: bool) -> bool {
+        !if tagged { &self.unexp_tag } else { &self.unexp_msg }.is_empty()
     }
 
     /// Takes the first unexpected message a receive being posted matches.

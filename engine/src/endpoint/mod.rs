@@ -139,7 +139,7 @@ pub use crate::mem::Span;
 pub use atomic::{AtomicOp, Datatype, apply as atomic_apply};
 pub use counters::{Counters, DropReason};
 pub use cq::{Completion, Op, Status};
-pub use types::PeerId;
+pub use types::{PeerId, PersistentRecv};
 
 use crate::device::{Access, Caps, Cqe, Device, DeviceError, Mr, MrId};
 use crate::mem::Registry;
@@ -359,7 +359,7 @@ pub struct Endpoint<D: Device> {
     tx_ops: Slab<TxOp, TxId>,
     rx_ops: Slab<RxOp, RxId>,
     /// Receives waiting for a message.
-    posted: Slab<Posted, PostedId>,
+    posted: Slab<Posted, PostedId, true>,
     /// The spans of posted receives that scatter (`recvv`), by the
     /// entry's slab index; empty where none is.
     scattered: Vec<ops::Sgl>,

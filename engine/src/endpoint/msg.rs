@@ -10,8 +10,9 @@ use super::dispatch::msg_proto;
 use super::ops::{
     MAX_IOV, Posted, Proto, ReadPhase, RxKind, RxProto, RxState, Sgl, TxKind, TxProto,
 };
+use super::slab::ArmError;
 use super::types::{BufId, Ctrl, FAST_PATHS, Held, Link, PostedId, RemoteId, ReqInfo, RxId};
-use super::{DropReason, Endpoint, Error, PeerId, Span, TagMatch};
+use super::{DropReason, Endpoint, Error, PeerId, PersistentRecv, Span, TagMatch};
 use crate::device::{Device, MrId};
 use crate::wire::PacketType;
 
@@ -52,6 +53,16 @@ pub(super) fn copy_in_span<D: Device>(
     let n = len.min(dst.len.saturating_sub(seg_offset)) as usize;
     if n > 0 {
         dev.copy_to_region(buf, from, dst.mr, (dst.offset + seg_offset) as usize, n);
+    }
+}
+
+/// A persistent receive that cannot be started or freed: queued already,
+/// or freed.
+#[cold]
+fn arm_error(e: ArmError) -> Error {
+    match e {
+        ArmError::Armed => Error::Busy,
+        ArmError::Stale => Error::Invalid,
     }
 }
 
@@ -157,10 +168,79 @@ impl<D: Device> Endpoint<D> {
         self.post_recv_op(dst, None, Some(tag), from, ctx)
     }
 
+    /// A persistent receive (as MPI's `MPI_Recv_init`): an untagged
+    /// receive into `dst` for the next message from `from` (or any peer),
+    /// completing with `ctx`, set up once and then started again and
+    /// again ([`Endpoint::recv_start`]) at the cost of queueing its id,
+    /// with no check or entry per message. It is idle until started, and
+    /// again once a message completes it or it is withdrawn
+    /// ([`Endpoint::cancel_recv`]); its region stays in use until
+    /// [`Endpoint::recv_free`]. [`Error::Again`] when as many receives
+    /// are posted or set up as the endpoint holds.
+    pub fn recv_init(
+        &mut self,
+        dst: Span,
+        from: Option<PeerId>,
+        ctx: u64,
+    ) -> Result<PersistentRecv, Error> {
+        self.check_span(&dst)?;
+        if let Some(p) = from {
+            self.check_peer(p)?;
+        }
+        let posted = Posted { link: Link::NONE, want_peer: from, ctx, seq: 0, dst };
+        self.posted.insert_kept(posted).map(PersistentRecv).ok_or(Error::Again)
+    }
+
+    /// Starts persistent receive `r`: queued behind the untagged receives
+    /// posted before it, as [`Endpoint::recv`] would post it, or handed at
+    /// once a message that waits for it. [`Error::Busy`] while it is
+    /// queued; [`Error::Invalid`] once freed.
+    #[inline(always)]
+    pub fn recv_start(&mut self, r: PersistentRecv) -> Result<(), Error> {
+        if self.matcher.unexpected_waiting(false) {
+            return self.recv_start_unexpected(r);
+        }
+        self.posted.arm(r.0).map_err(arm_error)?;
+        // Untagged: its place in the queue is its order, no `seq` needed.
+        self.matcher.post(&mut self.posted, r.0, None);
+        self.retry_stalled();
+        Ok(())
+    }
+
+    /// [`Endpoint::recv_start`] while unexpected untagged messages wait:
+    /// the first of them it takes, if any, handed to it at once.
+    #[inline(never)]
+    fn recv_start_unexpected(&mut self, r: PersistentRecv) -> Result<(), Error> {
+        let (armed, &Posted { dst, want_peer, ctx, .. }) =
+            self.posted.armed(r.0).map_err(arm_error)?;
+        if armed {
+            return Err(Error::Busy);
+        }
+        if let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, None, want_peer) {
+            self.take_unexpected_into(id, dst, None, ctx);
+            return Ok(());
+        }
+        self.posted.arm(r.0).map_err(arm_error)?;
+        self.matcher.post(&mut self.posted, r.0, None);
+        self.retry_stalled();
+        Ok(())
+    }
+
+    /// Frees persistent receive `r`, withdrawn first if it is queued; its
+    /// region is no longer in use by it. [`Error::Invalid`] once freed.
+    pub fn recv_free(&mut self, r: PersistentRecv) -> Result<(), Error> {
+        if self.posted.armed(r.0).map_err(arm_error)?.0 {
+            let withdrawn = self.matcher.withdraw_untagged(&mut self.posted, |id, _| id == r.0);
+            debug_assert_eq!(withdrawn, Some(r.0), "a queued receive waits in the matcher");
+        }
+        self.posted.free_kept(r.0).map_err(arm_error)
+    }
+
     /// Withdraws the earliest untagged receive posted with `ctx` that no
     /// message has matched yet (as `fi_cancel`, without a completion);
     /// returns whether there was one. Its buffer is the caller's again, to
-    /// deregister or repost. A linear search: set-up and teardown work.
+    /// deregister or repost; a persistent receive withdrawn stays, idle.
+    /// A linear search: set-up and teardown work.
     pub fn cancel_recv(&mut self, ctx: u64) -> bool {
         let id = self.matcher.withdraw_untagged(&mut self.posted, |_, p| p.ctx == ctx);
         self.free_withdrawn(id)
@@ -177,9 +257,8 @@ impl<D: Device> Endpoint<D> {
     /// Frees a withdrawn receive; whether there was one.
     fn free_withdrawn(&mut self, id: Option<PostedId>) -> bool {
         let Some(id) = id else { return false };
-        if let Some(Posted { dst, .. }) = self.posted.take(id) {
-            self.take_scattered(id, &dst);
-        }
+        let Posted { dst, .. } = self.take_matched(id);
+        self.take_scattered(id, &dst);
         true
     }
 
@@ -367,16 +446,7 @@ impl<D: Device> Endpoint<D> {
         }
         let want_peer = from;
         if let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, tag, want_peer) {
-            let op = self.rx_ops.get_mut(id).expect("live op");
-            if FAST_PATHS && op.proto == RxProto::Eager && !op.dc {
-                self.land_unexpected_eager(id, dst, sgl, ctx);
-                return Ok(());
-            }
-            let op = self.rx_ops.get_mut(id).expect("live op");
-            op.state = RxState::Matched;
-            op.ctx = ctx;
-            op.dst = sgl.copied().unwrap_or_else(|| Sgl::one(dst));
-            self.deliver_held(id);
+            self.take_unexpected_into(id, dst, sgl, ctx);
             return Ok(());
         }
         let seq = self.next_seq;
@@ -400,6 +470,28 @@ impl<D: Device> Endpoint<D> {
         // takes without an entry.
         self.retry_stalled();
         Ok(())
+    }
+
+    /// Hands unexpected message `id` to a receive being posted (to `dst`,
+    /// or the spans of `sgl`).
+    #[inline(always)]
+    fn take_unexpected_into(&mut self, id: RxId, dst: Span, sgl: Option<&Sgl>, ctx: u64) {
+        let op = self.rx_ops.get_mut(id).expect("live op");
+        if FAST_PATHS && op.proto == RxProto::Eager && !op.dc {
+            self.land_unexpected_eager(id, dst, sgl, ctx);
+            return;
+        }
+        op.state = RxState::Matched;
+        op.ctx = ctx;
+        op.dst = sgl.copied().unwrap_or_else(|| Sgl::one(dst));
+        self.deliver_held(id);
+    }
+
+    /// Takes posted receive `pid`, which a message matched or which was
+    /// withdrawn, out of the slab; a persistent one stays there, idle.
+    #[inline(always)]
+    pub(super) fn take_matched(&mut self, pid: PostedId) -> Posted {
+        self.posted.take_or_keep(pid).expect("live receive")
     }
 
     /// An RTM whose turn has come: match it or keep it as unexpected.
@@ -454,7 +546,7 @@ impl<D: Device> Endpoint<D> {
             }
             return true;
         };
-        let Posted { ctx, dst, .. } = self.posted.take(pid).expect("live receive");
+        let Posted { ctx, dst, .. } = self.take_matched(pid);
         let sgl = (dst.mr == SCATTERED).then(|| self.take_scattered(pid, &dst));
         if !needs_entry {
             // The whole message is here and nothing answers it: land it

@@ -64,6 +64,11 @@ slab_id! {
     PostedId;
 }
 
+/// A persistent receive ([`super::Endpoint::recv_init`]): started again
+/// and again, freed once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PersistentRecv(pub(crate) PostedId);
+
 /// A peer's operation, by the id its packets carry (its `send_id` or
 /// `recv_id`): opaque here, echoed back in what answers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

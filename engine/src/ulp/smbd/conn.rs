@@ -6,7 +6,9 @@ use super::header::{Flags, HEADER_LEN, Repr};
 use super::segment::{Placement, Reassembler, Segmenter};
 use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
 use crate::device::{Access, Device, Mr};
-use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, Span, Status};
+use crate::endpoint::{
+    Completion, Endpoint, Error as EpError, PeerId, PersistentRecv, Span, Status,
+};
 use crate::ring::Ring;
 
 /// Context kinds, bits 24..32 of a context: a header slot's send, a
@@ -269,6 +271,9 @@ pub struct Connection {
     withdrawn: u16,
     /// Posted slots in posting order: the order the endpoint fills them.
     rx_order: Ring<u16>,
+    /// Per slot, when receives are never placed: its receive, set up
+    /// once and started again for each segment.
+    rx_persistent: Vec<PersistentRecv>,
     /// Per slot: its completion, until its turn.
     arrivals: Vec<Option<Arrival>>,
     /// Completions stored in `arrivals` (at least as many as are there):
@@ -364,6 +369,7 @@ impl Connection {
             withdrawn: 0,
             unplaced_back: 0,
             rx_order: Ring::with_capacity(slots, 0),
+            rx_persistent: Vec::with_capacity(slots),
             arrivals: vec![None; slots],
             arrivals_held: 0,
             tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
@@ -392,6 +398,12 @@ impl Connection {
             closed: false,
             stats: Stats::default(),
         };
+        if !c.places
+            && let Err(e) = c.set_up_slots(ep)
+        {
+            let _ = c.close(ep);
+            return Err(SetupError::Endpoint(e));
+        }
         c.repost(ep);
         if c.rx_free.is_empty() {
             c.credits =
@@ -405,6 +417,19 @@ impl Connection {
         };
         let _ = c.close(ep);
         Err(SetupError::Endpoint(error))
+    }
+
+    /// Sets up each slot's persistent receive, for a connection whose
+    /// receives are never placed: each posted into its slot alone, over
+    /// and over.
+    fn set_up_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> Result<(), EpError> {
+        let len = self.params.max_receive_size as u64;
+        for slot in 0..self.arrivals.len() as u16 {
+            let whole = Span { mr: self.rx.id, offset: self.rx_slot_offset(slot), len };
+            let r = ep.recv_init(whole, Some(self.peer), self.ctx(KIND_RECV, slot))?;
+            self.rx_persistent.push(r);
+        }
+        Ok(())
     }
 
     /// The peer.
@@ -757,6 +782,11 @@ impl Connection {
             || self.tx.iter().any(|m| m.in_flight > 0)
         {
             return Err(EpError::Busy);
+        }
+        // Each idle now: withdrawn above, or its segment handled.
+        for r in self.rx_persistent.drain(..) {
+            let freed = ep.recv_free(r);
+            debug_assert!(freed.is_ok(), "a slot's receive is freed once");
         }
         ep.deregister(self.hdr.id)?;
         ep.deregister(self.rx.id)?;
@@ -1211,12 +1241,11 @@ impl Connection {
         did
     }
 
-    /// Posts the receive of slot `slot` into the slot alone.
+    /// Starts slot `slot`'s receive, into the slot alone (a connection
+    /// that never places).
     #[inline(always)]
     fn post_in_slot<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) -> Result<(), EpError> {
-        let mrs = self.params.max_receive_size as u64;
-        let whole = Span { mr: self.rx.id, offset: self.rx_slot_offset(slot), len: mrs };
-        ep.recv(whole, Some(self.peer), self.ctx(KIND_RECV, slot))?;
+        ep.recv_start(self.rx_persistent[slot as usize])?;
         self.rx_order.push_back(slot);
         self.count_post();
         Ok(())
