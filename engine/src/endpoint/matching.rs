@@ -279,10 +279,10 @@ impl Matcher {
         }
     }
 
-    /// Whether unexpected messages, tagged or not, wait.
+    /// Whether unexpected untagged messages wait.
     #[inline(always)]
-    pub(crate) fn unexpected_waiting(&self, tagged: bool) -> bool {
-        !if tagged { &self.unexp_tag } else { &self.unexp_msg }.is_empty()
+    pub(crate) fn unexpected_untagged_waiting(&self) -> bool {
+        !self.unexp_msg.is_empty()
     }
 
     /// Takes the first unexpected message a receive being posted matches.

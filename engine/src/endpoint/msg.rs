@@ -197,8 +197,8 @@ impl<D: Device> Endpoint<D> {
     /// queued; [`Error::Invalid`] once freed.
     #[inline(always)]
     pub fn recv_start(&mut self, r: PersistentRecv) -> Result<(), Error> {
-        if self.matcher.unexpected_waiting(false) {
-            return self.recv_start_unexpected(r);
+        if self.matcher.unexpected_untagged_waiting() && self.start_on_unexpected(r)? {
+            return Ok(());
         }
         self.posted.arm(r.0).map_err(arm_error)?;
         // Untagged: its place in the queue is its order, no `seq` needed.
@@ -207,23 +207,20 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
-    /// [`Endpoint::recv_start`] while unexpected untagged messages wait:
-    /// the first of them it takes, if any, handed to it at once.
+    /// Hands idle persistent receive `r` the first unexpected untagged
+    /// message it takes, if any; whether there was one.
     #[inline(never)]
-    fn recv_start_unexpected(&mut self, r: PersistentRecv) -> Result<(), Error> {
+    fn start_on_unexpected(&mut self, r: PersistentRecv) -> Result<bool, Error> {
         let (armed, &Posted { dst, want_peer, ctx, .. }) =
             self.posted.armed(r.0).map_err(arm_error)?;
         if armed {
             return Err(Error::Busy);
         }
-        if let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, None, want_peer) {
-            self.take_unexpected_into(id, dst, None, ctx);
-            return Ok(());
-        }
-        self.posted.arm(r.0).map_err(arm_error)?;
-        self.matcher.post(&mut self.posted, r.0, None);
-        self.retry_stalled();
-        Ok(())
+        let Some(id) = self.matcher.take_unexpected(&mut self.rx_ops, None, want_peer) else {
+            return Ok(false);
+        };
+        self.take_unexpected_into(id, dst, None, ctx);
+        Ok(true)
     }
 
     /// Frees persistent receive `r`, withdrawn first if it is queued; its
