@@ -708,6 +708,53 @@ fn a_sender_never_sends_without_a_credit() {
 }
 
 #[test]
+fn try_send_starts_a_message_now_or_queues_nothing() {
+    // The peer granted 3 credits and grants nothing until told to.
+    let params = Params { send_credits: 3, ..small(100, 8) };
+    let mut p = Pair::new(SimConfig::default(), [params; 2], Config::default(), true);
+    let recvs = p.raw_recvs(64, 200);
+    let src = p.w.register(0, 7600);
+    p.w.fill(0, &src, 7600);
+    for ctx in 1..=2 {
+        let (c, ep) = p.conn(0);
+        assert_eq!(c.try_send(ep, span(&src, 0, 50), None, ctx), Ok(()));
+    }
+    // The last credit is kept for a message that grants: none to grant.
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 3), Err(SendError::Again));
+    let stalls = c.stats().credit_stalls;
+    p.settle();
+    assert_eq!(p.sent(0), [(1, SendStatus::Ok), (2, SendStatus::Ok)]);
+    assert_eq!(p.raw_segments(&recvs, 200).len(), 2, "the held-back message never went");
+    // Granted 5: it goes, and so does a message of many segments, which
+    // starts now and waits for credits to finish.
+    p.raw_send(&segment(5, Flags::empty(), 0, 0, b""), None);
+    p.settle();
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 3), Ok(()));
+    assert_eq!(c.try_send(ep, span(&src, 0, 7600), None, 4), Ok(()));
+    assert_eq!(c.stats().credit_stalls, stalls + 1, "the long message waits for credits");
+    // Behind it, nothing starts now: refused, where send queues.
+    assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 5), Err(SendError::Again));
+    assert_eq!(c.send(ep, span(&src, 0, 50), None, 5), Ok(()));
+    p.settle();
+    let segs = p.raw_segments(&recvs, 200);
+    assert_eq!(segs.len(), 7, "two, then five more granted");
+    let (r, data) = Repr::parse(&segs[2].0).unwrap();
+    assert_eq!((r.data_length, r.remaining_data_length), (50, 0));
+    assert_eq!(data, &p.w.eps[0].mem(src.id)[..50], "message 3 whole");
+    let (r, _) = Repr::parse(&segs[3].0).unwrap();
+    assert_eq!(r.data_length + r.remaining_data_length, 7600, "then message 4's first");
+    assert_eq!(p.sent(0).len(), 3, "4 and 5 wait for credits");
+    // A terminated connection says so: DataOffset 20 is not 8-aligned.
+    p.raw_send(&segment(0, Flags::empty(), 0, 20, b"a"), None);
+    p.settle();
+    assert!(p.terminated(0).is_some());
+    let (c, ep) = p.conn(0);
+    assert!(matches!(c.try_send(ep, span(&src, 0, 50), None, 6), Err(SendError::Terminated(_))));
+}
+
+#[test]
 fn a_receiver_that_gets_more_than_it_granted_terminates() {
     // 4 receives posted, 2 granted by the negotiation.
     let params = Params { receive_credits_granted: 2, ..small(1364, 4) };

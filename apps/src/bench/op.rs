@@ -637,11 +637,7 @@ impl<D: Device> Io<D> {
         // Without a credit the message would wait in the connection's
         // queue: held back here instead, as back-pressure, and sent at
         // once from a later post (the connection's queue costs more).
-        let credits = conn.credits();
-        if !credits.may_send(credits.to_grant()) {
-            return false;
-        }
-        match conn.send(&mut self.ep, src, None, ctx) {
+        match conn.try_send(&mut self.ep, src, None, ctx) {
             Ok(()) => true,
             Err(smbd::SendError::Again) => false,
             Err(e) => self.refuse(RunError::Engine(format!("sending an SMB Direct message: {e}"))),

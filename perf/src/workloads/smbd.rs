@@ -39,7 +39,9 @@ pub fn params(len: u64) -> Params {
 
 /// Messages of one size from a to b, `window` in flight, framed as SMB
 /// Direct data transfer; one operation is one message. As `efapoll
-/// streaming -o smbd` does, the receiver has messages shorter than a
+/// streaming -o smbd` does, the sender holds back a message that cannot
+/// start now (`try_send`), as a plain send is pushed back rather than
+/// queued, and the receiver has messages shorter than a
 /// placed buffer lent and gives them back, and keeps buffers posted for
 /// the others two windows and its credits ahead: more than its receives,
 /// so that they are posted into the buffers.
@@ -83,7 +85,7 @@ impl<D: Device> Runner for SmbdStream<D> {
             }
             while sent < n
                 && sent - sdone < window
-                && ca.send(&mut p.a, Span::new(src, 0, len), None, sent).is_ok()
+                && ca.try_send(&mut p.a, Span::new(src, 0, len), None, sent).is_ok()
             {
                 sent += 1;
             }

@@ -285,6 +285,10 @@ pub struct Connection {
     tx: Ring<TxMsg>,
     tx_front_seq: u64,
     next_post: usize,
+    /// The longest message sent whole by inject ([`TxMsg::whole`]): what
+    /// one segment carries, within MaxFragmentedSendSize; 0 without the
+    /// fast path.
+    whole_max: u64,
     apps: Ring<AppBuf>,
     /// Messages whose buffer came before the front's: the front's
     /// sequence number.
@@ -375,6 +379,12 @@ impl Connection {
             tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
             tx_front_seq: 0,
             next_post: 0,
+            whole_max: if cfg.fast_path {
+                let one = (params.max_send_size - cfg.data_offset) as u64;
+                one.min(params.max_fragmented_send_size as u64)
+            } else {
+                0
+            },
             apps: Ring::with_capacity(cfg.recv_queue as usize, AppBuf::FILL),
             apps_front_seq: 0,
             msgs_seen: 0,
@@ -503,6 +513,109 @@ impl Connection {
         token: Option<u64>,
         ctx: u64,
     ) -> Result<(), SendError> {
+        match self.send_at_once(ep, src, token, ctx) {
+            Some(done) => done,
+            None => self.send_queued(ep, src, token, ctx),
+        }
+    }
+
+    /// [`Connection::send`] of a message that starts now or not at all:
+    /// [`SendError::Again`], with nothing queued, when it would wait for
+    /// a credit or behind messages queued before it. For a poll loop that
+    /// holds a message back rather than have the connection queue it.
+    #[inline]
+    pub fn try_send<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        src: Span,
+        token: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), SendError> {
+        if let Some(done) = self.send_at_once(ep, src, token, ctx) {
+            return done;
+        }
+        let waits =
+            self.next_post < self.tx.len() || !self.credits.may_send(self.credits.to_grant());
+        if waits && self.error.is_none() {
+            return Err(SendError::Again);
+        }
+        self.send_queued(ep, src, token, ctx)
+    }
+
+    /// A stream's usual message, short, with nothing queued or in flight
+    /// before it and a credit for it: sent whole at once and reported
+    /// sent. None, with nothing done, for any other.
+    #[inline(always)]
+    fn send_at_once<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        src: Span,
+        token: Option<u64>,
+        ctx: u64,
+    ) -> Option<Result<(), SendError>> {
+        let short = src.len.wrapping_sub(1) < self.whole_max;
+        if !(short && token.is_none() && self.tx.is_empty() && self.error.is_none()) {
+            return None;
+        }
+        self.send_whole_now(ep, src, ctx, false)
+    }
+
+    /// Sends `src`, a message of one segment with no token
+    /// ([`TxMsg::whole`]) and nothing waiting to be posted before it, at
+    /// once if a credit allows, as `post_segment` would, without queueing
+    /// it first: reported sent now, or, `behind` messages in flight, after
+    /// them. None, with nothing done, when it does not go so.
+    #[inline(always)]
+    fn send_whole_now<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        src: Span,
+        ctx: u64,
+        behind: bool,
+    ) -> Option<Result<(), SendError>> {
+        let grants = self.credits.to_grant();
+        if !self.credits.may_send(grants) {
+            return None;
+        }
+        let i = if behind { self.tx.len() } else { 0 };
+        match self.send_whole(ep, i, src, grants) {
+            // Copied into its packet: sent, as far as the application is
+            // concerned.
+            Ok(true) if !behind => {
+                self.sent_now(ctx);
+                Some(Ok(()))
+            }
+            Ok(true) => {
+                self.queue_sent(src, ctx);
+                Some(Ok(()))
+            }
+            Err(EpError::BadSpan) => Some(Err(SendError::BadSpan)),
+            // Not now, or told as the general path tells it.
+            Ok(false) | Err(_) => None,
+        }
+    }
+
+    /// A whole message sent at once behind messages in flight: queued,
+    /// to be reported sent after them.
+    #[inline(never)]
+    fn queue_sent(&mut self, src: Span, ctx: u64) {
+        let mut seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
+        seg.advance();
+        let (token, status, whole) = (None, SendStatus::Ok, true);
+        self.tx.push_back(TxMsg { src, token, ctx, seg, in_flight: 0, status, whole });
+        self.next_post = self.tx.len();
+    }
+
+    /// [`Connection::send`] of a message [`Self::send_at_once`] did not
+    /// send.
+    #[inline(never)]
+    fn send_queued<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        src: Span,
+        token: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), SendError> {
         if let Some(e) = self.error {
             return Err(SendError::Terminated(e));
         }
@@ -515,37 +628,19 @@ impl Connection {
         if self.tx.len() >= self.cfg.send_queue as usize {
             return Err(SendError::Again);
         }
-        let mut seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
+        let seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
         let one =
             src.len > 0 && src.len <= (self.params.max_send_size - self.cfg.data_offset) as u64;
         let whole = one && token.is_none() && self.cfg.fast_path;
         let status = SendStatus::Ok;
-        // Nothing waiting to be posted before it: sent at once, as
-        // `post_segment` would, without queueing it first.
-        if whole && self.next_post == self.tx.len() && self.error.is_none() {
-            let grants = self.credits.to_grant();
-            if self.credits.may_send(grants) {
-                match self.send_whole(ep, self.tx.len(), src, grants) {
-                    // Copied into its packet: sent, as far as the
-                    // application is concerned.
-                    Ok(true) if self.tx.is_empty() => {
-                        self.sent_now(ctx);
-                        return Ok(());
-                    }
-                    // Reported after the messages before it.
-                    Ok(true) => {
-                        seg.advance();
-                        let m = TxMsg { src, token, ctx, seg, in_flight: 0, status, whole };
-                        self.tx.push_back(m);
-                        self.next_post = self.tx.len();
-                        return Ok(());
-                    }
-                    Ok(false) => {}
-                    Err(EpError::BadSpan) => return Err(SendError::BadSpan),
-                    // Told as the general path tells it.
-                    Err(_) => {}
-                }
-            }
+        // Nothing waiting to be posted before it, but messages in flight
+        // (with none, `send_at_once` tried).
+        if whole
+            && self.next_post == self.tx.len()
+            && !self.tx.is_empty()
+            && let Some(done) = self.send_whole_now(ep, src, ctx, true)
+        {
+            return done;
         }
         if !registered(ep, &src) {
             return Err(SendError::BadSpan);

@@ -27,6 +27,11 @@
 //! the endpoint's CQ data is the provider's word that travels with one
 //! send. The first, as ksmbd does since 2025 (commit 1b53426334c3,
 //! "invalidate a remote key as soon as possible").
+//! [`Connection::try_send`] sends as `send` does a message that can start
+//! now, and refuses one that would wait for a credit or behind messages
+//! queued before it ([`SendError::Again`], nothing queued): back-pressure
+//! as a plain endpoint send has it, for a poll loop that holds a message
+//! back rather than have the connection queue it.
 //!
 //! Fast path ([`Config::fast_path`]): a message of one segment with no
 //! token holds no header slot and goes by inject
@@ -383,8 +388,9 @@ pub enum SendError {
     /// Longer than MaxFragmentedSendSize: the local error of spec 3.1.5.4.
     #[error("message of {len} bytes exceeds MaxFragmentedSendSize {max}")]
     TooLong { len: u64, max: u32 },
-    /// The send queue is full: progress and retry.
-    #[error("send queue full, retry after progress")]
+    /// The send queue is full, or ([`Connection::try_send`]) the message
+    /// would wait for a credit or behind others: progress and retry.
+    #[error("cannot queue or start the message now, retry after progress")]
     Again,
     /// The span is not registered memory.
     #[error("span outside its registered region")]
