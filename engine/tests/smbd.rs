@@ -721,8 +721,15 @@ fn try_send_starts_a_message_now_or_queues_nothing() {
     }
     // The last credit is kept for a message that grants: none to grant.
     let (c, ep) = p.conn(0);
-    assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 3), Err(SendError::Again));
     let stalls = c.stats().credit_stalls;
+    assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 3), Err(SendError::Again));
+    assert_eq!(c.stats().credit_stalls, stalls, "refused, not queued to wait");
+    // A message longer than MaxFragmentedSendSize is the local error
+    // still, credit or none.
+    let long = p.w.register(0, (1 << 20) + 1);
+    let (c, ep) = p.conn(0);
+    let too_long = c.try_send(ep, span(&long, 0, (1 << 20) + 1), None, 9);
+    assert_eq!(too_long, Err(SendError::TooLong { len: (1 << 20) + 1, max: 1 << 20 }));
     p.settle();
     assert_eq!(p.sent(0), [(1, SendStatus::Ok), (2, SendStatus::Ok)]);
     assert_eq!(p.raw_segments(&recvs, 200).len(), 2, "the held-back message never went");

@@ -536,7 +536,10 @@ impl Connection {
         }
         let waits =
             self.next_post < self.tx.len() || !self.credits.may_send(self.credits.to_grant());
-        if waits && self.error.is_none() {
+        // A message too long, or a connection ended, is told as `send`
+        // tells it, whatever the credits.
+        let sendable = src.len <= self.params.max_fragmented_send_size as u64;
+        if waits && sendable && self.error.is_none() {
             return Err(SendError::Again);
         }
         self.send_queued(ep, src, token, ctx)
@@ -553,11 +556,18 @@ impl Connection {
         token: Option<u64>,
         ctx: u64,
     ) -> Option<Result<(), SendError>> {
-        let short = src.len.wrapping_sub(1) < self.whole_max;
-        if !(short && token.is_none() && self.tx.is_empty() && self.error.is_none()) {
+        if !(self.goes_whole(src.len, token) && self.tx.is_empty() && self.error.is_none()) {
             return None;
         }
         self.send_whole_now(ep, src, ctx, false)
+    }
+
+    /// Whether a message of `len` bytes with `token` goes whole by inject
+    /// ([`TxMsg::whole`]).
+    #[inline(always)]
+    fn goes_whole(&self, len: u64, token: Option<u64>) -> bool {
+        // 1..=whole_max in one compare.
+        len.wrapping_sub(1) < self.whole_max && token.is_none()
     }
 
     /// Sends `src`, a message of one segment with no token
@@ -629,9 +639,7 @@ impl Connection {
             return Err(SendError::Again);
         }
         let seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
-        let one =
-            src.len > 0 && src.len <= (self.params.max_send_size - self.cfg.data_offset) as u64;
-        let whole = one && token.is_none() && self.cfg.fast_path;
+        let whole = self.goes_whole(src.len, token);
         let status = SendStatus::Ok;
         // Nothing waiting to be posted before it, but messages in flight
         // (with none, `send_at_once` tried).
