@@ -41,21 +41,23 @@ pub fn params(len: u64) -> Params {
 /// Direct data transfer; one operation is one message. As `efapoll
 /// streaming -o smbd` does, the sender holds back a message that cannot
 /// start now (`try_send`), as a plain send is pushed back rather than
-/// queued, and the receiver has messages shorter than a
-/// placed buffer lent and gives them back, and keeps buffers posted for
-/// the others two windows and its credits ahead: more than its receives,
-/// so that they are posted into the buffers.
+/// queued (with `queue`, it sends with `send`: a message that cannot start
+/// waits in the connection's queue for a credit), and the receiver has
+/// messages shorter than a placed buffer lent and gives them back, and
+/// keeps buffers posted for the others two windows and its credits ahead:
+/// more than its receives, so that they are posted into the buffers.
 struct SmbdStream<D: Device> {
     p: Pair<D>,
     c: [Connection; 2],
     len: u64,
     window: u64,
+    queue: bool,
     src: efapoll::device::Mr,
     dst: efapoll::device::Mr,
 }
 
 impl<D: Device> SmbdStream<D> {
-    fn new(mut p: Pair<D>, len: u64, window: u64) -> Self {
+    fn new(mut p: Pair<D>, len: u64, window: u64, queue: bool) -> Self {
         let params = params(len);
         let default = smbd::Config::default();
         let cfg = smbd::Config { lend_max: default.direct_min - 1, ..default };
@@ -63,7 +65,7 @@ impl<D: Device> SmbdStream<D> {
         let cb = Connection::new(&mut p.b, p.to_a, params, cfg).unwrap();
         let src = region(&mut p.a, len);
         let dst = region(&mut p.b, len);
-        let mut s = SmbdStream { p, c: [ca, cb], len, window, src, dst };
+        let mut s = SmbdStream { p, c: [ca, cb], len, window, queue, src, dst };
         // Warm-up: every receive slot and header slot used at least once.
         s.run(4 * params.receive_credit_max as u64 + 2 * window);
         s
@@ -72,8 +74,8 @@ impl<D: Device> SmbdStream<D> {
 
 impl<D: Device> Runner for SmbdStream<D> {
     fn run(&mut self, n: u64) {
-        let SmbdStream { p, c, len, window, src, dst } = self;
-        let (len, window) = (*len, *window);
+        let SmbdStream { p, c, len, window, queue, src, dst } = self;
+        let (len, window, queue) = (*len, *window, *queue);
         let [ca, cb] = c;
         let lent = len <= cb.config().lend_max;
         let ahead = 2 * window + cb.params().receive_credit_max as u64;
@@ -83,10 +85,16 @@ impl<D: Device> Runner for SmbdStream<D> {
                 cb.recv(&mut p.b, Span::new(dst, 0, len), posted).unwrap();
                 posted += 1;
             }
-            while sent < n
-                && sent - sdone < window
-                && ca.try_send(&mut p.a, Span::new(src, 0, len), None, sent).is_ok()
-            {
+            while sent < n && sent - sdone < window {
+                let src = Span::new(src, 0, len);
+                let posted = if queue {
+                    ca.send(&mut p.a, src, None, sent)
+                } else {
+                    ca.try_send(&mut p.a, src, None, sent)
+                };
+                if posted.is_err() {
+                    break;
+                }
                 sent += 1;
             }
             for (ep, c) in [(&mut p.a, &mut *ca), (&mut p.b, &mut *cb)] {
@@ -163,9 +171,38 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
             move || Box::new(Stream::new(endpoints(), len, window))
         });
         let framed = Workload::new(format!("smbd/stream_{size}/smbd"), unit, Kind::Rate, iters, {
-            move || Box::new(SmbdStream::new(endpoints(), len, window))
+            move || Box::new(SmbdStream::new(endpoints(), len, window, false))
         });
         v.push(plain.small());
         v.push(framed.small());
+    }
+    // `send`'s queue at 64 B, which the app and the workloads above no
+    // longer take (they hold a message back instead): a sender that runs
+    // ahead of its credits has messages wait there and sent from
+    // `progress`.
+    let queued =
+        Workload::new("smbd/stream_64B/smbd_queued", Unit::Ops, Kind::Rate, 200_000, || {
+            Box::new(SmbdStream::new(endpoints(), 64, 64, true))
+        });
+    v.push(queued.small());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stream's sender: how many messages waited for a credit.
+    fn credit_stalls(queue: bool) -> u64 {
+        let mut s = SmbdStream::new(endpoints(), 64, 64, queue);
+        s.run(20_000);
+        s.c[0].stats().credit_stalls
+    }
+
+    #[test]
+    fn the_queued_stream_waits_in_the_queue_and_the_held_back_one_never() {
+        // Else `smbd/stream_64B/smbd_queued` would measure what
+        // `smbd/stream_64B/smbd` does, and guard nothing of its own.
+        assert!(credit_stalls(true) > 0, "messages waited for a credit in the queue");
+        assert_eq!(credit_stalls(false), 0, "try_send queues nothing");
     }
 }
