@@ -522,7 +522,13 @@ impl Connection {
     /// [`Connection::send`] of a message that starts now or not at all:
     /// [`SendError::Again`], with nothing queued, when it would wait for
     /// a credit or behind messages queued before it. For a poll loop that
-    /// holds a message back rather than have the connection queue it.
+    /// holds a message back rather than have the connection queue it. A
+    /// message with a credit that does not go by inject (more than one
+    /// segment, a token, or no free packet buffer in the endpoint) is
+    /// taken as `send` takes it: posted through a header slot, where the
+    /// endpoint may queue it, or left in the connection's queue when the
+    /// endpoint or the header slots push back; a `try_send` behind it then
+    /// answers `Again`.
     #[inline]
     pub fn try_send<D: Device>(
         &mut self,
