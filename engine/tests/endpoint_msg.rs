@@ -9,7 +9,7 @@ use common::{Mem, World, pattern, span};
 use efapoll::device::Mr;
 use efapoll::device::fault::Faults;
 use efapoll::device::sim::SimConfig;
-use efapoll::endpoint::{Config, Error, Op, PeerId, Status, TagMatch};
+use efapoll::endpoint::{Config, Error, Op, PeerId, Span, Status, TagMatch};
 use efapoll::wire::{Packet, PacketType, ReqFlags};
 
 const MTU: u64 = 8192;
@@ -774,4 +774,101 @@ fn a_persistent_receive_takes_its_turn_among_posted_receives() {
     w.settle();
     assert_eq!(w.eps[1].counters().unexpected, 1);
     assert_eq!(w.done[1].len(), 4, "no receive took it");
+}
+
+/// A receive ring takes its peer's untagged messages into its slots in
+/// the order they were armed, whatever their protocol (eager, medium,
+/// long), each with `ctx + slot`; messages beyond the armed slots wait as
+/// unexpected and take their slots, in order, when these are armed. A
+/// receive posted for the peer takes nothing while the ring is there, a
+/// tagged message is not the ring's, and once the ring is freed posted
+/// receives match again.
+#[test]
+fn a_receive_ring_takes_its_peers_messages_into_slots_as_they_were_armed() {
+    let lens = [100u64, 30_000, 500_000, 64, 200, 30_000];
+    let slot_len = 512 << 10;
+    let mut w = World::pair(reordering(11), Config::default());
+    let to_b = w.connect(0, 1);
+    let from_a = w.connect(1, 0);
+    let src = w.register(0, slot_len * lens.len() as u64);
+    let slots = w.register(1, 4 * slot_len);
+    let other = w.register(1, 64);
+    let first = span(&slots, 0, slot_len);
+    let ring = w.eps[1].recv_ring(first, 4, from_a, 1000).unwrap();
+    w.eps[1].recv(span(&other, 0, 64), Some(from_a), 7).unwrap();
+    w.eps[1].trecv(span(&other, 0, 64), TagMatch { tag: 5, ignore: 0 }, None, 8).unwrap();
+    let arm = |w: &mut World, slot: u16| {
+        w.eps[1].recv_ring_arm(ring, slot).unwrap();
+        w.settle();
+    };
+    arm(&mut w, 2);
+    w.eps[1].recv_ring_arm(ring, 0).unwrap();
+    w.fill(0, &src, 3);
+    for (i, &len) in lens.iter().enumerate() {
+        let at = i as u64 * slot_len;
+        w.eps[0].send(to_b, span(&src, at, len), i as u64).unwrap();
+    }
+    w.eps[0].tsend(to_b, span(&src, 0, 16), 5, 99).unwrap();
+    w.settle();
+    let ctxs = |w: &World| w.done[1].iter().map(|c| c.ctx).collect::<Vec<_>>();
+    let mut early = ctxs(&w);
+    early.sort();
+    assert_eq!(early, [8, 1000, 1002], "two slots armed, the tagged one posted");
+    assert_eq!(w.eps[1].counters().unexpected, 4);
+    // Each waiting message takes the slot armed next, in turn; slots 2
+    // and 0 are armed again once their messages were read.
+    for slot in [3, 1, 2, 0] {
+        arm(&mut w, slot);
+    }
+    assert_eq!(&ctxs(&w)[3..], [1003, 1001, 1002, 1000]);
+    // Message i in the slot armed i-th, whole: messages 4 and 5 went over
+    // 0 and 1 once those were read.
+    let taken = [2u64, 0, 3, 1, 2, 0];
+    for (i, &len) in lens.iter().enumerate().skip(2) {
+        let (at, got) = (i as u64 * slot_len, taken[i] * slot_len);
+        let c = w.done[1].iter().rev().find(|c| c.ctx == 1000 + taken[i]).unwrap();
+        assert_eq!((c.op, c.len, c.status, c.peer), (Op::Recv, len, Status::Ok, Some(from_a)));
+        let want = &w.eps[0].mem(src.id)[at as usize..(at + len) as usize];
+        assert_eq!(&w.eps[1].mem(slots.id)[got as usize..(got + len) as usize], want, "{i}");
+    }
+    assert!(w.done[1].iter().all(|c| c.ctx != 7), "the posted receive took nothing");
+    // One slot armed and the ring freed: it is withdrawn, and the posted
+    // receive takes the next message.
+    w.eps[1].recv_ring_arm(ring, 1).unwrap();
+    assert_eq!(w.eps[1].recv_ring_free(ring), Ok(1));
+    w.eps[0].send(to_b, span(&src, 0, 32), 50).unwrap();
+    w.settle();
+    let c = w.done[1].last().unwrap();
+    assert_eq!((c.ctx, c.len), (7, 32));
+}
+
+/// A ring's handle and its set-up say what is wrong: one ring per peer,
+/// slots within a registered region, a slot armed once until it takes a
+/// message, no slot past the last; a freed ring (or a later one at its
+/// index) is not its handle's; the region stays in use until the ring is
+/// freed.
+#[test]
+fn a_receive_ring_refuses_what_it_cannot_do() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let from_a = w.connect(1, 0);
+    let slots = w.register(1, 4096);
+    let first = span(&slots, 0, 1024);
+    let ep = &mut w.eps[1];
+    assert_eq!(ep.recv_ring(first, 0, from_a, 0), Err(Error::Invalid), "no slots");
+    assert_eq!(ep.recv_ring(first, 5, from_a, 0), Err(Error::BadSpan), "past the region");
+    assert_eq!(ep.recv_ring(first, 4, PeerId(9), 0), Err(Error::UnknownPeer));
+    let ring = ep.recv_ring(first, 4, from_a, 0).unwrap();
+    assert_eq!(ep.recv_ring(first, 2, from_a, 0), Err(Error::Busy), "one per peer");
+    ep.recv_ring_arm(ring, 3).unwrap();
+    ep.recv_ring_arm(ring, 0).unwrap();
+    assert_eq!(ep.recv_ring_arm(ring, 3), Err(Error::Busy), "armed twice");
+    assert_eq!(ep.recv_ring_arm(ring, 4), Err(Error::Invalid), "no slot 4");
+    assert_eq!(ep.deregister(slots.id), Err(Error::Busy), "the ring's region");
+    assert_eq!(ep.recv_ring_free(ring), Ok(2));
+    assert_eq!(ep.recv_ring_free(ring), Err(Error::Invalid), "freed once");
+    let again = ep.recv_ring(Span { len: 2048, ..first }, 2, from_a, 0).unwrap();
+    assert_ne!(again, ring);
+    assert_eq!(ep.recv_ring_arm(ring, 1), Err(Error::Invalid), "a later ring's index");
+    ep.recv_ring_free(again).unwrap();
+    ep.deregister(slots.id).unwrap();
 }

@@ -894,6 +894,15 @@ fn setup_checks_the_parameters_and_the_endpoint() {
         Connection::new(&mut w.eps[0], PeerId(9), Params::default(), Config::default()).map(|_| ()),
         Err(SetupError::Endpoint(EpError::UnknownPeer))
     );
+    // Slots in the endpoint's receive ring, of which a peer has one: one
+    // such connection to a peer, another once it is closed.
+    let mut first = Connection::new(&mut w.eps[0], to, small(1364, 8), Config::default()).unwrap();
+    assert_eq!(
+        new(&mut w, small(1364, 8), Config::default()),
+        Err(SetupError::Endpoint(EpError::Busy))
+    );
+    assert_eq!(first.close(&mut w.eps[0]), Ok(()));
+    assert_eq!(new(&mut w, small(1364, 8), Config::default()), Ok(()));
     let unordered = EpConfig { ordered: false, ..EpConfig::default() };
     let mut w2 = World::pair(SimConfig::default(), unordered);
     let to2 = w2.connect(0, 1);

@@ -317,12 +317,22 @@ impl<D: Device> Endpoint<D> {
         peer: PeerId,
         e: &EagerRtm,
     ) -> bool {
-        let Some(pid) = self.matcher.take_posted(&mut self.posted, e.tagged, e.tag, peer) else {
-            return false;
+        let (ctx, dst, pid) = match self.ring_for(e.tagged, peer) {
+            Some(ring) => {
+                let Some((ctx, dst)) = self.ring_slot(ring) else { return false };
+                (ctx, dst, None)
+            }
+            None => {
+                let taken = self.matcher.take_posted(&mut self.posted, e.tagged, e.tag, peer);
+                let Some(pid) = taken else { return false };
+                let Posted { ctx, dst, .. } = self.take_matched(pid);
+                (ctx, dst, Some(pid))
+            }
         };
-        let Posted { ctx, dst, .. } = self.take_matched(pid);
         let total = (len - e.payload_off) as u64;
-        if dst.mr == SCATTERED {
+        if let Some(pid) = pid
+            && dst.mr == SCATTERED
+        {
             // Landed from where the spans wait, not taken out first.
             let spans = &mut self.scattered[super::slab::index(pid)];
             copy_in(&mut self.dev, buf, e.payload_off, spans, 0, total);

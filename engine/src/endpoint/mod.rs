@@ -124,6 +124,7 @@ mod ops;
 mod peer;
 mod rdma;
 mod read;
+mod recv_ring;
 mod runtread;
 mod rx;
 mod slab;
@@ -139,6 +140,7 @@ pub use crate::mem::Span;
 pub use atomic::{AtomicOp, Datatype, apply as atomic_apply};
 pub use counters::{Counters, DropReason};
 pub use cq::{Completion, Op, Status};
+pub use recv_ring::RecvRing;
 pub use types::{PeerId, PersistentRecv};
 
 use crate::device::{Access, Caps, Cqe, Device, DeviceError, Mr, MrId};
@@ -364,6 +366,8 @@ pub struct Endpoint<D: Device> {
     /// entry's slab index; empty where none is.
     scattered: Vec<ops::Sgl>,
     matcher: Matcher,
+    /// Receive rings, and which peer has one.
+    rings: recv_ring::Rings,
     txq: TxQueue,
     bufs: BufLayout,
     /// RX buffers neither posted nor holding a packet.
@@ -451,6 +455,7 @@ impl<D: Device> Endpoint<D> {
             posted: Slab::with_capacity(rx_ops, Posted::BLANK),
             scattered: Vec::new(),
             matcher: Matcher::with_capacity(rx_ops),
+            rings: recv_ring::Rings::default(),
             txq: TxQueue::new(tx, tx_ops + rx_ops),
             bufs,
             rx_free,
@@ -583,6 +588,7 @@ impl<D: Device> Endpoint<D> {
             a.is_some_and(|a| [a.result, a.compare].iter().flatten().any(|s| s.mr == mr))
         };
         self.posted.live().any(|p| p.dst.mr == mr)
+            || self.ring_uses(mr)
             || self.scattered.iter().any(uses)
             || self.rx_ops.live().any(|op| uses(&op.dst))
             || self.tx_ops.live().any(|op| uses(&op.src) || atomic_uses(&op.atomic))

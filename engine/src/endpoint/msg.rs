@@ -472,7 +472,13 @@ impl<D: Device> Endpoint<D> {
     /// Hands unexpected message `id` to a receive being posted (to `dst`,
     /// or the spans of `sgl`).
     #[inline(always)]
-    fn take_unexpected_into(&mut self, id: RxId, dst: Span, sgl: Option<&Sgl>, ctx: u64) {
+    pub(super) fn take_unexpected_into(
+        &mut self,
+        id: RxId,
+        dst: Span,
+        sgl: Option<&Sgl>,
+        ctx: u64,
+    ) {
         let op = self.rx_ops.get_mut(id).expect("live op");
         if FAST_PATHS && op.proto == RxProto::Eager && !op.dc {
             self.land_unexpected_eager(id, dst, sgl, ctx);
@@ -528,7 +534,15 @@ impl<D: Device> Endpoint<D> {
             self.counters.rx_ops_exhausted += 1;
             return false;
         }
-        let Some(pid) = self.matcher.take_posted(&mut self.posted, tagged, info.tag, peer) else {
+        let taken = match self.ring_for(tagged, peer) {
+            Some(ring) => self.ring_slot(ring).map(|(ctx, dst)| (ctx, dst, None)),
+            None => self.matcher.take_posted(&mut self.posted, tagged, info.tag, peer).map(|pid| {
+                let Posted { ctx, dst, .. } = self.take_matched(pid);
+                let sgl = (dst.mr == SCATTERED).then(|| self.take_scattered(pid, &dst));
+                (ctx, dst, sgl)
+            }),
+        };
+        let Some((ctx, dst, sgl)) = taken else {
             let Some(id) = self.rx_ops.insert_with(|op| op.reset(RxKind::Msg, RxState::Unexpected))
             else {
                 self.counters.rx_ops_exhausted += 1;
@@ -543,8 +557,6 @@ impl<D: Device> Endpoint<D> {
             }
             return true;
         };
-        let Posted { ctx, dst, .. } = self.take_matched(pid);
-        let sgl = (dst.mr == SCATTERED).then(|| self.take_scattered(pid, &dst));
         if !needs_entry {
             // The whole message is here and nothing answers it: land it
             // and report it without recording it in an entry.

@@ -6,9 +6,7 @@ use super::header::{Flags, HEADER_LEN, Repr};
 use super::segment::{Placement, Reassembler, Segmenter};
 use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
 use crate::device::{Access, Device, Mr};
-use crate::endpoint::{
-    Completion, Endpoint, Error as EpError, PeerId, PersistentRecv, Span, Status,
-};
+use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, RecvRing, Span, Status};
 use crate::ring::Ring;
 
 /// Context kinds, bits 24..32 of a context: a header slot's send, a
@@ -271,9 +269,9 @@ pub struct Connection {
     withdrawn: u16,
     /// Posted slots in posting order: the order the endpoint fills them.
     rx_order: Ring<u16>,
-    /// Per slot, when receives are never placed: its receive, set up
-    /// once and started again for each segment.
-    rx_persistent: Vec<PersistentRecv>,
+    /// When receives are never placed: the endpoint's ring over the
+    /// slots, each armed again as it is free.
+    rx_ring: Option<RecvRing>,
     /// Per slot: its completion, until its turn.
     arrivals: Vec<Option<Arrival>>,
     /// Completions stored in `arrivals` (at least as many as are there):
@@ -373,7 +371,7 @@ impl Connection {
             withdrawn: 0,
             unplaced_back: 0,
             rx_order: Ring::with_capacity(slots, 0),
-            rx_persistent: Vec::with_capacity(slots),
+            rx_ring: None,
             arrivals: vec![None; slots],
             arrivals_held: 0,
             tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
@@ -429,16 +427,13 @@ impl Connection {
         Err(SetupError::Endpoint(error))
     }
 
-    /// Sets up each slot's persistent receive, for a connection whose
-    /// receives are never placed: each posted into its slot alone, over
-    /// and over.
+    /// Sets up the endpoint's receive ring over the slots, for a
+    /// connection whose receives are never placed: each slot armed again
+    /// as it is free, with no receive posted per segment.
     fn set_up_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> Result<(), EpError> {
-        let len = self.params.max_receive_size as u64;
-        for slot in 0..self.arrivals.len() as u16 {
-            let whole = Span { mr: self.rx.id, offset: self.rx_slot_offset(slot), len };
-            let r = ep.recv_init(whole, Some(self.peer), self.ctx(KIND_RECV, slot))?;
-            self.rx_persistent.push(r);
-        }
+        let first = Span { mr: self.rx.id, offset: 0, len: self.params.max_receive_size as u64 };
+        let slots = self.arrivals.len() as u16;
+        self.rx_ring = Some(ep.recv_ring(first, slots, self.peer, self.ctx(KIND_RECV, 0))?);
         Ok(())
     }
 
@@ -878,6 +873,13 @@ impl Connection {
         if self.closed {
             return Ok(());
         }
+        if let Some(ring) = self.rx_ring.take() {
+            // The slots armed last, at the back of the order, take nothing
+            // now; the others were matched and complete.
+            for _ in 0..ep.recv_ring_free(ring)? {
+                self.rx_order.skip_back();
+            }
+        }
         let tag = self.tag;
         self.rx_order.retain(|&slot| {
             let withdrawn = ep.cancel_recv(tag | KIND_RECV << KIND_SHIFT | slot as u64);
@@ -891,11 +893,6 @@ impl Connection {
             || self.tx.iter().any(|m| m.in_flight > 0)
         {
             return Err(EpError::Busy);
-        }
-        // Each idle now: withdrawn above, or its segment handled.
-        for r in self.rx_persistent.drain(..) {
-            let freed = ep.recv_free(r);
-            debug_assert!(freed.is_ok(), "a slot's receive is freed once");
         }
         ep.deregister(self.hdr.id)?;
         ep.deregister(self.rx.id)?;
@@ -1335,7 +1332,7 @@ impl Connection {
     }
 
     /// [`Self::repost`] when no receive is posted into a buffer: each
-    /// into its slot alone.
+    /// slot armed in the ring.
     #[inline]
     fn repost_in_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
         let mut did = false;
@@ -1350,11 +1347,10 @@ impl Connection {
         did
     }
 
-    /// Starts slot `slot`'s receive, into the slot alone (a connection
-    /// that never places).
+    /// Arms slot `slot` in the ring (a connection that never places).
     #[inline(always)]
     fn post_in_slot<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) -> Result<(), EpError> {
-        ep.recv_start(self.rx_persistent[slot as usize])?;
+        ep.recv_ring_arm(self.rx_ring.expect("a ring when never placing"), slot)?;
         self.rx_order.push_back(slot);
         self.count_post();
         Ok(())

@@ -146,7 +146,12 @@
 //! The connection owns every untagged message between its endpoint and
 //! its peer: the application posts no untagged receive that could take
 //! one (a wildcard receive would), and sends that peer nothing untagged
-//! of its own. Its endpoint operations carry contexts whose high 32 bits
+//! of its own; one connection to a peer per endpoint. A connection whose
+//! receives are never posted into the application's buffers (segments
+//! shorter than [`Config::direct_min`]) holds its slots in an endpoint
+//! receive ring ([`Endpoint::recv_ring`](crate::endpoint::Endpoint::recv_ring)),
+//! each armed again as it is free, rather than a receive posted per
+//! segment. Its endpoint operations carry contexts whose high 32 bits
 //! are [`Config::ctx_tag`], by which it knows its completions.
 //!
 //! Segmenting a send and parsing a received segment allocate nothing: the
