@@ -1275,6 +1275,7 @@ impl Device for SimDevice {
         self.regions.remove(mr).map(drop)
     }
 
+    #[inline]
     fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
         self.region_bytes(mr).read(offset, out);
     }
