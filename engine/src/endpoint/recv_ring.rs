@@ -64,9 +64,10 @@ impl<D: Device> Endpoint<D> {
     /// message, whatever its protocol, lands in the slot armed first
     /// ([`Endpoint::recv_ring_arm`]) and completes with `ctx + slot`. No
     /// slot is armed at first. A message that finds none armed waits as an
-    /// unexpected one does (a receive posted for any peer may take it),
-    /// and an arm hands the waiting ones their slots first. Untagged
-    /// receives posted for `from` take nothing while the ring is there.
+    /// unexpected one does: an untagged receive posted then (for `from` or
+    /// any peer) takes it as it would any, else the next arm hands it a
+    /// slot, the oldest first. A receive posted before the message came
+    /// takes nothing of `from`'s while the ring is there.
     /// [`Error::Busy`] when `from` has a ring already, [`Error::Invalid`]
     /// for no slots, [`Error::BadSpan`] when the slots leave the region.
     pub fn recv_ring(
