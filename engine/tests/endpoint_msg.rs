@@ -780,9 +780,9 @@ fn a_persistent_receive_takes_its_turn_among_posted_receives() {
 /// the order they were armed, whatever their protocol (eager, medium,
 /// long), each with `ctx + slot`; messages beyond the armed slots wait as
 /// unexpected and take their slots, in order, when these are armed. A
-/// receive posted for the peer takes nothing while the ring is there, a
-/// tagged message is not the ring's, and once the ring is freed posted
-/// receives match again.
+/// receive posted for the peer before its messages came takes none of
+/// them while the ring is there, a tagged message is not the ring's, and
+/// once the ring is freed posted receives match again.
 #[test]
 fn a_receive_ring_takes_its_peers_messages_into_slots_as_they_were_armed() {
     let lens = [100u64, 30_000, 500_000, 64, 200, 30_000];
