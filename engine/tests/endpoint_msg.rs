@@ -842,6 +842,71 @@ fn a_receive_ring_takes_its_peers_messages_into_slots_as_they_were_armed() {
     assert_eq!((c.ctx, c.len), (7, 32));
 }
 
+/// A message of the ring's peer that waits for a slot is found by the
+/// next arm whenever it came: before the ring was made, after an arm that
+/// found none waiting, while another peer's messages wait unexpected too,
+/// or after a posted receive took the one before it; the other peer's
+/// stay for a receive of theirs.
+#[test]
+fn a_receive_ring_finds_its_peers_waiting_messages_among_others() {
+    let mut w = World::new(3, SimConfig::default(), Config::default());
+    let (a_to_b, c_to_b) = (w.connect(0, 1), w.connect(2, 1));
+    let (from_a, from_c) = (w.connect(1, 0), w.connect(1, 2));
+    let (src_a, src_c) = (w.register(0, 4096), w.register(2, 4096));
+    w.fill(0, &src_a, 5);
+    w.fill(2, &src_c, 6);
+    let slots = w.register(1, 4 * 1024);
+    let other = w.register(1, 1024);
+    // Message i of a sender: 100 + i bytes from 100 * i.
+    let send = |w: &mut World, from: usize, to: PeerId, src: &Mr, i: u64| {
+        w.eps[from].send(to, span(src, i * 100, 100 + i), i).unwrap();
+        w.settle();
+    };
+    // A's first message and C's two wait before the ring is made.
+    send(&mut w, 0, a_to_b, &src_a, 0);
+    send(&mut w, 2, c_to_b, &src_c, 0);
+    send(&mut w, 2, c_to_b, &src_c, 1);
+    assert_eq!(w.eps[1].counters().unexpected, 3);
+    let ring = w.eps[1].recv_ring(span(&slots, 0, 1024), 4, from_a, 1000).unwrap();
+    let arm = |w: &mut World, slot: u16| {
+        w.eps[1].recv_ring_arm(ring, slot).unwrap();
+        w.settle();
+    };
+    arm(&mut w, 0);
+    // None of A's waits now: slot 1 takes A's next as it comes.
+    arm(&mut w, 1);
+    send(&mut w, 0, a_to_b, &src_a, 1);
+    // A's third waits, and a receive for A takes it; the arm after finds
+    // none, and A's fourth takes its slot.
+    send(&mut w, 0, a_to_b, &src_a, 2);
+    w.eps[1].recv(span(&other, 0, 512), Some(from_a), 8).unwrap();
+    w.settle();
+    arm(&mut w, 2);
+    send(&mut w, 0, a_to_b, &src_a, 3);
+    // A's fifth waits behind C's, a receive for any peer takes the oldest
+    // (C's first), and the next arm A's fifth.
+    send(&mut w, 0, a_to_b, &src_a, 4);
+    w.eps[1].recv(span(&other, 512, 512), None, 7).unwrap();
+    w.settle();
+    arm(&mut w, 3);
+    let got: Vec<_> = w.done[1].iter().map(|c| (c.ctx, c.len, c.peer)).collect();
+    let (a, c) = (Some(from_a), Some(from_c));
+    assert_eq!(
+        got,
+        [(1000, 100, a), (1001, 101, a), (8, 102, a), (1002, 103, a), (7, 100, c), (1003, 104, a)]
+    );
+    // C's second waited through every arm, for a receive of C's.
+    w.eps[1].recv(span(&other, 0, 512), Some(from_c), 9).unwrap();
+    w.settle();
+    let last = w.done[1].last().unwrap();
+    assert_eq!((last.ctx, last.len, last.peer), (9, 101, c));
+    for (slot, i) in [(1usize, 1usize), (3, 4)] {
+        let want = &w.eps[0].mem(src_a.id)[i * 100..i * 101 + 100];
+        let at = slot * 1024;
+        assert_eq!(&w.eps[1].mem(slots.id)[at..at + 100 + i], want, "slot {slot}");
+    }
+}
+
 /// A ring's handle and its set-up say what is wrong: one ring per peer,
 /// slots within a registered region, a slot armed once until it takes a
 /// message, no slot past the last; a freed ring (or a later one at its

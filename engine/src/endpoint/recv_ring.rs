@@ -35,13 +35,23 @@ pub(super) struct RingState {
     armed: Ring<u16>,
     /// Per slot: whether it is in `armed`.
     is_armed: Box<[bool]>,
+    /// Whether a message of the peer may wait unexpected: set when one
+    /// found no slot armed (or may have come before the ring), cleared
+    /// when a search finds none. Never false while one waits, so that an
+    /// arm searches the unexpected messages only then, not whenever
+    /// another peer's wait.
+    waiting: bool,
 }
 
 impl RingState {
     /// The next armed slot, taken: its completion context and span.
     #[inline(always)]
     fn take_next(&mut self) -> Option<(u64, Span)> {
-        let slot = self.armed.pop_front()?;
+        let Some(slot) = self.armed.pop_front() else {
+            // The message waits unexpected.
+            self.waiting = true;
+            return None;
+        };
         self.is_armed[slot as usize] = false;
         let at = self.offset + slot as u64 * self.len;
         Some((self.ctx + slot as u64, Span { mr: self.mr, offset: at, len: self.len }))
@@ -95,6 +105,7 @@ impl<D: Device> Endpoint<D> {
             ctx,
             armed: Ring::with_capacity(slots as usize, 0),
             is_armed: vec![false; slots as usize].into(),
+            waiting: self.matcher.unexpected_untagged_waiting(),
         };
         let list = &mut self.rings.list;
         let index = match list.iter().position(|(_, s)| s.is_none()) {
@@ -127,7 +138,7 @@ impl<D: Device> Endpoint<D> {
             None => return Err(Error::Invalid),
         }
         ring.armed.push_back(slot);
-        if self.matcher.unexpected_untagged_waiting() {
+        if ring.waiting {
             self.ring_take_unexpected(r.index as usize);
         }
         // A message that waited for a receive entry may be an eager one a
@@ -145,7 +156,10 @@ impl<D: Device> Endpoint<D> {
         {
             let peer = ring.peer;
             let waiting = self.matcher.take_unexpected(&mut self.rx_ops, None, Some(peer));
-            let Some(id) = waiting else { return };
+            let Some(id) = waiting else {
+                self.rings.list[index].1.as_mut().expect("a live ring").waiting = false;
+                return;
+            };
             let (ctx, dst) = self.ring_slot(index).expect("an armed slot");
             self.take_unexpected_into(id, dst, None, ctx);
         }
