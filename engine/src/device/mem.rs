@@ -65,7 +65,7 @@ impl Bytes {
 
     /// Copies `out.len()` bytes at `offset` into `out`. Panics if the
     /// range is outside.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn read(&self, offset: usize, out: &mut [u8]) {
         assert!(offset.checked_add(out.len()).is_some_and(|end| end <= self.len), "range outside");
         // SAFETY: inside the allocation (checked above), which lives as long

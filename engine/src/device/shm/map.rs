@@ -240,7 +240,7 @@ impl Mapping {
     }
 
     /// Copies the segment's bytes at `offset` into `dst`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn read_bytes(&self, offset: usize, dst: &mut [u8]) {
         self.check(offset, dst.len());
         // SAFETY: the source range is inside the mapping (checked); `dst`
