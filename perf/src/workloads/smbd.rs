@@ -1,7 +1,8 @@
 //! SMB Direct framing (`efapoll::ulp::smbd`) against plain sends: the same
 //! stream over shm in one thread, once as endpoint messages and once as
-//! SMB Direct data transfer over a connection each way; and the Data
-//! Transfer header's codec on the unit tests' golden segments.
+//! SMB Direct data transfer over a connection each way; the framed 64-byte
+//! stream as `efapoll streaming -o smbd` takes it (drained), over sim; and
+//! the Data Transfer header's codec on the unit tests' golden segments.
 
 use std::hint::black_box;
 use std::time::Duration;
