@@ -1277,7 +1277,7 @@ impl Device for SimDevice {
 
     // Always inlined: a caller reading a few bytes of known length (a
     // header) then copies them with moves rather than a call to memcpy,
-    // which a plain hint lost when the callers around it changed.
+    // whatever else its inlining budget holds.
     #[inline(always)]
     fn read_region(&self, mr: MrId, offset: usize, out: &mut [u8]) {
         self.region_bytes(mr).read(offset, out);
