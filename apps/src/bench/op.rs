@@ -629,7 +629,7 @@ impl<D: Device> Io<D> {
     /// Sends `src` as an SMB Direct message; false when the connection
     /// has no credit to send it now or its queue is full, or it refused
     /// ([`Io::failure`] says why).
-    #[inline]
+    #[inline(always)]
     fn send_smbd(&mut self, src: Span, ctx: u64) -> bool {
         let Some((_, Some(conn))) = &mut self.smbd else {
             return self.refuse(RunError::Setup("the SMB Direct connection is not set up".into()));

@@ -287,6 +287,10 @@ pub struct Connection {
     /// one segment carries, within MaxFragmentedSendSize; 0 without the
     /// fast path.
     whole_max: u64,
+    /// The longest segment whose message may be lent: `lend_max` bytes
+    /// behind the longest DataOffset; 0 when nothing is lent or without
+    /// the fast path. Set up once, read for every segment.
+    lend_segment_max: u64,
     apps: Ring<AppBuf>,
     /// Messages whose buffer came before the front's: the front's
     /// sequence number.
@@ -380,6 +384,11 @@ impl Connection {
             whole_max: if cfg.fast_path {
                 let one = (params.max_send_size - cfg.data_offset) as u64;
                 one.min(params.max_fragmented_send_size as u64)
+            } else {
+                0
+            },
+            lend_segment_max: if cfg.fast_path && cfg.lend_max > 0 {
+                cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64)
             } else {
                 0
             },
@@ -524,7 +533,7 @@ impl Connection {
     /// endpoint may queue it, or left in the connection's queue when the
     /// endpoint or the header slots push back; a `try_send` behind it then
     /// answers `Again`.
-    #[inline]
+    #[inline(always)]
     pub fn try_send<D: Device>(
         &mut self,
         ep: &mut Endpoint<D>,
@@ -812,6 +821,8 @@ impl Connection {
         loop {
             // One call of `f` in the loop, which it can then take inline.
             let c;
+            // A loan `lend_now` made is marked lent only if `f` keeps it.
+            let mut fresh = false;
             let d = match self.events.pop_front() {
                 Some(e) => Drained::Event(e),
                 None => {
@@ -821,6 +832,7 @@ impl Connection {
                     // its completion read where it lies.
                     if let Some(e) = self.lend_now(ep, next) {
                         ep.skip_cq();
+                        fresh = true;
                         Drained::Event(e)
                     } else {
                         let got = ep.poll_cq().expect("peeked");
@@ -834,10 +846,15 @@ impl Connection {
             };
             n += 1;
             let flow = f(ep, d);
-            if flow != Flow::Keep
-                && let Drained::Event(Event::Lent { loan, .. }) = d
-            {
-                self.repost_lent(ep, loan);
+            if let Drained::Event(Event::Lent { loan, .. }) = d {
+                match (flow, fresh) {
+                    (Flow::Keep, true) => self.mark_lent(loan.0),
+                    (Flow::Keep, false) => {}
+                    // `f` cannot reach the connection: still up, as
+                    // `lend_now` found it.
+                    (_, true) => self.rearm(ep, loan.0),
+                    (_, false) => self.repost_lent(ep, loan),
+                }
             }
             if flow == Flow::Stop {
                 return n;
@@ -848,17 +865,23 @@ impl Connection {
     /// A lent message was read ([`Connection::drain`]): given back, and
     /// its receive posted again now when it goes into its slot alone (else
     /// by the next [`Connection::progress`], as any given back).
-    #[inline]
+    #[inline(always)]
     fn repost_lent<D: Device>(&mut self, ep: &mut Endpoint<D>, loan: Loan) {
         let up = self.end_loan(loan);
         debug_assert!(up.is_ok(), "drain hands each loan out once");
-        if up != Ok(true) {
-            return;
+        if up == Ok(true) {
+            self.rearm(ep, loan.0);
         }
+    }
+
+    /// Receive slot `slot`, read and not lent, posted again now when it
+    /// goes into its slot alone (else by the next `progress`).
+    #[inline(always)]
+    fn rearm<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) {
         if self.places {
-            self.rx_free.push(loan.0);
-        } else if let Err(e) = self.post_in_slot(ep, loan.0) {
-            self.rx_free.push(loan.0);
+            self.rx_free.push(slot);
+        } else if let Err(e) = self.post_in_slot(ep, slot) {
+            self.rx_free.push(slot);
             self.refused(e);
         }
     }
@@ -1447,7 +1470,7 @@ impl Connection {
     /// may be lent (and so needs no buffer).
     #[inline(always)]
     fn may_lend(&self, len: u64) -> bool {
-        self.cfg.lend_max > 0 && len <= self.cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64)
+        len <= self.lend_segment_max
     }
 
     /// Whether header `r`, valid, is a whole message in one segment: the
@@ -1462,7 +1485,8 @@ impl Connection {
     /// [`Self::handle`] of a completion [`Connection::drain`] can hand
     /// out at once: a message it lends, in its turn, with nothing held
     /// behind it; taken as [`Self::on_whole_arrival`] takes it, and its
-    /// [`Event::Lent`] returned rather than queued. None, with nothing
+    /// [`Event::Lent`] returned rather than queued, its slot not yet
+    /// marked lent (`drain` marks it if kept). None, with nothing
     /// changed, for any other completion.
     #[inline(always)]
     fn lend_now<D: Device>(&mut self, ep: &Endpoint<D>, c: &Completion) -> Option<Event> {
@@ -1472,7 +1496,8 @@ impl Connection {
             return None;
         }
         let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
-        if !self.cfg.fast_path || self.arrivals_held > 0 || !self.may_lend(a.len) {
+        // Nothing may be lent without the fast path.
+        if self.arrivals_held > 0 || !self.may_lend(a.len) {
             return None;
         }
         if !self.whole_may_arrive(slot, &a) {
@@ -1711,15 +1736,23 @@ impl Connection {
     /// Lends the message of `len` bytes at `offset` of receive slot `slot`.
     #[inline]
     fn lend(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) {
+        self.mark_lent(slot);
         let e = self.loan(slot, offset, len, invalidated);
         self.events.push_back(e);
     }
 
-    /// [`Self::lend`]'s loan taken out: its event, to be handed out.
+    /// Receive slot `slot`'s message is the application's until it gives
+    /// the loan back.
     #[inline(always)]
-    fn loan(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) -> Event {
+    fn mark_lent(&mut self, slot: u16) {
         self.lent[slot as usize] = true;
         self.lent_out += 1;
+    }
+
+    /// The loan of slot `slot`'s message counted, and its event, to be
+    /// handed out ([`Self::mark_lent`] is the caller's).
+    #[inline(always)]
+    fn loan(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) -> Event {
         self.stats.lent += 1;
         self.stats.messages_received += 1;
         self.stats.bytes_received += len;
