@@ -397,8 +397,6 @@ fn lcore_threads_make_their_devices_from_one_shm_domain() {
 
 #[cfg(feature = "efa")]
 mod on_efa {
-    use std::time::Duration;
-
     use efapoll::device::efa::{EfaConfig, EfaDomain};
 
     use super::*;
