@@ -223,13 +223,21 @@ pub struct Io<D: Device> {
     lending: Box<Lending>,
 }
 
-/// `-o smbd`'s lent messages and the receives posted for them.
+/// `-o smbd`'s lent messages and, with `-c`, the receives posted for
+/// them. Without `-c` a message the connection lends needs no receive of
+/// the application's: SMB Direct's receives are the connection's own,
+/// which its credits count. Such a receive is taken at once, keeps
+/// nothing, and the lent message completes one (its ctx 0), read where
+/// it landed: a receiver of a stream is then what an SMB Direct consumer
+/// is, and pays for no queue of receives that only stand in for the
+/// connection's.
 #[derive(Debug)]
 struct Lending {
-    /// Receives posted for messages the connection lends (as it will:
-    /// they are short and in one segment), oldest first.
+    /// With `-c`: receives posted for messages the connection lends (as
+    /// it will: they are short and in one segment), oldest first.
     to: VecDeque<(Span, u64)>,
-    /// Messages lent before their receive was posted, oldest first.
+    /// With `-c`: messages lent before their receive was posted, oldest
+    /// first.
     lent: VecDeque<(smbd::Loan, Span)>,
     /// With `-c`: a lent message is copied into its receive's buffer, to
     /// be checked there.
@@ -370,6 +378,9 @@ impl<D: Device> Io<D> {
                     Drained::Event(Event::Sent { ctx, status: SendStatus::Ok }) => {
                         untagged(Op::Send, ctx, 0, Status::Ok, peer)
                     }
+                    Drained::Event(Event::Lent { data, .. }) if !lending.copy => {
+                        untagged(Op::Recv, 0, data.len, Status::Ok, peer)
+                    }
                     Drained::Event(Event::Lent { loan, data, .. }) => {
                         let Some(to) = lending.to.pop_front() else {
                             lending.lent.push_back((loan, data));
@@ -443,6 +454,10 @@ impl<D: Device> Io<D> {
             match e {
                 Event::Sent { ctx, status: SendStatus::Ok } => {
                     break Ok(Some(untagged(Op::Send, ctx, 0, Status::Ok, peer)));
+                }
+                Event::Lent { loan, data, .. } if !lending.copy => {
+                    break give_back(conn, loan)
+                        .map(|()| Some(untagged(Op::Recv, 0, data.len, Status::Ok, peer)));
                 }
                 Event::Lent { loan, data, .. } => {
                     if lending.lent.is_empty()
@@ -583,13 +598,32 @@ impl<D: Device> Io<D> {
         self.posted(result, "receive")
     }
 
+    /// Whether a receive of `len` bytes is kept until its message comes:
+    /// not one that `-o smbd` without `-c` takes at once (see `Lending`),
+    /// which a poll loop need not post.
+    #[inline(always)]
+    pub fn keeps_receive(&self, len: u64) -> bool {
+        self.lending.copy || !self.lends(len)
+    }
+
+    /// Whether the connection lends a message of `len` bytes (and so
+    /// completes a receive for it with no buffer of its own).
+    #[inline(always)]
+    fn lends(&self, len: u64) -> bool {
+        len > 0 && len <= self.lending.max && matches!(self.smbd, Some((_, Some(_))))
+    }
+
     /// [`Io::recv`] of `-o smbd`: a receive for a message the connection
     /// lends waits for it here, in line; any other goes out of line.
     #[inline(always)]
     fn recv_smbd(&mut self, dst: Span, ctx: u64) -> bool {
-        let lending = &mut *self.lending;
-        if dst.len > 0 && dst.len <= lending.max && matches!(self.smbd, Some((_, Some(_)))) {
-            // The connection lends such a message: no buffer of its own.
+        if self.lends(dst.len) {
+            let lending = &mut *self.lending;
+            // The connection lends such a message: no buffer of its own,
+            // and without `-c` nothing to keep (see `Lending`).
+            if !lending.copy {
+                return true;
+            }
             if lending.to.len() >= self.smbd_config.recv_queue as usize {
                 return false;
             }
@@ -761,9 +795,13 @@ fn lent_completion<D: Device>(
     peer: PeerId,
 ) -> Result<Completion, RunError> {
     let c = read_lent(ep, to, copy, data, peer)?;
-    conn.give_back(loan)
-        .map_err(|e| RunError::Engine(format!("giving back a lent SMB Direct message: {e}")))?;
+    give_back(conn, loan)?;
     Ok(c)
+}
+
+fn give_back(conn: &mut Connection, loan: smbd::Loan) -> Result<(), RunError> {
+    conn.give_back(loan)
+        .map_err(|e| RunError::Engine(format!("giving back a lent SMB Direct message: {e}")))
 }
 
 /// A message the SMB Direct connection lent, as the completion of the
@@ -1012,7 +1050,7 @@ pub fn verify_fetched(
 
 #[cfg(test)]
 mod tests {
-    use efapoll::device::sim::{SimConfig, SimFabric};
+    use efapoll::device::sim::{SimConfig, SimDevice, SimFabric};
 
     use super::*;
 
@@ -1059,6 +1097,84 @@ mod tests {
         };
         assert!(err.to_string().contains("the SMB Direct connection ended"), "{err}");
         assert!(io.poll_cq().is_none(), "nothing after the failure");
+    }
+
+    /// Two `-o smbd` ends over sim, connected to each other.
+    fn smbd_pair(verify: bool) -> (Io<SimDevice>, Io<SimDevice>) {
+        let params = Params { verify, ..params("sim", "smbd") };
+        let fabric = SimFabric::new(SimConfig::default());
+        let ep = |f: &SimFabric| Endpoint::new(f.device(), Config::default()).unwrap();
+        let mut a = Io::new(ep(&fabric), OpKind::Smbd, &params).unwrap();
+        let mut b = Io::new(ep(&fabric), OpKind::Smbd, &params).unwrap();
+        let mem = MemDesc { addr: 0, key: 0, len: 0 };
+        let (a_addr, b_addr) = (a.ep.addr(), b.ep.addr());
+        a.connect(&b_addr, mem, &mut || Ok(())).unwrap();
+        b.connect(&a_addr, mem, &mut || Ok(())).unwrap();
+        (a, b)
+    }
+
+    /// Without `-c` a message the connection lends completes a receive
+    /// the application never posted: none is kept (`keeps_receive`), one
+    /// posted is taken at once, and every message comes as a receive of
+    /// its length, through `drain_cq` and `poll_cq` alike. With `-c`, and
+    /// for messages too long to lend, receives are kept as before.
+    #[test]
+    fn smbd_without_check_completes_lent_messages_with_no_receive_kept() {
+        let (mut tx, mut rx) = smbd_pair(false);
+        assert!(!rx.keeps_receive(64) && !rx.keeps_receive(1));
+        assert!(rx.keeps_receive(0) && rx.keeps_receive(rx.lending.max + 1));
+        let (checked, _) = smbd_pair(true);
+        assert!(checked.keeps_receive(64));
+        let send = Io::new(
+            Endpoint::new(SimFabric::new(SimConfig::default()).device(), Config::default())
+                .unwrap(),
+            OpKind::Send,
+            &params("sim", "send"),
+        )
+        .unwrap();
+        assert!(send.keeps_receive(64));
+
+        let src = register(&mut tx.ep, 64).unwrap();
+        let dst = register(&mut rx.ep, 64).unwrap();
+        // One receive posted, taken at once and kept nowhere.
+        assert!(rx.recv(Span::new(&dst, 0, 64), 7));
+        assert!(rx.lending.to.is_empty());
+        let total = 300u64;
+        let (mut sent, mut sends_done, mut lens) = (0, 0, Vec::new());
+        let mut polls = 0;
+        while lens.len() < total as usize {
+            while sent < total && tx.post(Span::new(&src, 0, 64), 0, sent, false) {
+                sent += 1;
+            }
+            tx.failure().unwrap();
+            tx.progress();
+            while let Some(c) = tx.poll_cq() {
+                assert_eq!((c.op, c.status), (Op::Send, Status::Ok));
+                sends_done += 1;
+            }
+            rx.progress();
+            // Half the polls through each way of taking completions.
+            if polls % 2 == 0 {
+                rx.drain_cq(|c| {
+                    lens.push((c.op, c.status, c.len, c.ctx));
+                    Ok::<(), RunError>(())
+                })
+                .unwrap();
+            } else {
+                while let Some(c) = rx.poll_cq() {
+                    lens.push((c.op, c.status, c.len, c.ctx));
+                }
+            }
+            rx.failure().unwrap();
+            polls += 1;
+            assert!(polls < 100_000, "{} of {total} received", lens.len());
+        }
+        assert!(lens.iter().all(|&l| l == (Op::Recv, Status::Ok, 64, 0)), "{lens:?}");
+        assert_eq!(lens.len() as u64, total);
+        assert!(rx.lending.to.is_empty() && rx.lending.lent.is_empty());
+        let conn = rx.smbd.as_ref().and_then(|(_, c)| c.as_ref()).unwrap();
+        assert_eq!(conn.stats().lent, total);
+        assert!(sends_done <= total);
     }
 
     /// A shm peer that takes the connection and never answers (a stopped

@@ -516,6 +516,9 @@ impl<D: Device> Receiver<D> {
                 self.slot_busy[slot as usize] = true;
                 self.posted += 1;
             }
+        } else if !self.io.keeps_receive(self.size) {
+            // Taken at once: nothing to post.
+            self.posted = end;
         } else {
             // Every message lands at the buffer's start.
             let span = Span::new(&self.dst, 0, self.size);
