@@ -375,11 +375,9 @@ impl<D: Device> Io<D> {
                 any = true;
                 let c = match d {
                     Drained::Other(c) => *c,
-                    Drained::Event(Event::Sent { ctx, status: SendStatus::Ok }) => {
-                        untagged(Op::Send, ctx, 0, Status::Ok, peer)
-                    }
+                    Drained::Event(Event::Sent { ctx, status: SendStatus::Ok }) => sent(ctx, peer),
                     Drained::Event(Event::Lent { data, .. }) if !lending.copy => {
-                        untagged(Op::Recv, 0, data.len, Status::Ok, peer)
+                        lent_unkept(data, peer)
                     }
                     Drained::Event(Event::Lent { loan, data, .. }) => {
                         let Some(to) = lending.to.pop_front() else {
@@ -452,12 +450,9 @@ impl<D: Device> Io<D> {
             // A message sent and one lent, as a stream has them, before
             // the others.
             match e {
-                Event::Sent { ctx, status: SendStatus::Ok } => {
-                    break Ok(Some(untagged(Op::Send, ctx, 0, Status::Ok, peer)));
-                }
+                Event::Sent { ctx, status: SendStatus::Ok } => break Ok(Some(sent(ctx, peer))),
                 Event::Lent { loan, data, .. } if !lending.copy => {
-                    break give_back(conn, loan)
-                        .map(|()| Some(untagged(Op::Recv, 0, data.len, Status::Ok, peer)));
+                    break give_back(conn, loan).map(|()| Some(lent_unkept(data, peer)));
                 }
                 Event::Lent { loan, data, .. } => {
                     if lending.lent.is_empty()
@@ -822,6 +817,20 @@ fn read_lent<D: Device>(
     }
     let status = if data.len > dst.len { Status::Truncated { olen: data.len } } else { Status::Ok };
     Ok(untagged(Op::Recv, ctx, len, status, peer))
+}
+
+/// A send of context `ctx` to `peer` done, as its completion.
+#[inline(always)]
+fn sent(ctx: u64, peer: PeerId) -> Completion {
+    untagged(Op::Send, ctx, 0, Status::Ok, peer)
+}
+
+/// A message lent and read where it landed, as the completion of a
+/// receive of context 0: without `-c` none is kept for it
+/// ([`Io::keeps_receive`]).
+#[inline(always)]
+fn lent_unkept(data: Span, peer: PeerId) -> Completion {
+    untagged(Op::Recv, 0, data.len, Status::Ok, peer)
 }
 
 /// The completion of an untagged operation with `peer`.
