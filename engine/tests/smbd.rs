@@ -1394,6 +1394,36 @@ fn a_message_read_inside_drain_has_its_receive_posted_again_at_once() {
     assert_eq!(c.close(ep), Ok(()), "no loan out");
 }
 
+/// A message lent inside `drain` reads its own bytes whatever DataOffset
+/// its sender puts them at: the stream's usual 24, which the receiver
+/// recognizes by the header's words, or another, which it parses.
+#[test]
+fn a_message_lent_inside_drain_reads_its_bytes_at_any_data_offset() {
+    for data_offset in [24, 32, 64] {
+        let cfg = Config { lend_max: 64, data_offset, ..Config::default() };
+        let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, false);
+        let src = p.w.register(0, 3 * 64);
+        p.w.fill(0, &src, data_offset as u64);
+        let sent: Vec<Vec<u8>> = p.w.eps[0].mem(src.id).chunks(64).map(|c| c.to_vec()).collect();
+        for k in 0..3 {
+            let (c, ep) = p.conn(0);
+            c.send(ep, span(&src, k * 64, 64), None, k).unwrap();
+        }
+        deliver_to_endpoint(&mut p);
+        let (c, ep) = p.conn(1);
+        let mut got = vec![];
+        c.drain(ep, |ep, d| {
+            let Drained::Event(Event::Lent { data, .. }) = d else { panic!("{d:?}") };
+            let mut bytes = vec![0; data.len as usize];
+            ep.read_mem(data.mr, data.offset, &mut bytes).unwrap();
+            got.push(bytes);
+            Flow::Next
+        });
+        assert_eq!(got, sent, "DataOffset {data_offset}");
+        assert_eq!(c.stats().lent, 3);
+    }
+}
+
 /// `Flow::Keep` keeps the loan: its receive and credit stay held until
 /// `give_back`, as a loan polled and not given back.
 #[test]

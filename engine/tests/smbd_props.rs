@@ -118,6 +118,41 @@ proptest! {
         prop_assert_eq!(back, r);
         prop_assert_eq!(data.len(), length as usize);
     }
+
+    /// Header prediction never disagrees with parsing: a header it
+    /// recognizes parses to the same fields and is a whole message in one
+    /// segment; and it recognizes every such message at the default
+    /// DataOffset whose data runs to the segment's end.
+    #[test]
+    fn a_predicted_header_is_what_parsing_reads(
+        words in any::<[u8; HEADER_LEN]>(),
+        // Each field as emitted for a whole message, or as it came.
+        usual in any::<[bool; 3]>(),
+        data_length in prop_oneof![Just(0u32), Just(1), 1u32..100_000, any::<u32>()],
+        past_end in prop_oneof![4 => Just(0u64), 1 => 0u64..64],
+    ) {
+        let mut h = words;
+        if usual[0] { h[8..12].fill(0); }
+        if usual[1] { h[12..16].copy_from_slice(&24u32.to_le_bytes()); }
+        if usual[2] { h[16..20].copy_from_slice(&data_length.to_le_bytes()); }
+        let segment_len = 24 + data_length as u64 + past_end;
+        let parsed = Repr::parse_header(&h, segment_len as usize);
+        match Repr::predict_whole(&h, segment_len) {
+            Some(r) => {
+                prop_assert_eq!(parsed, Ok(r));
+                prop_assert!(r.remaining_data_length == 0 && r.data_length > 0);
+            }
+            None => {
+                let whole_to_end = parsed.is_ok_and(|r| {
+                    r.remaining_data_length == 0
+                        && r.data_length > 0
+                        && r.data_offset == 24
+                        && r.data_length as u64 + 24 == segment_len
+                });
+                prop_assert!(!whole_to_end, "missed {:?}", parsed);
+            }
+        }
+    }
 }
 
 proptest! {

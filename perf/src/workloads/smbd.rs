@@ -195,6 +195,23 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
         })
         .small(),
     );
+    // A stream's usual header (a whole message at DataOffset 24, its data
+    // to the segment's end), recognized by its words rather than parsed.
+    v.push(
+        Workload::new("smbd/header/predict", Unit::Ops, Kind::Rate, 6_000_000, || {
+            let whole = Repr { remaining_data_length: 0, ..Repr::parse(golden::FIRST).unwrap().0 };
+            let mut seg = [0u8; 32];
+            whole.emit(&mut seg);
+            Box::new(move |n| {
+                for _ in 0..n {
+                    let seg = black_box(&seg);
+                    let head = seg.first_chunk().unwrap();
+                    black_box(Repr::predict_whole(head, black_box(32)).unwrap());
+                }
+            })
+        })
+        .small(),
+    );
     v.push(Workload::new("smbd/header/parse_view", Unit::Ops, Kind::Rate, 6_000_000, || {
         Box::new(|n| {
             for _ in 0..n {

@@ -1411,12 +1411,7 @@ impl Connection {
             return false;
         }
         let seg = &self.scratch;
-        // The codec's checks, and the reassembler's for a first segment
-        // that is also the last.
-        let Ok(r) = Repr::parse_header(&seg[..HEADER_LEN], a.len as usize) else { return false };
-        if !self.is_whole(&r) {
-            return false;
-        }
+        let Some(r) = self.whole_header(seg, a.len) else { return false };
         let len = r.data_length as u64;
         if self.lends(len) {
             self.accept_whole(&r);
@@ -1473,6 +1468,24 @@ impl Connection {
         len <= self.lend_segment_max
     }
 
+    /// The header at the start of `seg`, of a segment of `len` bytes, when
+    /// it is valid and a whole message in one segment: the codec's checks
+    /// and the reassembler's for a first segment that is also the last.
+    /// A stream's usual header is recognized by its words
+    /// ([`Repr::predict_whole`]), any other checked field by field.
+    #[inline(always)]
+    fn whole_header(&self, seg: &[u8; SMALL_SEGMENT], len: u64) -> Option<Repr> {
+        let head = seg.first_chunk().expect("a header fits the scratch bytes");
+        match Repr::predict_whole(head, len) {
+            // Predicted whole: the one check left is the message's size.
+            Some(r) => (r.data_length <= self.params.max_fragmented_receive_size).then_some(r),
+            None => {
+                let r = Repr::parse_header(head, len as usize).ok()?;
+                self.is_whole(&r).then_some(r)
+            }
+        }
+    }
+
     /// Whether header `r`, valid, is a whole message in one segment: the
     /// reassembler's checks for a first segment that is also the last.
     #[inline(always)]
@@ -1504,11 +1517,10 @@ impl Connection {
             return None;
         }
         let at = self.rx_slot_offset(slot);
-        let head = &mut self.scratch[..HEADER_LEN];
-        ep.read_mem(self.rx.id, at, head).ok()?;
-        let r = Repr::parse_header(head, a.len as usize).ok()?;
+        ep.read_mem(self.rx.id, at, &mut self.scratch[..HEADER_LEN]).ok()?;
+        let r = self.whole_header(&self.scratch, a.len)?;
         let len = r.data_length as u64;
-        if !self.is_whole(&r) || !self.lends(len) {
+        if !self.lends(len) {
             return None;
         }
         self.rx_order.skip_front();

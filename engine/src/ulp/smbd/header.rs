@@ -225,6 +225,36 @@ impl Repr {
         Ok(r)
     }
 
+    /// Header prediction, as TCP's: the header of a `segment_len`-byte
+    /// segment when it is a stream's usual one, a whole message in one
+    /// segment (RemainingDataLength 0, DataLength not 0) at the default
+    /// DataOffset with its data running to the segment's end, recognized
+    /// by two compares of its words rather than [`Repr::parse_header`]'s
+    /// field by field checks. What it returns `parse_header` returns for
+    /// the same bytes; None for any other header, which is not thereby
+    /// malformed: parse it.
+    #[inline(always)]
+    pub fn predict_whole(header: &[u8; HEADER_LEN], segment_len: u64) -> Option<Repr> {
+        let word =
+            |at: usize| u64::from_le_bytes(*header[at..].first_chunk().expect("in the header"));
+        let (w0, w1) = (word(field::CREDITS_REQUESTED), word(field::REMAINING_DATA_LENGTH));
+        let data_length = get_u32(header, field::DATA_LENGTH);
+        // RemainingDataLength 0 and DataOffset the default, in one word.
+        let usual = (DEFAULT_DATA_OFFSET as u64) << 32;
+        let to_end = segment_len.wrapping_sub(DEFAULT_DATA_OFFSET as u64);
+        if w1 != usual || data_length as u64 != to_end || data_length == 0 {
+            return None;
+        }
+        Some(Repr {
+            credits_requested: w0 as u16,
+            credits_granted: (w0 >> 16) as u16,
+            flags: Flags::from_bits_retain((w0 >> 32) as u16),
+            remaining_data_length: 0,
+            data_offset: DEFAULT_DATA_OFFSET,
+            data_length,
+        })
+    }
+
     fn read<T: AsRef<[u8]>>(p: &Packet<T>) -> Repr {
         Repr {
             credits_requested: p.credits_requested(),
@@ -428,6 +458,57 @@ mod tests {
         r.emit(&mut out);
         assert_eq!(out[4], 0x03, "unknown bits are kept");
         assert_eq!(out[6], 0x00, "Reserved is sent as 0");
+    }
+
+    fn header_of(seg: &[u8]) -> &[u8; HEADER_LEN] {
+        seg.first_chunk().unwrap()
+    }
+
+    #[test]
+    fn a_whole_message_at_the_default_offset_is_predicted_as_parsed() {
+        let r = Repr { remaining_data_length: 0, ..first() };
+        let mut seg = [SENTINEL; 32];
+        r.emit(&mut seg);
+        seg[4] = 0x03; // an unknown flag bit, kept as parsing keeps it
+        seg[6] = 0x77; // Reserved, read by neither
+        let want = Repr::parse_header(&seg[..HEADER_LEN], 32).unwrap();
+        assert_eq!(want.flags.bits(), 0x0003);
+        assert_eq!(Repr::predict_whole(header_of(&seg), 32), Some(want));
+    }
+
+    #[test]
+    fn other_headers_are_left_to_parsing_valid_or_not() {
+        let usual = |f: &dyn Fn(&mut Repr)| {
+            let mut r = Repr { remaining_data_length: 0, ..first() };
+            f(&mut r);
+            let mut seg = [0u8; 64];
+            r.emit(&mut seg);
+            seg
+        };
+        let whole = usual(&|_| {});
+        assert!(Repr::predict_whole(header_of(&whole), 32).is_some());
+        // Valid, not predicted: more to come; another DataOffset; bytes
+        // past the data; the empty message.
+        let more = usual(&|r| r.remaining_data_length = 1);
+        let at_32 = golden::LAST_AT_32;
+        let cases: [(&str, &[u8], u64); 4] = [
+            ("more to come", &more, 32),
+            ("DataOffset 32", at_32, at_32.len() as u64),
+            ("bytes past the data", &whole, 33),
+            ("empty", golden::EMPTY, HEADER_LEN as u64),
+        ];
+        for (name, seg, len) in cases {
+            assert!(Repr::parse_header(&seg[..HEADER_LEN], len as usize).is_ok(), "{name}");
+            assert_eq!(Repr::predict_whole(header_of(seg), len), None, "{name}");
+        }
+        // Not whole, or not valid: data beyond the segment; DataLength 0
+        // at DataOffset 24 in a segment of its header and padding; and
+        // segments shorter than the default offset, whose length less 24
+        // wraps.
+        let none = usual(&|r| r.data_length = 0);
+        for (seg, len) in [(&whole, 31u64), (&none, 24), (&whole, 0), (&whole, 20)] {
+            assert_eq!(Repr::predict_whole(header_of(seg), len), None, "{len}");
+        }
     }
 
     #[test]
