@@ -229,8 +229,9 @@ impl Repr {
     /// segment when it is a stream's usual one, a whole message in one
     /// segment (RemainingDataLength 0, DataLength not 0) at the default
     /// DataOffset with its data running to the segment's end, recognized
-    /// by two compares of its words rather than [`Repr::parse_header`]'s
-    /// field by field checks. What it returns `parse_header` returns for
+    /// by three compares (RemainingDataLength and DataOffset as one word,
+    /// DataLength against the segment's length and against 0) rather than
+    /// [`Repr::parse_header`]'s field by field checks. What it returns `parse_header` returns for
     /// the same bytes; None for any other header, which is not thereby
     /// malformed: parse it.
     #[inline(always)]
