@@ -1410,8 +1410,8 @@ impl Connection {
         if ep.read_mem(self.rx.id, at, &mut self.scratch[..read]).is_err() {
             return false;
         }
+        let Some(r) = self.whole_header(a.len) else { return false };
         let seg = &self.scratch;
-        let Some(r) = self.whole_header(seg, a.len) else { return false };
         let len = r.data_length as u64;
         if self.lends(len) {
             self.accept_whole(&r);
@@ -1468,14 +1468,14 @@ impl Connection {
         len <= self.lend_segment_max
     }
 
-    /// The header at the start of `seg`, of a segment of `len` bytes, when
-    /// it is valid and a whole message in one segment: the codec's checks
-    /// and the reassembler's for a first segment that is also the last.
-    /// A stream's usual header is recognized by its words
+    /// The header read into the scratch bytes, of a segment of `len`
+    /// bytes, when it is valid and a whole message in one segment: the
+    /// codec's checks and the reassembler's for a first segment that is
+    /// also the last. A stream's usual header is recognized by its words
     /// ([`Repr::predict_whole`]), any other checked field by field.
     #[inline(always)]
-    fn whole_header(&self, seg: &[u8; SMALL_SEGMENT], len: u64) -> Option<Repr> {
-        let head = seg.first_chunk().expect("a header fits the scratch bytes");
+    fn whole_header(&self, len: u64) -> Option<Repr> {
+        let head = self.scratch.first_chunk().expect("a header fits the scratch bytes");
         match Repr::predict_whole(head, len) {
             // Predicted whole: the one check left is the message's size.
             Some(r) => (r.data_length <= self.params.max_fragmented_receive_size).then_some(r),
@@ -1518,7 +1518,7 @@ impl Connection {
         }
         let at = self.rx_slot_offset(slot);
         ep.read_mem(self.rx.id, at, &mut self.scratch[..HEADER_LEN]).ok()?;
-        let r = self.whole_header(&self.scratch, a.len)?;
+        let r = self.whole_header(a.len)?;
         let len = r.data_length as u64;
         if !self.lends(len) {
             return None;
