@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use efapoll_lcores::{LcoreId, pin_current_thread};
 
@@ -15,13 +15,26 @@ use efapoll_lcores::{LcoreId, pin_current_thread};
 const ROUND_TRIPS: u64 = 2000;
 const ROUNDS: usize = 5;
 
+/// The longest a look may take. Crossings make it a few milliseconds
+/// even at 200 ns; a look past this times a scheduler, not a cache line:
+/// the two threads did not run at once (another load on the CPUs, or a
+/// tool that runs threads one at a time, as valgrind does, where it would
+/// hold the run for minutes).
+pub const BUDGET: Duration = Duration::from_millis(200);
+
+/// Spins of a wait between looks at the clock: rare enough to leave a
+/// crossing's time alone, often enough to keep to [`BUDGET`] when the
+/// echo does not run.
+const SPINS_PER_CLOCK: u64 = 1024;
+
 /// An `after` more than this many times `before` (or less than its
 /// inverse) is a move worth a warning: the VM's modes differ by 2.4x and
 /// more, noise between two quiet looks by far less.
 pub const MOVED: f64 = 1.5;
 
 /// The line, alone on its 128 bytes (the adjacent-line prefetcher's
-/// pair), and whether either thread could not be pinned.
+/// pair), and whether either thread gave up (it could not be pinned, or
+/// the look ran out of time).
 #[repr(align(128))]
 struct Shared {
     line: AtomicU64,
@@ -29,8 +42,14 @@ struct Shared {
 }
 
 /// The median one-way time between CPUs `a` and `b`, ns; `None` where a
-/// thread cannot be pinned there.
+/// thread cannot be pinned there, or the look takes longer than
+/// [`BUDGET`].
 pub fn one_way_ns(a: LcoreId, b: LcoreId) -> Option<f64> {
+    one_way_within(a, b, BUDGET)
+}
+
+/// [`one_way_ns`], giving up after `budget`.
+fn one_way_within(a: LcoreId, b: LcoreId, budget: Duration) -> Option<f64> {
     if a == b {
         return None;
     }
@@ -60,8 +79,14 @@ pub fn one_way_ns(a: LcoreId, b: LcoreId) -> Option<f64> {
             s.failed.store(true, Ordering::Release);
             return None;
         }
+        let deadline = Instant::now() + budget;
+        // Out of time: the echo is told to stop too.
+        let give_up = || {
+            s.failed.store(true, Ordering::Release);
+            None
+        };
         let mut rounds = Vec::with_capacity(ROUNDS);
-        let mut next = 1;
+        let (mut next, mut spins) = (1, 0u64);
         for _ in 0..ROUNDS {
             let start = Instant::now();
             for _ in 0..ROUND_TRIPS {
@@ -70,11 +95,19 @@ pub fn one_way_ns(a: LcoreId, b: LcoreId) -> Option<f64> {
                     if s.failed.load(Ordering::Relaxed) {
                         return None;
                     }
+                    spins += 1;
+                    if spins.is_multiple_of(SPINS_PER_CLOCK) && Instant::now() > deadline {
+                        return give_up();
+                    }
                     std::hint::spin_loop();
                 }
                 next += 2;
             }
-            rounds.push(start.elapsed().as_nanos() as f64 / (2 * ROUND_TRIPS) as f64);
+            let end = Instant::now();
+            if end > deadline {
+                return give_up();
+            }
+            rounds.push((end - start).as_nanos() as f64 / (2 * ROUND_TRIPS) as f64);
         }
         Some(median(&mut rounds))
     })
@@ -147,9 +180,23 @@ mod tests {
         let cores = efapoll_lcores::available_cores().unwrap();
         assert_eq!(one_way_ns(cores.as_slice()[0], cores.as_slice()[0]), None);
         if cores.len() >= 2 {
-            let ns = one_way_ns(cores.as_slice()[0], cores.as_slice()[1]).expect("two cores");
+            // A budget a loaded test machine keeps to.
+            let long = Duration::from_secs(60);
+            let ns = one_way_within(cores.as_slice()[0], cores.as_slice()[1], long);
+            let ns = ns.expect("two cores");
             assert!(ns > 0.0 && ns.is_finite(), "{ns}");
         }
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn a_look_past_its_budget_gives_up() {
+        let cores = efapoll_lcores::available_cores().unwrap();
+        let cores = cores.as_slice();
+        if cores.len() >= 2 {
+            // No round ends within no time: the look gives up, and returns
+            // (its echo thread stopped and joined) rather than times.
+            assert_eq!(one_way_within(cores[0], cores[1], Duration::ZERO), None);
+        }
     }
 }

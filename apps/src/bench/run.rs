@@ -35,7 +35,7 @@ use super::counts::Counts;
 use super::drive::{Nobody, drive_active, drive_passive};
 use super::oob::{self, Card, Control, ToPeer};
 use super::op::{Io, OpKind};
-use super::probe::CoreToCore;
+use super::probe::{self, CoreToCore};
 use super::report::{self, Report, Row};
 use super::target::Target;
 use super::{
@@ -215,12 +215,22 @@ pub fn pairs(lcores: &CoreList) -> Vec<(LcoreId, LcoreId)> {
 /// it wherever it is, with [`RunError::Interrupted`].
 pub fn run(a: &RunArgs) -> Result<(), RunError> {
     ctrlc(interrupt());
-    let probe = probe_cpus(a).and_then(CoreToCore::before);
-    if let Some(p) = &probe {
-        let (cpus, ns) = (p.cpus, p.before_ns);
-        let line =
-            format!("# core-to-core: {ns:.0} ns one way between CPUs {} and {}", cpus.0, cpus.1);
-        let _ = writeln!(std::io::stdout().lock(), "{line} (a cache line, before the run)");
+    let cpus = probe_cpus(a);
+    let probe = cpus.and_then(CoreToCore::before);
+    let line = match (&probe, cpus) {
+        (Some(p), _) => Some(format!(
+            "# core-to-core: {:.0} ns one way between CPUs {} and {} (a cache line, before the run)",
+            p.before_ns, p.cpus.0, p.cpus.1
+        )),
+        (None, Some((x, y))) => Some(format!(
+            "# core-to-core: not measured between CPUs {x} and {y} (the threads could not be \
+             pinned there, or did not run at once within {} ms)",
+            probe::BUDGET.as_millis()
+        )),
+        (None, None) => None,
+    };
+    if let Some(line) = line {
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
     }
     // Both sides here: every lcore runs a side (or with -p sim a pair).
     let gate = SetupGate::new(a.lcores.lcores().len());
