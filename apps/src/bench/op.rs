@@ -312,8 +312,11 @@ impl<D: Device> Io<D> {
     // through the stack too.
     #[inline(always)]
     pub fn poll_cq(&mut self) -> Option<Completion> {
-        if self.smbd.is_none() {
-            return self.ep.poll_cq();
+        let Some((_, conn)) = &self.smbd else { return self.ep.poll_cq() };
+        // Nothing waits, as most polls of a busy loop find: told in line.
+        let waiting = conn.as_ref().is_some_and(|c| c.has_event());
+        if !waiting && self.ep.cq_len() == 0 && self.lending.lent.is_empty() {
+            return None;
         }
         self.poll_smbd();
         self.smbd_ready.take()
@@ -423,13 +426,27 @@ impl<D: Device> Io<D> {
     /// Leaves the next completion of `-o smbd` in `smbd_ready`.
     #[inline(never)]
     fn poll_smbd(&mut self) {
-        let Some((_, Some(conn))) = &mut self.smbd else {
+        if !matches!(self.smbd, Some((_, Some(_)))) {
             self.smbd_ready = self.ep.poll_cq();
             return;
-        };
+        }
         if self.failure.is_some() {
             return;
         }
+        if self.lending.lent.is_empty() {
+            // A drain that stops at its first completion: a message lent
+            // is read where it landed and its receive posted again at once
+            // (`Connection::drain`), where the loop below, event by event,
+            // gives it back to be posted again by the next progress.
+            let mut first = None;
+            let _ = self.drain_smbd(|c| {
+                first = Some(*c);
+                Err(())
+            });
+            self.smbd_ready = first;
+            return;
+        }
+        let Some((_, Some(conn))) = &mut self.smbd else { unreachable!("connected") };
         let (ep, peer, lending) = (&mut self.ep, self.peer, &mut *self.lending);
         let done = loop {
             // A message lent before its receive was posted completes the
@@ -1120,6 +1137,43 @@ mod tests {
         a.connect(&b_addr, mem, &mut || Ok(())).unwrap();
         b.connect(&a_addr, mem, &mut || Ok(())).unwrap();
         (a, b)
+    }
+
+    /// The connection's credits of an `-o smbd` end.
+    fn smbd_credits(io: &Io<SimDevice>) -> smbd::Credits {
+        let Some((_, Some(conn))) = &io.smbd else { panic!("not connected") };
+        conn.credits()
+    }
+
+    /// `poll_cq` of `-o smbd` takes a lent message as a drain does: its
+    /// receive is posted again as the message is taken, before any
+    /// progress, so that its credit can go back with the next message.
+    #[test]
+    fn smbd_poll_posts_a_lent_messages_receive_again_as_it_is_taken() {
+        for verify in [false, true] {
+            let (mut tx, mut rx) = smbd_pair(verify);
+            let src = register(&mut tx.ep, 64).unwrap();
+            let dst = register(&mut rx.ep, 64).unwrap();
+            assert!(rx.recv(Span::new(&dst, 0, 64), 3));
+            assert!(rx.poll_cq().is_none(), "nothing sent yet");
+            assert!(tx.post(Span::new(&src, 0, 64), 0, 1, false));
+            tx.failure().unwrap();
+            let mut rounds = 0;
+            while rx.ep.cq_len() == 0 {
+                tx.progress();
+                rx.ep.progress();
+                rounds += 1;
+                assert!(rounds < 1000, "the message never arrived");
+            }
+            let posted = smbd_credits(&rx).posted();
+            let c = rx.poll_cq().expect("the message");
+            let ctx = if verify { 3 } else { 0 };
+            assert_eq!((c.op, c.status, c.len, c.ctx), (Op::Recv, Status::Ok, 64, ctx));
+            // Its arrival took a receive; it was posted again at once.
+            assert_eq!(smbd_credits(&rx).posted(), posted, "-c {verify}");
+            assert!(rx.poll_cq().is_none());
+            rx.failure().unwrap();
+        }
     }
 
     /// Without `-c` a message the connection lends completes a receive
