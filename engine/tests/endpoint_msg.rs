@@ -776,15 +776,17 @@ fn a_persistent_receive_takes_its_turn_among_posted_receives() {
     assert_eq!(w.done[1].len(), 4, "no receive took it");
 }
 
-/// A receive ring takes its peer's untagged messages into its slots in
-/// the order they were armed, whatever their protocol (eager, medium,
-/// long), each with `ctx + slot`; messages beyond the armed slots wait as
-/// unexpected and take their slots, in order, when these are armed. A
-/// receive posted for the peer before its messages came takes none of
-/// them while the ring is there, a tagged message is not the ring's, and
-/// once the ring is freed posted receives match again.
+/// A receive ring's slots take its peer's untagged messages in turn, 0,
+/// 1, 2, 3, 0, .. whatever their protocol (eager, medium, long), each once
+/// armed: a message whose slot is not armed waits as unexpected (though
+/// later slots are armed) and takes it when it is. A short eager message
+/// that lands in its slot, with no CQ data, is marked there and not
+/// reported; any other completes with `ctx + slot`. A receive posted for
+/// the peer before its messages came takes none of them while the ring
+/// is there, a tagged message is not the ring's, and once the ring is
+/// freed posted receives match again.
 #[test]
-fn a_receive_ring_takes_its_peers_messages_into_slots_as_they_were_armed() {
+fn a_receive_ring_takes_its_peers_messages_into_slots_in_turn() {
     let lens = [100u64, 30_000, 500_000, 64, 200, 30_000];
     let slot_len = 512 << 10;
     let mut w = World::pair(reordering(11), Config::default());
@@ -801,8 +803,11 @@ fn a_receive_ring_takes_its_peers_messages_into_slots_as_they_were_armed() {
         w.eps[1].recv_ring_arm(ring, slot).unwrap();
         w.settle();
     };
+    let ctxs = |w: &World| w.done[1].iter().map(|c| c.ctx).collect::<Vec<_>>();
+    // Slots 1 and 2 armed, not slot 0, whose turn it is: every message
+    // waits.
+    arm(&mut w, 1);
     arm(&mut w, 2);
-    w.eps[1].recv_ring_arm(ring, 0).unwrap();
     w.fill(0, &src, 3);
     for (i, &len) in lens.iter().enumerate() {
         let at = i as u64 * slot_len;
@@ -810,20 +815,20 @@ fn a_receive_ring_takes_its_peers_messages_into_slots_as_they_were_armed() {
     }
     w.eps[0].tsend(to_b, span(&src, 0, 16), 5, 99).unwrap();
     w.settle();
-    let ctxs = |w: &World| w.done[1].iter().map(|c| c.ctx).collect::<Vec<_>>();
-    let mut early = ctxs(&w);
-    early.sort();
-    assert_eq!(early, [8, 1000, 1002], "two slots armed, the tagged one posted");
-    assert_eq!(w.eps[1].counters().unexpected, 4);
-    // Each waiting message takes the slot armed next, in turn; slots 2
-    // and 0 are armed again once their messages were read.
-    for slot in [3, 1, 2, 0] {
+    assert_eq!(ctxs(&w), [8], "the tagged one only");
+    assert_eq!(w.eps[1].counters().unexpected, 6);
+    // Slot 0 armed: messages 0, 1 and 2 take slots 0, 1 and 2, in the
+    // queue as they waited; then 3 takes slot 3, and 4 and 5 slots 0 and
+    // 1 once those were read.
+    arm(&mut w, 0);
+    let mut got = ctxs(&w)[1..].to_vec();
+    got.sort();
+    assert_eq!(got, [1000, 1001, 1002]);
+    for slot in [3, 0, 1] {
         arm(&mut w, slot);
     }
-    assert_eq!(&ctxs(&w)[3..], [1003, 1001, 1002, 1000]);
-    // Message i in the slot armed i-th, whole: messages 4 and 5 went over
-    // 0 and 1 once those were read.
-    let taken = [2u64, 0, 3, 1, 2, 0];
+    assert_eq!(&ctxs(&w)[4..], [1003, 1000, 1001]);
+    let taken = [0u64, 1, 2, 3, 0, 1];
     for (i, &len) in lens.iter().enumerate().skip(2) {
         let (at, got) = (i as u64 * slot_len, taken[i] * slot_len);
         let c = w.done[1].iter().rev().find(|c| c.ctx == 1000 + taken[i]).unwrap();
@@ -831,6 +836,32 @@ fn a_receive_ring_takes_its_peers_messages_into_slots_as_they_were_armed() {
         let want = &w.eps[0].mem(src.id)[at as usize..(at + len) as usize];
         assert_eq!(&w.eps[1].mem(slots.id)[got as usize..(got + len) as usize], want, "{i}");
     }
+    assert!((0..4).all(|slot| w.eps[1].recv_ring_landed(ring, slot).is_none()));
+    // Slot 2's turn, armed before its message came: a short one is marked
+    // there, once, with nothing in the queue.
+    let reported = w.done[1].len();
+    arm(&mut w, 2);
+    w.fill(0, &src, 4);
+    w.eps[0].send(to_b, span(&src, 0, 64), 10).unwrap();
+    w.settle();
+    assert_eq!(w.done[1].len(), reported, "a landed message is not reported");
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 2), Some(64));
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 2), None, "taken once");
+    let want = &w.eps[0].mem(src.id)[..64];
+    assert_eq!(&w.eps[1].mem(slots.id)[2 * slot_len as usize..][..64], want);
+    // With CQ data, or longer than eager: reported, not marked.
+    arm(&mut w, 3);
+    w.eps[0].senddata(to_b, span(&src, 0, 32), 0xfeed, 11).unwrap();
+    w.settle();
+    let c = *w.done[1].last().unwrap();
+    assert_eq!((c.ctx, c.len, c.cq_data), (1003, 32, Some(0xfeed)));
+    arm(&mut w, 0);
+    w.eps[0].send(to_b, span(&src, 0, 30_000), 12).unwrap();
+    w.settle();
+    let c = *w.done[1].last().unwrap();
+    assert_eq!((c.ctx, c.len), (1000, 30_000));
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 3), None);
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 0), None);
     assert!(w.done[1].iter().all(|c| c.ctx != 7), "the posted receive took nothing");
     // One slot armed and the ring freed: it is withdrawn, and the posted
     // receive takes the next message.
@@ -889,12 +920,13 @@ fn a_receive_ring_finds_its_peers_waiting_messages_among_others() {
     w.eps[1].recv(span(&other, 512, 512), None, 7).unwrap();
     w.settle();
     arm(&mut w, 3);
+    // Those that waited complete in the queue; A's second and fourth,
+    // which found their slots armed, are marked there.
     let got: Vec<_> = w.done[1].iter().map(|c| (c.ctx, c.len, c.peer)).collect();
     let (a, c) = (Some(from_a), Some(from_c));
-    assert_eq!(
-        got,
-        [(1000, 100, a), (1001, 101, a), (8, 102, a), (1002, 103, a), (7, 100, c), (1003, 104, a)]
-    );
+    assert_eq!(got, [(1000, 100, a), (8, 102, a), (7, 100, c), (1003, 104, a)]);
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 1), Some(101));
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 2), Some(103));
     // C's second waited through every arm, for a receive of C's.
     w.eps[1].recv(span(&other, 0, 512), Some(from_c), 9).unwrap();
     w.settle();
@@ -928,12 +960,14 @@ fn a_receive_ring_refuses_what_it_cannot_do() {
     ep.recv_ring_arm(ring, 0).unwrap();
     assert_eq!(ep.recv_ring_arm(ring, 3), Err(Error::Busy), "armed twice");
     assert_eq!(ep.recv_ring_arm(ring, 4), Err(Error::Invalid), "no slot 4");
+    assert_eq!(ep.recv_ring_landed(ring, 4), None, "no slot 4");
     assert_eq!(ep.deregister(slots.id), Err(Error::Busy), "the ring's region");
     assert_eq!(ep.recv_ring_free(ring), Ok(2));
     assert_eq!(ep.recv_ring_free(ring), Err(Error::Invalid), "freed once");
     let again = ep.recv_ring(Span { len: 2048, ..first }, 2, from_a, 0).unwrap();
     assert_ne!(again, ring);
     assert_eq!(ep.recv_ring_arm(ring, 1), Err(Error::Invalid), "a later ring's index");
+    assert_eq!(ep.recv_ring_landed(ring, 1), None, "a later ring's index");
     ep.recv_ring_free(again).unwrap();
     ep.deregister(slots.id).unwrap();
 }

@@ -333,6 +333,25 @@ fn large_segments_arrive_in_order_whatever_order_their_sends_complete_in() {
     }
 }
 
+/// In a receive ring (receives never placed), long segments complete in
+/// the endpoint's queue and short ones are marked in their slots, out of
+/// the order they took their slots: taken in order either way, by a
+/// connection drained or polled.
+#[test]
+fn ring_segments_marked_and_reported_are_taken_in_order() {
+    let cfg = Config { direct_min: u64::MAX, ..Config::default() };
+    for drain in [false, true] {
+        let sim = SimConfig { seed: 7, faults: Faults::reorder(5, 8), ..SimConfig::default() };
+        let params = small(200_024, 8);
+        let mut p = Pair::with_endpoints(sim, EpConfig::default(), [params; 2], cfg, false);
+        p.drain = drain;
+        let sizes = [1 << 20, 3, 200_001, 1, 64, 400_000, 1, 60_000, 7, 100, 5];
+        transfer(&mut p, &sizes, Access::REMOTE_READ);
+        let s = p.conns[1].as_ref().unwrap().stats();
+        assert_eq!(s.messages_received, sizes.len() as u64, "drain {drain}");
+    }
+}
+
 #[test]
 fn many_small_messages_stream_with_few_credits() {
     // 4 credits each way: the sender stalls, asks for a response, and the
@@ -777,11 +796,14 @@ fn a_receiver_that_gets_more_than_it_granted_terminates() {
     assert_eq!(p.terminated(0), Some(ProtocolError::CreditsExceeded));
 }
 
-/// `has_event` says whether `poll_event` would find something, and
-/// `progress` with nothing to post does nothing and says so: a busy loop
-/// tells a quiet connection by both without a call through its queues.
+/// `has_work` says whether a drain, or a poll of events after
+/// `progress`, would find something: an event, or a segment marked in the
+/// receive ring (which `progress` takes for a connection that is not
+/// drained); `progress` with nothing to do does nothing and says so. A
+/// busy loop tells a quiet connection by both without a call through its
+/// queues.
 #[test]
-fn has_event_and_progress_tell_a_quiet_connection() {
+fn has_work_and_progress_tell_a_quiet_connection() {
     let mut p = Pair::symmetric(small(1364, 4));
     let src = p.w.register(0, 100);
     let dst = p.w.register(1, 100);
@@ -789,15 +811,16 @@ fn has_event_and_progress_tell_a_quiet_connection() {
     p.settle();
     for i in 0..2 {
         let (c, ep) = p.conn(i);
-        assert!(!c.has_event() && !c.progress(ep), "side {i} quiet after setup");
+        assert!(!c.has_work(ep) && !c.progress(ep), "side {i} quiet after setup");
     }
     let (c, ep) = p.conn(1);
     c.recv(ep, span(&dst, 0, 100), 9).unwrap();
     let (c, ep) = p.conn(0);
     c.send(ep, span(&src, 0, 100), None, 5).unwrap();
-    // The endpoints driven by hand: completions handed over, events left.
+    // The endpoints driven by hand: completions handed over, nothing else.
+    let working = |p: &Pair| (0..2).all(|i| p.conns[i].as_ref().unwrap().has_work(&p.w.eps[i]));
     for _ in 0..1000 {
-        if p.conns.iter().all(|c| c.as_ref().unwrap().has_event()) {
+        if working(&p) {
             break;
         }
         for i in 0..2 {
@@ -809,20 +832,23 @@ fn has_event_and_progress_tell_a_quiet_connection() {
         }
         p.w.fabric.skip_to_next_due();
     }
+    assert!(working(&p));
+    // The message was marked in the receiver's ring, with no completion.
+    let (c, ep) = p.conn(1);
+    assert!(!c.has_event() && ep.cq_len() == 0);
+    assert!(c.progress(ep), "the segment taken, its receive posted again");
     let mut taken = [vec![], vec![]];
     for (i, taken) in taken.iter_mut().enumerate() {
-        let (c, _) = p.conn(i);
-        while c.has_event() {
-            taken.push(c.poll_event().expect("an event, as has_event said"));
+        let (c, ep) = p.conn(i);
+        while c.has_work(ep) {
+            taken.push(c.poll_event().expect("an event, as has_work said"));
         }
         assert!(c.poll_event().is_none());
     }
     assert!(matches!(taken[0][..], [Event::Sent { ctx: 5, status: SendStatus::Ok }]), "{taken:?}");
     assert!(matches!(taken[1][..], [Event::Received { ctx: 9, len: 100, .. }]), "{taken:?}");
-    // The receive the message took is posted again by progress, once.
     let (c, ep) = p.conn(1);
-    assert!(c.progress(ep), "the receive posted again");
-    assert!(!c.progress(ep), "then nothing to post");
+    assert!(!c.progress(ep) && !c.has_work(ep), "then nothing to do");
 }
 
 #[test]
@@ -958,6 +984,29 @@ fn setup_checks_the_parameters_and_the_endpoint() {
         Connection::new(&mut w2.eps[0], to2, Params::default(), Config::default()).map(|_| ()),
         Err(SetupError::Unordered)
     );
+}
+
+/// Segments marked in the receive ring and not yet taken go with it: they
+/// do not hold `close`, which gives the regions back at once.
+#[test]
+fn segments_left_in_the_ring_do_not_hold_close() {
+    let mut p = Pair::symmetric(small(1364, 4));
+    let src = p.w.register(0, 64);
+    p.settle();
+    for k in 0..2 {
+        let (c, ep) = p.conn(0);
+        c.send(ep, span(&src, 0, 64), None, k).unwrap();
+    }
+    deliver_to_endpoint(&mut p);
+    let (c, ep) = p.conn(1);
+    assert!(c.has_work(ep) && !c.has_event() && ep.cq_len() == 0, "marked, not reported");
+    let rx = *c.receive_region();
+    assert_eq!(c.close(ep), Ok(()));
+    assert_eq!(ep.mr(rx.id), None);
+    // Nothing delivered from them: the close alone is told.
+    let told: Vec<_> = std::iter::from_fn(|| c.poll_event()).collect();
+    assert!(matches!(told[..], [Event::Terminated(ProtocolError::Closed)]), "{told:?}");
+    assert!(!c.has_work(ep));
 }
 
 #[test]
@@ -1265,6 +1314,46 @@ fn a_loan_kept_holds_its_credit_until_given_back() {
     p.keep_loans = false;
     p.drive_until(100_000, |p| p.lent[1].len() == 12);
     assert!(p.lent[1].iter().all(|b| b.len() == 64));
+}
+
+/// The receive ring fills its slots in turn: a loan still out when its
+/// slot's turn comes round again holds the message that would take it,
+/// waiting in the endpoint, though the others' receives were posted
+/// again; given back, that message is lent.
+#[test]
+fn a_loan_kept_for_a_round_of_the_ring_holds_the_message_in_its_turn() {
+    let cfg = Config { lend_max: 64, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, false);
+    p.keep_loans = true;
+    let src = p.w.register(0, 5 * 64);
+    p.w.fill(0, &src, 5 * 64);
+    let send = |p: &mut Pair, k: u64| {
+        let (c, ep) = p.conn(0);
+        c.send(ep, span(&src, k * 64, 64), None, k).unwrap();
+    };
+    send(&mut p, 0);
+    p.drive_until(10_000, |p| p.loans[1].len() == 1);
+    let first = p.loans[1].pop().unwrap();
+    // Messages 1 to 3 take slots 1 to 3, each given back as it comes.
+    for k in 1..4 {
+        send(&mut p, k);
+        p.drive_until(10_000, |p| p.loans[1].len() == 1);
+        let loan = p.loans[1].pop().unwrap();
+        p.conns[1].as_mut().unwrap().give_back(loan).unwrap();
+    }
+    // Message 4's turn is slot 0's, still lent.
+    send(&mut p, 4);
+    for _ in 0..1000 {
+        p.step();
+    }
+    assert_eq!(p.lent[1].len(), 4, "message 4 held");
+    assert_eq!(p.w.eps[1].counters().unexpected, 1, "waiting in the endpoint");
+    p.conns[1].as_mut().unwrap().give_back(first).unwrap();
+    p.drive_until(10_000, |p| p.lent[1].len() == 5);
+    let want = p.w.eps[0].mem(src.id);
+    for (k, got) in p.lent[1].iter().enumerate() {
+        assert_eq!(got[..], want[k * 64..(k + 1) * 64], "message {k}");
+    }
 }
 
 /// With loans out, `close` says Busy and keeps the receive region, whose

@@ -319,6 +319,18 @@ impl<D: Device> Endpoint<D> {
     ) -> bool {
         let (ctx, dst, pid) = match self.ring_for(e.tagged, peer) {
             Some(ring) => {
+                if e.cq_data.is_none() {
+                    // Marked in its slot, with no completion queued.
+                    let len = (len - e.payload_off) as u64;
+                    match self.ring_land_eager(ring, buf, e.payload_off, len) {
+                        Some(true) => {
+                            self.release_rx(buf);
+                            return true;
+                        }
+                        Some(false) => {}
+                        None => return false,
+                    }
+                }
                 let Some((ctx, dst)) = self.ring_slot(ring) else { return false };
                 (ctx, dst, None)
             }

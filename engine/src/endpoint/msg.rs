@@ -534,7 +534,20 @@ impl<D: Device> Endpoint<D> {
             self.counters.rx_ops_exhausted += 1;
             return false;
         }
-        let taken = match self.ring_for(tagged, peer) {
+        let ring = self.ring_for(tagged, peer);
+        if let Some(ring) = ring
+            && proto == Proto::Eager
+            && !dc
+            && info.cq_data.is_none()
+        {
+            // Whole, as `land_eager` takes it: marked in its slot.
+            let from = info.payload_off as usize;
+            if self.ring_land_eager(ring, buf, from, total) == Some(true) {
+                self.release_rx(buf);
+                return true;
+            }
+        }
+        let taken = match ring {
             Some(ring) => self.ring_slot(ring).map(|(ctx, dst)| (ctx, dst, None)),
             None => self.matcher.take_posted(&mut self.posted, tagged, info.tag, peer).map(|pid| {
                 let Posted { ctx, dst, .. } = self.take_matched(pid);

@@ -1,14 +1,15 @@
 //! Receive rings: a peer's untagged messages landed in fixed slots, each
 //! armed by the caller when it is free, as a NIC's receive queue takes
-//! its buffers. Arming queues a slot's number rather than a receive with
-//! its entry to match and take for each message, which is what a framing
-//! layer (`ulp::smbd`) that reposts every receive into the same slots
-//! needs.
+//! its buffers. Slots take messages in turn, by index, as a receive
+//! queue's entries do: no receive to match and take per message, and no
+//! queue of armed slots to keep. A short message that lands whole is
+//! marked in its slot rather than reported in the completion queue, so
+//! that a framing layer (`ulp::smbd`) that reads every message where it
+//! landed takes it in turn with a load.
 
-use super::types::PeerId;
+use super::types::{BufId, PeerId};
 use super::{Endpoint, Error, Span};
 use crate::device::{Device, MrId};
-use crate::ring::Ring;
 
 /// A receive ring ([`Endpoint::recv_ring`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,6 +23,9 @@ pub struct RecvRing {
 /// In `Rings::by_peer`: the peer has no ring.
 pub(super) const NO_RING: u32 = u32::MAX;
 
+/// In `RingState::landed`: no message marked in the slot.
+const NOT_LANDED: u32 = u32::MAX;
+
 #[derive(Debug)]
 pub(super) struct RingState {
     peer: PeerId,
@@ -31,30 +35,43 @@ pub(super) struct RingState {
     len: u64,
     /// Slot `i` completes with `ctx + i`.
     ctx: u64,
-    /// The armed slots, in the order they take messages.
-    armed: Ring<u16>,
-    /// Per slot: whether it is in `armed`.
+    /// The slot whose turn it is to take a message.
+    next: u16,
+    /// Per slot: armed, and not yet given a message.
     is_armed: Box<[bool]>,
+    armed: u16,
+    /// Per slot: the length of the message marked landed there
+    /// ([`Endpoint::recv_ring_landed`]), or `NOT_LANDED`.
+    landed: Box<[u32]>,
     /// Whether a message of the peer may wait unexpected: set when one
-    /// found no slot armed (or may have come before the ring), cleared
-    /// when a search finds none. Never false while one waits, so that an
-    /// arm searches the unexpected messages only then, not whenever
-    /// another peer's wait.
+    /// found its slot not armed (or may have come before the ring),
+    /// cleared when a search finds none. Never false while one waits, so
+    /// that an arm searches the unexpected messages only then, not
+    /// whenever another peer's wait.
     waiting: bool,
 }
 
 impl RingState {
-    /// The next armed slot, taken: its completion context and span.
+    /// The slot whose turn it is, taken if armed: its number.
     #[inline(always)]
-    fn take_next(&mut self) -> Option<(u64, Span)> {
-        let Some(slot) = self.armed.pop_front() else {
-            // The message waits unexpected.
-            self.waiting = true;
-            return None;
-        };
-        self.is_armed[slot as usize] = false;
-        let at = self.offset + slot as u64 * self.len;
-        Some((self.ctx + slot as u64, Span { mr: self.mr, offset: at, len: self.len }))
+    fn take_next(&mut self) -> Option<u16> {
+        let slot = self.next;
+        match self.is_armed.get_mut(slot as usize) {
+            Some(armed) if *armed => *armed = false,
+            _ => {
+                // The message waits unexpected.
+                self.waiting = true;
+                return None;
+            }
+        }
+        self.armed -= 1;
+        self.next = if slot as usize + 1 == self.is_armed.len() { 0 } else { slot + 1 };
+        Some(slot)
+    }
+
+    #[inline(always)]
+    fn span(&self, slot: u16) -> Span {
+        Span { mr: self.mr, offset: self.offset + slot as u64 * self.len, len: self.len }
     }
 }
 
@@ -70,14 +87,21 @@ pub(super) struct Rings {
 
 impl<D: Device> Endpoint<D> {
     /// A receive ring for the untagged messages of `from`, over `slots`
-    /// slots laid end to end from `first` (each `first.len` bytes): each
-    /// message, whatever its protocol, lands in the slot armed first
-    /// ([`Endpoint::recv_ring_arm`]) and completes with `ctx + slot`. No
-    /// slot is armed at first. A message that finds none armed waits as an
-    /// unexpected one does: an untagged receive posted then (for `from` or
-    /// any peer) takes it as it would any, else the next arm hands it a
-    /// slot, the oldest first. A receive posted before the message came
-    /// takes nothing of `from`'s while the ring is there.
+    /// slots laid end to end from `first` (each `first.len` bytes). The
+    /// slots take the messages in turn, 0, 1, .. `slots - 1`, then 0 again,
+    /// whatever their protocol, each slot once armed
+    /// ([`Endpoint::recv_ring_arm`]); no slot is armed at first. A message
+    /// whose slot is not armed waits as an unexpected one does: an
+    /// untagged receive posted then (for `from` or any peer) takes it as
+    /// it would any, else arming the slot hands it the slot, the oldest
+    /// first. A receive posted before the message came takes nothing of
+    /// `from`'s while the ring is there.
+    ///
+    /// A message that lands whole by the eager protocol, with no CQ data
+    /// and within its slot, is marked in the slot and not reported in the
+    /// completion queue: [`Endpoint::recv_ring_landed`] takes its length.
+    /// Any other completes in the queue with `ctx + slot`, as a receive
+    /// does. Either way the slot is the caller's until armed again.
     /// [`Error::Busy`] when `from` has a ring already, [`Error::Invalid`]
     /// for no slots, [`Error::BadSpan`] when the slots leave the region.
     pub fn recv_ring(
@@ -103,8 +127,10 @@ impl<D: Device> Endpoint<D> {
             offset: first.offset,
             len: first.len,
             ctx,
-            armed: Ring::with_capacity(slots as usize, 0),
+            next: 0,
             is_armed: vec![false; slots as usize].into(),
+            armed: 0,
+            landed: vec![NOT_LANDED; slots as usize].into(),
             waiting: self.matcher.unexpected_untagged_waiting(),
         };
         let list = &mut self.rings.list;
@@ -124,11 +150,11 @@ impl<D: Device> Endpoint<D> {
         Ok(RecvRing { index: index as u32, generation: *generation })
     }
 
-    /// Arms slot `slot` of ring `r`, behind the slots armed before it: a
+    /// Arms slot `slot` of ring `r`: it takes a message in its turn. A
     /// slot is the caller's from its message's completion until it is
-    /// armed again. A message of the ring's peer that waited for a slot
-    /// takes it now. [`Error::Busy`] for a slot armed already,
-    /// [`Error::Invalid`] for a freed ring or a slot it does not have.
+    /// armed again; the message that waited for it takes it now.
+    /// [`Error::Busy`] for a slot armed already, [`Error::Invalid`] for a
+    /// freed ring or a slot it does not have.
     #[inline(always)]
     pub fn recv_ring_arm(&mut self, r: RecvRing, slot: u16) -> Result<(), Error> {
         let ring = self.ring_mut(r)?;
@@ -137,8 +163,8 @@ impl<D: Device> Endpoint<D> {
             Some(_) => return Err(Error::Busy),
             None => return Err(Error::Invalid),
         }
-        ring.armed.push_back(slot);
-        if ring.waiting {
+        ring.armed += 1;
+        if ring.waiting && slot == ring.next {
             self.ring_take_unexpected(r.index as usize);
         }
         // A message that waited for a receive entry may be an eager one a
@@ -147,12 +173,61 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
-    /// Hands the armed slots of ring `index` the unexpected messages of
-    /// its peer, oldest first.
+    /// The length of the message marked landed in slot `slot` of ring `r`
+    /// (see [`Endpoint::recv_ring`]), taken: each mark is returned once.
+    /// None when the slot has none (or `r` is freed).
+    #[inline(always)]
+    pub fn recv_ring_landed(&mut self, r: RecvRing, slot: u16) -> Option<u64> {
+        let ring = self.ring_mut(r).ok()?;
+        let landed = ring.landed.get_mut(slot as usize)?;
+        if *landed == NOT_LANDED {
+            return None;
+        }
+        Some(std::mem::replace(landed, NOT_LANDED) as u64)
+    }
+
+    /// Whether slot `slot` of ring `r` has a message marked landed, which
+    /// [`Endpoint::recv_ring_landed`] would take.
+    #[inline(always)]
+    pub fn recv_ring_has_landed(&self, r: RecvRing, slot: u16) -> bool {
+        match self.rings.list.get(r.index as usize) {
+            Some((g, Some(ring))) if *g == r.generation => {
+                ring.landed.get(slot as usize).is_some_and(|&l| l != NOT_LANDED)
+            }
+            _ => false,
+        }
+    }
+
+    /// Lands eager payload `from..from + len` of `buf` in ring `index`'s
+    /// slot in turn, marked there, when it fits: Some(true). Some(false),
+    /// with nothing taken, when it does not fit; None when the slot is
+    /// not armed (the message waits).
+    #[inline(always)]
+    pub(super) fn ring_land_eager(
+        &mut self,
+        index: usize,
+        buf: BufId,
+        from: usize,
+        len: u64,
+    ) -> Option<bool> {
+        // One look-up of the ring for the slot, the copy and the mark.
+        let ring = self.rings.list[index].1.as_mut().expect("bound ring");
+        if len > ring.len {
+            return Some(false);
+        }
+        let slot = ring.take_next()?;
+        super::msg::copy_in_span(&mut self.dev, buf, from, &ring.span(slot), 0, len);
+        // An eager payload, within one packet: far below `NOT_LANDED`.
+        ring.landed[slot as usize] = len as u32;
+        Some(true)
+    }
+
+    /// Hands the slots of ring `index`, armed in turn, the unexpected
+    /// messages of its peer, oldest first.
     #[inline(never)]
     fn ring_take_unexpected(&mut self, index: usize) {
         while let Some(ring) = &self.rings.list[index].1
-            && !ring.armed.is_empty()
+            && ring.is_armed[ring.next as usize]
         {
             let peer = ring.peer;
             let waiting = self.matcher.take_unexpected(&mut self.rx_ops, None, Some(peer));
@@ -166,16 +241,17 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Frees ring `r`: its peer's messages match posted receives again.
-    /// Returns how many slots were armed, the last ones the caller armed:
-    /// they take nothing now. A message that took a slot before completes
-    /// there. [`Error::Invalid`] once freed.
+    /// Returns how many slots were armed: they take nothing now. A message
+    /// that took a slot before completes there, in the completion queue;
+    /// the marks not yet taken ([`Endpoint::recv_ring_landed`]) are
+    /// dropped. [`Error::Invalid`] once freed.
     pub fn recv_ring_free(&mut self, r: RecvRing) -> Result<u16, Error> {
         self.ring_mut(r)?;
         let entry = &mut self.rings.list[r.index as usize];
         let ring = entry.1.take().expect("a live ring");
         entry.0 = entry.0.wrapping_add(1);
         self.rings.by_peer[ring.peer.0 as usize] = NO_RING;
-        Ok(ring.armed.len() as u16)
+        Ok(ring.armed)
     }
 
     #[inline(always)]
@@ -199,7 +275,9 @@ impl<D: Device> Endpoint<D> {
     /// completion context and span; None when none is armed.
     #[inline(always)]
     pub(super) fn ring_slot(&mut self, index: usize) -> Option<(u64, Span)> {
-        self.rings.list[index].1.as_mut().expect("bound ring").take_next()
+        let ring = self.rings.list[index].1.as_mut().expect("bound ring");
+        let slot = ring.take_next()?;
+        Some((ring.ctx + slot as u64, ring.span(slot)))
     }
 
     /// Whether a ring's slots lie in region `mr`.

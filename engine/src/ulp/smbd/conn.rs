@@ -67,7 +67,12 @@ pub enum Event {
     /// `data`, where it landed in the receive region: read it there, and
     /// give it back with [`Connection::give_back`], which posts its
     /// receive again (until then it holds a credit, as a message waiting
-    /// for a buffer does). `invalidated` as for `Received`.
+    /// for a buffer does). When the receive slots are an endpoint receive
+    /// ring, which fills them in turn, a loan still out when its slot's
+    /// turn comes round again also holds the messages behind it, waiting
+    /// in the endpoint: give loans back within a round of the slots
+    /// ([`Params::receive_credit_max`](super::Params::receive_credit_max) messages).
+    /// `invalidated` as for `Received`.
     Lent { loan: Loan, data: Span, invalidated: Option<u64> },
     /// An empty message carried a token, whose region was deregistered.
     Invalidated { token: u64 },
@@ -267,11 +272,16 @@ pub struct Connection {
     /// posted into a buffer (`place_posted`): granted already, so posted
     /// again without a credit.
     withdrawn: u16,
-    /// Posted slots in posting order: the order the endpoint fills them.
+    /// Posted slots in posting order: the order the endpoint fills them
+    /// (when receives are placed; else empty).
     rx_order: Ring<u16>,
     /// When receives are never placed: the endpoint's ring over the
-    /// slots, each armed again as it is free.
+    /// slots, each armed again as it is free, which fills them in turn by
+    /// index from `rx_next`, `rx_armed` of them armed and not yet handled
+    /// (in place of `rx_order`).
     rx_ring: Option<RecvRing>,
+    rx_next: u16,
+    rx_armed: u16,
     /// Per slot: its completion, until its turn.
     arrivals: Vec<Option<Arrival>>,
     /// Completions stored in `arrivals` (at least as many as are there):
@@ -376,6 +386,8 @@ impl Connection {
             unplaced_back: 0,
             rx_order: Ring::with_capacity(slots, 0),
             rx_ring: None,
+            rx_next: 0,
+            rx_armed: 0,
             arrivals: vec![None; slots],
             arrivals_held: 0,
             tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
@@ -759,48 +771,53 @@ impl Connection {
     #[inline]
     fn on_recv_done<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16, c: &Completion) {
         let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
-        if self.rx_order.front() == Some(&slot) {
+        if self.turn() == Some(slot) {
             // Its turn, as a receive usually completes: handled at once
             // rather than stored and taken back.
-            self.rx_order.skip_front();
-            if !(self.cfg.fast_path && self.on_whole_arrival(ep, slot, &a)) {
-                self.on_arrival(ep, slot, a);
-            }
+            self.next_turn();
+            self.on_turn(ep, slot, a);
         } else {
             self.arrivals[slot as usize] = Some(a);
             self.arrivals_held += 1;
         }
         let next = self.arrivals_held > 0
-            && self.rx_order.front().is_some_and(|&s| self.arrivals[s as usize].is_some());
+            && self.turn().is_some_and(|s| self.arrivals[s as usize].is_some());
         if next || self.error.is_some() {
             self.on_arrivals(ep);
         }
     }
 
-    /// Reposts free receives, posts the segments credits allow, and an
-    /// empty message when the peer asked for credits and nothing else
-    /// carries them; returns whether it did anything.
+    /// Takes the segments landed in the receive ring in their turn (which
+    /// [`Connection::drain`] would have lent), reposts free receives,
+    /// posts the segments credits allow, and an empty message when the
+    /// peer asked for credits and nothing else carries them; returns
+    /// whether it did anything.
     #[inline]
     pub fn progress<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
         // Nothing to post, as most polls find: told in line, in a few
         // loads, rather than by a call through every queue.
         let idle = self.rx_free.is_empty()
             && self.next_post >= self.tx.len()
-            && !self.credits.response_due();
+            && !self.credits.response_due()
+            && !self.landed_in_turn(ep);
         if idle {
             return false;
         }
         self.post_due(ep)
     }
 
-    /// [`Connection::progress`] with something to post.
+    /// [`Connection::progress`] with something to do.
     #[inline(never)]
     fn post_due<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        let took = self.landed_in_turn(ep);
+        if took {
+            self.on_arrivals(ep);
+        }
         if self.error.is_some() {
-            return false;
+            return took;
         }
         // Receives first, so that the segments below grant them.
-        let mut did = self.repost(ep);
+        let mut did = took | self.repost(ep);
         did |= self.post_segments(ep);
         if self.credits.response_due() {
             did |= self.post_empty(ep);
@@ -814,12 +831,60 @@ impl Connection {
         self.events.pop_front()
     }
 
-    /// Whether an event waits ([`Connection::poll_event`]): with no
-    /// completion in the endpoint's queue either, a poll would find
-    /// nothing.
+    /// Whether an event waits ([`Connection::poll_event`]).
     #[inline]
     pub fn has_event(&self) -> bool {
         !self.events.is_empty()
+    }
+
+    /// Whether an event waits or a segment landed in the receive ring in
+    /// its turn: with no completion in the endpoint's queue either, a
+    /// drain (or a poll after progress) would find nothing.
+    #[inline]
+    pub fn has_work<D: Device>(&self, ep: &Endpoint<D>) -> bool {
+        self.has_event() || self.landed_in_turn(ep)
+    }
+
+    /// Whether the segment in turn landed in the receive ring, marked
+    /// there rather than reported in the endpoint's queue.
+    #[inline(always)]
+    fn landed_in_turn<D: Device>(&self, ep: &Endpoint<D>) -> bool {
+        self.rx_armed > 0 && self.rx_ring.is_some_and(|r| ep.recv_ring_has_landed(r, self.rx_next))
+    }
+
+    /// The receive slot whose segment is next, if one is posted.
+    #[inline(always)]
+    fn turn(&self) -> Option<u16> {
+        if self.rx_armed > 0 { Some(self.rx_next) } else { self.rx_order.front().copied() }
+    }
+
+    /// The segment in turn was taken: the next slot's turn.
+    #[inline(always)]
+    fn next_turn(&mut self) {
+        if self.rx_armed > 0 {
+            self.next_ring_turn();
+        } else {
+            self.rx_order.skip_front();
+        }
+    }
+
+    /// [`Self::next_turn`] in the receive ring.
+    #[inline(always)]
+    fn next_ring_turn(&mut self) {
+        self.rx_armed -= 1;
+        let next = self.rx_next + 1;
+        self.rx_next = if next as usize == self.arrivals.len() { 0 } else { next };
+    }
+
+    /// Slot `slot`'s segment, marked in the receive ring in its turn (now
+    /// passed), that is not a message to lend: taken as a completion in
+    /// its turn is.
+    #[inline(never)]
+    fn on_landed<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16, a: Arrival) {
+        self.on_turn(ep, slot, a);
+        if self.arrivals_held > 0 || self.error.is_some() {
+            self.on_arrivals(ep);
+        }
     }
 
     /// Takes the endpoint's completions and hands `f` what they make, in
@@ -841,14 +906,31 @@ impl Connection {
         mut f: impl FnMut(&mut Endpoint<D>, Drained<'_>) -> Flow,
     ) -> usize {
         let mut n = 0;
-        loop {
+        'next: loop {
             // One call of `f` in the loop, which it can then take inline.
             let c;
             // A loan `lend_now` made is marked lent only if `f` keeps it.
             let mut fresh = false;
             let d = match self.events.pop_front() {
                 Some(e) => Drained::Event(e),
-                None => {
+                None => 'taken: {
+                    // A segment landed in the ring in its turn, as a stream
+                    // of short messages has them: lent as it is taken, read
+                    // with no completion.
+                    if self.rx_armed > 0
+                        && let Some(ring) = self.rx_ring
+                        && let Some(len) = ep.recv_ring_landed(ring, self.rx_next)
+                    {
+                        let slot = self.rx_next;
+                        self.next_ring_turn();
+                        let a = Arrival { status: Status::Ok, len, token: None };
+                        if let Some(e) = self.lend_whole(ep, slot, &a) {
+                            fresh = true;
+                            break 'taken Drained::Event(e);
+                        }
+                        self.on_landed(ep, slot, a);
+                        continue 'next;
+                    }
                     let Some(next) = ep.peek_cq() else { return n };
                     // A short message lent in its turn, as a stream has
                     // them: handed out as it is taken, not queued first,
@@ -860,7 +942,7 @@ impl Connection {
                     } else {
                         let got = ep.poll_cq().expect("peeked");
                         if self.handle(ep, &got) {
-                            continue;
+                            continue 'next;
                         }
                         c = got;
                         Drained::Other(&c)
@@ -919,12 +1001,14 @@ impl Connection {
         if self.closed {
             return Ok(());
         }
-        if let Some(ring) = self.rx_ring.take() {
-            // The slots armed last, at the back of the order, take nothing
-            // now; the others were matched and complete.
-            for _ in 0..ep.recv_ring_free(ring)? {
-                self.rx_order.skip_back();
-            }
+        if let Some(ring) = self.rx_ring {
+            // Segments marked in the ring go with it: taken first (and
+            // dropped, the connection being terminated).
+            self.on_arrivals(ep);
+            // The armed slots take nothing now; those that took a segment
+            // before, in turn from `rx_next`, complete in the queue.
+            self.rx_armed -= ep.recv_ring_free(ring)?;
+            self.rx_ring = None;
         }
         let tag = self.tag;
         self.rx_order.retain(|&slot| {
@@ -934,6 +1018,7 @@ impl Connection {
         // Buffers that withdrawn receives were posted into are free now.
         self.release_buffers();
         if !self.rx_order.is_empty()
+            || self.rx_armed > 0
             || self.lent_out > 0
             || self.hdr_free.len() < self.hdr_owner.len()
             || self.tx.iter().any(|m| m.in_flight > 0)
@@ -1397,7 +1482,7 @@ impl Connection {
     #[inline(always)]
     fn post_in_slot<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) -> Result<(), EpError> {
         ep.recv_ring_arm(self.rx_ring.expect("a ring when never placing"), slot)?;
-        self.rx_order.push_back(slot);
+        self.rx_armed += 1;
         self.count_post();
         Ok(())
     }
@@ -1528,15 +1613,26 @@ impl Connection {
     fn lend_now<D: Device>(&mut self, ep: &Endpoint<D>, c: &Completion) -> Option<Event> {
         let k = c.ctx ^ self.tag;
         let slot = (k & SLOT_MASK) as u16;
-        if k >> KIND_SHIFT != KIND_RECV || self.rx_order.front() != Some(&slot) {
+        if k >> KIND_SHIFT != KIND_RECV || self.turn() != Some(slot) {
             return None;
         }
         let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
+        let e = self.lend_whole(ep, slot, &a)?;
+        self.next_turn();
+        Some(e)
+    }
+
+    /// Slot `slot`'s segment, in its turn, taken as [`Self::lend_now`]
+    /// takes it when it is a message to lend, with nothing held behind
+    /// it: its [`Event::Lent`], the turn left to the caller to pass. None,
+    /// with nothing changed, for any other.
+    #[inline(always)]
+    fn lend_whole<D: Device>(&mut self, ep: &Endpoint<D>, slot: u16, a: &Arrival) -> Option<Event> {
         // Nothing may be lent without the fast path.
         if self.arrivals_held > 0 || !self.may_lend(a.len) {
             return None;
         }
-        if !self.whole_may_arrive(slot, &a) {
+        if !self.whole_may_arrive(slot, a) {
             return None;
         }
         let at = self.rx_slot_offset(slot);
@@ -1546,7 +1642,6 @@ impl Connection {
         if !self.lends(len) {
             return None;
         }
-        self.rx_order.skip_front();
         self.accept_whole(&r);
         Some(self.loan(slot, at + r.data_offset as u64, len, None))
     }
@@ -1563,20 +1658,38 @@ impl Connection {
         self.peer_data_offset = r.data_offset;
     }
 
-    /// Handles the completed slots in the order they were matched.
+    /// Handles the completed slots in the order they were matched: each
+    /// completion stored, or segment marked in the receive ring.
     fn on_arrivals<D: Device>(&mut self, ep: &mut Endpoint<D>) {
-        while let Some(&slot) = self.rx_order.front() {
-            let Some(a) = self.arrivals[slot as usize].take() else { break };
-            self.arrivals_held = self.arrivals_held.saturating_sub(1);
-            self.rx_order.pop_front();
-            self.on_arrival(ep, slot, a);
+        while let Some(slot) = self.turn() {
+            let a = match self.arrivals[slot as usize].take() {
+                Some(a) => {
+                    self.arrivals_held = self.arrivals_held.saturating_sub(1);
+                    a
+                }
+                None => match self.rx_ring.and_then(|r| ep.recv_ring_landed(r, slot)) {
+                    Some(len) => Arrival { status: Status::Ok, len, token: None },
+                    None => break,
+                },
+            };
+            self.next_turn();
+            self.on_turn(ep, slot, a);
         }
         if self.error.is_some() {
             self.release_buffers();
         }
     }
 
-    /// Handles slot `slot`'s segment, taken off `rx_order` in its turn.
+    /// Handles slot `slot`'s segment, taken in its turn: whole by the fast
+    /// path when it can, else as any.
+    #[inline(always)]
+    fn on_turn<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16, a: Arrival) {
+        if !(self.cfg.fast_path && self.on_whole_arrival(ep, slot, &a)) {
+            self.on_arrival(ep, slot, a);
+        }
+    }
+
+    /// Handles slot `slot`'s segment, taken in its turn.
     #[inline]
     fn on_arrival<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16, a: Arrival) {
         if self.error.is_some() {

@@ -151,7 +151,12 @@
 //! shorter than [`Config::direct_min`]) holds its slots in an endpoint
 //! receive ring ([`Endpoint::recv_ring`](crate::endpoint::Endpoint::recv_ring)),
 //! each armed again as it is free, rather than a receive posted per
-//! segment. Its endpoint operations carry contexts whose high 32 bits
+//! segment. The ring fills its slots in turn, and a short segment that
+//! lands whole there is marked in its slot rather than reported in the
+//! endpoint's completion queue: [`Connection::drain`] takes it, or else
+//! [`Connection::progress`] (so that the first loop above finds it among
+//! the events), and [`Connection::has_work`] says one waits. Its endpoint
+//! operations carry contexts whose high 32 bits
 //! are [`Config::ctx_tag`], by which it knows its completions.
 //!
 //! Segmenting a send and parsing a received segment allocate nothing: the
