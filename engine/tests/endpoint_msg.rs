@@ -836,7 +836,7 @@ fn a_receive_ring_takes_its_peers_messages_into_slots_in_turn() {
         let want = &w.eps[0].mem(src.id)[at as usize..(at + len) as usize];
         assert_eq!(&w.eps[1].mem(slots.id)[got as usize..(got + len) as usize], want, "{i}");
     }
-    assert!((0..4).all(|slot| w.eps[1].recv_ring_landed(ring, slot).is_none()));
+    assert!((0..4).all(|slot| w.eps[1].recv_ring_landed(ring, slot, &mut []).is_none()));
     // Slot 2's turn, armed before its message came: a short one is marked
     // there, once, with nothing in the queue.
     let reported = w.done[1].len();
@@ -845,10 +845,15 @@ fn a_receive_ring_takes_its_peers_messages_into_slots_in_turn() {
     w.eps[0].send(to_b, span(&src, 0, 64), 10).unwrap();
     w.settle();
     assert_eq!(w.done[1].len(), reported, "a landed message is not reported");
-    assert_eq!(w.eps[1].recv_ring_landed(ring, 2), Some(64));
-    assert_eq!(w.eps[1].recv_ring_landed(ring, 2), None, "taken once");
+    // Its first bytes read as the mark is taken.
+    let mut head = [0u8; 20];
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 2, &mut head), Some(64));
+    let mut again = [7u8; 20];
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 2, &mut again), None, "taken once");
+    assert_eq!(again, [7; 20], "nothing read with no mark");
     let want = &w.eps[0].mem(src.id)[..64];
     assert_eq!(&w.eps[1].mem(slots.id)[2 * slot_len as usize..][..64], want);
+    assert_eq!(head, want[..20]);
     // With CQ data, or longer than eager: reported, not marked.
     arm(&mut w, 3);
     w.eps[0].senddata(to_b, span(&src, 0, 32), 0xfeed, 11).unwrap();
@@ -860,8 +865,8 @@ fn a_receive_ring_takes_its_peers_messages_into_slots_in_turn() {
     w.settle();
     let c = *w.done[1].last().unwrap();
     assert_eq!((c.ctx, c.len), (1000, 30_000));
-    assert_eq!(w.eps[1].recv_ring_landed(ring, 3), None);
-    assert_eq!(w.eps[1].recv_ring_landed(ring, 0), None);
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 3, &mut []), None);
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 0, &mut []), None);
     assert!(w.done[1].iter().all(|c| c.ctx != 7), "the posted receive took nothing");
     // One slot armed and the ring freed: it is withdrawn, and the posted
     // receive takes the next message.
@@ -925,8 +930,12 @@ fn a_receive_ring_finds_its_peers_waiting_messages_among_others() {
     let got: Vec<_> = w.done[1].iter().map(|c| (c.ctx, c.len, c.peer)).collect();
     let (a, c) = (Some(from_a), Some(from_c));
     assert_eq!(got, [(1000, 100, a), (8, 102, a), (7, 100, c), (1003, 104, a)]);
-    assert_eq!(w.eps[1].recv_ring_landed(ring, 1), Some(101));
-    assert_eq!(w.eps[1].recv_ring_landed(ring, 2), Some(103));
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 1, &mut []), Some(101));
+    // A head longer than the slot: the slot's bytes, the rest untouched.
+    let mut head = vec![0xee; 1500];
+    assert_eq!(w.eps[1].recv_ring_landed(ring, 2, &mut head), Some(103));
+    assert_eq!(head[..1024], w.eps[1].mem(slots.id)[2048..3072]);
+    assert!(head[1024..].iter().all(|&b| b == 0xee));
     // C's second waited through every arm, for a receive of C's.
     w.eps[1].recv(span(&other, 0, 512), Some(from_c), 9).unwrap();
     w.settle();
@@ -960,14 +969,14 @@ fn a_receive_ring_refuses_what_it_cannot_do() {
     ep.recv_ring_arm(ring, 0).unwrap();
     assert_eq!(ep.recv_ring_arm(ring, 3), Err(Error::Busy), "armed twice");
     assert_eq!(ep.recv_ring_arm(ring, 4), Err(Error::Invalid), "no slot 4");
-    assert_eq!(ep.recv_ring_landed(ring, 4), None, "no slot 4");
+    assert_eq!(ep.recv_ring_landed(ring, 4, &mut []), None, "no slot 4");
     assert_eq!(ep.deregister(slots.id), Err(Error::Busy), "the ring's region");
     assert_eq!(ep.recv_ring_free(ring), Ok(2));
     assert_eq!(ep.recv_ring_free(ring), Err(Error::Invalid), "freed once");
     let again = ep.recv_ring(Span { len: 2048, ..first }, 2, from_a, 0).unwrap();
     assert_ne!(again, ring);
     assert_eq!(ep.recv_ring_arm(ring, 1), Err(Error::Invalid), "a later ring's index");
-    assert_eq!(ep.recv_ring_landed(ring, 1), None, "a later ring's index");
+    assert_eq!(ep.recv_ring_landed(ring, 1, &mut []), None, "a later ring's index");
     ep.recv_ring_free(again).unwrap();
     ep.deregister(slots.id).unwrap();
 }

@@ -75,6 +75,15 @@ impl RingState {
     }
 }
 
+/// Copies all of a slot shorter than `head` into it. Out of line, so that
+/// the usual read, of a header's known length, stays a few moves rather
+/// than joining this one in a call to memcpy.
+#[cold]
+#[inline(never)]
+fn read_short_slot<D: Device>(dev: &D, ring: &RingState, at: usize, head: &mut [u8]) {
+    dev.read_region(ring.mr, at, &mut head[..ring.len as usize]);
+}
+
 /// The rings of an endpoint.
 #[derive(Debug, Default)]
 pub(super) struct Rings {
@@ -175,15 +184,34 @@ impl<D: Device> Endpoint<D> {
 
     /// The length of the message marked landed in slot `slot` of ring `r`
     /// (see [`Endpoint::recv_ring`]), taken: each mark is returned once.
-    /// None when the slot has none (or `r` is freed).
+    /// The slot's first `head.len()` bytes (as many as it has) are copied
+    /// into `head` as it is taken, so that a framing layer reads its
+    /// header with the same look-up of the ring: pass `&mut []` for none.
+    /// None, `head` untouched, when the slot has none (or `r` is freed).
     #[inline(always)]
-    pub fn recv_ring_landed(&mut self, r: RecvRing, slot: u16) -> Option<u64> {
-        let ring = self.ring_mut(r).ok()?;
+    pub fn recv_ring_landed(&mut self, r: RecvRing, slot: u16, head: &mut [u8]) -> Option<u64> {
+        // The ring alone borrowed, so that the device can read the slot.
+        let ring = match self.rings.list.get_mut(r.index as usize) {
+            Some((g, Some(ring))) if *g == r.generation => ring,
+            _ => return None,
+        };
         let landed = ring.landed.get_mut(slot as usize)?;
         if *landed == NOT_LANDED {
             return None;
         }
-        Some(std::mem::replace(landed, NOT_LANDED) as u64)
+        let len = std::mem::replace(landed, NOT_LANDED) as u64;
+        if !head.is_empty() {
+            // In its region: the ring's span was checked when it was made,
+            // and a region with a ring on it stays registered.
+            let at = (ring.offset + slot as u64 * ring.len) as usize;
+            if head.len() as u64 <= ring.len {
+                // A header's known length: copied with moves.
+                self.dev.read_region(ring.mr, at, head);
+            } else {
+                read_short_slot(&self.dev, ring, at, head);
+            }
+        }
+        Some(len)
     }
 
     /// Whether slot `slot` of ring `r` has a message marked landed, which

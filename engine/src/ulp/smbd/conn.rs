@@ -916,15 +916,16 @@ impl Connection {
                 None => 'taken: {
                     // A segment landed in the ring in its turn, as a stream
                     // of short messages has them: lent as it is taken, read
-                    // with no completion.
+                    // with no completion, its header read as the mark is.
                     if self.rx_armed > 0
                         && let Some(ring) = self.rx_ring
-                        && let Some(len) = ep.recv_ring_landed(ring, self.rx_next)
+                        && let Some(len) =
+                            ep.recv_ring_landed(ring, self.rx_next, &mut self.scratch[..HEADER_LEN])
                     {
                         let slot = self.rx_next;
                         self.next_ring_turn();
                         let a = Arrival { status: Status::Ok, len, token: None };
-                        if let Some(e) = self.lend_whole(ep, slot, &a) {
+                        if let Some(e) = self.lend_read(slot, &a) {
                             fresh = true;
                             break 'taken Drained::Event(e);
                         }
@@ -1557,10 +1558,14 @@ impl Connection {
     /// granted for it, and it holds a header and no more than a receive.
     #[inline(always)]
     fn whole_may_arrive(&self, slot: u16, a: &Arrival) -> bool {
-        let quiet = self.error.is_none()
-            && self.pending.is_empty()
-            && !self.reasm.in_progress()
-            && self.landings[slot as usize].is_none();
+        self.landings[slot as usize].is_none() && self.whole_may_arrive_unplaced(a)
+    }
+
+    /// [`Self::whole_may_arrive`] for a slot with no landing, as a receive
+    /// ring's are (a connection with one never places).
+    #[inline(always)]
+    fn whole_may_arrive_unplaced(&self, a: &Arrival) -> bool {
+        let quiet = self.error.is_none() && self.pending.is_empty() && !self.reasm.in_progress();
         quiet
             && a.status == Status::Ok
             && a.token.is_none()
@@ -1628,22 +1633,44 @@ impl Connection {
     /// with nothing changed, for any other.
     #[inline(always)]
     fn lend_whole<D: Device>(&mut self, ep: &Endpoint<D>, slot: u16, a: &Arrival) -> Option<Event> {
-        // Nothing may be lent without the fast path.
-        if self.arrivals_held > 0 || !self.may_lend(a.len) {
-            return None;
-        }
-        if !self.whole_may_arrive(slot, a) {
+        if !self.may_lend_whole(a) || !self.whole_may_arrive(slot, a) {
             return None;
         }
         let at = self.rx_slot_offset(slot);
         ep.read_mem(self.rx.id, at, &mut self.scratch[..HEADER_LEN]).ok()?;
-        let r = self.whole_header(a.len)?;
-        let len = r.data_length as u64;
-        if !self.lends(len) {
+        self.lend_header(slot, a.len)
+    }
+
+    /// [`Self::lend_whole`] of a segment marked in the receive ring, whose
+    /// header was read into the scratch bytes as the mark was taken.
+    #[inline(always)]
+    fn lend_read(&mut self, slot: u16, a: &Arrival) -> Option<Event> {
+        debug_assert!(self.landings[slot as usize].is_none(), "a ring's slots are never placed");
+        if !self.may_lend_whole(a) || !self.whole_may_arrive_unplaced(a) {
+            return None;
+        }
+        self.lend_header(slot, a.len)
+    }
+
+    /// Whether a segment that may arrive whole may be lent: nothing held
+    /// behind (nothing may be lent without the fast path), and short.
+    #[inline(always)]
+    fn may_lend_whole(&self, a: &Arrival) -> bool {
+        self.arrivals_held == 0 && self.may_lend(a.len)
+    }
+
+    /// Slot `slot`'s segment of `len` bytes, its header in the scratch
+    /// bytes, lent when it is a whole message to lend.
+    #[inline(always)]
+    fn lend_header(&mut self, slot: u16, len: u64) -> Option<Event> {
+        let r = self.whole_header(len)?;
+        let data = r.data_length as u64;
+        if !self.lends(data) {
             return None;
         }
         self.accept_whole(&r);
-        Some(self.loan(slot, at + r.data_offset as u64, len, None))
+        let at = self.rx_slot_offset(slot) + r.data_offset as u64;
+        Some(self.loan(slot, at, data, None))
     }
 
     /// [`Self::on_whole_arrival`]'s segment `r` taken: counted, its
@@ -1667,7 +1694,7 @@ impl Connection {
                     self.arrivals_held = self.arrivals_held.saturating_sub(1);
                     a
                 }
-                None => match self.rx_ring.and_then(|r| ep.recv_ring_landed(r, slot)) {
+                None => match self.rx_ring.and_then(|r| ep.recv_ring_landed(r, slot, &mut [])) {
                     Some(len) => Arrival { status: Status::Ok, len, token: None },
                     None => break,
                 },
