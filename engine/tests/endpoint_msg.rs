@@ -824,9 +824,9 @@ fn a_receive_ring_takes_its_peers_messages_into_slots_in_turn() {
     let mut got = ctxs(&w)[1..].to_vec();
     got.sort();
     assert_eq!(got, [1000, 1001, 1002]);
-    for slot in [3, 0, 1] {
-        arm(&mut w, slot);
-    }
+    // Three armed at once, the one in turn among them.
+    w.eps[1].recv_ring_arm_each(ring, &[1, 3, 0]).unwrap();
+    w.settle();
     assert_eq!(&ctxs(&w)[4..], [1003, 1000, 1001]);
     let taken = [0u64, 1, 2, 3, 0, 1];
     for (i, &len) in lens.iter().enumerate().skip(2) {
@@ -969,9 +969,15 @@ fn a_receive_ring_refuses_what_it_cannot_do() {
     ep.recv_ring_arm(ring, 0).unwrap();
     assert_eq!(ep.recv_ring_arm(ring, 3), Err(Error::Busy), "armed twice");
     assert_eq!(ep.recv_ring_arm(ring, 4), Err(Error::Invalid), "no slot 4");
+    // Several at once: all or none.
+    assert_eq!(ep.recv_ring_arm_each(ring, &[1, 2, 3]), Err(Error::Busy), "3 is armed");
+    assert_eq!(ep.recv_ring_arm_each(ring, &[1, 1]), Err(Error::Busy), "1 named twice");
+    assert_eq!(ep.recv_ring_arm_each(ring, &[2, 4]), Err(Error::Invalid), "no slot 4");
+    assert_eq!(ep.recv_ring_arm_each(ring, &[]), Ok(()));
     assert_eq!(ep.recv_ring_landed(ring, 4, &mut []), None, "no slot 4");
     assert_eq!(ep.deregister(slots.id), Err(Error::Busy), "the ring's region");
-    assert_eq!(ep.recv_ring_free(ring), Ok(2));
+    assert_eq!(ep.recv_ring_arm_each(ring, &[2, 1]), Ok(()), "none of the refused armed");
+    assert_eq!(ep.recv_ring_free(ring), Ok(4));
     assert_eq!(ep.recv_ring_free(ring), Err(Error::Invalid), "freed once");
     let again = ep.recv_ring(Span { len: 2048, ..first }, 2, from_a, 0).unwrap();
     assert_ne!(again, ring);

@@ -1490,6 +1490,21 @@ fn deliver_to_endpoint(p: &mut Pair) {
     }
 }
 
+/// A pair with `credits` credits a side (a receive each) that lends
+/// messages of 64 bytes, `n` such sent to side 1 and in its endpoint, none
+/// taken by its connection yet.
+fn lent_messages_delivered(credits: u16, n: u64) -> Pair {
+    let cfg = Config { lend_max: 64, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, credits); 2], cfg, false);
+    let src = p.w.register(0, 64);
+    for k in 0..n {
+        let (c, ep) = p.conn(0);
+        c.send(ep, span(&src, 0, 64), None, k).unwrap();
+    }
+    deliver_to_endpoint(&mut p);
+    p
+}
+
 /// What one `drain` of side 1 hands out, `flow` answered to each.
 fn drain_once(p: &mut Pair, flow: Flow) -> Vec<Event> {
     let (c, ep) = p.conn(1);
@@ -1509,14 +1524,7 @@ fn drain_once(p: &mut Pair, flow: Flow) -> Vec<Event> {
 /// is given back too; the rest wait for the next `drain`.
 #[test]
 fn a_message_read_inside_drain_has_its_receive_posted_again_at_once() {
-    let cfg = Config { lend_max: 64, ..Config::default() };
-    let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, false);
-    let src = p.w.register(0, 64);
-    for k in 0..3 {
-        let (c, ep) = p.conn(0);
-        c.send(ep, span(&src, 0, 64), None, k).unwrap();
-    }
-    deliver_to_endpoint(&mut p);
+    let mut p = lent_messages_delivered(4, 3);
     assert_eq!(p.conns[1].as_ref().unwrap().credits().posted(), 4);
     let first = drain_once(&mut p, Flow::Stop);
     assert!(matches!(first[..], [Event::Lent { data, .. }] if data.len == 64), "{first:?}");
@@ -1528,6 +1536,23 @@ fn a_message_read_inside_drain_has_its_receive_posted_again_at_once() {
     let (c, ep) = p.conn(1);
     assert_eq!(c.credits().posted(), 4);
     assert_eq!(c.stats().lent, 3);
+    assert_eq!(c.close(ep), Ok(()), "no loan out");
+}
+
+/// The receives of the messages a drain went on from are posted again
+/// together, as it returns: when it runs out, and when `f` stops it.
+#[test]
+fn a_drain_posts_again_all_it_was_given_back_as_it_returns() {
+    let mut p = lent_messages_delivered(6, 5);
+    let (c, ep) = p.conn(1);
+    let mut answers = [Flow::Next, Flow::Next, Flow::Stop].into_iter();
+    assert_eq!(c.drain(ep, |_, _| answers.next().expect("three handed out")), 3);
+    // Two went on from and the one stopped at, posted again; two to take.
+    assert_eq!(c.credits().posted(), 6, "stopped");
+    assert_eq!(drain_once(&mut p, Flow::Next).len(), 2);
+    let (c, ep) = p.conn(1);
+    assert_eq!(c.credits().posted(), 6, "run out");
+    assert_eq!(c.stats().lent, 5);
     assert_eq!(c.close(ep), Ok(()), "no loan out");
 }
 

@@ -379,30 +379,13 @@ impl<D: Device> Io<D> {
             let (mut failed, mut slow) = (None, None);
             conn.drain(ep, |ep, d| {
                 any = true;
-                let c = match d {
-                    Drained::Other(c) => *c,
-                    Drained::Event(Event::Sent { ctx, status: SendStatus::Ok }) => sent(ctx, peer),
-                    Drained::Event(Event::Lent { data, .. }) if !lending.copy => {
-                        lent_unkept(data, peer)
-                    }
-                    Drained::Event(Event::Lent { loan, data, .. }) => {
-                        let Some(to) = lending.to.pop_front() else {
-                            lending.lent.push_back((loan, data));
-                            return Flow::Keep;
-                        };
-                        match read_lent(ep, to, lending.copy, data, peer) {
-                            Ok(c) => c,
-                            Err(e) => {
-                                failure.get_or_insert(e);
-                                return Flow::Stop;
-                            }
-                        }
-                    }
-                    Drained::Event(e) => {
-                        slow = Some(e);
-                        return Flow::Stop;
-                    }
-                };
+                // Taken out of the arms, `f` is inlined once in the loop.
+                let mut got = None;
+                let flow = hand_drained(ep, peer, lending, failure, &mut slow, d, |c| {
+                    got = Some(*c);
+                    Flow::Next
+                });
+                let Some(c) = got else { return flow };
                 match f(&c) {
                     Ok(()) => Flow::Next,
                     Err(e) => {
@@ -436,18 +419,39 @@ impl<D: Device> Io<D> {
         if self.failure.is_some() {
             return;
         }
-        if self.lending.lent.is_empty() {
-            // A drain that stops at its first completion: a message lent
-            // is read where it landed and its receive posted again at once
-            // (`Connection::drain`), where the loop below, event by event,
-            // gives it back to be posted again by the next progress.
-            let mut first = None;
-            let _ = self.drain_smbd(|c| {
-                first = Some(*c);
-                Err(())
+        debug_assert!(self.smbd_ready.is_none(), "taken by each poll");
+        // A drain that stops at its first completion, left in `smbd_ready`
+        // where it is made (not copied out of a closure's local): a message
+        // lent is read where it landed and its receive posted again at once
+        // (`Connection::drain`), where the loop below, event by event,
+        // gives it back to be posted again by the next progress.
+        while self.lending.lent.is_empty() {
+            let Io { ep, peer, smbd: Some((_, Some(conn))), lending, failure, smbd_ready, .. } =
+                self
+            else {
+                unreachable!("connected")
+            };
+            let (peer, lending) = (*peer, &mut **lending);
+            let mut slow = None;
+            conn.drain(ep, |ep, d| {
+                hand_drained(ep, peer, lending, failure, &mut slow, d, |c| {
+                    *smbd_ready = Some(*c);
+                    Flow::Stop
+                })
             });
-            self.smbd_ready = first;
-            return;
+            let Some(e) = slow else { return };
+            match smbd_completion(e, conn.error(), peer) {
+                // Nothing to report: drained on.
+                Ok(None) => {}
+                Ok(c) => {
+                    *smbd_ready = c;
+                    return;
+                }
+                Err(e) => {
+                    *failure = Some(e);
+                    return;
+                }
+            }
         }
         let Some((_, Some(conn))) = &mut self.smbd else { unreachable!("connected") };
         let (ep, peer, lending) = (&mut self.ep, self.peer, &mut *self.lending);
@@ -751,6 +755,47 @@ impl<D: Device> Io<D> {
             all.extend(nonzero.map(|(name, n)| (format!("smbd.{name}"), n)));
         }
         all
+    }
+}
+
+/// Hands `emit` what [`Connection::drain`] handed `-o smbd`'s drain, as
+/// the completion a send would have made, and returns what `emit` says;
+/// else the flow to go on with: a lent message kept for a receive not yet
+/// posted, a failure to read one (left in `failure`), or an event the
+/// caller takes out of the drain (left in `slow`). `emit` is called in
+/// each arm, with that arm's completion: made where it is used, its fixed
+/// fields are constants there, not merged with the others'.
+#[inline(always)]
+fn hand_drained<D: Device>(
+    ep: &mut Endpoint<D>,
+    peer: PeerId,
+    lending: &mut Lending,
+    failure: &mut Option<RunError>,
+    slow: &mut Option<Event>,
+    d: Drained<'_>,
+    mut emit: impl FnMut(&Completion) -> Flow,
+) -> Flow {
+    match d {
+        Drained::Other(c) => emit(c),
+        Drained::Event(Event::Sent { ctx, status: SendStatus::Ok }) => emit(&sent(ctx, peer)),
+        Drained::Event(Event::Lent { data, .. }) if !lending.copy => emit(&lent_unkept(data, peer)),
+        Drained::Event(Event::Lent { loan, data, .. }) => {
+            let Some(to) = lending.to.pop_front() else {
+                lending.lent.push_back((loan, data));
+                return Flow::Keep;
+            };
+            match read_lent(ep, to, lending.copy, data, peer) {
+                Ok(c) => emit(&c),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    Flow::Stop
+                }
+            }
+        }
+        Drained::Event(e) => {
+            *slow = Some(e);
+            Flow::Stop
+        }
     }
 }
 
@@ -1179,7 +1224,8 @@ mod tests {
             let c = rx.poll_cq().expect("the message");
             let ctx = if verify { 3 } else { 0 };
             assert_eq!((c.op, c.status, c.len, c.ctx), (Op::Recv, Status::Ok, 64, ctx));
-            // Its arrival took a receive; it was posted again at once.
+            // Its arrival took a receive; it was posted again as the drain
+            // returned.
             assert_eq!(smbd_credits(&rx).posted(), posted, "-c {verify}");
             assert!(rx.poll_cq().is_none());
             rx.failure().unwrap();

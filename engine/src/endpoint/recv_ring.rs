@@ -69,6 +69,25 @@ impl RingState {
         Some(slot)
     }
 
+    /// Arms slot `slot`: [`Error::Busy`] if it is armed already,
+    /// [`Error::Invalid`] if there is no such slot.
+    #[inline(always)]
+    fn arm(&mut self, slot: u16) -> Result<(), Error> {
+        match self.is_armed.get_mut(slot as usize) {
+            Some(armed) if !*armed => *armed = true,
+            Some(_) => return Err(Error::Busy),
+            None => return Err(Error::Invalid),
+        }
+        self.armed += 1;
+        Ok(())
+    }
+
+    /// Undoes [`Self::arm`] of slot `slot`.
+    fn disarm(&mut self, slot: u16) {
+        self.is_armed[slot as usize] = false;
+        self.armed -= 1;
+    }
+
     #[inline(always)]
     fn span(&self, slot: u16) -> Span {
         Span { mr: self.mr, offset: self.offset + slot as u64 * self.len, len: self.len }
@@ -167,19 +186,44 @@ impl<D: Device> Endpoint<D> {
     #[inline(always)]
     pub fn recv_ring_arm(&mut self, r: RecvRing, slot: u16) -> Result<(), Error> {
         let ring = self.ring_mut(r)?;
-        match ring.is_armed.get_mut(slot as usize) {
-            Some(armed) if !*armed => *armed = true,
-            Some(_) => return Err(Error::Busy),
-            None => return Err(Error::Invalid),
+        ring.arm(slot)?;
+        let wakes = ring.waiting && slot == ring.next;
+        self.ring_armed(r.index as usize, wakes);
+        Ok(())
+    }
+
+    /// Arms each of `slots` of ring `r`, as that many
+    /// [`Endpoint::recv_ring_arm`]s would, with one look-up of the ring
+    /// and one look for messages that waited: none armed on an error
+    /// (a slot named twice is armed already the second time).
+    pub fn recv_ring_arm_each(&mut self, r: RecvRing, slots: &[u16]) -> Result<(), Error> {
+        let ring = self.ring_mut(r)?;
+        let mut wakes = false;
+        for (i, &slot) in slots.iter().enumerate() {
+            if let Err(e) = ring.arm(slot) {
+                for &armed in &slots[..i] {
+                    ring.disarm(armed);
+                }
+                return Err(e);
+            }
+            wakes |= slot == ring.next;
         }
-        ring.armed += 1;
-        if ring.waiting && slot == ring.next {
-            self.ring_take_unexpected(r.index as usize);
+        let waiting = ring.waiting;
+        self.ring_armed(r.index as usize, wakes && waiting);
+        Ok(())
+    }
+
+    /// Slots of ring `index` were armed: when `wakes` (the one in turn
+    /// among them, and a message may wait), the messages that waited for
+    /// them take them.
+    #[inline(always)]
+    fn ring_armed(&mut self, index: usize, wakes: bool) {
+        if wakes {
+            self.ring_take_unexpected(index);
         }
         // A message that waited for a receive entry may be an eager one a
         // slot now takes without one.
         self.retry_stalled();
-        Ok(())
     }
 
     /// The length of the message marked landed in slot `slot` of ring `r`

@@ -892,8 +892,10 @@ impl Connection {
     /// that are not the connection's ([`Drained::Other`]); what `f`
     /// returns says whether to go on, and whether a lent message was read
     /// ([`Flow`]). A message lent so is read where it landed, inside `f`,
-    /// and given back as `f` returns, its receive posted again at once: no
-    /// [`Connection::give_back`], no wait for [`Connection::progress`].
+    /// and given back as `f` returns, its receive posted again before
+    /// `drain` returns (those of all it gave back in one call into the
+    /// endpoint): no [`Connection::give_back`], no wait for
+    /// [`Connection::progress`].
     /// Returns how many things `f` was handed.
     ///
     /// What a loop of [`Endpoint::poll_cq`],
@@ -932,7 +934,10 @@ impl Connection {
                         self.on_landed(ep, slot, a);
                         continue 'next;
                     }
-                    let Some(next) = ep.peek_cq() else { return n };
+                    let Some(next) = ep.peek_cq() else {
+                        self.arm_given_back(ep);
+                        return n;
+                    };
                     // A short message lent in its turn, as a stream has
                     // them: handed out as it is taken, not queued first,
                     // its completion read where it lies.
@@ -958,35 +963,58 @@ impl Connection {
                     (Flow::Keep, false) => {}
                     // `f` cannot reach the connection: still up, as
                     // `lend_now` found it.
-                    (_, true) => self.rearm(ep, loan.0),
-                    (_, false) => self.repost_lent(ep, loan),
+                    // Given back with more to come: armed with the others
+                    // as `drain` returns; the last one now.
+                    (Flow::Next, true) => self.rearm(loan.0),
+                    (_, true) => self.arm_now(ep, loan.0),
+                    (_, false) => self.repost_lent(loan),
                 }
             }
             if flow == Flow::Stop {
+                self.arm_given_back(ep);
                 return n;
             }
         }
     }
 
-    /// A lent message was read ([`Connection::drain`]): given back, and
-    /// its receive posted again now when it goes into its slot alone (else
-    /// by the next [`Connection::progress`], as any given back).
+    /// The slots of the messages [`Connection::drain`] was given back,
+    /// armed again in the ring together as it returns: one call into the
+    /// endpoint for them all.
     #[inline(always)]
-    fn repost_lent<D: Device>(&mut self, ep: &mut Endpoint<D>, loan: Loan) {
-        let up = self.end_loan(loan);
-        debug_assert!(up.is_ok(), "drain hands each loan out once");
-        if up == Ok(true) {
-            self.rearm(ep, loan.0);
+    fn arm_given_back<D: Device>(&mut self, ep: &mut Endpoint<D>) {
+        if !self.places && !self.rx_free.is_empty() {
+            self.repost_in_slots(ep);
         }
     }
 
-    /// Receive slot `slot`, read and not lent, posted again now when it
-    /// goes into its slot alone (else by the next `progress`).
+    /// A lent message was read ([`Connection::drain`]): given back, and
+    /// its receive posted again as `drain` returns when it goes into its
+    /// slot alone (else by the next [`Connection::progress`], as any given
+    /// back).
     #[inline(always)]
-    fn rearm<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) {
+    fn repost_lent(&mut self, loan: Loan) {
+        let up = self.end_loan(loan);
+        debug_assert!(up.is_ok(), "drain hands each loan out once");
+        if up == Ok(true) {
+            self.rearm(loan.0);
+        }
+    }
+
+    /// Receive slot `slot`, read and not lent, free to post again: as
+    /// `drain` returns when it goes into its slot alone
+    /// ([`Self::arm_given_back`]), else by the next `progress`.
+    #[inline(always)]
+    fn rearm(&mut self, slot: u16) {
+        self.rx_free.push(slot);
+    }
+
+    /// [`Self::rearm`], armed now when it goes into its slot alone: the
+    /// message a drain stops at, as a ping-pong's each is.
+    #[inline(always)]
+    fn arm_now<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) {
         if self.places {
             self.rx_free.push(slot);
-        } else if let Err(e) = self.post_in_slot(ep, slot) {
+        } else if let Err(e) = self.arm_one(ep, slot) {
             self.rx_free.push(slot);
             self.refused(e);
         }
@@ -1463,29 +1491,35 @@ impl Connection {
         self.repost(ep);
     }
 
-    /// [`Self::repost`] when no receive is posted into a buffer: each
-    /// slot armed in the ring.
-    #[inline]
-    fn repost_in_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
-        let mut did = false;
-        while let Some(&slot) = self.rx_free.last() {
-            if let Err(e) = self.post_in_slot(ep, slot) {
-                self.refused(e);
-                break;
-            }
-            self.rx_free.pop();
-            did = true;
-        }
-        did
-    }
-
     /// Arms slot `slot` in the ring (a connection that never places).
     #[inline(always)]
-    fn post_in_slot<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) -> Result<(), EpError> {
+    fn arm_one<D: Device>(&mut self, ep: &mut Endpoint<D>, slot: u16) -> Result<(), EpError> {
         ep.recv_ring_arm(self.rx_ring.expect("a ring when never placing"), slot)?;
         self.rx_armed += 1;
         self.count_post();
         Ok(())
+    }
+
+    /// [`Self::repost`] when no receive is posted into a buffer: the
+    /// free slots armed in the ring, together.
+    #[cold]
+    #[inline(never)]
+    fn repost_in_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
+        if self.rx_free.is_empty() {
+            return false;
+        }
+        let ring = self.rx_ring.expect("a ring when never placing");
+        if let Err(e) = ep.recv_ring_arm_each(ring, &self.rx_free) {
+            return self.refused(e);
+        }
+        let n = self.rx_free.len();
+        self.rx_free.clear();
+        // At most a slot each.
+        self.rx_armed += n as u16;
+        // Only a placing connection withdraws receives.
+        debug_assert_eq!(self.withdrawn, 0);
+        self.credits.on_posts(n as u32);
+        true
     }
 
     /// Handles slot `slot`'s segment in its turn when it is a whole

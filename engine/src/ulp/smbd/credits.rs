@@ -140,7 +140,13 @@ impl Credits {
     /// A receive was posted (again).
     #[inline]
     pub fn on_post(&mut self) {
-        self.posted += 1;
+        self.on_posts(1);
+    }
+
+    /// `n` receives were posted (again).
+    #[inline]
+    pub fn on_posts(&mut self, n: u32) {
+        self.posted += n;
     }
 
     /// A posted receive was withdrawn (the connection is closing).

@@ -129,7 +129,7 @@
 //!
 //! or, with [`Connection::drain`], the same loop inside the connection, each
 //! event handed out as it comes and a lent message read there, given back
-//! as the closure returns (its receive posted again at once):
+//! as the closure returns (its receive posted again as the drain returns):
 //!
 //! ```text
 //! loop {
