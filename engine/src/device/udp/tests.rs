@@ -638,7 +638,12 @@ fn faults_on_the_wire_lose_nothing_and_duplicate_nothing() {
         got.sort();
         assert_eq!(got, (0..n).collect::<Vec<_>>(), "drop {drop_ppm}: each exactly once");
         assert!(a.stats().retransmits > 0, "drop {drop_ppm}: {:?}", a.stats());
-        assert!(a.fault_stats().dropped > 0 && a.fault_stats().duplicated > 0);
+        let f = a.fault_stats();
+        assert!(f.duplicated > 0, "drop {drop_ppm}: {f:?}");
+        // How many datagrams meet a fate depends on how sends and
+        // retransmits batch on the run's timing: at 1% of a few hundred,
+        // possibly none is dropped (seen once in a loaded CI run).
+        assert!(f.dropped > 0 || drop_ppm < 100_000, "drop {drop_ppm}: {f:?}");
     }
 }
 
