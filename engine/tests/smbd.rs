@@ -366,6 +366,36 @@ fn many_small_messages_stream_with_few_credits() {
     assert_eq!(a.empty_sent, 0, "the sender's own segments carried its grants");
 }
 
+/// Messages that arrive before their buffers wait, holding their
+/// credits, and go in order as buffers are posted; the connection is then
+/// as it was before the wait (in test builds its state is checked at each
+/// look of the fast path), and the next message goes as any.
+#[test]
+fn messages_that_waited_for_buffers_go_in_order_and_the_next_as_before() {
+    let mut p = Pair::symmetric(small(1364, 8));
+    let src = p.w.register(0, 400);
+    let dst = p.w.register(1, 400);
+    p.w.fill(0, &src, 3);
+    for k in 0..3 {
+        let (c, ep) = p.conn(0);
+        c.send(ep, span(&src, k * 100, 100), None, k).unwrap();
+    }
+    p.settle();
+    assert!(p.received(1).is_empty(), "no buffer yet");
+    for k in 0..4 {
+        let (c, ep) = p.conn(1);
+        c.recv(ep, span(&dst, k * 100, 100), k).unwrap();
+    }
+    p.settle();
+    let (c, ep) = p.conn(0);
+    c.send(ep, span(&src, 300, 100), None, 3).unwrap();
+    p.settle();
+    let got: Vec<(u64, u64)> = p.received(1).iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(got, [(0, 100), (1, 100), (2, 100), (3, 100)]);
+    let mem = p.w.eps[1].mem(dst.id);
+    assert!((0..400).all(|j| mem[j as usize] == pattern(3, j)), "byte-exact");
+}
+
 #[test]
 fn both_ways_at_once() {
     let mut p = Pair::symmetric(small(512, 3));
@@ -651,6 +681,29 @@ fn every_malformed_segment_is_a_typed_error_that_terminates() {
         verdict(params, &[], &empty_more),
         malformed(SegmentError::EmptyWithRemaining { remaining_data_length: 3 })
     );
+}
+
+/// A whole segment carrying more than MaxFragmentedReceiveSize ends the
+/// connection where its message would otherwise be lent, polled or
+/// drained: the paths that lend check its length by the segment's,
+/// which must not let it through; the message before it, within, is lent.
+#[test]
+fn a_message_beyond_max_fragmented_size_is_refused_where_it_would_be_lent() {
+    for drain in [false, true] {
+        let params = Params::symmetric(1364, 100, 8);
+        let cfg = Config { lend_max: 200, ..Config::default() };
+        let mut p = Pair::new(SimConfig::default(), [params; 2], cfg, true);
+        p.drain = drain;
+        p.raw_send(&segment(0, Flags::empty(), 0, 24, &[5; 100]), None);
+        p.raw_send(&segment(0, Flags::empty(), 0, 24, &[6; 101]), None);
+        p.settle();
+        assert_eq!(p.lent[0], [vec![5; 100]], "drained: {drain}");
+        assert_eq!(
+            p.terminated(0),
+            Some(ProtocolError::MessageTooLong { len: 101, max: 100 }),
+            "drained: {drain}"
+        );
+    }
 }
 
 #[test]

@@ -4,7 +4,10 @@
 use super::credits::Credits;
 use super::header::{Flags, HEADER_LEN, Repr};
 use super::segment::{Placement, Reassembler, Segmenter};
-use super::{Config, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError, SetupError};
+use super::{
+    Config, DEFAULT_DATA_OFFSET, MAX_DATA_OFFSET, Params, ProtocolError, RecvError, SendError,
+    SetupError,
+};
 use crate::device::{Access, Device, Mr};
 use crate::endpoint::{Completion, Endpoint, Error as EpError, PeerId, RecvRing, Span, Status};
 use crate::ring::Ring;
@@ -150,6 +153,25 @@ struct TxMsg {
     /// with its header emitted into the packet when it can be (then done
     /// with nothing in flight).
     whole: bool,
+}
+
+bitflags::bitflags! {
+    /// What keeps a segment in its turn off the fast paths, kept in one
+    /// word as each changes (all off those paths: [`Connection::settle`])
+    /// so that the paths read one byte for four conditions.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    struct Unsettled: u8 {
+        /// The connection was terminated.
+        const TERMINATED = 1 << 0;
+        /// Segments wait for their message's buffer.
+        const PENDING = 1 << 1;
+        /// A message is partly received.
+        const PARTIAL = 1 << 2;
+        /// Completions are stored for slots whose turn has not come: a
+        /// segment may be taken whole, not lent as `drain` lends (handed
+        /// out at once, it would leave those behind it untaken).
+        const HELD = 1 << 3;
+    }
 }
 
 /// What stands in a queue's free places.
@@ -298,8 +320,12 @@ pub struct Connection {
     /// fast path.
     whole_max: u64,
     /// The longest segment whose message may be lent: `lend_max` bytes
-    /// behind the longest DataOffset; 0 when nothing is lent or without
-    /// the fast path. Set up once, read for every segment.
+    /// behind the longest DataOffset, within MaxReceiveSize and within a
+    /// DataLength of MaxFragmentedReceiveSize at the default DataOffset
+    /// (so that a segment this short needs no other check of its length:
+    /// a longer one is taken by the general path, which lends it as
+    /// well); 0 when nothing is lent or without the fast path. Set up
+    /// once, read for every segment.
     lend_segment_max: u64,
     apps: Ring<AppBuf>,
     /// Messages whose buffer came before the front's: the front's
@@ -328,6 +354,9 @@ pub struct Connection {
     /// A short segment read whole out of its slot (the fast path).
     scratch: [u8; SMALL_SEGMENT],
     error: Option<ProtocolError>,
+    /// `error`, `pending`, `reasm` and `arrivals_held`, as the fast paths
+    /// read them.
+    unsettled: Unsettled,
     closed: bool,
     stats: Stats,
 }
@@ -400,7 +429,12 @@ impl Connection {
                 0
             },
             lend_segment_max: if cfg.fast_path && cfg.lend_max > 0 {
-                cfg.lend_max.saturating_add(MAX_DATA_OFFSET as u64)
+                let predicted =
+                    params.max_fragmented_receive_size as u64 + DEFAULT_DATA_OFFSET as u64;
+                cfg.lend_max
+                    .saturating_add(MAX_DATA_OFFSET as u64)
+                    .min(params.max_receive_size as u64)
+                    .min(predicted)
             } else {
                 0
             },
@@ -424,6 +458,7 @@ impl Connection {
             ),
             scratch: [0; SMALL_SEGMENT],
             error: None,
+            unsettled: Unsettled::empty(),
             closed: false,
             stats: Stats::default(),
         };
@@ -779,6 +814,7 @@ impl Connection {
         } else {
             self.arrivals[slot as usize] = Some(a);
             self.arrivals_held += 1;
+            self.settle();
         }
         let next = self.arrivals_held > 0
             && self.turn().is_some_and(|s| self.arrivals[s as usize].is_some());
@@ -1502,7 +1538,6 @@ impl Connection {
 
     /// [`Self::repost`] when no receive is posted into a buffer: the
     /// free slots armed in the ring, together.
-    #[cold]
     #[inline(never)]
     fn repost_in_slots<D: Device>(&mut self, ep: &mut Endpoint<D>) -> bool {
         if self.rx_free.is_empty() {
@@ -1553,7 +1588,7 @@ impl Connection {
         if ep.read_mem(self.rx.id, at, &mut self.scratch[..read]).is_err() {
             return false;
         }
-        let Some(r) = self.whole_header(a.len) else { return false };
+        let Some(r) = self.whole_header(a.len, false) else { return false };
         let seg = &self.scratch;
         let len = r.data_length as u64;
         if self.lends(len) {
@@ -1599,13 +1634,19 @@ impl Connection {
     /// ring's are (a connection with one never places).
     #[inline(always)]
     fn whole_may_arrive_unplaced(&self, a: &Arrival) -> bool {
-        let quiet = self.error.is_none() && self.pending.is_empty() && !self.reasm.in_progress();
-        quiet
-            && a.status == Status::Ok
+        self.settled(Unsettled::HELD)
+            && self.segment_may_be_whole(a)
+            && a.len <= self.params.max_receive_size as u64
+    }
+
+    /// What a whole segment's completion says of it: received, with no
+    /// token, granted a credit, long enough for a header.
+    #[inline(always)]
+    fn segment_may_be_whole(&self, a: &Arrival) -> bool {
+        a.status == Status::Ok
             && a.token.is_none()
             && self.credits.granted() > 0
             && a.len >= HEADER_LEN as u64
-            && a.len <= self.params.max_receive_size as u64
     }
 
     /// Whether a segment of `len` bytes is short enough that its message
@@ -1620,12 +1661,19 @@ impl Connection {
     /// codec's checks and the reassembler's for a first segment that is
     /// also the last. A stream's usual header is recognized by its words
     /// ([`Repr::predict_whole`]), any other checked field by field.
+    /// `lendable`: `len` is within `lend_segment_max`, which leaves a
+    /// predicted header's DataLength within MaxFragmentedReceiveSize.
     #[inline(always)]
-    fn whole_header(&self, len: u64) -> Option<Repr> {
+    fn whole_header(&self, len: u64, lendable: bool) -> Option<Repr> {
         let head = self.scratch.first_chunk().expect("a header fits the scratch bytes");
+        let max = self.params.max_fragmented_receive_size;
         match Repr::predict_whole(head, len) {
+            Some(r) if lendable => {
+                debug_assert!(r.data_length <= max);
+                Some(r)
+            }
             // Predicted whole: the one check left is the message's size.
-            Some(r) => (r.data_length <= self.params.max_fragmented_receive_size).then_some(r),
+            Some(r) => (r.data_length <= max).then_some(r),
             None => {
                 let r = Repr::parse_header(head, len as usize).ok()?;
                 self.is_whole(&r).then_some(r)
@@ -1667,7 +1715,7 @@ impl Connection {
     /// with nothing changed, for any other.
     #[inline(always)]
     fn lend_whole<D: Device>(&mut self, ep: &Endpoint<D>, slot: u16, a: &Arrival) -> Option<Event> {
-        if !self.may_lend_whole(a) || !self.whole_may_arrive(slot, a) {
+        if self.landings[slot as usize].is_some() || !self.may_lend_whole(a) {
             return None;
         }
         let at = self.rx_slot_offset(slot);
@@ -1680,24 +1728,26 @@ impl Connection {
     #[inline(always)]
     fn lend_read(&mut self, slot: u16, a: &Arrival) -> Option<Event> {
         debug_assert!(self.landings[slot as usize].is_none(), "a ring's slots are never placed");
-        if !self.may_lend_whole(a) || !self.whole_may_arrive_unplaced(a) {
+        if !self.may_lend_whole(a) {
             return None;
         }
         self.lend_header(slot, a.len)
     }
 
-    /// Whether a segment that may arrive whole may be lent: nothing held
-    /// behind (nothing may be lent without the fast path), and short.
+    /// [`Self::whole_may_arrive_unplaced`] of a segment to lend, which
+    /// also has nothing held behind it: one check of the state, and its
+    /// length within `lend_segment_max` only (which is within
+    /// MaxReceiveSize); nothing may be lent without the fast path.
     #[inline(always)]
     fn may_lend_whole(&self, a: &Arrival) -> bool {
-        self.arrivals_held == 0 && self.may_lend(a.len)
+        self.settled(Unsettled::empty()) && self.segment_may_be_whole(a) && self.may_lend(a.len)
     }
 
     /// Slot `slot`'s segment of `len` bytes, its header in the scratch
     /// bytes, lent when it is a whole message to lend.
     #[inline(always)]
     fn lend_header(&mut self, slot: u16, len: u64) -> Option<Event> {
-        let r = self.whole_header(len)?;
+        let r = self.whole_header(len, true)?;
         let data = r.data_length as u64;
         if !self.lends(data) {
             return None;
@@ -1726,6 +1776,7 @@ impl Connection {
             let a = match self.arrivals[slot as usize].take() {
                 Some(a) => {
                     self.arrivals_held = self.arrivals_held.saturating_sub(1);
+                    self.settle();
                     a
                 }
                 None => match self.rx_ring.and_then(|r| ep.recv_ring_landed(r, slot, &mut [])) {
@@ -1762,6 +1813,7 @@ impl Connection {
         if let Err(e) = self.on_segment(ep, slot, a) {
             self.terminate(e);
         }
+        self.settle();
     }
 
     /// Checks one segment against the credits, the codec and the message
@@ -1867,10 +1919,11 @@ impl Connection {
     fn deliver<D: Device>(&mut self, ep: &mut Endpoint<D>) {
         while let Some(&p) = self.pending.front() {
             if self.error.is_some() || !self.deliver_segment(ep, &p) {
-                return;
+                break;
             }
             self.pending.pop_front();
         }
+        self.settle();
     }
 
     /// Copies segment `p`, the next in order, into its message's buffer
@@ -2072,9 +2125,33 @@ impl Connection {
             self.events.push_back(terminated(m.buf, m.token));
         }
         self.pending.clear();
+        self.settle();
         self.rx_free.clear();
         self.withdrawn = 0;
         self.release_buffers();
+    }
+
+    /// `unsettled` made again from what it stands for, after any of those
+    /// changed.
+    fn settle(&mut self) {
+        self.unsettled = self.unsettled_now();
+    }
+
+    fn unsettled_now(&self) -> Unsettled {
+        let mut u = Unsettled::empty();
+        u.set(Unsettled::TERMINATED, self.error.is_some());
+        u.set(Unsettled::PENDING, !self.pending.is_empty());
+        u.set(Unsettled::PARTIAL, self.reasm.in_progress());
+        u.set(Unsettled::HELD, self.arrivals_held > 0);
+        u
+    }
+
+    /// Whether nothing keeps a segment off the fast paths but (some of)
+    /// `but`.
+    #[inline(always)]
+    fn settled(&self, but: Unsettled) -> bool {
+        debug_assert_eq!(self.unsettled, self.unsettled_now(), "settled after each change");
+        self.unsettled.difference(but).is_empty()
     }
 }
 
