@@ -1622,19 +1622,13 @@ impl Connection {
     }
 
     /// Whether slot `slot`'s segment, in its turn, may be taken whole
-    /// ([`Self::on_whole_arrival`], [`Self::lend_now`]): nothing waits
-    /// before it or is half received, it carries no token, a credit was
-    /// granted for it, and it holds a header and no more than a receive.
+    /// ([`Self::on_whole_arrival`]): nothing waits before it or is half
+    /// received, it carries no token, a credit was granted for it, and it
+    /// holds a header and no more than a receive.
     #[inline(always)]
     fn whole_may_arrive(&self, slot: u16, a: &Arrival) -> bool {
-        self.landings[slot as usize].is_none() && self.whole_may_arrive_unplaced(a)
-    }
-
-    /// [`Self::whole_may_arrive`] for a slot with no landing, as a receive
-    /// ring's are (a connection with one never places).
-    #[inline(always)]
-    fn whole_may_arrive_unplaced(&self, a: &Arrival) -> bool {
-        self.settled(Unsettled::HELD)
+        self.landings[slot as usize].is_none()
+            && self.settled(Unsettled::HELD)
             && self.segment_may_be_whole(a)
             && a.len <= self.params.max_receive_size as u64
     }
@@ -1734,10 +1728,10 @@ impl Connection {
         self.lend_header(slot, a.len)
     }
 
-    /// [`Self::whole_may_arrive_unplaced`] of a segment to lend, which
-    /// also has nothing held behind it: one check of the state, and its
-    /// length within `lend_segment_max` only (which is within
-    /// MaxReceiveSize); nothing may be lent without the fast path.
+    /// [`Self::whole_may_arrive`], less the slot's landing, of a segment
+    /// to lend, which also has nothing held behind it: one check of the
+    /// state, and its length within `lend_segment_max` only (which is
+    /// within MaxReceiveSize); nothing may be lent without the fast path.
     #[inline(always)]
     fn may_lend_whole(&self, a: &Arrival) -> bool {
         self.settled(Unsettled::empty()) && self.segment_may_be_whole(a) && self.may_lend(a.len)
