@@ -326,7 +326,7 @@ fn a_head_written_into_the_packet_is_written_only_when_the_message_goes() {
     let mut calls = 0;
     // Too long for one packet: not written, nothing sent.
     let long = span(&src, 0, 50_000);
-    let sent = w.eps[0].send_inline_head_with(to_b, 16, |_| calls += 1, long, None, 2);
+    let sent = w.eps[0].send_inline_head_with(to_b, 16, |_: &mut [u8]| calls += 1, long, None, 2);
     assert_eq!((sent, calls), (Ok(false), 0));
     let write = |b: &mut [u8]| {
         calls += 1;

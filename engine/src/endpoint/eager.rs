@@ -14,6 +14,25 @@ use super::{Endpoint, Error, PeerId, Span};
 use crate::device::{DataSeg, Device, HeldBufs, Source};
 use crate::wire::{EagerRtm, PacketType, ReqRepr};
 
+/// Writes a message's head into its packet, ahead of the data
+/// ([`Endpoint::send_inline_head_with`], [`Endpoint::inject_head_with`]):
+/// any `FnOnce(&mut [u8])` (its argument's type written out: `|b: &mut
+/// [u8]| ...`), or a framing layer's header type, which implements it
+/// itself so that its write is inlined into the send: a closure called
+/// once per message in a long send path is left out of line (a call, and
+/// the header's length worked out twice).
+pub trait WriteHead {
+    /// Writes the head into `into`, exactly the length the send was told.
+    fn write_head(self, into: &mut [u8]);
+}
+
+impl<F: FnOnce(&mut [u8])> WriteHead for F {
+    #[inline(always)]
+    fn write_head(self, into: &mut [u8]) {
+        self(into)
+    }
+}
+
 impl<D: Device> Endpoint<D> {
     /// An eager message sent at once (`send_msg`'s common case): the
     /// packet is the whole operation, its TX buffer remembering what to
@@ -168,7 +187,7 @@ impl<D: Device> Endpoint<D> {
         &mut self,
         peer: PeerId,
         head_len: usize,
-        write_head: impl FnOnce(&mut [u8]),
+        write_head: impl WriteHead,
         src: Span,
         cq_data: Option<u64>,
         ctx: u64,
@@ -188,7 +207,7 @@ impl<D: Device> Endpoint<D> {
         &mut self,
         peer: PeerId,
         head_len: usize,
-        write_head: impl FnOnce(&mut [u8]),
+        write_head: impl WriteHead,
         src: Span,
         ctx: u64,
     ) -> Result<bool, Error> {
@@ -201,7 +220,7 @@ impl<D: Device> Endpoint<D> {
         &mut self,
         peer: PeerId,
         head_len: usize,
-        write_head: impl FnOnce(&mut [u8]),
+        write_head: impl WriteHead,
         src: Span,
         cq_data: Option<u64>,
         ctx: u64,
@@ -220,7 +239,7 @@ impl<D: Device> Endpoint<D> {
         let owner = if quiet { Owner::Inject(done) } else { Owner::Eager(done) };
         let (buf, hdr) = self.begin_eager(peer, owner, None, cq_data);
         let at = hdr + head_len;
-        write_head(&mut self.dev.held_mut(buf)[hdr..at]);
+        write_head.write_head(&mut self.dev.held_mut(buf)[hdr..at]);
         self.finish_eager_as(peer, PacketType::EagerMsgRtm, buf, at, src, quiet);
         Ok(true)
     }

@@ -140,6 +140,7 @@ pub use crate::mem::Span;
 pub use atomic::{AtomicOp, Datatype, apply as atomic_apply};
 pub use counters::{Counters, DropReason};
 pub use cq::{Completion, Op, Status};
+pub use eager::WriteHead;
 pub use recv_ring::RecvRing;
 pub use types::{PeerId, PersistentRecv};
 

@@ -1214,10 +1214,7 @@ impl Connection {
         }
         let seq = self.tx_front_seq + i as u64;
         let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
-        let emit = |b: &mut [u8]| {
-            r.emit(b);
-        };
-        if !ep.inject_head_with(self.peer, r.buffer_len(), emit, src, ctx)? {
+        if !ep.inject_head_with(self.peer, r.buffer_len(), &r, src, ctx)? {
             return Ok(false);
         }
         self.count_segment(&r, grants);
@@ -1310,10 +1307,7 @@ impl Connection {
         let ctx = self.ctx(KIND_SEND, slot);
         let n = r.buffer_len();
         let none = Span { mr: self.hdr.id, offset: at, len: 0 };
-        let emit = |b: &mut [u8]| {
-            r.emit(b);
-        };
-        if ep.send_inline_head_with(self.peer, n, emit, body.unwrap_or(none), token, ctx)? {
+        if ep.send_inline_head_with(self.peer, n, r, body.unwrap_or(none), token, ctx)? {
             return Ok(());
         }
         self.send_gathered(ep, r, at, body, token, ctx)

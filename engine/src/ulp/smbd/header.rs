@@ -13,6 +13,7 @@
 use bitflags::bitflags;
 
 use super::SegmentError;
+use crate::endpoint::WriteHead;
 
 bitflags! {
     /// The Flags field (MS-SMBD 2.2.3). Unknown bits are kept.
@@ -294,7 +295,9 @@ impl Repr {
     /// Writes the header, Reserved as 0, and the padding up to DataOffset
     /// as zeros (spec 3.1.5.4); returns where the data goes. Panics if
     /// `buf` is shorter than `buffer_len()`.
-    #[inline]
+    // Always inlined: a send's header, written where it travels
+    // (`WriteHead`), folds into the send path.
+    #[inline(always)]
     pub fn emit(&self, buf: &mut [u8]) -> usize {
         let len = self.buffer_len();
         // The fields as three little-endian words (Reserved and the usual
@@ -316,6 +319,14 @@ impl Repr {
             put_u32(b, field::DATA_LENGTH, self.data_length);
         }
         len
+    }
+}
+
+/// A header written where it travels, inlined into the send.
+impl WriteHead for &Repr {
+    #[inline(always)]
+    fn write_head(self, into: &mut [u8]) {
+        self.emit(into);
     }
 }
 
