@@ -31,6 +31,8 @@
 # absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prog=compare-libfabric
+. scripts/lib/compare.sh
 
 provider=shm
 sizes=64,256,1k,4k,16k,64k,1m
@@ -47,10 +49,7 @@ while getopts "p:S:r:I:o:h" opt; do
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
   esac
 done
-if ! [[ "$runs" =~ ^[0-9]+$ ]] || [ "$runs" -lt 5 ]; then
-  echo "compare-libfabric: -r $runs: medians need at least 5 runs" >&2
-  exit 2
-fi
+check_runs "$runs"
 if ! command -v fi_pingpong >/dev/null 2>&1; then
   echo "compare-libfabric: fi_pingpong not found; install libfabric's tools:" >&2
   echo "  apt-get install libfabric-bin" >&2
@@ -59,21 +58,7 @@ fi
 
 cargo build --release --quiet -p efapoll-apps
 efapoll="${CARGO_TARGET_DIR:-target}/release/efapoll"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-
-# 4k -> 4096, 1m -> 1048576: fi_pingpong takes plain byte counts.
-to_bytes() {
-  local n="${1%[kKmMgG]}" shift=0
-  case "$1" in
-    *[kK]) shift=10 ;; *[mM]) shift=20 ;; *[gG]) shift=30 ;;
-  esac
-  if ! [[ "$n" =~ ^[0-9]+$ ]]; then
-    echo "compare-libfabric: -S: \`$1\` is not a size" >&2
-    exit 2
-  fi
-  echo $((n << shift))
-}
+make_tmp
 
 iters_for() {
   if [ -n "$iters" ]; then echo "$iters"
@@ -148,11 +133,6 @@ efapoll_run() {
   avg="$(sed -n 's/.*"t_avg_us": *\([0-9.eE+-]*\).*/\1/p' "$tmp/ef.json" | head -1)"
   p50="$(sed -n 's/.*"t_p50_us": *\([0-9.eE+-]*\).*/\1/p' "$tmp/ef.json" | head -1)"
   echo "$avg $p50"
-}
-
-median() {
-  tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END {
-    if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 echo "# $(date -u +%Y-%m-%d) $(uname -n): $(lscpu | sed -n 's/^Model name: *//p' | head -1)," \

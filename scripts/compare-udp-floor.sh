@@ -17,6 +17,8 @@
 # Exit status: 0 done, 1 a run failed, 2 bad arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prog=compare-udp-floor
+. scripts/lib/compare.sh
 
 runs=5
 pp_sizes=64,4k
@@ -31,15 +33,11 @@ while getopts "r:P:S:a:h" opt; do
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
   esac
 done
-if ! [[ "$runs" =~ ^[0-9]+$ ]] || [ "$runs" -lt 5 ]; then
-  echo "compare-udp-floor: -r $runs: medians need at least 5 runs" >&2
-  exit 2
-fi
+check_runs "$runs"
 
 cargo build --release --quiet -p efapoll-apps -p efapoll-perf
 bin="${CARGO_TARGET_DIR:-target}/release"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
+make_tmp
 
 # The first value of `key` in a JSON report.
 field() {
@@ -55,11 +53,6 @@ run() {
     cat "$tmp/$name.out" >&2
     exit 1
   fi
-}
-
-median() {
-  tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END {
-    if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 # One measure: `app size floor_key efapoll_key iterations`; prints a row.

@@ -19,6 +19,8 @@
 # Exit status: 0 done, 1 a run failed, 2 bad arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prog=efa-vs-udp
+. scripts/lib/compare.sh
 
 runs=5
 pp_sizes=64,1m
@@ -36,16 +38,12 @@ while getopts "r:P:S:B:L:h" opt; do
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
   esac
 done
-if ! [[ "$runs" =~ ^[0-9]+$ ]] || [ "$runs" -lt 5 ]; then
-  echo "efa-vs-udp: -r $runs: medians need at least 5 runs" >&2
-  exit 2
-fi
+check_runs "$runs"
 
 cargo build --release --quiet -p softefa -p efapoll-apps --features efapoll-apps/efa
 bin="${CARGO_TARGET_DIR:-target}/release"
 lib="${lib:-$bin/libsoftefa.so}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
+make_tmp
 
 # The first value of `key` in a JSON report.
 field() {
@@ -69,11 +67,6 @@ run() {
     exit 1
   fi
   wait "$server" || true
-}
-
-median() {
-  tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END {
-    if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 # One measure: `app size key iterations`; prints a row.
