@@ -395,8 +395,8 @@ impl<D: Device> Endpoint<D> {
             let op = self.tx_ops.get(id).expect("live op");
             (op.src, op.sent, op.peer)
         };
-        let data =
-            if data_len > 0 { self.attach_data(buf, hdr, &src, sent, data_len) } else { None };
+        let (data, copied) =
+            if data_len > 0 { self.attach_data(buf, hdr, &src, sent, data_len) } else { (None, 0) };
         let op = self.tx_ops.get_mut(id).expect("live op");
         if first {
             op.start_transfer();
@@ -410,8 +410,7 @@ impl<D: Device> Endpoint<D> {
         }
         op.sent += data_len;
         op.in_flight += 1;
-        let wire = hdr + if data.is_some() { 0 } else { data_len as usize };
-        self.push_packet(peer, ptype, buf, wire, data);
+        self.push_packet(peer, ptype, buf, hdr + copied, data);
         self.peers.get_mut(peer).expect("live peer").req_sent = true;
     }
 
@@ -474,8 +473,11 @@ impl<D: Device> Endpoint<D> {
     }
 
     /// Puts message bytes `[offset, offset + len)` of `src` behind the
-    /// header in `buf`: as a gather element when they are one long range,
-    /// else copied.
+    /// header in `buf`: the last range as a gather element when it goes so
+    /// ([`Endpoint::gathers`]) behind the header and the ranges before it,
+    /// those copied if together they are short (a protocol's header sent
+    /// gathered ahead of its payload); else every range copied. Returns
+    /// the gather element, if any, and the bytes copied.
     fn attach_data(
         &mut self,
         buf: BufId,
@@ -483,25 +485,34 @@ impl<D: Device> Endpoint<D> {
         src: &Sgl,
         offset: u64,
         len: u64,
-    ) -> Option<DataSeg> {
+    ) -> (Option<DataSeg>, usize) {
+        // Nothing gathers where the whole range would not.
         if self.gathers(hdr, len as usize) {
-            let mut one = None;
-            let mut pieces = 0;
-            src.pieces(offset, len, |p| {
-                pieces += 1;
-                one = Some(p);
-            });
-            if let (1, Some(p)) = (pieces, one) {
-                return Some(DataSeg { mr: p.mr, offset: p.offset, len: p.len as u32 });
+            let mut last = None;
+            src.pieces(offset, len, |p| last = Some(p));
+            if let Some(p) = last {
+                let lead = (len - p.len) as usize;
+                if lead < ZERO_COPY_MIN && self.gathers(hdr + lead, p.len as usize) {
+                    if lead > 0 {
+                        self.copy_pieces(buf, hdr, src, offset, lead as u64);
+                    }
+                    let data = DataSeg { mr: p.mr, offset: p.offset, len: p.len as u32 };
+                    return (Some(data), lead);
+                }
             }
         }
-        let mut at = hdr;
+        self.copy_pieces(buf, hdr, src, offset, len);
+        (None, len as usize)
+    }
+
+    /// Copies message bytes `[offset, offset + len)` of `src` into `buf`
+    /// from byte `at`.
+    fn copy_pieces(&mut self, buf: BufId, mut at: usize, src: &Sgl, offset: u64, len: u64) {
         src.pieces(offset, len, |p| {
             let n = p.len as usize;
             self.dev.copy_from_region(p.mr, p.offset as usize, buf, at, n);
             at += n;
         });
-        None
     }
 }
 
