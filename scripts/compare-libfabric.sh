@@ -162,12 +162,5 @@ for spec in "${size_list[@]}"; do
     printf "  \"compare/%s/%dB/efapoll-p50\": {\"latency\": {\"value\": %.1f}}", pr, b, p * 1000 }')")
 done
 if [ -n "$bmf" ]; then
-  {
-    echo "{"
-    last=$((${#entries[@]} - 1))
-    for i in "${!entries[@]}"; do
-      if [ "$i" -lt "$last" ]; then echo "${entries[$i]},"; else echo "${entries[$i]}"; fi
-    done
-    echo "}"
-  } >"$bmf"
+  write_bmf "$bmf" "${entries[@]}"
 fi

@@ -120,9 +120,9 @@ for size in "${bytes_list[@]}"; do
     plain_all+=" $p" smbd_all+=" $s"
     ratio_all+=" $(awk -v s="$s" -v p="$p" 'BEGIN { printf "%.6f", s / p }')"
   done
-  plain="$(echo "$plain_all" | quantile 0.5)"
-  smbd="$(echo "$smbd_all" | quantile 0.5)"
-  ratio="$(echo "$ratio_all" | quantile 0.5)"
+  plain="$(echo "$plain_all" | median)"
+  smbd="$(echo "$smbd_all" | median)"
+  ratio="$(echo "$ratio_all" | median)"
   q1="$(echo "$ratio_all" | quantile 0.25)"
   q3="$(echo "$ratio_all" | quantile 0.75)"
   awk -v b="$size" -v n="$n" -v p="$plain" -v s="$smbd" -v r="$ratio" -v l="$q1" -v u="$q3" \
@@ -137,14 +137,7 @@ for size in "${bytes_list[@]}"; do
     printf "  \"smbd/%s/%dB/ratio\": {\"ratio\": {\"value\": %.4f, \"lower_value\": %.4f, \"upper_value\": %.4f}}", d, b, r, l, u }')")
 done
 if [ -n "$bmf" ]; then
-  {
-    echo "{"
-    last=$((${#entries[@]} - 1))
-    for i in "${!entries[@]}"; do
-      if [ "$i" -lt "$last" ]; then echo "${entries[$i]},"; else echo "${entries[$i]}"; fi
-    done
-    echo "}"
-  } >"$bmf"
+  write_bmf "$bmf" "${entries[@]}"
 fi
 if [ -n "$below" ]; then
   echo "compare-smbd: the framed rate is under $min of plain's at:$below bytes" >&2

@@ -43,3 +43,19 @@ make_tmp() {
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
 }
+
+# Writes FILE, a Bencher Metric Format object, from the entries after it
+# (each one or more `"name": {...}` lines, without the trailing comma).
+write_bmf() {
+  local file=$1
+  shift
+  {
+    echo "{"
+    local e i=0
+    for e in "$@"; do
+      i=$((i + 1))
+      if [ "$i" -lt "$#" ]; then echo "$e,"; else echo "$e"; fi
+    done
+    echo "}"
+  } >"$file"
+}

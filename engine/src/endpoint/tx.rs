@@ -493,9 +493,7 @@ impl<D: Device> Endpoint<D> {
             if let Some(p) = last {
                 let lead = (len - p.len) as usize;
                 if lead < ZERO_COPY_MIN && self.gathers(hdr + lead, p.len as usize) {
-                    if lead > 0 {
-                        self.copy_pieces(buf, hdr, src, offset, lead as u64);
-                    }
+                    self.copy_pieces(buf, hdr, src, offset, lead as u64);
                     let data = DataSeg { mr: p.mr, offset: p.offset, len: p.len as u32 };
                     return (Some(data), lead);
                 }
