@@ -316,6 +316,53 @@ fn messages_of_many_sizes_arrive_byte_exact() {
     assert_eq!(s.bytes_sent, sizes.iter().sum::<u64>());
 }
 
+/// Whether `len` bytes sent now from `src` on side 0 go whole at once:
+/// reported sent before any progress, as only a message copied into its
+/// packet is. Then checks it arrives byte-exact.
+fn sent_at_once(p: &mut Pair, src: &Mr, len: u64, ctx: u64) -> bool {
+    let dst = p.w.register(1, len);
+    let (c, ep) = p.conn(1);
+    c.recv(ep, span(&dst, 0, len), ctx).unwrap();
+    let (c, ep) = p.conn(0);
+    c.send(ep, span(src, 0, len), None, ctx).unwrap();
+    let now = c.poll_event();
+    if let Some(e) = now {
+        p.events[0].push(e);
+    }
+    p.settle();
+    assert!(p.sent(0).contains(&(ctx, SendStatus::Ok)), "{len} bytes sent");
+    let got = p.received(1).into_iter().find(|r| r.0 == ctx);
+    assert_eq!(got.map(|r| (r.1, r.2)), Some((len, RecvStatus::Ok)), "{len} bytes received");
+    assert_eq!(p.w.eps[1].mem(dst.id), p.w.eps[0].mem(src.id)[..len as usize].to_vec());
+    matches!(now, Some(Event::Sent { ctx: c, .. }) if c == ctx)
+}
+
+#[test]
+fn a_message_goes_whole_in_one_packet_as_soon_as_it_fits_one() {
+    // Segments that carry more than a packet: whether a message goes
+    // whole (copied into one packet, sent at once) is the packet's room,
+    // which grows once the peer's HANDSHAKE is in and REQs stop carrying
+    // the raw address. The general paths send nothing at once.
+    let fast = !cfg!(feature = "general-paths");
+    let mut p = Pair::symmetric(Params::symmetric(32 << 10, 1 << 20, 16));
+    let peer = p.conns[0].as_ref().unwrap().peer();
+    let before = p.w.eps[0].max_eager_size(peer, false);
+    let src = p.w.eps[0].register(16 << 10, Access::REMOTE_READ).unwrap();
+    p.w.fill(0, &src, 16 << 10);
+    // Fits the packet the first REQ goes in.
+    let head = efapoll::ulp::smbd::DEFAULT_DATA_OFFSET as u64;
+    assert_eq!(sent_at_once(&mut p, &src, before - head, 1), fast);
+    let after = p.w.eps[0].max_eager_size(peer, false);
+    assert!(after > before, "the handshake is in: {before} -> {after}");
+    // Fits the packet now, though it did not at first.
+    assert_eq!(sent_at_once(&mut p, &src, after - head, 2), fast);
+    // Longer than a packet: from a header slot, reported sent once the
+    // endpoint's send completes.
+    assert!(!sent_at_once(&mut p, &src, after - head + 1, 3));
+    assert_eq!(sent_at_once(&mut p, &src, after - head, 4), fast);
+    assert_eq!(p.terminated(0), None);
+}
+
 #[test]
 fn large_segments_arrive_in_order_whatever_order_their_sends_complete_in() {
     // 200 KB segments go by long-read or long-CTS, the short last one

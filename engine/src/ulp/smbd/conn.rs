@@ -316,9 +316,14 @@ pub struct Connection {
     tx_front_seq: u64,
     next_post: usize,
     /// The longest message sent whole by inject ([`TxMsg::whole`]): what
-    /// one segment carries, within MaxFragmentedSendSize; 0 without the
-    /// fast path.
+    /// one segment carries, within MaxFragmentedSendSize and within one
+    /// packet to the peer as last read (`eager_room`); 0 without the fast
+    /// path.
     whole_max: u64,
+    /// The endpoint's largest message in one packet to the peer, as last
+    /// read ([`Endpoint::max_eager_size`]; it only grows): a segment
+    /// longer goes from its header slot without trying the packet first.
+    eager_room: u64,
     /// The longest segment whose message may be lent: `lend_max` bytes
     /// behind the longest DataOffset, within MaxReceiveSize and within a
     /// DataLength of MaxFragmentedReceiveSize at the default DataOffset
@@ -422,12 +427,8 @@ impl Connection {
             tx: Ring::with_capacity(cfg.send_queue as usize, TxMsg::FILL),
             tx_front_seq: 0,
             next_post: 0,
-            whole_max: if cfg.fast_path {
-                let one = (params.max_send_size - cfg.data_offset) as u64;
-                one.min(params.max_fragmented_send_size as u64)
-            } else {
-                0
-            },
+            whole_max: 0,
+            eager_room: 0,
             lend_segment_max: if cfg.fast_path && cfg.lend_max > 0 {
                 let predicted =
                     params.max_fragmented_receive_size as u64 + DEFAULT_DATA_OFFSET as u64;
@@ -462,6 +463,7 @@ impl Connection {
             closed: false,
             stats: Stats::default(),
         };
+        c.read_eager_room(ep);
         if !c.places
             && let Err(e) = c.set_up_slots(ep)
         {
@@ -481,6 +483,19 @@ impl Connection {
         };
         let _ = c.close(ep);
         Err(SetupError::Endpoint(error))
+    }
+
+    /// Reads the endpoint's room for a message in one packet to the peer
+    /// again, and the longest message sent whole with it.
+    fn read_eager_room<D: Device>(&mut self, ep: &Endpoint<D>) {
+        self.eager_room = ep.max_eager_size(self.peer, false);
+        self.whole_max = if self.cfg.fast_path {
+            let one = (self.params.max_send_size - self.cfg.data_offset) as u64;
+            let packet = self.eager_room.saturating_sub(self.cfg.data_offset as u64);
+            one.min(self.params.max_fragmented_send_size as u64).min(packet)
+        } else {
+            0
+        };
     }
 
     /// Sets up the endpoint's receive ring over the slots, for a
@@ -695,6 +710,9 @@ impl Connection {
         if self.tx.len() >= self.cfg.send_queue as usize {
             return Err(SendError::Again);
         }
+        // The room grows once the peer's HANDSHAKE is in: a message too
+        // long for the packet at first may go whole by now.
+        self.read_eager_room(ep);
         let seg = Segmenter::new(src.len, self.cfg.data_offset, self.params.max_send_size);
         let whole = self.goes_whole(src.len, token);
         let status = SendStatus::Ok;
@@ -1307,7 +1325,10 @@ impl Connection {
         let ctx = self.ctx(KIND_SEND, slot);
         let n = r.buffer_len();
         let none = Span { mr: self.hdr.id, offset: at, len: 0 };
-        if ep.send_inline_head_with(self.peer, n, r, body.unwrap_or(none), token, ctx)? {
+        let body_len = body.map_or(0, |b| b.len);
+        if n as u64 + body_len <= self.eager_room
+            && ep.send_inline_head_with(self.peer, n, r, body.unwrap_or(none), token, ctx)?
+        {
             return Ok(());
         }
         self.send_gathered(ep, r, at, body, token, ctx)
