@@ -107,7 +107,6 @@ mod map;
 mod rendezvous;
 mod ring;
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -291,9 +290,61 @@ struct Peer {
     /// In ring order, which is the order the peer consumes them.
     pending: VecDeque<Pending>,
     /// Its regions we mapped, by key.
-    regions: HashMap<u64, Mapping>,
+    regions: RemoteRegions,
     /// Its regions we asked for and have no answer for yet.
     asks: Vec<RegionAsk>,
+}
+
+/// A peer's regions we mapped, by key. An RDMA operation looks its
+/// target up here: the last two found are tried first (a stream reads or
+/// writes one or two regions over and over: a message's buffer, a framing
+/// header's), then a SipHash of the key, which the peer chooses.
+#[derive(Debug, Default)]
+struct RemoteRegions {
+    maps: Vec<(u64, Mapping)>,
+    /// Index in `maps` of each key.
+    by_key: HashMap<u64, usize>,
+    /// Indices in `maps` of the last two found, the latest first. A stale
+    /// one (after a removal) holds another key or none, so it misses.
+    recent: [usize; 2],
+}
+
+impl RemoteRegions {
+    /// The index of region `key`, if mapped; it is tried first next time.
+    fn find(&mut self, key: u64) -> Option<usize> {
+        let [a, b] = self.recent;
+        let holds = |i: usize| self.maps.get(i).is_some_and(|&(k, _)| k == key);
+        if holds(a) {
+            return Some(a);
+        }
+        let i = if holds(b) { b } else { *self.by_key.get(&key)? };
+        self.recent = [i, a];
+        Some(i)
+    }
+
+    /// The mapping at `i`, from [`RemoteRegions::find`] or an insert.
+    fn at(&self, i: usize) -> &Mapping {
+        &self.maps[i].1
+    }
+
+    /// Adds region `key` (not mapped yet); returns its index.
+    fn insert(&mut self, key: u64, map: Mapping) -> usize {
+        debug_assert!(!self.by_key.contains_key(&key));
+        let i = self.maps.len();
+        self.maps.push((key, map));
+        self.by_key.insert(key, i);
+        self.recent = [i, self.recent[0]];
+        i
+    }
+
+    /// Forgets region `key`, unmapping it.
+    fn remove(&mut self, key: u64) {
+        let Some(i) = self.by_key.remove(&key) else { return };
+        self.maps.swap_remove(i);
+        if let Some(&(moved, _)) = self.maps.get(i) {
+            self.by_key.insert(moved, i);
+        }
+    }
 }
 
 /// A peer's region asked for, not yet answered.
@@ -968,10 +1019,9 @@ impl ShmDevice {
         stats: &mut ShmStats,
         key: u64,
     ) -> Result<&'p Mapping, NoRegion> {
-        let vacant = match p.regions.entry(key) {
-            Entry::Occupied(e) => return Ok(e.into_mut()),
-            Entry::Vacant(e) => e,
-        };
+        if let Some(i) = p.regions.find(key) {
+            return Ok(p.regions.at(i));
+        }
         let answer = region_answer(&mut p.asks, p.addr, key, stats)?;
         let fd = answer.fd.filter(|_| answer.status == rendezvous::OK);
         let fd = fd.ok_or(NoRegion::Failed(CqStatus::RemoteAccess))?;
@@ -983,7 +1033,8 @@ impl ShmDevice {
         if !ok {
             return Err(NoRegion::Failed(CqStatus::RemoteAccess));
         }
-        Ok(vacant.insert(map))
+        let i = p.regions.insert(key, map);
+        Ok(p.regions.at(i))
     }
 
     /// Checks an RDMA operation against the target's registration; returns
@@ -1072,7 +1123,7 @@ impl Device for ShmDevice {
                     suspect: false,
                     active: false,
                     pending: VecDeque::with_capacity(self.cfg.tx_depth),
-                    regions: HashMap::new(),
+                    regions: RemoteRegions::default(),
                     asks: Vec::new(),
                 });
                 self.peers.len() - 1
@@ -1300,7 +1351,7 @@ impl Device for ShmDevice {
                 Err(NoRegion::Waiting) => break,
                 Err(no) => {
                     if let (NoRegion::Gone, Ok(idx)) = (no, target) {
-                        self.peers[idx].regions.remove(&wr.remote_key);
+                        self.peers[idx].regions.remove(wr.remote_key);
                     }
                     let status = no.status();
                     if status == CqStatus::RemoteAccess {

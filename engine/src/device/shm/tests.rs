@@ -1062,3 +1062,49 @@ fn a_sender_cannot_write_in_another_senders_lane() {
     }
     assert_eq!(poll_n(&mut a, 1)[0].status, CqStatus::Ok);
 }
+
+/// A peer's mapped regions, each told by its first byte: found by key
+/// whatever was looked up before and whatever was removed, a removed
+/// key never found again.
+#[test]
+fn remote_regions_find_each_key_through_lookups_and_removals() {
+    let mut regions = RemoteRegions::default();
+    let tag = |i: u8| {
+        let (map, _fd) = Mapping::create(64).unwrap();
+        map.write_bytes(0, &[i]);
+        map
+    };
+    let first = |r: &RemoteRegions, i: usize| {
+        let mut b = [0u8];
+        r.at(i).read_bytes(0, &mut b);
+        b[0]
+    };
+    let keys = [7u64, 1 << 40, 3, u64::MAX, 0];
+    for (i, &k) in keys.iter().enumerate() {
+        assert_eq!(regions.find(k), None, "{k} before it is mapped");
+        regions.insert(k, tag(i as u8));
+    }
+    // Each key, in an order that alternates between the last found and
+    // others, finds its own mapping.
+    let order = [0, 1, 0, 1, 2, 2, 4, 3, 0, 4, 4, 1];
+    for &j in &order {
+        let i = regions.find(keys[j]).unwrap();
+        assert_eq!(first(&regions, i), j as u8, "key {}", keys[j]);
+    }
+    // Removals move the last mapping into the hole: the recent ones now
+    // point at other keys or past the end, and must miss.
+    regions.find(keys[4]);
+    regions.find(keys[1]);
+    regions.remove(keys[1]);
+    regions.remove(keys[1]);
+    assert_eq!(regions.find(keys[1]), None);
+    regions.remove(keys[0]);
+    assert_eq!(regions.find(keys[0]), None);
+    for j in [4, 2, 3, 4, 3, 2] {
+        let i = regions.find(keys[j]).unwrap();
+        assert_eq!(first(&regions, i), j as u8, "key {} after removals", keys[j]);
+    }
+    regions.insert(keys[1], tag(9));
+    let i = regions.find(keys[1]).unwrap();
+    assert_eq!(first(&regions, i), 9, "mapped again");
+}
