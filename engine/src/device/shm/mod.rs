@@ -361,19 +361,6 @@ enum NoRegion {
     Waiting,
     /// The operation fails so.
     Failed(CqStatus),
-    /// Deregistered by its owner: the caller forgets the mapping, and the
-    /// operation fails as refused.
-    Gone,
-}
-
-impl NoRegion {
-    /// What an operation that cannot use the region fails with.
-    fn status(self) -> CqStatus {
-        match self {
-            NoRegion::Failed(status) => status,
-            NoRegion::Waiting | NoRegion::Gone => CqStatus::RemoteAccess,
-        }
-    }
 }
 
 impl Peer {
@@ -1014,15 +1001,12 @@ impl ShmDevice {
     /// peer): while no answer has come, the operation waits, and the ask
     /// is looked at again, without waiting, each time it is posted again,
     /// until [`rendezvous::ASK_TIMEOUT`] fails it.
-    fn remote_region<'p>(
-        p: &'p mut Peer,
-        stats: &mut ShmStats,
-        key: u64,
-    ) -> Result<&'p Mapping, NoRegion> {
+    fn remote_region(&mut self, idx: usize, key: u64) -> Result<usize, NoRegion> {
+        let p = &mut self.peers[idx];
         if let Some(i) = p.regions.find(key) {
-            return Ok(p.regions.at(i));
+            return Ok(i);
         }
-        let answer = region_answer(&mut p.asks, p.addr, key, stats)?;
+        let answer = region_answer(&mut p.asks, p.addr, key, &mut self.stats)?;
         let fd = answer.fd.filter(|_| answer.status == rendezvous::OK);
         let fd = fd.ok_or(NoRegion::Failed(CqStatus::RemoteAccess))?;
         let map = Mapping::from_fd(fd.as_fd(), REGION_DATA, true)
@@ -1033,23 +1017,26 @@ impl ShmDevice {
         if !ok {
             return Err(NoRegion::Failed(CqStatus::RemoteAccess));
         }
-        let i = p.regions.insert(key, map);
-        Ok(p.regions.at(i))
+        Ok(p.regions.insert(key, map))
     }
 
     /// Checks an RDMA operation against the target's registration; returns
-    /// the target's mapping and the byte offset in it, found by one look-up
-    /// of the key (a SipHash: the peer chooses its keys).
-    fn resolve_remote<'p>(
-        p: &'p mut Peer,
-        stats: &mut ShmStats,
+    /// the index of the target's mapping in the peer's regions and the
+    /// byte offset in it.
+    fn resolve_remote(
+        &mut self,
+        idx: usize,
         wr: &RdmaWr,
         need: Access,
-    ) -> Result<(&'p Mapping, usize), NoRegion> {
+    ) -> Result<(usize, usize), NoRegion> {
         let refused = NoRegion::Failed(CqStatus::RemoteAccess);
-        let map = Self::remote_region(p, stats, wr.remote_key)?;
+        let r = self.remote_region(idx, wr.remote_key)?;
+        let regions = &mut self.peers[idx].regions;
+        let map = regions.at(r);
         if map.u32_at(hdr::STATE).load(Acquire) != hdr::STATE_READY {
-            return Err(NoRegion::Gone);
+            // Deregistered: forget the mapping too.
+            regions.remove(wr.remote_key);
+            return Err(refused);
         }
         let len = map.u64_at(hdr::LEN).load(Relaxed);
         // The owner's header could lie about the length: the mapping
@@ -1065,7 +1052,7 @@ impl ShmDevice {
             access: Access::from_bits_truncate(map.u32_at(hdr::ACCESS).load(Relaxed)),
         };
         let offset = mr.resolve(wr.remote_addr, wr.len, need).ok_or(refused)?;
-        Ok((map, REGION_DATA + offset as usize))
+        Ok((r, REGION_DATA + offset as usize))
     }
 }
 
@@ -1326,43 +1313,42 @@ impl Device for ShmDevice {
                 wr.local_offset.checked_add(wr.len).is_some_and(|end| end <= r.len as u64)
             }) && wr.len <= self.caps.max_rdma_size;
             let target = if local_ok { self.book_peer(wr.ah) } else { Err(CqStatus::LocalError) };
-            // Room for the notice is checked before any byte moves, so a
-            // full lane refuses the whole operation.
-            if let (Ok(idx), RdmaOp::Write { imm: Some(_) }) = (target, wr.op)
-                && !self.lane_has_room(idx)
-            {
-                break;
-            }
-            let (regions, stats) = (&self.regions, &mut self.stats);
-            let checked = target.map_err(NoRegion::Failed).and_then(|idx| {
-                let (remote, off) = Self::resolve_remote(&mut self.peers[idx], stats, wr, need)?;
-                let local = &regions.get(wr.local).expect("checked above").map;
-                let local_off = REGION_DATA + wr.local_offset as usize;
-                let len = wr.len as usize;
-                match wr.op {
-                    RdmaOp::Read => Mapping::copy(remote, off, local, local_off, len),
-                    RdmaOp::Write { .. } => Mapping::copy(local, local_off, remote, off, len),
-                }
-                Ok(idx)
-            });
-            let idx = match checked {
-                Ok(idx) => idx,
+            let checked = match target.map(|idx| (idx, self.resolve_remote(idx, wr, need))) {
+                Ok((idx, Ok(found))) => Ok((idx, found)),
                 // The region's owner has not answered yet.
-                Err(NoRegion::Waiting) => break,
-                Err(no) => {
-                    if let (NoRegion::Gone, Ok(idx)) = (no, target) {
-                        self.peers[idx].regions.remove(wr.remote_key);
-                    }
-                    let status = no.status();
+                Ok((_, Err(NoRegion::Waiting))) => break,
+                Ok((_, Err(NoRegion::Failed(status)))) => {
                     if status == CqStatus::RemoteAccess {
                         self.stats.remote_access_errors += 1;
                     }
+                    Err(status)
+                }
+                Err(status) => Err(status),
+            };
+            let (idx, (r, remote_off)) = match checked {
+                Ok(found) => found,
+                Err(status) => {
                     self.complete(op, status, wr.wr_id);
                     self.tx_used += 1;
                     taken += 1;
                     continue;
                 }
             };
+            // Room for the notice is checked before any byte moves, so a
+            // full lane refuses the whole operation.
+            if let RdmaOp::Write { imm: Some(_) } = wr.op
+                && !self.lane_has_room(idx)
+            {
+                break;
+            }
+            let local = &self.regions.get(wr.local).expect("checked above").map;
+            let remote = self.peers[idx].regions.at(r);
+            let local_off = REGION_DATA + wr.local_offset as usize;
+            let len = wr.len as usize;
+            match wr.op {
+                RdmaOp::Read => Mapping::copy(remote, remote_off, local, local_off, len),
+                RdmaOp::Write { .. } => Mapping::copy(local, local_off, remote, remote_off, len),
+            }
             match wr.op {
                 RdmaOp::Write { imm: Some(imm) } => {
                     // The bytes written, as EFA reports them.
