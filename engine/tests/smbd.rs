@@ -337,6 +337,24 @@ fn sent_at_once(p: &mut Pair, src: &Mr, len: u64, ctx: u64) -> bool {
     matches!(now, Some(Event::Sent { ctx: c, .. }) if c == ctx)
 }
 
+/// Within one packet, only a message up to `Config::inject_max` is copied
+/// into it and reported sent at once; a longer one goes from the
+/// application's memory and is reported as its send completes.
+#[test]
+fn only_a_message_up_to_inject_max_is_reported_sent_at_once() {
+    let fast = !cfg!(feature = "general-paths");
+    let mut p = Pair::symmetric(Params::symmetric(8 << 10, 1 << 20, 16));
+    let max = p.conns[0].as_ref().unwrap().config().inject_max;
+    let src = p.w.eps[0].register(4 << 10, Access::REMOTE_READ).unwrap();
+    p.w.fill(0, &src, 4 << 10);
+    assert_eq!(sent_at_once(&mut p, &src, max, 1), fast);
+    assert!(!sent_at_once(&mut p, &src, max + 1, 2));
+    assert!(!sent_at_once(&mut p, &src, 4 << 10, 3));
+    assert_eq!(sent_at_once(&mut p, &src, 1, 4), fast);
+    let s = p.conns[0].as_ref().unwrap().stats();
+    assert_eq!((s.messages_sent, s.segments_sent - s.empty_sent), (4, 4));
+}
+
 #[test]
 fn a_message_goes_whole_in_one_packet_as_soon_as_it_fits_one() {
     // Segments that carry more than a packet: whether a message goes
@@ -344,7 +362,9 @@ fn a_message_goes_whole_in_one_packet_as_soon_as_it_fits_one() {
     // which grows once the peer's HANDSHAKE is in and REQs stop carrying
     // the raw address. The general paths send nothing at once.
     let fast = !cfg!(feature = "general-paths");
-    let mut p = Pair::symmetric(Params::symmetric(32 << 10, 1 << 20, 16));
+    let params = Params::symmetric(32 << 10, 1 << 20, 16);
+    let cfg = Config { inject_max: u64::MAX, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [params; 2], cfg, false);
     let peer = p.conns[0].as_ref().unwrap().peer();
     let before = p.w.eps[0].max_eager_size(peer, false);
     let src = p.w.eps[0].register(16 << 10, Access::REMOTE_READ).unwrap();
@@ -361,6 +381,48 @@ fn a_message_goes_whole_in_one_packet_as_soon_as_it_fits_one() {
     assert!(!sent_at_once(&mut p, &src, after - head + 1, 3));
     assert_eq!(sent_at_once(&mut p, &src, after - head, 4), fast);
     assert_eq!(p.terminated(0), None);
+}
+
+/// A message of one segment too long for a packet goes from a header slot
+/// and is reported sent only once its send completes: with delivery
+/// complete, once the peer has it in a receive buffer. The raw peer posts
+/// a receive for one message at a time: the others wait, undelivered and
+/// unreported, however long the first takes.
+#[test]
+fn a_message_from_a_header_slot_is_reported_sent_once_its_send_completes() {
+    let (n, len) = (4u64, 40u64 << 10);
+    let seg = len + 24;
+    let params = small(seg as u32, 16);
+    let cfg = Config::default();
+    let dc = EpConfig { delivery_complete: true, handshake_on_insert: true, ..EpConfig::default() };
+    let mut p = Pair::with_endpoints(SimConfig::default(), dc, [params; 2], cfg, true);
+    let src = p.w.register(0, n * len);
+    p.w.fill(0, &src, 3);
+    // The peer's HANDSHAKE first, without which no send goes with
+    // delivery complete (they would wait in the connection's queue).
+    p.settle();
+    for k in 0..n {
+        let (c, ep) = p.conn(0);
+        c.send(ep, span(&src, k * len, len), None, k).unwrap();
+    }
+    let sent = |p: &Pair| p.sent(0).iter().map(|s| s.0).collect::<Vec<_>>();
+    p.settle();
+    assert_eq!(sent(&p), [0u64; 0], "none delivered");
+    let mut segs = Vec::new();
+    for k in 0..n {
+        let mr = p.raw_recvs(1, seg);
+        p.settle();
+        segs.extend(p.raw_segments(&mr, seg));
+        p.others[1].clear();
+        assert_eq!(sent(&p), (0..=k).collect::<Vec<_>>(), "delivered up to message {k}");
+    }
+    let data: Vec<Vec<u8>> = segs.iter().map(|(b, _)| b[24..].to_vec()).collect();
+    let want: Vec<Vec<u8>> = (0..n)
+        .map(|k| p.w.eps[0].mem(src.id)[(k * len) as usize..][..len as usize].to_vec())
+        .collect();
+    assert_eq!(data, want);
+    let s = p.conns[0].as_ref().unwrap().stats();
+    assert_eq!(s.segments_sent - s.empty_sent, n, "one segment a message");
 }
 
 #[test]
@@ -1243,18 +1305,26 @@ fn receives_posted_into_the_application_buffers_land_messages_in_place() {
     assert!(n > 150, "once the receiver knows the peer's DataOffset: {n}");
 }
 
-/// A terminated connection gives a buffer back only once no receive is
-/// posted into it: at once for most, after `close` withdrew the receives
-/// for the ones the next messages were to land in.
-#[test]
-fn a_buffer_a_receive_is_posted_into_comes_back_after_the_receive() {
+/// A connection (side 0) granting `credits`, with a raw peer, that posts
+/// receives into buffers of any size, and eight buffers of 100 bytes
+/// posted (contexts 0 to 7) in the region returned.
+fn placing_with_raw_peer(credits: u16) -> (Pair, Mr) {
     let cfg = Config { direct_min: 1, ..Config::default() };
-    let mut p = Pair::new(SimConfig::default(), [small(1364, 4); 2], cfg, true);
+    let mut p = Pair::new(SimConfig::default(), [small(1364, credits); 2], cfg, true);
     let dst = p.w.register(0, 800);
     for i in 0..8 {
         let (c, ep) = p.conn(0);
         c.recv(ep, span(&dst, i * 100, 100), i).unwrap();
     }
+    (p, dst)
+}
+
+/// A terminated connection gives a buffer back only once no receive is
+/// posted into it: at once for most, after `close` withdrew the receives
+/// for the ones the next messages were to land in.
+#[test]
+fn a_buffer_a_receive_is_posted_into_comes_back_after_the_receive() {
+    let (mut p, dst) = placing_with_raw_peer(4);
     // Two messages delivered; their receives, posted again, go into the
     // buffers of the messages they can carry at the latest.
     p.raw_send(&segment(0, Flags::empty(), 0, 24, &[1; 100]), None);
@@ -1495,6 +1565,36 @@ fn a_lent_message_reports_the_token_it_invalidated() {
     );
     assert_eq!(p.w.eps[1].mr(token.id), None);
     assert_eq!(p.lent[1], expected(&[32]));
+}
+
+/// A receive posted into a buffer takes the segment as it comes: a whole
+/// message at the DataOffset it was posted for is where it goes and is
+/// only reported; one at another DataOffset landed shifted and is copied
+/// right; one longer than its buffer is reported truncated with the bytes
+/// the buffer holds, in place.
+#[test]
+fn a_message_landed_in_its_buffer_is_reported_there_unless_it_landed_elsewhere() {
+    let (mut p, dst) = placing_with_raw_peer(8);
+    // (DataOffset, length): placed, shifted, placed, too long, placed.
+    let msgs = [(24u32, 100u64), (32, 60), (24, 60), (24, 150), (24, 100)];
+    let data = |k: usize, len: u64| -> Vec<u8> { (0..len).map(|j| pattern(k as u64, j)).collect() };
+    for (k, &(offset, len)) in msgs.iter().enumerate() {
+        p.raw_send(&segment(0, Flags::empty(), 0, offset, &data(k, len)), None);
+        p.settle();
+    }
+    let truncated = RecvStatus::Truncated { olen: 150 };
+    let want = [(0, 100, RecvStatus::Ok), (1, 60, RecvStatus::Ok), (2, 60, RecvStatus::Ok)]
+        .into_iter()
+        .chain([(3, 100, truncated), (4, 100, RecvStatus::Ok)]);
+    let got: Vec<_> = p.received(0).iter().map(|r| (r.0, r.1, r.2)).collect();
+    assert_eq!(got, want.collect::<Vec<_>>());
+    let mem = p.w.eps[0].mem(dst.id);
+    for (k, &(_, len)) in msgs.iter().enumerate() {
+        let n = len.min(100) as usize;
+        assert_eq!(&mem[k * 100..k * 100 + n], &data(k, len)[..n], "message {k}");
+    }
+    let s = p.conns[0].as_ref().unwrap().stats();
+    assert_eq!(s.in_place, 4, "all but the shifted one: {s:?}");
 }
 
 /// Receives posted into buffers for the long messages (direct placement)

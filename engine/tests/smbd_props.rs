@@ -354,28 +354,34 @@ enum Taking {
 /// queue takes one, with the fast path on or off.
 /// `lend_max`: messages of one segment up to it are lent, and given back
 /// as soon as they are reported; the others get buffers.
+/// `direct_min`: receives are posted into buffers of at least so many
+/// bytes ([`Config::direct_min`]; 1 places every message given one).
 fn fast_or_general(
     fast: bool,
     sizes: &[Vec<u64>; 2],
     max: u32,
     credits: u16,
     seed: u64,
-    lend_max: u64,
+    (lend_max, direct_min): (u64, u64),
 ) -> Seen {
-    taken(fast, Taking::Polled, sizes, max, credits, seed, lend_max)
+    taken(settings(fast, lend_max, direct_min), Taking::Polled, sizes, max, credits, seed)
+}
+
+/// The local settings of the comparisons' connections.
+fn settings(fast: bool, lend_max: u64, direct_min: u64) -> Config {
+    let queues = Config { send_queue: 8, recv_queue: 64, ..Config::default() };
+    Config { fast_path: fast, lend_max, direct_min, ..queues }
 }
 
 fn taken(
-    fast: bool,
+    cfg: Config,
     taking: Taking,
     sizes: &[Vec<u64>; 2],
     max: u32,
     credits: u16,
     seed: u64,
-    lend_max: u64,
 ) -> Seen {
-    let cfg =
-        Config { send_queue: 8, recv_queue: 64, fast_path: fast, lend_max, ..Config::default() };
+    let lend_max = cfg.lend_max;
     let TwoWay { mut w, mut c, src, dst } = two_way(sizes, max, credits, seed, cfg);
     let lent = |len: u64| len <= lend_max && len <= max as u64 - 24;
     for i in 0..2 {
@@ -446,9 +452,10 @@ fn taken(
 }
 
 /// MaxSendSize of the fast and general paths' comparisons: a segment of
-/// 40 bytes of data, of 76, of 1340.
+/// 40 bytes of data, of 76, of 1340, and of 19,976, longer than a packet
+/// (a message of one segment then goes through a header slot).
 fn max_sizes() -> impl Strategy<Value = u32> {
-    prop_oneof![Just(64u32), Just(100), Just(1364)]
+    prop_oneof![Just(64u32), Just(100), Just(1364), Just(20_000)]
 }
 
 /// Credits scarce, some, and plentiful.
@@ -484,11 +491,12 @@ proptest! {
         seed in any::<u64>(),
         picks in picks(),
         lend_max in prop_oneof![Just(0u64), Just(24), Just(u64::MAX)],
+        direct_min in prop_oneof![Just(Config::default().direct_min), Just(1u64)],
     ) {
         let per = max as u64 - 24;
         let sizes = picked_sizes(&picks, per);
-        let general = fast_or_general(false, &sizes, max, credits, seed, lend_max);
-        let fast = fast_or_general(true, &sizes, max, credits, seed, lend_max);
+        let general = fast_or_general(false, &sizes, max, credits, seed, (lend_max, direct_min));
+        let fast = fast_or_general(true, &sizes, max, credits, seed, (lend_max, direct_min));
         for (i, (events, sizes)) in fast.1.iter().zip(&sizes).enumerate() {
             let sent = events.iter().filter(|e| matches!(e, Event::Sent { status: SendStatus::Ok, .. })).count();
             prop_assert_eq!(sent, sizes.len(), "side {} sent all", i);
@@ -548,11 +556,13 @@ proptest! {
         seed in any::<u64>(),
         picks in picks(),
         lend_max in prop_oneof![Just(24u64), Just(u64::MAX)],
+        direct_min in prop_oneof![Just(Config::default().direct_min), Just(1u64)],
     ) {
         let per = max as u64 - 24;
         let sizes = picked_sizes(&picks, per);
-        let polled = taken(true, Taking::Polled, &sizes, max, credits, seed, lend_max);
-        let drained = taken(true, Taking::Drained, &sizes, max, credits, seed, lend_max);
+        let cfg = settings(true, lend_max, direct_min);
+        let polled = taken(cfg, Taking::Polled, &sizes, max, credits, seed);
+        let drained = taken(cfg, Taking::Drained, &sizes, max, credits, seed);
         for i in 0..2 {
             prop_assert_eq!(comparable(&drained.1[i]), comparable(&polled.1[i]), "side {}", i);
             prop_assert_eq!(&drained.2[i], &polled.2[i], "side {}: the bytes lent", i);
@@ -570,7 +580,8 @@ proptest! {
 fn an_empty_message_on_the_last_credit_goes_and_asks_for_more() {
     let sizes: [Vec<u64>; 2] = [vec![80], vec![0, 0]];
     for fast in [false, true] {
-        let (_, events, _) = fast_or_general(fast, &sizes, 64, 3, 0, 0);
+        let (_, events, _) =
+            fast_or_general(fast, &sizes, 64, 3, 0, (0, Config::default().direct_min));
         for (i, (events, sizes)) in events.iter().zip(&sizes).enumerate() {
             let sent = events
                 .iter()

@@ -778,6 +778,11 @@ fn hand_drained<D: Device>(
     match d {
         Drained::Other(c) => emit(c),
         Drained::Event(Event::Sent { ctx, status: SendStatus::Ok }) => emit(&sent(ctx, peer)),
+        // A message delivered into its buffer, as a stream of placed ones
+        // has them: handed on in the drain rather than stopping it.
+        Drained::Event(Event::Received { ctx, len, status: RecvStatus::Ok, .. }) => {
+            emit(&received(ctx, len, peer))
+        }
         Drained::Event(Event::Lent { data, .. }) if !lending.copy => emit(&lent_unkept(data, peer)),
         Drained::Event(Event::Lent { loan, data, .. }) => {
             let Some(to) = lending.to.pop_front() else {
@@ -888,6 +893,12 @@ fn read_lent<D: Device>(
 #[inline(always)]
 fn sent(ctx: u64, peer: PeerId) -> Completion {
     untagged(Op::Send, ctx, 0, Status::Ok, peer)
+}
+
+/// A message delivered into the buffer of the receive of context `ctx`.
+#[inline(always)]
+fn received(ctx: u64, len: u64, peer: PeerId) -> Completion {
+    untagged(Op::Recv, ctx, len, Status::Ok, peer)
 }
 
 /// A message lent and read where it landed, as the completion of a

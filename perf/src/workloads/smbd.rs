@@ -68,7 +68,10 @@ impl<D: Device> SmbdStream<D> {
     fn new(mut p: Pair<D>, len: u64, window: u64, queue: bool) -> Self {
         let params = params(len);
         let default = smbd::Config::default();
-        let cfg = smbd::Config { lend_max: default.direct_min - 1, ..default };
+        // Room for the buffers the receiver keeps posted (`run`'s `ahead`).
+        let ahead = 2 * window + params.receive_credit_max as u64;
+        let recv_queue = default.recv_queue.max(ahead as u16);
+        let cfg = smbd::Config { lend_max: default.direct_min - 1, recv_queue, ..default };
         let ca = Connection::new(&mut p.a, p.to_b, params, cfg).unwrap();
         let cb = Connection::new(&mut p.b, p.to_a, params, cfg).unwrap();
         let src = region(&mut p.a, len);
@@ -234,9 +237,11 @@ pub(super) fn workloads(v: &mut Vec<Workload>) {
     );
     // The comparison, side by side: 64-byte messages (window 64,
     // as `efapoll streaming -S 64`) and 1 MiB ones (window 8), plain and
-    // framed, over shm in one thread.
-    for (size, len, window, iters) in [("64B", 64u64, 64u64, 200_000u64), ("1MiB", MIB, 8, 20_000)]
-    {
+    // framed, over shm in one thread; and 4 KiB ones, the shortest the
+    // framed receiver places in their buffers (`Config::direct_min`).
+    let sizes =
+        [("64B", 64u64, 64u64, 200_000u64), ("4KiB", 4096, 64, 50_000), ("1MiB", MIB, 8, 20_000)];
+    for (size, len, window, iters) in sizes {
         let unit = if len <= 64 { Unit::Ops } else { Unit::Bytes(len) };
         let plain = Workload::new(format!("smbd/stream_{size}/plain"), unit, Kind::Rate, iters, {
             move || Box::new(Stream::new(endpoints(), len, window))
@@ -283,6 +288,19 @@ mod tests {
         // `smbd/stream_64B/smbd` does, and guard nothing of its own.
         assert!(credit_stalls(true) > 0, "messages waited for a credit in the queue");
         assert_eq!(credit_stalls(false), 0, "try_send queues nothing");
+    }
+
+    #[test]
+    fn the_4kib_stream_lands_every_message_in_its_buffer() {
+        // Else `smbd/stream_4KiB/smbd` would measure copies out of the
+        // receive slots, not the placed path.
+        let mut s = SmbdStream::new(endpoints(), 4096, 64, false);
+        let before = *s.c[1].stats();
+        s.run(5_000);
+        let after = *s.c[1].stats();
+        assert_eq!(after.messages_received - before.messages_received, 5_000);
+        assert_eq!(after.in_place - before.in_place, 5_000, "every message placed");
+        assert_eq!(after.lent, before.lent, "none lent");
     }
 
     #[test]

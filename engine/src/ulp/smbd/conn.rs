@@ -316,9 +316,9 @@ pub struct Connection {
     tx_front_seq: u64,
     next_post: usize,
     /// The longest message sent whole by inject ([`TxMsg::whole`]): what
-    /// one segment carries, within MaxFragmentedSendSize and within one
-    /// packet to the peer as last read (`eager_room`); 0 without the fast
-    /// path.
+    /// one segment carries, within MaxFragmentedSendSize, within one
+    /// packet to the peer as last read (`eager_room`) and within
+    /// [`Config::inject_max`]; 0 without the fast path.
     whole_max: u64,
     /// The endpoint's largest message in one packet to the peer, as last
     /// read ([`Endpoint::max_eager_size`]; it only grows): a segment
@@ -492,7 +492,9 @@ impl Connection {
         self.whole_max = if self.cfg.fast_path {
             let one = (self.params.max_send_size - self.cfg.data_offset) as u64;
             let packet = self.eager_room.saturating_sub(self.cfg.data_offset as u64);
-            one.min(self.params.max_fragmented_send_size as u64).min(packet)
+            one.min(self.params.max_fragmented_send_size as u64)
+                .min(packet)
+                .min(self.cfg.inject_max)
         } else {
             0
         };
@@ -590,7 +592,8 @@ impl Connection {
     /// a credit or behind messages queued before it. For a poll loop that
     /// holds a message back rather than have the connection queue it. A
     /// message with a credit that does not go by inject (more than one
-    /// segment, a token, or no free packet buffer in the endpoint) is
+    /// segment, longer than [`Config::inject_max`], a token, or no free
+    /// packet buffer in the endpoint) is
     /// taken as `send` takes it: posted through a header slot, where the
     /// endpoint may queue it, or left in the connection's queue when the
     /// endpoint or the header slots push back; a `try_send` behind it then
@@ -725,6 +728,13 @@ impl Connection {
         {
             return done;
         }
+        if self.cfg.fast_path
+            && !whole
+            && self.next_post == self.tx.len()
+            && let Some(done) = self.send_one_now(ep, src, token, ctx, seg)
+        {
+            return done;
+        }
         if !registered(ep, &src) {
             return Err(SendError::BadSpan);
         }
@@ -737,6 +747,49 @@ impl Connection {
         }
         self.post_segments(ep);
         Ok(())
+    }
+
+    /// Sends `src`, a message of one segment (`seg` its segmenter, none
+    /// taken yet) with nothing waiting to be posted before it, at once
+    /// through a header slot if a credit and a slot allow, as
+    /// `post_segment` would, without the queue's walk: the message that
+    /// does not go whole by inject (longer than [`Config::inject_max`] or
+    /// than one packet, or with a token). Reported sent when its send
+    /// completes. None, with
+    /// nothing done, when it does not go so now (the queue takes it and
+    /// decides it as ever).
+    #[inline(always)]
+    fn send_one_now<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        src: Span,
+        token: Option<u64>,
+        ctx: u64,
+        mut seg: Segmenter,
+    ) -> Option<Result<(), SendError>> {
+        let data_offset = self.cfg.data_offset;
+        // One segment with data; an empty message is the queue's.
+        let one = src.len.wrapping_sub(1) < (self.params.max_send_size - data_offset) as u64;
+        let grants = self.credits.to_grant();
+        if !one || !self.credits.may_send(grants) {
+            return None;
+        }
+        let &slot = self.hdr_free.last()?;
+        let r = self.whole_repr(src.len, grants);
+        match self.post_message(ep, slot, &r, Some(src), token) {
+            Ok(()) => {}
+            Err(EpError::BadSpan) => return Some(Err(SendError::BadSpan)),
+            // Not now, or told as the general path tells it.
+            Err(_) => return None,
+        }
+        self.hdr_free.pop();
+        self.hdr_owner[slot as usize] = self.tx_front_seq + self.tx.len() as u64;
+        seg.advance();
+        let status = SendStatus::Ok;
+        self.tx.push_back(TxMsg { src, token, ctx, seg, in_flight: 1, status, whole: false });
+        self.next_post = self.tx.len();
+        self.count_segment(&r, grants);
+        Some(Ok(()))
     }
 
     /// Posts `dst` for the next message; [`Event::Received`] with `ctx`
@@ -1220,16 +1273,7 @@ impl Connection {
         src: Span,
         grants: u16,
     ) -> Result<bool, EpError> {
-        let mut r = Repr {
-            credits_requested: self.params.send_credit_target,
-            credits_granted: grants,
-            data_offset: self.cfg.data_offset,
-            data_length: src.len as u32,
-            ..Repr::default()
-        };
-        if self.credits.asks_response() {
-            r.flags |= Flags::RESPONSE_REQUESTED;
-        }
+        let r = self.whole_repr(src.len, grants);
         let seq = self.tx_front_seq + i as u64;
         let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
         if !ep.inject_head_with(self.peer, r.buffer_len(), &r, src, ctx)? {
@@ -1237,6 +1281,23 @@ impl Connection {
         }
         self.count_segment(&r, grants);
         Ok(true)
+    }
+
+    /// The header of a message of `len` bytes in one segment, granting
+    /// `grants`.
+    #[inline(always)]
+    fn whole_repr(&self, len: u64, grants: u16) -> Repr {
+        let mut r = Repr {
+            credits_requested: self.params.send_credit_target,
+            credits_granted: grants,
+            data_offset: self.cfg.data_offset,
+            data_length: len as u32,
+            ..Repr::default()
+        };
+        if self.credits.asks_response() {
+            r.flags |= Flags::RESPONSE_REQUESTED;
+        }
+        r
     }
 
     /// The message at the front of the queue (or, the queue empty, the
@@ -1584,6 +1645,9 @@ impl Connection {
         slot: u16,
         a: &Arrival,
     ) -> bool {
+        if let Some(l) = self.landings[slot as usize] {
+            return self.on_placed_arrival(ep, slot, a, l);
+        }
         if !self.whole_may_arrive(slot, a) {
             return false;
         }
@@ -1632,6 +1696,55 @@ impl Connection {
         self.apps_front_seq += 1;
         self.rx_free.push(slot);
         self.stats.bytes_received += len;
+        self.report_received(buf.ctx, len, buf.dst.len, None);
+        true
+    }
+
+    /// [`Self::on_whole_arrival`] of a segment whose receive was posted
+    /// into its message's buffer ([`Landing`] `l`): when it is that
+    /// message, whole, at the DataOffset the receive was posted for, its
+    /// data is where it goes, and it is only checked and reported. False,
+    /// with nothing changed, for any other, which `on_arrival` takes (and
+    /// copies out of the buffer what is not the buffer's).
+    #[inline(always)]
+    fn on_placed_arrival<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        slot: u16,
+        a: &Arrival,
+        l: Landing,
+    ) -> bool {
+        // Nothing before it: the buffer at the front is the next message's.
+        if l.seq != self.apps_front_seq
+            || !self.settled(Unsettled::HELD)
+            || !self.segment_may_be_whole(a)
+        {
+            return false;
+        }
+        debug_assert_eq!(self.msgs_seen, self.apps_front_seq, "every message seen delivered");
+        let at = self.rx_slot_offset(slot);
+        if ep.read_mem(self.rx.id, at, &mut self.scratch[..HEADER_LEN]).is_err() {
+            return false;
+        }
+        let Some(r) = self.whole_header(a.len, false) else { return false };
+        let len = r.data_length as u64;
+        // Its data from the buffer's start: where it goes (what a buffer
+        // too short for it could not take went on into the slot, and the
+        // message is reported truncated). A message to lend goes back to
+        // its slot.
+        if r.data_offset as u64 != l.head || self.lends(len) {
+            return false;
+        }
+        let Some(&buf) = self.apps.front() else { return false };
+        debug_assert_eq!(buf.dst, l.dst);
+        self.accept_whole(&r);
+        self.landings[slot as usize] = None;
+        self.msgs_seen += 1;
+        self.apps.skip_front();
+        self.apps_front_seq += 1;
+        self.rx_free.push(slot);
+        self.stats.bytes_received += len;
+        self.stats.in_place += 1;
         self.report_received(buf.ctx, len, buf.dst.len, None);
         true
     }

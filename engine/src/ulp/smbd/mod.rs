@@ -34,7 +34,8 @@
 //! back rather than have the connection queue it.
 //!
 //! Fast path ([`Config::fast_path`]): a message of one segment with no
-//! token holds no header slot and goes by inject
+//! token, up to [`Config::inject_max`] long, holds no header slot and
+//! goes by inject
 //! ([`Endpoint::inject_head_with`](crate::endpoint::Endpoint::inject_head_with)):
 //! its bytes copied into the packet, it is sent as the call returns
 //! ([`Event::Sent`] then, or in its turn behind messages still in
@@ -42,9 +43,15 @@
 //! own send buffers tells its caller at once. Its send completes with no
 //! completion unless it fails; the failure, found by the sequence number
 //! in the send's context, ends the connection as any failed send does.
+//! A longer message of one segment, with nothing waiting to be posted
+//! before it and a credit, goes at once from a header slot, its data
+//! gathered from the application's memory, without the queue's walk; it
+//! is reported sent as its send completes.
 //! On the receiving side, a whole message arriving in its turn, with no
 //! token, nothing waiting before it and a buffer posted, is checked in
-//! one pass over its header and copied and reported at once. Every other
+//! one pass over its header and copied and reported at once (only
+//! reported, when its receive was posted into that buffer and it landed
+//! there: direct placement, below). Every other
 //! case, and any check that fails, takes the general path, which decides
 //! it the same way; a property test holds the two to the same packets and
 //! events.
@@ -277,12 +284,21 @@ pub struct Config {
     /// receive's slot, which costs less than scattering a receive.
     pub direct_min: u64,
     /// A message of one segment with no token is sent holding no header
-    /// slot, and a whole message arriving in its turn is checked and
-    /// delivered in one pass (see the module's documentation). The same
+    /// slot (up to `inject_max`; a longer one at once from a header slot),
+    /// and a whole message arriving in its turn is checked and delivered
+    /// in one pass (see the module's documentation). The same
     /// packets and events as with it off, which only header slots running
     /// short can tell apart (it does not wait for one); off, every message
     /// takes the general path (the tests compare the two).
     pub fast_path: bool,
+    /// On the fast path, the longest message sent by inject (copied into
+    /// its packet, reported sent at once); a longer message of one
+    /// segment goes from a header slot, its data gathered from the
+    /// application's memory, and is reported sent as its send completes.
+    /// From about 2 KiB the copy costs more than the completion: over shm,
+    /// 4 KiB messages stream 1.26 times as fast gathered, 1 KiB ones 0.81
+    /// times (perf/README.md).
+    pub inject_max: u64,
     /// Messages of one segment of at most this many bytes are lent where
     /// they landed ([`Event::Lent`]) rather than copied into a buffer the
     /// application posted: a receive with no copy of the connection's,
@@ -301,6 +317,7 @@ impl Default for Config {
             ctx_tag: u32::from_be_bytes(*b"SMBD"),
             direct_min: 4096,
             fast_path: true,
+            inject_max: 2048,
             lend_max: 0,
         }
     }
