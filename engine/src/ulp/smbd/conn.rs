@@ -593,11 +593,10 @@ impl Connection {
     /// holds a message back rather than have the connection queue it. A
     /// message with a credit that does not go by inject (more than one
     /// segment, longer than [`Config::inject_max`], a token, or no free
-    /// packet buffer in the endpoint) is
-    /// taken as `send` takes it: posted through a header slot, where the
-    /// endpoint may queue it, or left in the connection's queue when the
-    /// endpoint or the header slots push back; a `try_send` behind it then
-    /// answers `Again`.
+    /// packet buffer in the endpoint) is taken as `send` takes it: posted
+    /// through a header slot, where the endpoint may queue it, or left in
+    /// the connection's queue when the endpoint or the header slots push
+    /// back; a `try_send` behind it then answers `Again`.
     #[inline(always)]
     pub fn try_send<D: Device>(
         &mut self,
@@ -755,9 +754,8 @@ impl Connection {
     /// `post_segment` would, without the queue's walk: the message that
     /// does not go whole by inject (longer than [`Config::inject_max`] or
     /// than one packet, or with a token). Reported sent when its send
-    /// completes. None, with
-    /// nothing done, when it does not go so now (the queue takes it and
-    /// decides it as ever).
+    /// completes. None, with nothing done, when it does not go so now (the
+    /// queue takes it and decides it as ever).
     #[inline(always)]
     fn send_one_now<D: Device>(
         &mut self,
@@ -767,9 +765,8 @@ impl Connection {
         ctx: u64,
         mut seg: Segmenter,
     ) -> Option<Result<(), SendError>> {
-        let data_offset = self.cfg.data_offset;
-        // One segment with data; an empty message is the queue's.
-        let one = src.len.wrapping_sub(1) < (self.params.max_send_size - data_offset) as u64;
+        // An empty message is the queue's.
+        let one = seg.is_one_with_data();
         let grants = self.credits.to_grant();
         if !one || !self.credits.may_send(grants) {
             return None;
@@ -782,8 +779,7 @@ impl Connection {
             // Not now, or told as the general path tells it.
             Err(_) => return None,
         }
-        self.hdr_free.pop();
-        self.hdr_owner[slot as usize] = self.tx_front_seq + self.tx.len() as u64;
+        self.occupy_slot(slot, self.tx_front_seq + self.tx.len() as u64);
         seg.advance();
         let status = SendStatus::Ok;
         self.tx.push_back(TxMsg { src, token, ctx, seg, in_flight: 1, status, whole: false });
@@ -1248,8 +1244,7 @@ impl Connection {
         if !self.posted(ep, slot, &r, data.then_some(body), token) {
             return false;
         }
-        self.hdr_free.pop();
-        self.hdr_owner[slot as usize] = seq;
+        self.occupy_slot(slot, seq);
         let m = &mut self.tx[i];
         m.seg.advance();
         m.in_flight += 1;
@@ -1310,6 +1305,15 @@ impl Connection {
         self.tx_front_seq += 1;
     }
 
+    /// Header slot `slot`, the last free one, carries a send now: in flight
+    /// for message `owner` (its sequence number, or [`NO_OWNER`]).
+    #[inline(always)]
+    fn occupy_slot(&mut self, slot: u16, owner: u64) {
+        debug_assert_eq!(self.hdr_free.last(), Some(&slot));
+        self.hdr_free.pop();
+        self.hdr_owner[slot as usize] = owner;
+    }
+
     /// A segment with header `r` went, granting `grants`.
     #[inline(always)]
     fn count_segment(&mut self, r: &Repr, grants: u16) {
@@ -1345,8 +1349,7 @@ impl Connection {
         if !self.posted(ep, slot, &r, None, None) {
             return false;
         }
-        self.hdr_free.pop();
-        self.hdr_owner[slot as usize] = NO_OWNER;
+        self.occupy_slot(slot, NO_OWNER);
         self.credits.on_send(grants);
         self.stats.segments_sent += 1;
         self.stats.empty_sent += 1;
@@ -1690,13 +1693,7 @@ impl Connection {
         if copied.is_err() {
             return false;
         }
-        self.accept_whole(&r);
-        self.msgs_seen += 1;
-        self.apps.skip_front();
-        self.apps_front_seq += 1;
-        self.rx_free.push(slot);
-        self.stats.bytes_received += len;
-        self.report_received(buf.ctx, len, buf.dst.len, None);
+        self.deliver_whole(slot, &r, buf);
         true
     }
 
@@ -1737,16 +1734,24 @@ impl Connection {
         }
         let Some(&buf) = self.apps.front() else { return false };
         debug_assert_eq!(buf.dst, l.dst);
-        self.accept_whole(&r);
         self.landings[slot as usize] = None;
+        self.stats.in_place += 1;
+        self.deliver_whole(slot, &r, buf);
+        true
+    }
+
+    /// A whole message of one segment (header `r`, in slot `slot`) is in
+    /// `buf`, the front buffer: taken, its slot freed, and reported.
+    #[inline(always)]
+    fn deliver_whole(&mut self, slot: u16, r: &Repr, buf: AppBuf) {
+        let len = r.data_length as u64;
+        self.accept_whole(r);
         self.msgs_seen += 1;
         self.apps.skip_front();
         self.apps_front_seq += 1;
         self.rx_free.push(slot);
         self.stats.bytes_received += len;
-        self.stats.in_place += 1;
         self.report_received(buf.ctx, len, buf.dst.len, None);
-        true
     }
 
     /// Whether slot `slot`'s segment, in its turn, may be taken whole

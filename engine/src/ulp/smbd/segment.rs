@@ -86,6 +86,13 @@ impl Segmenter {
         if self.len == 0 { 1 } else { self.len.div_ceil(self.max_data as u64) }
     }
 
+    /// Whether the message has data and goes in one segment ([`Self::count`]
+    /// 1, without the division).
+    #[inline]
+    pub fn is_one_with_data(&self) -> bool {
+        self.len.wrapping_sub(1) < self.max_data as u64
+    }
+
     /// Whether every segment was taken.
     pub fn is_done(&self) -> bool {
         if self.len == 0 { self.done_empty } else { self.sent == self.len }
@@ -250,6 +257,16 @@ mod tests {
         assert_eq!(only.repr.segment_len(), 20);
         assert!(only.is_first() && only.is_last());
         assert_eq!(s.next(), None);
+    }
+
+    #[test]
+    fn one_segment_with_data_is_a_count_of_one_but_the_empty_message() {
+        for len in [0u64, 1, 1339, 1340, 1341, 2680, 1 << 20] {
+            let s = Segmenter::new(len, 24, 1364);
+            assert_eq!(s.is_one_with_data(), len > 0 && s.count() == 1, "{len} bytes");
+        }
+        assert!(Segmenter::new(1340, 24, 1364).is_one_with_data());
+        assert!(!Segmenter::new(1341, 24, 1364).is_one_with_data());
     }
 
     #[test]
