@@ -300,6 +300,134 @@ fn a_runting_read_that_times_out_gives_its_runt_back() {
     assert_eq!(sent(&mut w, 3), PacketType::RuntReadMsgRtm, "the budget is back");
 }
 
+/// Sends a 24-byte head and a 1 MiB body from two regions of endpoint 0
+/// into a receive scattered over the same split at endpoint 1, by
+/// `sendv_head` or, `head` false, by `sendv`; returns the wire and the
+/// receiver's RDMA reads, checked byte-exact with the CQ data delivered.
+fn head_and_body(
+    w: &mut World,
+    head: bool,
+    cq_data: Option<u64>,
+) -> (Vec<(u16, u16, Vec<u8>)>, u64) {
+    let to_b = efapoll::endpoint::PeerId(0);
+    let (hlen, blen) = (24u64, 1u64 << 20);
+    let (hs, bs) = (w.register(0, hlen), w.register(0, blen));
+    let (hd, bd) = (w.register(1, hlen), w.register(1, blen));
+    w.fill(0, &hs, 5);
+    w.fill(0, &bs, 6);
+    let reads = w.eps[1].counters().rdma_reads;
+    w.fabric.set_capture(true);
+    w.eps[1].recvv(&[span(&hd, 0, hlen), span(&bd, 0, blen)], None, 1).unwrap();
+    let (h, b) = (span(&hs, 0, hlen), span(&bs, 0, blen));
+    match (head, cq_data) {
+        (true, _) => w.eps[0].sendv_head(to_b, h, b, cq_data, 1).unwrap(),
+        (false, None) => w.eps[0].sendv(to_b, &[h, b], 1).unwrap(),
+        (false, Some(d)) => w.eps[0].sendvdata(to_b, &[h, b], d, 1).unwrap(),
+    }
+    w.drive_until(100_000, |w| !w.done[0].is_empty() && !w.done[1].is_empty());
+    let (sent, got) = (w.done[0].remove(0), w.done[1].remove(0));
+    assert_eq!((sent.status, got.status, got.len), (Status::Ok, Status::Ok, hlen + blen));
+    assert_eq!(got.cq_data, cq_data);
+    assert!(w.eps[1].mem(hd.id) == w.eps[0].mem(hs.id), "head byte-exact");
+    assert!(w.eps[1].mem(bd.id) == w.eps[0].mem(bs.id), "body byte-exact");
+    (w.fabric.take_capture(), w.eps[1].counters().rdma_reads - reads)
+}
+
+fn count(wire: &[(u16, u16, Vec<u8>)], t: PacketType) -> usize {
+    wire.iter().filter(|(_, _, p)| p[0] == t.id()).count()
+}
+
+#[test]
+fn a_head_sent_as_its_runt_leaves_the_body_alone_to_read() {
+    // With runting off and with a budget: the head's runt takes none of it.
+    for runt_size in [0u64, 307_200] {
+        for cq_data in [None, Some(0xfeed)] {
+            let cfg = Config { runt_size, ..quick() };
+            let mut w = ready(sim(21, true, true), cfg);
+            // By sendv the receiver reads the head apart: a read more.
+            let (wire, reads) = head_and_body(&mut w, false, cq_data);
+            match runt_size {
+                0 => assert_eq!(count(&wire, PacketType::LongReadMsgRtm), 1),
+                _ => assert!(count(&wire, PacketType::RuntReadMsgRtm) > 1, "the budget's runt"),
+            }
+            let (wire, head_reads) = head_and_body(&mut w, true, cq_data);
+            assert_eq!(count(&wire, PacketType::LongReadMsgRtm), 0);
+            let runts: Vec<_> =
+                wire.iter().filter(|(_, _, p)| p[0] == PacketType::RuntReadMsgRtm.id()).collect();
+            assert_eq!(runts.len(), 1, "runt {runt_size}: the head fits one REQ");
+            let Packet::Req(r, data) = Packet::parse(&runts[0].2).unwrap() else { panic!() };
+            assert_eq!((r.runt_length, r.seg_offset, data.len()), (24, 0, 24));
+            // The whole message's read_iov, as every RUNTREAD carries it.
+            assert_eq!(r.read_iov.iter().map(|v| v.len).collect::<Vec<_>>(), [24, 1 << 20]);
+            // 1 MiB in 256 KiB reads; by sendv the head's own read besides,
+            // unless the budget's runt covered it.
+            assert_eq!(head_reads, 4, "runt {runt_size}");
+            assert_eq!(reads, if runt_size == 0 { 5 } else { 3 }, "runt {runt_size}");
+            assert_eq!(count(&wire, PacketType::Eor), 1);
+        }
+    }
+}
+
+#[test]
+fn a_head_runt_takes_nothing_from_the_runt_budget() {
+    // A head message the receiver has not taken holds its runt; a message
+    // sent behind it still finds the whole budget.
+    let runt = 64 << 10;
+    let mut w = ready(sim(22, true, true), Config { runt_size: runt, ..quick() });
+    let to_b = efapoll::endpoint::PeerId(0);
+    let len = 1 << 20;
+    let (head, src) = (w.register(0, 24), w.register(0, len));
+    w.fabric.set_capture(true);
+    w.eps[0].sendv_head(to_b, span(&head, 0, 24), span(&src, 0, len), None, 1).unwrap();
+    w.eps[0].send(to_b, span(&src, 0, len), 2).unwrap();
+    w.settle();
+    let wire = w.fabric.take_capture();
+    let runts: Vec<u64> = wire
+        .iter()
+        .filter(|(_, _, p)| p[0] == PacketType::RuntReadMsgRtm.id())
+        .map(|(_, _, p)| match Packet::parse(p).unwrap() {
+            Packet::Req(r, _) => r.runt_length,
+            _ => unreachable!(),
+        })
+        .collect();
+    // The fabric reorders: the head's one REQ, and the budget's whole
+    // runt (REQs of the one message behind it).
+    assert_eq!(runts.iter().filter(|&&r| r == 24).count(), 1, "{runts:?}");
+    assert!(runts.iter().all(|&r| r == 24 || r == runt), "{runts:?}");
+    assert!(runts.len() >= 2, "{runts:?}");
+}
+
+#[test]
+fn a_head_runt_the_receiver_cannot_read_goes_on_by_long_cts() {
+    let mut w = ready(sim(23, true, true), Config { runt_size: 64 << 10, ..quick() });
+    w.fabric.set_capture(true);
+    let to_b = efapoll::endpoint::PeerId(0);
+    let len = 2 << 20;
+    let (head, src) = (w.register(0, 24), w.register(0, len));
+    let (hd, dst) = (w.register(1, 24), w.register(1, len));
+    w.fill(0, &head, 1);
+    w.fill(0, &src, 2);
+    let b = w.eps[1].addr();
+    w.fabric.fail_registrations(&b, 1);
+    w.eps[1].recvv(&[span(&hd, 0, 24), span(&dst, 0, len)], None, 1).unwrap();
+    w.eps[0].sendv_head(to_b, span(&head, 0, 24), span(&src, 0, len), None, 1).unwrap();
+    w.drive_until(100_000, |w| w.done[0].len() == 1 && w.done[1].len() == 1);
+    assert_eq!((w.done[0][0].status, w.done[1][0].status), (Status::Ok, Status::Ok));
+    assert!(w.eps[1].mem(hd.id) == w.eps[0].mem(head.id), "head byte-exact");
+    assert!(w.eps[1].mem(dst.id) == w.eps[0].mem(src.id), "body byte-exact after the fallback");
+    let wire = w.fabric.take_capture();
+    assert_eq!(count(&wire, PacketType::ReadNack), 1);
+    the_read_nack_retry(&wire, PacketType::LongCtsMsgRtm);
+    // The budget is whole again: the next message runts all of it.
+    w.fabric.set_capture(true);
+    w.eps[0].send(to_b, span(&src, 0, len), 2).unwrap();
+    w.settle();
+    let wire = w.fabric.take_capture();
+    let first = wire.iter().find(|(_, _, p)| p[0] == PacketType::RuntReadMsgRtm.id()).unwrap();
+    let Packet::Req(r, _) = Packet::parse(&first.2).unwrap() else { panic!() };
+    assert_eq!(r.runt_length, 64 << 10);
+}
+
 #[test]
 fn unexpected_long_read_messages_are_read_once_matched() {
     let mut w = ready(sim(4, true, true), quick());

@@ -16,6 +16,7 @@ use efapoll::ulp::smbd::{
     Config, Connection, Drained, Event, Flags, Flow, HEADER_LEN, Loan, Params, ProtocolError,
     RecvError, RecvStatus, Repr, SegmentError, SendError, SendStatus, SetupError,
 };
+use efapoll::wire::{Packet, PacketType};
 
 /// Side 0 runs a connection; side 1 a connection too, or a bare endpoint
 /// (the raw peer).
@@ -440,6 +441,45 @@ fn large_segments_arrive_in_order_whatever_order_their_sends_complete_in() {
         let mut p = Pair::with_endpoints(sim, ep_cfg, [params; 2], Config::default(), false);
         transfer(&mut p, &[1 << 20, 200_001, 3, 400_000, 1, 60_000, 7], access);
     }
+}
+
+/// A segment the peer reads carries its header in its REQ (the runt of a
+/// runting read): the peer reads the data alone, one RDMA read a segment,
+/// into the buffer it placed the receive in.
+#[test]
+fn a_segment_the_peer_reads_carries_its_header_in_its_request() {
+    let mut p = Pair::with_endpoints(
+        SimConfig::default(),
+        EpConfig { handshake_on_insert: true, ..EpConfig::on_host() },
+        [small(8216, 8); 2],
+        Config::default(),
+        false,
+    );
+    // A peer is read from once its HANDSHAKE says it can be.
+    let (a, b) = (PeerId(0), PeerId(0));
+    p.drive_until(1000, |p| {
+        p.w.eps[0].peer_handshake_received(a) && p.w.eps[1].peer_handshake_received(b)
+    });
+    p.w.fabric.set_capture(true);
+    let reads = p.w.eps[1].counters().rdma_reads;
+    // Four messages of 8 KiB, each a segment read; two eager between.
+    transfer(&mut p, &[8192, 8192, 5000, 8192, 3, 8192], Access::REMOTE_READ);
+    let wire = p.w.fabric.take_capture();
+    let count = |t: PacketType| wire.iter().filter(|(_, _, b)| b[0] == t.id()).count();
+    assert_eq!(count(PacketType::LongReadMsgRtm), 0);
+    let runts: Vec<_> =
+        wire.iter().filter(|(_, _, b)| b[0] == PacketType::RuntReadMsgRtm.id()).collect();
+    assert_eq!(runts.len(), 4, "one REQ a read segment");
+    for (_, _, b) in runts {
+        let Packet::Req(r, data) = Packet::parse(b).unwrap() else { panic!("a REQ") };
+        assert_eq!((r.runt_length, data.len()), (24, 24));
+        // The whole segment's header: the data follows it, to be read.
+        let h = Repr::parse_header(data, 24 + 8192).unwrap();
+        assert_eq!((h.data_offset, h.data_length), (24, 8192));
+    }
+    assert_eq!(p.w.eps[1].counters().rdma_reads - reads, 4, "the data alone read");
+    // Read into place, and the 5,000-byte one landed there eagerly.
+    assert_eq!(p.conns[1].as_ref().unwrap().stats().in_place, 5);
 }
 
 /// In a receive ring (receives never placed), long segments complete in

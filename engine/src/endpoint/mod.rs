@@ -37,7 +37,7 @@
 //! | operation | size | protocol |
 //! |---|---|---|
 //! | send, tsend | fits one packet | eager RTM (DC_EAGER with delivery complete) |
-//! | | from `long_read_min` (1 MiB; [`Config::on_host`]: any), peer and device read | long-read, or runting read (first `runt_size` bytes eager; default off), EOR |
+//! | | from `long_read_min` (1 MiB; [`Config::on_host`]: any), peer and device read | long-read, or runting read (first `runt_size` bytes eager, default off; or the head of [`Endpoint::sendv_head`]), EOR |
 //! | | up to `medium_max` (64 KiB) | medium RTM segments |
 //! | | otherwise | long-CTS with CTS flow control |
 //! | write | device and peer RDMA write | direct RDMA write, segmented |
@@ -85,7 +85,7 @@
 //! | medium | medium.rs | MEDIUM_MSGRTM, MEDIUM_TAGRTM, DC_MEDIUM_MSGRTM, DC_MEDIUM_TAGRTM | `TxProto::Medium`: `Transfer` until every segment is built and completed; `RxProto::Medium` until every byte landed |
 //! | long-CTS | longcts.rs | LONGCTS_MSGRTM, LONGCTS_TAGRTM, DC_LONGCTS_MSGRTM, DC_LONGCTS_TAGRTM, CTS, CTSDATA | `TxProto::LongCts { granted }`: in `Transfer`, sends up to the grant; `RxProto::LongCts { granted }`: grants a window when half the last arrived |
 //! | long-read | longread.rs | LONGREAD_MSGRTM, LONGREAD_TAGRTM, EOR; RDMA reads | `TxProto::LongRead`: `Transfer { awaits: Some(Eor) }`; `RxProto::LongRead(Reads)`: `Waiting` until matched, then `Reading` |
-//! | runting read | runtread.rs (runt segments: medium.rs; reads and EOR: longread.rs) | RUNTREAD_MSGRTM, RUNTREAD_TAGRTM | `TxProto::RuntRead { runt }`: the runt in segments, then `awaits: Some(Eor)`; `RxProto::RuntRead(Reads)`: `Waiting` until the runt landed, then `Reading` |
+//! | runting read | runtread.rs (runt segments: medium.rs; reads and EOR: longread.rs) | RUNTREAD_MSGRTM, RUNTREAD_TAGRTM | `TxProto::RuntRead { runt, budget }`: the runt in segments, then `awaits: Some(Eor)`; `RxProto::RuntRead(Reads)`: `Waiting` until the runt landed, then `Reading` |
 //! | emulated write | write.rs | EAGER_RTW, DC_EAGER_RTW, LONGCTS_RTW, DC_LONGCTS_RTW, LONGREAD_RTW (then on as long-CTS or long-read) | `TxKind::Write` by `TxProto` Eager, LongCts or LongRead; the target's `RxKind::Write` by `RxProto` LongCts or LongRead |
 //! | emulated read | read.rs | SHORT_RTR, LONGCTS_RTR, READRSP (then long-CTS's flow control, flagged as a read's) | requester: `RxKind::Read`, `RxProto::LongCts { granted }`, its responder `RemoteId::UNKNOWN` until READRSP; responder: `TxKind::ReadRsp`, `TxProto::LongCts` |
 //! | atomics | atomic.rs | WRITE_RTA, DC_WRITE_RTA, FETCH_RTA, COMPARE_RTA, ATOMRSP | `TxKind::Atomic`: `Transfer` once its RTA is built, `awaits: Some(AtomRsp)` (fetch, compare) or `Some(Receipt)` (delivery complete) |

@@ -115,7 +115,7 @@ impl<D: Device> Endpoint<D> {
     /// different regions go out without first being copied together.
     /// [`Error::Invalid`] for no span or more than four.
     pub fn sendv(&mut self, peer: PeerId, srcs: &[Span], ctx: u64) -> Result<(), Error> {
-        self.send_msgv(peer, srcs, None, ctx)
+        self.send_msgv(peer, srcs, None, 0, ctx)
     }
 
     /// [`Endpoint::sendv`] with CQ data the receiver's completion carries.
@@ -126,7 +126,32 @@ impl<D: Device> Endpoint<D> {
         data: u64,
         ctx: u64,
     ) -> Result<(), Error> {
-        self.send_msgv(peer, srcs, Some(data), ctx)
+        self.send_msgv(peer, srcs, Some(data), 0, ctx)
+    }
+
+    /// Sends `head` then `body` as one message, as [`Endpoint::sendv`]
+    /// (with CQ data when given): a protocol's header ahead of its
+    /// payload. A message the peer would read (long-read) goes by runting
+    /// read (spec 4.5) with `head` as its runt, when the peer takes those:
+    /// the header travels in the REQ and the peer reads `body` alone, one
+    /// RDMA read where it would take a second for a few bytes scattered
+    /// apart from the body. Such a runt is outside the runt budget
+    /// ([`Config::runt_size`](super::Config::runt_size)), which bounds
+    /// payload-sized runts.
+    ///
+    /// The provider sends system memory LONGREAD, never runting it, and
+    /// takes RUNTREAD from a peer all the same (`Config::runt_size`).
+    pub fn sendv_head(
+        &mut self,
+        peer: PeerId,
+        head: Span,
+        body: Span,
+        cq_data: Option<u64>,
+        ctx: u64,
+    ) -> Result<(), Error> {
+        // A runt must leave something to read.
+        let runt = if body.len > 0 { head.len } else { 0 };
+        self.send_msgv(peer, &[head, body], cq_data, runt, ctx)
     }
 
     /// Posts a receive for the next untagged message (from `from`, or any
@@ -311,7 +336,7 @@ impl<D: Device> Endpoint<D> {
         });
         let now = FAST_PATHS && self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
-            return self.send_msg_op(peer, src, None, proto, tag, cq_data, ctx);
+            return self.send_msg_op(peer, src, None, proto, 0, tag, cq_data, ctx);
         }
         self.send_eager_now(peer, src, tag, cq_data, ctx);
         Ok(())
@@ -326,6 +351,7 @@ impl<D: Device> Endpoint<D> {
         peer: PeerId,
         srcs: &[Span],
         cq_data: Option<u64>,
+        head_runt: u64,
         ctx: u64,
     ) -> Result<(), Error> {
         if FAST_PATHS && let [one] = srcs {
@@ -346,12 +372,20 @@ impl<D: Device> Endpoint<D> {
         if dc {
             self.check_dc(peer)?;
         }
-        let proto = self.choose_proto(peer, total, false, cq_data.is_some(), || {
+        let mut proto = self.choose_proto(peer, total, false, cq_data.is_some(), || {
             self.can_long_read_all(peer, &sgl)
         });
+        let head_runt = match proto {
+            Proto::LongRead | Proto::RuntRead if head_runt > 0 && self.takes_runts(peer) => {
+                proto = Proto::RuntRead;
+                head_runt
+            }
+            _ => 0,
+        };
         let now = FAST_PATHS && self.txq.has_free_buf() && self.txq.waiting() == 0;
         if proto != Proto::Eager || !now || dc {
-            return self.send_msg_op(peer, srcs[0], Some(&sgl), proto, None, cq_data, ctx);
+            let src = srcs[0];
+            return self.send_msg_op(peer, src, Some(&sgl), proto, head_runt, None, cq_data, ctx);
         }
         self.send_eager_now_v(peer, &sgl, total, cq_data, ctx);
         Ok(())
@@ -359,7 +393,9 @@ impl<D: Device> Endpoint<D> {
 
     /// A message that needs an operation entry: a protocol other than
     /// eager, delivery complete, or no TX buffer now. Its source is `src`,
-    /// or the spans of `srcv` when given.
+    /// or the spans of `srcv` when given; a runting read's runt is
+    /// `head_runt` when not 0 ([`Endpoint::sendv_head`]), else taken from
+    /// the peer's budget.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn send_msg_op(
@@ -368,6 +404,7 @@ impl<D: Device> Endpoint<D> {
         src: Span,
         srcv: Option<&Sgl>,
         proto: Proto,
+        head_runt: u64,
         tag: Option<u64>,
         cq_data: Option<u64>,
         ctx: u64,
@@ -379,8 +416,10 @@ impl<D: Device> Endpoint<D> {
         let now = self.txq.has_free_buf() && self.txq.waiting() == 0;
         let msg_id = self.next_msg_id(peer);
         let state = match proto {
+            Proto::RuntRead if head_runt > 0 => TxProto::RuntRead { runt: head_runt, budget: 0 },
             Proto::RuntRead => {
-                TxProto::RuntRead { runt: self.take_runt(peer, srcv.map_or(src.len, Sgl::len)) }
+                let runt = self.take_runt(peer, srcv.map_or(src.len, Sgl::len));
+                TxProto::RuntRead { runt, budget: runt }
             }
             _ => TxProto::start(proto),
         };

@@ -59,11 +59,11 @@ impl<D: Device> Endpoint<D> {
             self.counters.drop(DropReason::StaleId);
             return;
         }
-        let runt = match op.proto {
-            TxProto::RuntRead { runt } => runt,
-            _ => 0,
+        let (runt, budget) = match op.proto {
+            TxProto::RuntRead { runt, budget } => (runt, budget),
+            _ => (0, 0),
         };
-        self.give_runt_back(peer, runt);
+        self.give_runt_back(peer, budget);
         let op = self.tx_ops.get_mut(send_id).expect("live op");
         // CTS grants count from the bytes the runts delivered.
         // Its REQ is due again; what it then awaits follows from the new

@@ -139,8 +139,10 @@ pub(crate) enum TxProto {
     /// A REQ naming the sender's buffer; the receiver reads it and
     /// answers EOR.
     LongRead,
-    /// The first `runt` bytes in REQs, the rest read by the receiver.
-    RuntRead { runt: u64 },
+    /// The first `runt` bytes in REQs, the rest read by the receiver;
+    /// `budget` of them taken from the peer's runt budget (a head's runt,
+    /// [`Endpoint::sendv_head`](super::Endpoint::sendv_head), takes none).
+    RuntRead { runt: u64, budget: u64 },
 }
 
 impl TxProto {
@@ -153,7 +155,7 @@ impl TxProto {
             Proto::Medium => TxProto::Medium,
             Proto::LongCts => TxProto::LongCts { granted: 0, after_nack: false },
             Proto::LongRead => TxProto::LongRead,
-            Proto::RuntRead => TxProto::RuntRead { runt: 0 },
+            Proto::RuntRead => TxProto::RuntRead { runt: 0, budget: 0 },
         }
     }
 
@@ -410,7 +412,7 @@ impl TxOp {
         match (self.kind, self.proto) {
             (TxKind::Rdma { .. }, _) => self.sent < self.total,
             (_, TxProto::Medium) => self.sent < self.total,
-            (_, TxProto::RuntRead { runt }) => self.sent < runt,
+            (_, TxProto::RuntRead { runt, .. }) => self.sent < runt,
             (_, TxProto::LongCts { granted, .. }) => self.sent < granted,
             _ => false,
         }

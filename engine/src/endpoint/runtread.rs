@@ -4,7 +4,8 @@
 //! answers EOR. What is its own is the runt budget: the runt bytes sent
 //! to a peer and not yet read are bounded by `Config::runt_size` (as the
 //! provider bounds them per peer); a message that finds it spent goes by
-//! long-read.
+//! long-read. A message's head sent as its runt
+//! ([`Endpoint::sendv_head`]) is outside the budget.
 
 use super::{Endpoint, PeerId};
 use crate::device::Device;
@@ -18,6 +19,12 @@ impl<D: Device> Endpoint<D> {
         let p = self.peers.get(peer).expect("live peer");
         let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight);
         p.supports(extra::RUNTING_READ) && runt > 0
+    }
+
+    /// Whether `peer` said it takes runting reads (its HANDSHAKE).
+    #[inline]
+    pub(super) fn takes_runts(&self, peer: PeerId) -> bool {
+        self.peers.get(peer).expect("live peer").supports(extra::RUNTING_READ)
     }
 
     /// Takes the runt of a `len`-byte message to `peer` out of its budget;

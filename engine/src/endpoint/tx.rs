@@ -278,9 +278,9 @@ impl<D: Device> Endpoint<D> {
     /// giving back what it held of its peer's runt budget.
     pub(super) fn free_tx_op(&mut self, id: TxId) {
         let Some(op) = self.tx_ops.get(id) else { return };
-        if let TxProto::RuntRead { runt } = op.proto {
+        if let TxProto::RuntRead { budget, .. } = op.proto {
             let peer = op.peer;
-            self.give_runt_back(peer, runt);
+            self.give_runt_back(peer, budget);
         }
         self.tx_ops.free(id);
     }
@@ -442,7 +442,7 @@ impl<D: Device> Endpoint<D> {
                 read_n += 1;
             });
             r.runt_length = match op.proto {
-                TxProto::RuntRead { runt } => runt,
+                TxProto::RuntRead { runt, .. } => runt,
                 _ => 0,
             };
         }
@@ -455,7 +455,7 @@ impl<D: Device> Endpoint<D> {
         let room = (self.caps.mtu - r.buffer_len()) as u64;
         let data_len = match op.proto {
             TxProto::LongCts { after_nack: true, .. } | TxProto::LongRead => 0,
-            TxProto::RuntRead { runt } => (runt - op.sent).min(room),
+            TxProto::RuntRead { runt, .. } => (runt - op.sent).min(room),
             _ => (op.total - op.sent).min(room),
         };
         (ptype, r.emit(self.dev.held_mut(buf)), data_len)

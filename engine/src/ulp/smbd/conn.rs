@@ -1415,8 +1415,10 @@ impl Connection {
         ep.write_mem(self.hdr.id, at, head)?;
         let h = Span { mr: self.hdr.id, offset: at, len: head.len() as u64 };
         match (body, token) {
-            (Some(d), None) => ep.sendv(self.peer, &[h, d], ctx),
-            (Some(d), Some(t)) => ep.sendvdata(self.peer, &[h, d], t, ctx),
+            // A segment the peer reads carries its header in the REQ: the
+            // peer reads the data alone, into the buffer it placed the
+            // receive in.
+            (Some(d), t) => ep.sendv_head(self.peer, h, d, t, ctx),
             (None, None) => ep.send(self.peer, h, ctx),
             (None, Some(t)) => ep.senddata(self.peer, h, t, ctx),
         }

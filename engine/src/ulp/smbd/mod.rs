@@ -20,9 +20,11 @@
 //! packet at once
 //! ([`Endpoint::send_inline_head_with`](crate::endpoint::Endpoint::send_inline_head_with)),
 //! else gathered from a header slot of the connection's and the caller's
-//! span, which the connection never copies. The token goes with the first
-//! segment only, as the CQ data
-//! of its endpoint send: the spec has the RDMA provider carry it with
+//! span, which the connection never copies
+//! ([`Endpoint::sendv_head`](crate::endpoint::Endpoint::sendv_head): a
+//! segment the peer reads carries its header in the request, so the peer
+//! reads the data alone, one RDMA read a segment). The token goes with
+//! the first segment only, as the CQ data of its endpoint send: the spec has the RDMA provider carry it with
 //! exactly one segment (Send with Invalidate) and names no field for it;
 //! the endpoint's CQ data is the provider's word that travels with one
 //! send. The first, as ksmbd does since 2025 (commit 1b53426334c3,
