@@ -369,6 +369,55 @@ fn a_head_sent_as_its_runt_leaves_the_body_alone_to_read() {
 }
 
 #[test]
+fn a_head_runt_lands_whatever_the_receive_is_cut_into() {
+    // On host every message over a packet is read: heads from a byte to
+    // more than a packet (a runt over two REQs), bodies from a byte to
+    // over a read, into receives cut before, at and after the head's end.
+    let cfg = Config { handshake_on_insert: true, ..Config::on_host() };
+    let mut w = ready(sim(24, true, true), cfg);
+    let to_b = efapoll::endpoint::PeerId(0);
+    for head in [1u64, 24, 100, 9000] {
+        for body in [1u64, 5000, 300_000] {
+            let total = head + body;
+            for cut in [1, head, (head + 7).min(total - 1)] {
+                let (hs, bs) = (w.register(0, head), w.register(0, body));
+                let dst = w.register(1, total);
+                w.fill(0, &hs, head);
+                w.fill(0, &bs, body + 1);
+                w.fabric.set_capture(true);
+                let spans = [span(&dst, 0, cut), span(&dst, cut, total - cut)];
+                w.eps[1].recvv(&spans, None, 1).unwrap();
+                w.eps[0].sendv_head(to_b, span(&hs, 0, head), span(&bs, 0, body), None, 1).unwrap();
+                w.drive_until(100_000, |w| !w.done[0].is_empty() && !w.done[1].is_empty());
+                let (sent, got) = (w.done[0].remove(0), w.done[1].remove(0));
+                let what = format!("head {head} body {body} cut {cut}");
+                assert_eq!(
+                    (sent.status, got.status, got.len),
+                    (Status::Ok, Status::Ok, total),
+                    "{what}"
+                );
+                let mem = w.eps[1].mem(dst.id);
+                assert!(mem[..head as usize] == w.eps[0].mem(hs.id)[..], "{what}: head");
+                assert!(mem[head as usize..] == w.eps[0].mem(bs.id)[..], "{what}: body");
+                let wire = w.fabric.take_capture();
+                let read = wire.iter().any(|(_, _, p)| p[0] == PacketType::Eor.id());
+                for (_, _, p) in
+                    wire.iter().filter(|(_, _, p)| p[0] == PacketType::RuntReadMsgRtm.id())
+                {
+                    let Packet::Req(r, _) = Packet::parse(p).unwrap() else { panic!() };
+                    assert_eq!(r.runt_length, head, "{what}");
+                }
+                // What a packet holds goes eagerly; the rest is read, its
+                // head the runt.
+                assert_eq!(read, total > 8000, "{what}");
+                assert_eq!(count(&wire, PacketType::LongReadMsgRtm), 0, "{what}");
+                assert_eq!(count(&wire, PacketType::RuntReadMsgRtm) > 0, read, "{what}");
+            }
+        }
+    }
+}
+
+#[test]
 fn a_head_runt_takes_nothing_from_the_runt_budget() {
     // A head message the receiver has not taken holds its runt; a message
     // sent behind it still finds the whole budget.
