@@ -16,9 +16,8 @@ impl<D: Device> Endpoint<D> {
     /// the peer takes it and some runt budget is left.
     #[inline]
     pub(super) fn runt_allowed(&self, peer: PeerId) -> bool {
-        let p = self.peers.get(peer).expect("live peer");
-        let runt = self.cfg.runt_size.saturating_sub(p.runt_in_flight);
-        p.supports(extra::RUNTING_READ) && runt > 0
+        let in_flight = self.peers.get(peer).expect("live peer").runt_in_flight;
+        self.takes_runts(peer) && self.cfg.runt_size > in_flight
     }
 
     /// Whether `peer` said it takes runting reads (its HANDSHAKE).
