@@ -123,17 +123,62 @@
 //!
 //! # Driving it
 //!
-//! ```text
-//! loop {
-//!     ep.progress();
-//!     while let Some(c) = ep.poll_cq() {
-//!         if !conn.handle_completion(&mut ep, &c) { /* another user's */ }
-//!     }
-//!     conn.progress(&mut ep);
-//!     while let Some(ev) = conn.poll_event() {
-//!         /* Sent, Received...; Lent: read it, then conn.give_back(loan) */
+//! Each side's poll loop progresses its endpoint, hands the connection the
+//! endpoint's completions, lets it post what is due, and takes its
+//! events. Both sides in one thread over the sim device, a message of
+//! four segments:
+//!
+//! ```
+//! use efapoll::device::Access;
+//! use efapoll::device::sim::{SimConfig, SimFabric};
+//! use efapoll::endpoint::{Config as EpConfig, Endpoint, Span};
+//! use efapoll::ulp::smbd::{Config, Connection, Event, Params, RecvStatus, SendStatus};
+//!
+//! let fabric = SimFabric::new(SimConfig::default());
+//! let mut ep = [
+//!     Endpoint::new(fabric.device(), EpConfig::default())?,
+//!     Endpoint::new(fabric.device(), EpConfig::default())?,
+//! ];
+//! let to = [ep[0].insert_peer(&ep[1].addr())?, ep[1].insert_peer(&ep[0].addr())?];
+//! // What the negotiation agreed: the Linux client's 1364-byte segments,
+//! // messages up to 1 MiB, 16 receives and credits each way.
+//! let params = Params::symmetric(1364, 1 << 20, 16);
+//! let mut conn = [
+//!     Connection::new(&mut ep[0], to[0], params, Config::default())?,
+//!     Connection::new(&mut ep[1], to[1], params, Config::default())?,
+//! ];
+//!
+//! let msg: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+//! let src = ep[0].register(5000, Access::empty())?;
+//! let dst = ep[1].register(8192, Access::empty())?;
+//! ep[0].write_mem(src.id, 0, &msg)?;
+//! conn[1].recv(&mut ep[1], Span::new(&dst, 0, 8192), 2)?;
+//! conn[0].send(&mut ep[0], Span::new(&src, 0, 5000), None, 1)?;
+//!
+//! let mut events = vec![];
+//! while events.len() < 2 {
+//!     for i in 0..2 {
+//!         ep[i].progress();
+//!         while let Some(c) = ep[i].poll_cq() {
+//!             // False for a completion of another user of the endpoint.
+//!             assert!(conn[i].handle_completion(&mut ep[i], &c));
+//!         }
+//!         conn[i].progress(&mut ep[i]);
+//!         // Sent, Received; Lent: read it, then `give_back` its loan.
+//!         while let Some(ev) = conn[i].poll_event() {
+//!             events.push((i, ev));
+//!         }
 //!     }
 //! }
+//! events.sort_by_key(|&(i, _)| i);
+//! assert_eq!(events[0], (0, Event::Sent { ctx: 1, status: SendStatus::Ok }));
+//! let received = Event::Received { ctx: 2, len: 5000, status: RecvStatus::Ok, invalidated: None };
+//! assert_eq!(events[1], (1, received));
+//! let mut got = vec![0u8; 5000];
+//! ep[1].read_mem(dst.id, 0, &mut got)?;
+//! assert_eq!(got, msg);
+//! assert_eq!(conn[0].stats().segments_sent, 4);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! or, with [`Connection::drain`], the same loop inside the connection, each
