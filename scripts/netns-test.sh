@@ -5,8 +5,10 @@
 #   - at MTU 1500 (the udp device's 8 KiB datagrams are IP-fragmented)
 #     and 9000, pingpong and streaming -c from 1 B to 1 MiB; one run over
 #     IPv6; each side must exit 0 and its --json name the sizes run;
+#     pingpong and streaming -o smbd -c (SMB Direct) at MTU 1500;
 #   - `-p efa` under softefa (LD_PRELOAD, SOFTEFA_ADDR the namespace's
-#     address), pingpong and streaming -c, efa<->efa and efa<->udp;
+#     address), pingpong and streaming -c, efa<->efa and efa<->udp, and
+#     streaming -o smbd -c from efa to udp;
 #   - a side killed (-9) mid-run: the other exits 1 within --timeout
 #     plus a margin, both ways; then the link cut mid-run (no FIN, no
 #     RST: the timeout path): both exit 1 alike.
@@ -285,6 +287,10 @@ done
 
 set_mtu 1500
 pair_counting "ipv6 mtu 1500 pingpong -c" 6 1500 pingpong "$ip6_b" :: -I 100
+# Messages framed as SMB Direct, reassembled and checked across the link.
+for app in pingpong streaming; do
+  pair_counting "mtu 1500 $app -o smbd -c" 4 1500 "$app" "$ip_b" 0.0.0.0 -I 100 -o smbd
+done
 
 # softefa's environment for a side on device $1 in the namespace of
 # address $2: preloaded, its QPs bound to that address.
@@ -303,6 +309,13 @@ if [ -n "$softefa" ]; then
       say "$server_dev server, $client_dev client: $app -c: ok"
     done
   done
+  # SMB Direct between the efa device and the udp one.
+  server_env=()
+  read -ra client_env <<<"$(efa_env efa "$ip_a")"
+  server_dev=udp
+  client_dev=efa
+  pair "udp server, efa client: streaming -o smbd -c" streaming "$ip_b" 0.0.0.0 -I 100 -o smbd
+  say "udp server, efa client: streaming -o smbd -c: ok"
   server_dev=udp
   client_dev=udp
   server_env=()
