@@ -24,11 +24,12 @@
 //! ([`Endpoint::sendv_head`](crate::endpoint::Endpoint::sendv_head): a
 //! segment the peer reads carries its header in the request, so the peer
 //! reads the data alone, one RDMA read a segment). The token goes with
-//! the first segment only, as the CQ data of its endpoint send: the spec has the RDMA provider carry it with
-//! exactly one segment (Send with Invalidate) and names no field for it;
-//! the endpoint's CQ data is the provider's word that travels with one
-//! send. The first, as ksmbd does since 2025 (commit 1b53426334c3,
-//! "invalidate a remote key as soon as possible").
+//! the first segment only, as the CQ data of its endpoint send: the spec
+//! has the RDMA provider carry it with exactly one segment (Send with
+//! Invalidate) and names no field for it; the endpoint's CQ data is the
+//! provider's word that travels with one send. The first, as ksmbd does
+//! since 2025 (commit 1b53426334c3, "invalidate a remote key as soon as
+//! possible").
 //! [`Connection::try_send`] sends as `send` does a message that can start
 //! now, and refuses one that would wait for a credit or behind messages
 //! queued before it ([`SendError::Again`], nothing queued): back-pressure
