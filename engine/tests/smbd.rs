@@ -982,6 +982,67 @@ fn try_send_starts_a_message_now_or_queues_nothing() {
     assert!(matches!(c.try_send(ep, span(&src, 0, 50), None, 6), Err(SendError::Terminated(_))));
 }
 
+/// A message sent at once is reported as every event is, in the order
+/// things happened (its Sent is kept apart from the other events until
+/// one comes after it): before a message that arrived after it, polled or
+/// drained, and after one that arrived before it.
+#[test]
+fn a_message_sent_at_once_is_reported_in_its_place_among_the_events() {
+    let fast = !cfg!(feature = "general-paths");
+    for drain in [false, true] {
+        let cfg = Config { lend_max: 0, ..Config::default() };
+        let mut p = Pair::new(SimConfig::default(), [small(1364, 8); 2], cfg, true);
+        p.raw_recvs(8, 2000);
+        let src = p.w.register(0, 100);
+        let dst = p.w.register(0, 100);
+        let (c, ep) = p.conn(0);
+        c.recv(ep, span(&dst, 0, 100), 10).unwrap();
+        c.recv(ep, span(&dst, 50, 50), 11).unwrap();
+        assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 1), Ok(()));
+        p.raw_send(&segment(0, Flags::empty(), 0, 24, b"first"), None);
+        // Everything moves but the application's look at side 0's events.
+        let mut rounds = 0;
+        while p.conns[0].as_ref().unwrap().stats().messages_received < 1 {
+            rounds += 1;
+            assert!(rounds < 100, "the peer's message never arrived");
+            for i in 0..2 {
+                p.w.eps[i].progress();
+            }
+            let (c, ep) = p.conn(0);
+            while let Some(comp) = ep.poll_cq() {
+                assert!(c.handle_completion(ep, &comp), "{comp:?} is the connection's");
+            }
+            c.progress(ep);
+            while p.w.eps[1].poll_cq().is_some() {}
+            p.w.fabric.skip_to_next_due();
+        }
+        let (c, ep) = p.conn(0);
+        assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 2), Ok(()));
+        let mut got = Vec::new();
+        if drain {
+            c.drain(ep, |_, d| {
+                if let Drained::Event(e) = d {
+                    got.push(e);
+                }
+                Flow::Next
+            });
+        } else {
+            while let Some(e) = c.poll_event() {
+                got.push(e);
+            }
+        }
+        let sent = |ctx| Event::Sent { ctx, status: SendStatus::Ok };
+        let first = Event::Received { ctx: 10, len: 5, status: RecvStatus::Ok, invalidated: None };
+        if fast {
+            assert_eq!(got, [sent(1), first, sent(2)], "drained: {drain}");
+        } else {
+            // Sent as their sends complete, not yet the second.
+            assert!(got.contains(&sent(1)) && got.contains(&first), "drained: {drain}: {got:?}");
+        }
+        assert_eq!(&p.w.eps[0].mem(dst.id)[..5], b"first");
+    }
+}
+
 #[test]
 fn a_receiver_that_gets_more_than_it_granted_terminates() {
     // 4 receives posted, 2 granted by the negotiation.

@@ -356,6 +356,10 @@ pub struct Connection {
     reasm: Reassembler,
     credits: Credits,
     events: Ring<Event>,
+    /// The contexts of messages sent at once ([`Self::sent_now`]), each
+    /// an `Event::Sent` with `SendStatus::Ok` that comes after every event
+    /// in `events`: a word queued and taken a message, not an event.
+    sent: Ring<u64>,
     /// A short segment read whole out of its slot (the fast path).
     scratch: [u8; SMALL_SEGMENT],
     error: Option<ProtocolError>,
@@ -456,6 +460,12 @@ impl Connection {
             events: Ring::with_capacity(
                 cfg.send_queue as usize + cfg.recv_queue as usize + 4,
                 Event::Terminated(ProtocolError::Closed),
+            ),
+            // A message sent at once takes a credit: as many as the peer
+            // grants before the application takes them (it grows beyond).
+            sent: Ring::with_capacity(
+                params.send_credit_target.max(params.send_credits) as usize,
+                0,
             ),
             scratch: [0; SMALL_SEGMENT],
             error: None,
@@ -657,12 +667,33 @@ impl Connection {
         ctx: u64,
         behind: bool,
     ) -> Option<Result<(), SendError>> {
+        // A stream's usual message, told in one test: nothing to grant,
+        // no response to ask for; the header's constants fold into a copy
+        // of the send of its own.
+        if self.credits.may_send_quiet() {
+            let r = self.whole_repr_with(src.len, 0, Flags::empty());
+            return self.send_whole_with(ep, src, ctx, behind, &r);
+        }
         let grants = self.credits.to_grant();
         if !self.credits.may_send(grants) {
             return None;
         }
+        let r = self.whole_repr(src.len, grants);
+        self.send_whole_with(ep, src, ctx, behind, &r)
+    }
+
+    /// [`Self::send_whole_now`] with header `r`, which a credit allows.
+    #[inline(always)]
+    fn send_whole_with<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        src: Span,
+        ctx: u64,
+        behind: bool,
+        r: &Repr,
+    ) -> Option<Result<(), SendError>> {
         let i = if behind { self.tx.len() } else { 0 };
-        match self.send_whole(ep, i, src, grants) {
+        match self.send_whole(ep, i, src, r) {
             // Copied into its packet: sent, as far as the application is
             // concerned.
             Ok(true) if !behind => {
@@ -784,7 +815,7 @@ impl Connection {
         let status = SendStatus::Ok;
         self.tx.push_back(TxMsg { src, token, ctx, seg, in_flight: 1, status, whole: false });
         self.next_post = self.tx.len();
-        self.count_segment(&r, grants);
+        self.count_segment(&r);
         Some(Ok(()))
     }
 
@@ -931,13 +962,16 @@ impl Connection {
     /// The next event.
     #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        match self.events.pop_front() {
+            Some(e) => Some(e),
+            None => self.sent.pop_front().map(sent_ok),
+        }
     }
 
     /// Whether an event waits ([`Connection::poll_event`]).
     #[inline]
     pub fn has_event(&self) -> bool {
-        !self.events.is_empty()
+        !(self.events.is_empty() && self.sent.is_empty())
     }
 
     /// Whether an event waits or a segment landed in the receive ring in
@@ -1019,6 +1053,9 @@ impl Connection {
             let d = match self.events.pop_front() {
                 Some(e) => Drained::Event(e),
                 None => 'taken: {
+                    if let Some(ctx) = self.sent.pop_front() {
+                        break 'taken Drained::Event(sent_ok(ctx));
+                    }
                     // A segment landed in the ring in its turn, as a stream
                     // of short messages has them: lent as it is taken, read
                     // with no completion, its header read as the mark is.
@@ -1199,7 +1236,7 @@ impl Connection {
         let Some(m) = self.tx.get(i) else { return false };
         let (src, token, whole) = (m.src, m.token, m.whole);
         if whole {
-            match self.send_whole(ep, i, src, grants) {
+            match self.send_whole(ep, i, src, &self.whole_repr(src.len, grants)) {
                 // Copied into its packet: sent. The front, as a sender
                 // waiting for credits has it, is reported now; any other
                 // in its turn (`finish_sent`).
@@ -1249,32 +1286,31 @@ impl Connection {
         m.seg.advance();
         m.in_flight += 1;
         self.next_post = i + m.seg.is_done() as usize;
-        self.count_segment(&r, grants);
+        self.count_segment(&r);
         true
     }
 
     /// Sends message `i` of the queue, `src` in one segment with no token
     /// ([`TxMsg::whole`]), as one endpoint inject with its header emitted
     /// into the packet and its sequence number in the send's context,
-    /// holding no header slot; granting `grants`, which a credit allows.
-    /// `src` is copied, so the message is sent once this returns true (its
-    /// send completes with a completion only if it fails). False, with
-    /// nothing sent, when it does not go so now.
+    /// holding no header slot; with header `r`, whose grants a credit
+    /// allows. `src` is copied, so the message is sent once this returns
+    /// true (its send completes with a completion only if it fails).
+    /// False, with nothing sent, when it does not go so now.
     #[inline(always)]
     fn send_whole<D: Device>(
         &mut self,
         ep: &mut Endpoint<D>,
         i: usize,
         src: Span,
-        grants: u16,
+        r: &Repr,
     ) -> Result<bool, EpError> {
-        let r = self.whole_repr(src.len, grants);
         let seq = self.tx_front_seq + i as u64;
         let ctx = self.tag | KIND_WHOLE << KIND_SHIFT | (seq & SLOT_MASK);
-        if !ep.inject_head_with(self.peer, r.buffer_len(), &r, src, ctx)? {
+        if !ep.inject_head_with(self.peer, r.buffer_len(), r, src, ctx)? {
             return Ok(false);
         }
-        self.count_segment(&r, grants);
+        self.count_segment(r);
         Ok(true)
     }
 
@@ -1282,17 +1318,22 @@ impl Connection {
     /// `grants`.
     #[inline(always)]
     fn whole_repr(&self, len: u64, grants: u16) -> Repr {
-        let mut r = Repr {
+        let asks = self.credits.asks_response();
+        let flags = if asks { Flags::RESPONSE_REQUESTED } else { Flags::empty() };
+        self.whole_repr_with(len, grants, flags)
+    }
+
+    /// [`Self::whole_repr`] with `flags`.
+    #[inline(always)]
+    fn whole_repr_with(&self, len: u64, grants: u16, flags: Flags) -> Repr {
+        Repr {
             credits_requested: self.params.send_credit_target,
             credits_granted: grants,
+            flags,
             data_offset: self.cfg.data_offset,
             data_length: len as u32,
             ..Repr::default()
-        };
-        if self.credits.asks_response() {
-            r.flags |= Flags::RESPONSE_REQUESTED;
         }
-        r
     }
 
     /// The message at the front of the queue (or, the queue empty, the
@@ -1301,8 +1342,27 @@ impl Connection {
     #[inline(always)]
     fn sent_now(&mut self, ctx: u64) {
         self.stats.messages_sent += 1;
-        self.events.push_back(Event::Sent { ctx, status: SendStatus::Ok });
+        self.sent.push_back(ctx);
         self.tx_front_seq += 1;
+    }
+
+    /// Queues event `e` behind those before it, the messages sent at
+    /// once among them.
+    #[inline(always)]
+    fn push_event(&mut self, e: Event) {
+        if !self.sent.is_empty() {
+            self.flush_sent();
+        }
+        self.events.push_back(e);
+    }
+
+    /// The messages sent at once so far, queued as the events they are,
+    /// ahead of an event that comes after them.
+    #[cold]
+    fn flush_sent(&mut self) {
+        while let Some(ctx) = self.sent.pop_front() {
+            self.events.push_back(sent_ok(ctx));
+        }
     }
 
     /// Header slot `slot`, the last free one, carries a send now: in flight
@@ -1314,10 +1374,10 @@ impl Connection {
         self.hdr_owner[slot as usize] = owner;
     }
 
-    /// A segment with header `r` went, granting `grants`.
+    /// A segment with header `r` went, granting what it grants.
     #[inline(always)]
-    fn count_segment(&mut self, r: &Repr, grants: u16) {
-        self.credits.on_send(grants);
+    fn count_segment(&mut self, r: &Repr) {
+        self.credits.on_send(r.credits_granted);
         self.stats.segments_sent += 1;
         self.stats.bytes_sent += r.data_length as u64;
         self.stats.responses_requested += r.flags.contains(Flags::RESPONSE_REQUESTED) as u64;
@@ -1479,7 +1539,7 @@ impl Connection {
                 s => s,
             };
             self.stats.messages_sent += (status == SendStatus::Ok) as u64;
-            self.events.push_back(Event::Sent { ctx: m.ctx, status });
+            self.push_event(Event::Sent { ctx: m.ctx, status });
             self.tx.skip_front();
             self.tx_front_seq += 1;
             self.next_post = self.next_post.saturating_sub(1);
@@ -1984,7 +2044,7 @@ impl Connection {
                 self.stats.empty_received += 1;
                 if let Some(token) = a.token {
                     self.invalidate(ep, token)?;
-                    self.events.push_back(Event::Invalidated { token });
+                    self.push_event(Event::Invalidated { token });
                 }
                 // Its 20 bytes are all in the slot.
                 self.landings[slot as usize] = None;
@@ -2129,7 +2189,7 @@ impl Connection {
     fn lend(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) {
         self.mark_lent(slot);
         let e = self.loan(slot, offset, len, invalidated);
-        self.events.push_back(e);
+        self.push_event(e);
     }
 
     /// Receive slot `slot`'s message is the application's until it gives
@@ -2158,7 +2218,7 @@ impl Connection {
         let status =
             if total > cap { RecvStatus::Truncated { olen: total } } else { RecvStatus::Ok };
         self.stats.messages_received += 1;
-        self.events.push_back(Event::Received { ctx, len: total.min(cap), status, invalidated });
+        self.push_event(Event::Received { ctx, len: total.min(cap), status, invalidated });
     }
 
     /// Copies the first `n` data bytes of segment `p` from where they
@@ -2218,8 +2278,9 @@ impl Connection {
                 continue;
             }
             buf.released = true;
-            self.events.push_back(Event::Received {
-                ctx: buf.ctx,
+            let ctx = buf.ctx;
+            self.push_event(Event::Received {
+                ctx,
                 len: 0,
                 status: RecvStatus::Terminated,
                 invalidated: None,
@@ -2241,7 +2302,7 @@ impl Connection {
             return;
         }
         self.error = Some(e);
-        self.events.push_back(Event::Terminated(e));
+        self.push_event(Event::Terminated(e));
         self.next_post = self.tx.len();
         self.finish_sent();
         let terminated = |buf: AppBuf, invalidated| Event::Received {
@@ -2251,7 +2312,7 @@ impl Connection {
             invalidated,
         };
         if let Some(m) = self.rx_msg.take() {
-            self.events.push_back(terminated(m.buf, m.token));
+            self.push_event(terminated(m.buf, m.token));
         }
         self.pending.clear();
         self.settle();
@@ -2282,6 +2343,13 @@ impl Connection {
         debug_assert_eq!(self.unsettled, self.unsettled_now(), "settled after each change");
         self.unsettled.difference(but).is_empty()
     }
+}
+
+/// The event of a message sent at once, `ctx` as the queue of those
+/// ([`Connection::sent`]) keeps it.
+#[inline(always)]
+fn sent_ok(ctx: u64) -> Event {
+    Event::Sent { ctx, status: SendStatus::Ok }
 }
 
 /// Whether `span` lies in a region registered on `ep`.

@@ -96,6 +96,16 @@ impl Credits {
         after == self.low || after <= 1
     }
 
+    /// Whether a segment may go now granting nothing and asking for no
+    /// response, as most of a stream's do: nothing to grant, and more
+    /// than two credits but for the one that reaches the low mark. What
+    /// [`Credits::to_grant`], [`Credits::may_send`] and
+    /// [`Credits::asks_response`] would say together, in one test.
+    #[inline(always)]
+    pub fn may_send_quiet(&self) -> bool {
+        self.send > 2 && self.send != self.low + 1 && self.posted == self.granted
+    }
+
     /// A message went, granting `grants`: a send credit is used, the
     /// grants are the peer's, and a response owed is given if it granted.
     #[inline]
@@ -187,6 +197,29 @@ mod tests {
         assert!(!c.may_send(0) && !c.may_send(1), "no credit, no send");
         c.on_header(3, false);
         assert_eq!(c.send(), 3);
+    }
+
+    #[test]
+    fn may_send_quiet_is_what_the_rules_say_of_a_segment_that_grants_nothing() {
+        for (initial, posted, granted) in [(2, 0, 0), (8, 4, 4), (8, 4, 3), (9, 2, 0), (255, 8, 8)]
+        {
+            let mut c = Credits::new(initial, posted, granted);
+            for send in 0..=initial as u32 + 2 {
+                c.send = send;
+                let quiet = c.to_grant() == 0 && c.may_send(0) && !c.asks_response();
+                assert_eq!(c.may_send_quiet(), quiet, "{c:?}");
+            }
+        }
+        // The low mark's credit and the last two are not a stream's.
+        let mut c = Credits::new(8, 4, 4);
+        let streams: Vec<bool> = (0..=9)
+            .map(|s| {
+                c.send = s;
+                c.may_send_quiet()
+            })
+            .collect();
+        let want = [false, false, false, true, true, false, true, true, true, true];
+        assert_eq!(streams, want);
     }
 
     #[test]
