@@ -1509,8 +1509,9 @@ fn a_signal_ends_a_client_whose_server_accepts_and_never_answers() {
 fn a_signal_mid_run_prints_the_rows_done_and_says_it_was_interrupted() {
     let _busy = busy();
     // The first size is done in well under a second, the second takes
-    // many.
-    let args = ["pingpong", "-p", "sim", "-S", "64,8m", "-I", "5000"];
+    // many: 100,000 round trips of 8 MiB, some 30 s on sim (5,000 took
+    // 1.6 s in all on a fast host, and once ended before the signal).
+    let args = ["pingpong", "-p", "sim", "-S", "64,8m", "-I", "100000"];
     let child = Reap::new(
         efapoll().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(),
     );
