@@ -461,8 +461,9 @@ impl Connection {
                 cfg.send_queue as usize + cfg.recv_queue as usize + 4,
                 Event::Terminated(ProtocolError::Closed),
             ),
-            // A message sent at once takes a credit: as many as the peer
-            // grants before the application takes them (it grows beyond).
+            // Each message sent at once takes a credit: room for as many
+            // as the credits before the application takes their events
+            // (it grows past that).
             sent: Ring::with_capacity(
                 params.send_credit_target.max(params.send_credits) as usize,
                 0,
