@@ -1,17 +1,14 @@
 //! The steady state allocates nothing: after warm-up, thousands of
 //! messages of every protocol, with reordering, make no allocation.
 
-mod common;
+use crate::common;
 
 use common::span;
 use efapoll::device::Access;
 use efapoll::device::fault::Faults;
 use efapoll::device::sim::{SimConfig, SimFabric};
 use efapoll::endpoint::{Config, Endpoint, TagMatch};
-use efapoll::mem::{CountingAlloc, allocations_on_this_thread};
-
-#[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+use efapoll::mem::allocations_on_this_thread;
 
 #[test]
 fn steady_state_allocates_nothing() {

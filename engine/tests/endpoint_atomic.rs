@@ -2,7 +2,7 @@
 //! gives what a sequential reference model gives, in msg_id order with
 //! messages, and protection violations touch nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

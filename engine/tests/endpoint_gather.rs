@@ -1,7 +1,7 @@
 //! Gather sends (`sendv`), region-to-region copies (`copy_mem`) and
 //! registrations found by key (`mr_by_key`) on the sim device.
 
-mod common;
+use crate::common;
 
 use common::{Mem, World, pattern, span};
 use efapoll::device::Access;

@@ -1,7 +1,7 @@
 //! Hostile and malformed packets injected mid-transfer are counted and
 //! dropped, and the transfers in flight complete intact.
 
-mod common;
+use crate::common;
 
 use common::{Mem, World, span};
 use efapoll::device::fault::Faults;

@@ -5,7 +5,7 @@
 //! over softefa too (`*_on_efa`: the test runs again in a child with
 //! softefa preloaded, see `common::softefa`).
 
-mod common;
+use crate::common;
 
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -409,7 +409,7 @@ mod on_efa {
 
     #[test]
     fn a_region_in_use_is_busy_on_efa() {
-        softefa::run("on_efa::a_region_in_use_is_busy_on_efa", || {
+        softefa::run(concat!(module_path!(), "::a_region_in_use_is_busy_on_efa"), || {
             for cfg in [Config::default(), Config::on_host()] {
                 let dom = domain(true);
                 let eps = [dom.device().unwrap(), dom.device().unwrap()];
@@ -420,11 +420,14 @@ mod on_efa {
 
     #[test]
     fn caller_owned_memory_serves_every_operation_on_efa() {
-        softefa::run("on_efa::caller_owned_memory_serves_every_operation_on_efa", || {
-            for rdma in [false, true] {
-                caller_owned_memory_serves_every_operation(domain(rdma), domain(rdma), rdma);
-            }
-        });
+        softefa::run(
+            concat!(module_path!(), "::caller_owned_memory_serves_every_operation_on_efa"),
+            || {
+                for rdma in [false, true] {
+                    caller_owned_memory_serves_every_operation(domain(rdma), domain(rdma), rdma);
+                }
+            },
+        );
     }
 
     /// With device RDMA the domain's last reference deregisters the MR
@@ -436,12 +439,16 @@ mod on_efa {
     /// provider answers none either): the reader times out, sooner here.
     #[test]
     fn two_endpoints_on_one_domain_use_one_registration_on_efa() {
-        softefa::run("on_efa::two_endpoints_on_one_domain_use_one_registration_on_efa", || {
-            for rdma in [true, false] {
-                let cfg = Config { response_timeout: Duration::from_secs(1), ..Config::default() };
-                let other = domain(rdma).device().unwrap();
-                one_registration_serves_two_endpoints(domain(rdma), other, cfg);
-            }
-        });
+        softefa::run(
+            concat!(module_path!(), "::two_endpoints_on_one_domain_use_one_registration_on_efa"),
+            || {
+                for rdma in [true, false] {
+                    let cfg =
+                        Config { response_timeout: Duration::from_secs(1), ..Config::default() };
+                    let other = domain(rdma).device().unwrap();
+                    one_registration_serves_two_endpoints(domain(rdma), other, cfg);
+                }
+            },
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! directed receives, truncation, inject and CQ data, back-pressure. The
 //! wire's faults, which udp shares, are `endpoint_wire.rs`'s.
 
-mod common;
+use crate::common;
 
 use common::{Mem, World, pattern, span};
 use efapoll::device::Mr;

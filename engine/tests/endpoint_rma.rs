@@ -2,7 +2,7 @@
 //! read, the long-read and runting-read pipelines, delivery complete,
 //! READ_NACK, protection, timeouts.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

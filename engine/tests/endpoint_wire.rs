@@ -11,7 +11,7 @@
 //! device does stays with it: the sim's model faults in `endpoint_msg.rs`
 //! and `endpoint_hostile.rs`, udp's sessions in `device::udp`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -460,7 +460,7 @@ macro_rules! on_every_wire {
         mod efa {
             $(#[test]
             fn $scenario() {
-                let name = concat!("efa::", stringify!($scenario));
+                let name = concat!(module_path!(), "::", stringify!($scenario));
                 super::common::softefa::run(name, super::$scenario::<super::Efa>);
             })*
         }

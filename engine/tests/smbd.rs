@@ -3,7 +3,7 @@
 //! connection, or to a bare endpoint that plays the peer byte by byte, to
 //! see exactly what went on the wire and to send what no connection would.
 
-mod common;
+use crate::common;
 
 use common::{Mem, World, pattern, span};
 use efapoll::device::fault::Faults;

@@ -2,17 +2,14 @@
 //! messages segmented, sent, checked and reassembled make no allocation
 //! beyond what the endpoint makes (none, endpoint_alloc.rs shows).
 
-mod common;
+use crate::common;
 
 use common::span;
 use efapoll::device::Access;
 use efapoll::device::sim::{SimConfig, SimFabric};
 use efapoll::endpoint::{Config as EpConfig, Endpoint};
-use efapoll::mem::{CountingAlloc, allocations_on_this_thread};
+use efapoll::mem::allocations_on_this_thread;
 use efapoll::ulp::smbd::{Config, Connection, Event, Params};
-
-#[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
 
 #[test]
 fn the_steady_state_allocates_nothing() {

