@@ -50,8 +50,10 @@ pkg-config --exists libibverbs 2>/dev/null || [ -e /usr/include/infiniband/efadv
   skip "rdma-core's development files are missing (apt-get install libibverbs-dev): softefa and -p efa need them"
 
 target="${CARGO_TARGET_DIR:-target}"
-cargo build --release --quiet -p efapoll-apps --features efa
-cargo build --release --quiet -p softefa
+# One build of both, as CI's and netns-test.sh's: built apart, softefa's
+# dependencies unify their features differently, and efapoll is built
+# (and linked, whole-program) a second time.
+cargo build --release --quiet -p efapoll-apps -p softefa --features efapoll-apps/efa
 efapoll="$target/release/efapoll"
 softefa="$(realpath "$target/release/libsoftefa.so")"
 
