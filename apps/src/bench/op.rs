@@ -692,8 +692,16 @@ impl<D: Device> Io<D> {
         // once from a later post (the connection's queue costs more).
         match conn.try_send(&mut self.ep, src, None, ctx) {
             Ok(()) => true,
-            Err(smbd::SendError::Again) => false,
-            Err(e) => self.refuse(RunError::Engine(format!("sending an SMB Direct message: {e}"))),
+            Err(e) => self.not_sent_smbd(e),
+        }
+    }
+
+    /// [`Io::send_smbd`]'s message not sent: held back, or refused.
+    #[inline(never)]
+    fn not_sent_smbd(&mut self, e: smbd::SendError) -> bool {
+        match e {
+            smbd::SendError::Again => false,
+            e => self.refuse(RunError::Engine(format!("sending an SMB Direct message: {e}"))),
         }
     }
 

@@ -74,6 +74,24 @@ impl<D: Device> Endpoint<D> {
         (buf, self.emit_eager(buf, peer, msg_id, tag, cq_data))
     }
 
+    /// [`Self::begin_eager`] of an untagged message, and the packet: what
+    /// follows the header is written in the same look-up of the buffer.
+    /// (Not what `begin_eager` calls: its callers' code moves by a few
+    /// instructions if it is.)
+    #[inline(always)]
+    fn begin_untagged_in(
+        &mut self,
+        peer: PeerId,
+        owner: Owner,
+        cq_data: Option<u64>,
+    ) -> (BufId, usize, &mut [u8]) {
+        let msg_id = self.next_msg_id(peer);
+        let buf = self.take_tx_buf(owner).expect("checked a free buffer");
+        let ptype = PacketType::EagerMsgRtm;
+        let (hdr, pkt) = self.emit_eager_as(ptype, buf, peer, msg_id, 0, cq_data);
+        (buf, hdr, pkt)
+    }
+
     /// Puts `src` behind the first `at` bytes of eager packet `buf`, as a
     /// gather element or copied (see `gathers`), and queues the packet.
     #[inline(always)]
@@ -237,9 +255,9 @@ impl<D: Device> Endpoint<D> {
         }
         let done = EagerSend { ctx, tag: 0, len: total as u32, peer, tagged: false };
         let owner = if quiet { Owner::Inject(done) } else { Owner::Eager(done) };
-        let (buf, hdr) = self.begin_eager(peer, owner, None, cq_data);
+        let (buf, hdr, pkt) = self.begin_untagged_in(peer, owner, cq_data);
         let at = hdr + head_len;
-        write_head.write_head(&mut self.dev.held_mut(buf)[hdr..at]);
+        write_head.write_head(&mut pkt[hdr..at]);
         self.finish_eager_as(peer, PacketType::EagerMsgRtm, buf, at, src, quiet);
         Ok(true)
     }
@@ -390,11 +408,13 @@ impl<D: Device> Endpoint<D> {
         // One call per type, each with its type a constant, so that the
         // header's emit folds to its stores.
         match tag {
-            Some(t) => self.emit_eager_as(PacketType::EagerTagRtm, buf, peer, msg_id, t, cq_data),
-            None => self.emit_eager_as(PacketType::EagerMsgRtm, buf, peer, msg_id, 0, cq_data),
+            Some(t) => self.emit_eager_as(PacketType::EagerTagRtm, buf, peer, msg_id, t, cq_data).0,
+            None => self.emit_eager_as(PacketType::EagerMsgRtm, buf, peer, msg_id, 0, cq_data).0,
         }
     }
 
+    /// Writes an eager RTM header of type `ptype`; returns its length, and
+    /// the packet for what follows it.
     #[inline(always)]
     fn emit_eager_as(
         &mut self,
@@ -404,7 +424,7 @@ impl<D: Device> Endpoint<D> {
         msg_id: u32,
         tag: u64,
         cq_data: Option<u64>,
-    ) -> usize {
+    ) -> (usize, &mut [u8]) {
         let mut r = ReqRepr::new(ptype);
         r.msg_id = msg_id;
         r.tag = tag;
@@ -414,7 +434,8 @@ impl<D: Device> Endpoint<D> {
             r.raw_addr = Some(&self.addr_hdr);
         }
         r.connid = connid;
-        r.emit(self.dev.held_mut(buf))
+        let pkt = self.dev.held_mut(buf);
+        (r.emit(pkt), pkt)
     }
 
     /// The held packet whose turn came, landed without its full parse
