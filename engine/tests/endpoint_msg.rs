@@ -948,6 +948,48 @@ fn a_receive_ring_finds_its_peers_waiting_messages_among_others() {
     }
 }
 
+/// A run of a receive ring's slots ([`Endpoint::recv_ring_arm_run`])
+/// arms them all, wrapping past the last slot to slot 0, or none when one
+/// is armed already; a message that waited takes the slot in turn among
+/// them as it would one armed alone.
+#[test]
+fn a_run_of_ring_slots_wraps_past_the_last_and_is_armed_whole_or_not_at_all() {
+    let mut w = World::pair(SimConfig::default(), Config::default());
+    let to_b = w.connect(0, 1);
+    let from_a = w.connect(1, 0);
+    let src = w.register(0, 64);
+    let slots = w.register(1, 4 * 64);
+    let ring = w.eps[1].recv_ring(span(&slots, 0, 64), 4, from_a, 1000).unwrap();
+    let send = |w: &mut World, n: u64| {
+        for i in 0..n {
+            w.eps[0].send(to_b, span(&src, 0, 8 + i), i).unwrap();
+        }
+        w.settle();
+    };
+    w.eps[1].recv_ring_arm_run(ring, 0, 4).unwrap();
+    send(&mut w, 4);
+    let landed: Vec<_> =
+        (0..4).map(|slot| w.eps[1].recv_ring_landed(ring, slot, &mut [])).collect();
+    assert_eq!(landed, [Some(8), Some(9), Some(10), Some(11)], "one in each, in turn");
+    // None armed: three wait, slot 0's turn.
+    send(&mut w, 3);
+    assert_eq!(w.eps[1].counters().unexpected, 3);
+    // Slots 3 and 0: the first to wait takes slot 0 (reported, as one that
+    // waited is); slot 1, the next's turn, is not armed.
+    w.eps[1].recv_ring_arm_run(ring, 3, 2).unwrap();
+    w.settle();
+    let ctxs = |w: &World| w.done[1].iter().map(|c| (c.ctx, c.len)).collect::<Vec<_>>();
+    assert_eq!(ctxs(&w), [(1000, 8)]);
+    // Slots 1, 2 and 3: 3 is armed, so none is.
+    assert_eq!(w.eps[1].recv_ring_arm_run(ring, 1, 3), Err(Error::Busy));
+    w.settle();
+    assert_eq!(ctxs(&w), [(1000, 8)], "nothing armed by the refused run");
+    w.eps[1].recv_ring_arm_run(ring, 1, 2).unwrap();
+    w.settle();
+    assert_eq!(ctxs(&w), [(1000, 8), (1001, 9), (1002, 10)]);
+    assert_eq!(w.eps[1].recv_ring_arm(ring, 3), Err(Error::Busy), "slot 3 still armed");
+}
+
 /// A ring's handle and its set-up say what is wrong: one ring per peer,
 /// slots within a registered region, a slot armed once until it takes a
 /// message, no slot past the last; a freed ring (or a later one at its
@@ -977,6 +1019,10 @@ fn a_receive_ring_refuses_what_it_cannot_do() {
     assert_eq!(ep.recv_ring_landed(ring, 4, &mut []), None, "no slot 4");
     assert_eq!(ep.deregister(slots.id), Err(Error::Busy), "the ring's region");
     assert_eq!(ep.recv_ring_arm_each(ring, &[2, 1]), Ok(()), "none of the refused armed");
+    // A run: all or none, within the ring's slots.
+    assert_eq!(ep.recv_ring_arm_run(ring, 4, 1), Err(Error::Invalid), "no slot 4");
+    assert_eq!(ep.recv_ring_arm_run(ring, 0, 5), Err(Error::Invalid), "five of four");
+    assert_eq!(ep.recv_ring_arm_run(ring, 2, 0), Ok(()), "none");
     assert_eq!(ep.recv_ring_free(ring), Ok(4));
     assert_eq!(ep.recv_ring_free(ring), Err(Error::Invalid), "freed once");
     let again = ep.recv_ring(Span { len: 2048, ..first }, 2, from_a, 0).unwrap();

@@ -1906,6 +1906,60 @@ fn a_message_kept_inside_drain_is_given_back_later() {
     assert_eq!(c.close(ep), Ok(()));
 }
 
+/// Loans kept inside `drain` between messages it is given back break the
+/// run of receives it posts again as it returns: those given back are
+/// posted again, the kept ones when given back, and the slots go round
+/// the ring again in turn, each message read whole where it landed.
+#[test]
+fn a_drain_posts_again_around_the_loans_it_keeps_and_the_ring_goes_round() {
+    let cfg = Config { lend_max: 64, ..Config::default() };
+    // Six receives a side; five messages a round (a sender keeps its last
+    // credit), three rounds round the ring of six slots.
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 6); 2], cfg, false);
+    let src = p.w.register(0, 15 * 64);
+    p.w.fill(0, &src, 7);
+    let sent: Vec<Vec<u8>> = p.w.eps[0].mem(src.id).chunks(64).map(|c| c.to_vec()).collect();
+    let mut got = vec![];
+    let mut kept = vec![];
+    for round in 0..3u64 {
+        for k in round * 5..round * 5 + 5 {
+            let (c, ep) = p.conn(0);
+            c.send(ep, span(&src, k * 64, 64), None, k).unwrap();
+        }
+        deliver_to_endpoint(&mut p);
+        // The second round keeps its second and fourth, the others none.
+        let keeps = |i: usize| round == 1 && (i == 1 || i == 3);
+        let mut i = 0;
+        let (c, ep) = p.conn(1);
+        let n = c.drain(ep, |ep, d| {
+            let Drained::Event(Event::Lent { loan, data, .. }) = d else { panic!("{d:?}") };
+            let mut bytes = vec![0; data.len as usize];
+            ep.read_mem(data.mr, data.offset, &mut bytes).unwrap();
+            got.push(bytes);
+            i += 1;
+            if keeps(i - 1) {
+                kept.push(loan);
+                Flow::Keep
+            } else {
+                Flow::Next
+            }
+        });
+        assert_eq!(n, 5, "round {round}");
+        let held = kept.len() as u32;
+        assert_eq!(c.credits().posted(), 6 - held, "round {round}: all but the kept");
+        for loan in kept.drain(..) {
+            c.give_back(loan).unwrap();
+        }
+        c.progress(ep);
+        assert_eq!(c.credits().posted(), 6, "round {round}: all posted again");
+        p.settle();
+    }
+    assert_eq!(got, sent, "every message whole, in order");
+    let (c, ep) = p.conn(1);
+    assert_eq!(c.stats().lent, 15);
+    assert_eq!(c.close(ep), Ok(()), "no loan out");
+}
+
 /// Completions that are not the connection's (a tagged message of the
 /// application's own) come out of `drain` as they are, in their place.
 #[test]

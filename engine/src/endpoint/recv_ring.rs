@@ -213,6 +213,41 @@ impl<D: Device> Endpoint<D> {
         Ok(())
     }
 
+    /// Arms the `count` slots of ring `r` from `first` on, wrapping past
+    /// the last to slot 0, as [`Endpoint::recv_ring_arm_each`] of them
+    /// would: a caller that gives slots back in the order they take
+    /// messages arms them so without listing them. None armed on an
+    /// error: [`Error::Busy`] when one is armed already,
+    /// [`Error::Invalid`] for a freed ring, a first slot it does not have
+    /// or more slots than it has.
+    pub fn recv_ring_arm_run(&mut self, r: RecvRing, first: u16, count: u16) -> Result<(), Error> {
+        let ring = self.ring_mut(r)?;
+        let n = ring.is_armed.len();
+        let (first, count) = (first as usize, count as usize);
+        if first >= n || count > n {
+            return Err(Error::Invalid);
+        }
+        // The run as its two pieces: to the last slot, then from slot 0.
+        let (to_end, wrapped) =
+            if first + count <= n { (count, 0) } else { (n - first, first + count - n) };
+        let (low, high) = ring.is_armed.split_at_mut(first);
+        let (high, low) = (&mut high[..to_end], &mut low[..wrapped]);
+        // Folded whole rather than searched, so that the test goes a
+        // vector at a time.
+        let any_armed = |slots: &[bool]| slots.iter().fold(false, |any, &a| any | a);
+        if any_armed(high) || any_armed(low) {
+            return Err(Error::Busy);
+        }
+        high.fill(true);
+        low.fill(true);
+        ring.armed += count as u16;
+        let next = ring.next as usize;
+        let past_first = if next >= first { next - first } else { next + n - first };
+        let wakes = ring.waiting && past_first < count;
+        self.ring_armed(r.index as usize, wakes);
+        Ok(())
+    }
+
     /// Slots of ring `index` were armed: when `wakes` (the one in turn
     /// among them, and a message may wait), the messages that waited for
     /// them take them.

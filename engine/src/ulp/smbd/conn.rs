@@ -268,6 +268,16 @@ struct RxMsg {
     token: Option<u64>,
 }
 
+/// Where [`Connection::drain`]'s run of slots given back begins: every
+/// segment the ring took in its turn from slot `first` on (while
+/// `armed` slots were armed) was lent and given back, so that the slots
+/// are armed again as one run, counted by the ring's turns alone.
+#[derive(Debug, Clone, Copy)]
+struct GivenRun {
+    first: u16,
+    armed: u16,
+}
+
 /// An SMB Direct connection to one peer of an endpoint (see the module's
 /// documentation). Every method that may post takes the endpoint.
 #[derive(Debug)]
@@ -1046,6 +1056,7 @@ impl Connection {
         mut f: impl FnMut(&mut Endpoint<D>, Drained<'_>) -> Flow,
     ) -> usize {
         let mut n = 0;
+        let mut run = self.run_from_turn();
         'next: loop {
             // One call of `f` in the loop, which it can then take inline.
             let c;
@@ -1072,11 +1083,13 @@ impl Connection {
                             fresh = true;
                             break 'taken Drained::Event(e);
                         }
+                        self.arm_run(ep, run, 1);
                         self.on_landed(ep, slot, a);
+                        run = self.run_from_turn();
                         continue 'next;
                     }
                     let Some(next) = ep.peek_cq() else {
-                        self.arm_given_back(ep);
+                        self.arm_given_back(ep, run);
                         return n;
                     };
                     // A short message lent in its turn, as a stream has
@@ -1088,7 +1101,11 @@ impl Connection {
                         Drained::Event(e)
                     } else {
                         let got = ep.poll_cq().expect("peeked");
-                        if self.handle(ep, &got) {
+                        // Its handling may take segments in their turns.
+                        self.arm_run(ep, run, 0);
+                        let handled = self.handle(ep, &got);
+                        run = self.run_from_turn();
+                        if handled {
                             continue 'next;
                         }
                         c = got;
@@ -1100,32 +1117,84 @@ impl Connection {
             let flow = f(ep, d);
             if let Drained::Event(Event::Lent { loan, .. }) = d {
                 match (flow, fresh) {
-                    (Flow::Keep, true) => self.mark_lent(loan.0),
+                    (Flow::Keep, true) => {
+                        self.mark_lent(loan.0);
+                        // The run ends before it.
+                        self.arm_run(ep, run, 1);
+                        run = self.run_from_turn();
+                    }
                     (Flow::Keep, false) => {}
                     // `f` cannot reach the connection: still up, as
                     // `lend_now` found it.
-                    // Given back with more to come: armed with the others
-                    // as `drain` returns; the last one now.
-                    (Flow::Next, true) => self.rearm(loan.0),
-                    (_, true) => self.arm_now(ep, loan.0),
+                    // Given back with more to come: in the run, armed with
+                    // it as `drain` returns (a placing connection's, with
+                    // the other free slots); the last one now.
+                    (Flow::Next, true) => {
+                        if self.places {
+                            self.rearm(loan.0);
+                        }
+                    }
+                    (_, true) => {
+                        self.arm_run(ep, run, 1);
+                        self.arm_now(ep, loan.0);
+                        run = self.run_from_turn();
+                    }
                     (_, false) => self.repost_lent(loan),
                 }
             }
             if flow == Flow::Stop {
-                self.arm_given_back(ep);
+                self.arm_given_back(ep, run);
                 return n;
             }
         }
     }
 
     /// The slots of the messages [`Connection::drain`] was given back,
-    /// armed again in the ring together as it returns: one call into the
-    /// endpoint for them all.
+    /// armed again in the ring together as it returns: `run` as one, and
+    /// any others as a list.
     #[inline(always)]
-    fn arm_given_back<D: Device>(&mut self, ep: &mut Endpoint<D>) {
+    fn arm_given_back<D: Device>(&mut self, ep: &mut Endpoint<D>, run: GivenRun) {
+        if run.armed != self.rx_armed {
+            self.arm_run(ep, run, 0);
+        }
         if !self.places && !self.rx_free.is_empty() {
             self.repost_in_slots(ep);
         }
+    }
+
+    /// A run of slots given back that begins at the ring's turn: none yet.
+    #[inline(always)]
+    fn run_from_turn(&self) -> GivenRun {
+        GivenRun { first: self.rx_next, armed: self.rx_armed }
+    }
+
+    /// [`Self::repost_in_slots`] of the slots of `run`: those the ring
+    /// took in turn since it began, lent and given back, but for the last
+    /// `held` taken (not given back). Refused, they are free to post again
+    /// later, as a refused repost leaves its slots.
+    #[inline(never)]
+    fn arm_run<D: Device>(&mut self, ep: &mut Endpoint<D>, run: GivenRun, held: u16) {
+        debug_assert!(run.armed >= self.rx_armed, "only turns taken since the run began");
+        // A placing connection takes none in the ring.
+        let count = run.armed.saturating_sub(self.rx_armed).saturating_sub(held);
+        if count == 0 {
+            return;
+        }
+        let ring = self.rx_ring.expect("a ring when never placing");
+        if let Err(e) = ep.recv_ring_arm_run(ring, run.first, count) {
+            let n = self.arrivals.len();
+            for i in 0..count as usize {
+                let slot = run.first as usize + i;
+                self.rearm(if slot >= n { slot - n } else { slot } as u16);
+            }
+            self.refused(e);
+            return;
+        }
+        // At most a slot each.
+        self.rx_armed += count;
+        // Only a placing connection withdraws receives.
+        debug_assert_eq!(self.withdrawn, 0);
+        self.credits.on_posts(count as u32);
     }
 
     /// A lent message was read ([`Connection::drain`]): given back, and
