@@ -985,19 +985,25 @@ fn try_send_starts_a_message_now_or_queues_nothing() {
 /// A message sent at once is reported as every event is, in the order
 /// things happened (its Sent is kept apart from the other events until
 /// one comes after it): before a message that arrived after it, polled or
-/// drained, and after one that arrived before it.
+/// drained, and after one that arrived before it; and in the order the
+/// messages went, whatever their contexts: those that follow one another
+/// (a stream's sequence numbers, counted rather than queued) and those
+/// that do not.
 #[test]
 fn a_message_sent_at_once_is_reported_in_its_place_among_the_events() {
     let fast = !cfg!(feature = "general-paths");
     for drain in [false, true] {
         let cfg = Config { lend_max: 0, ..Config::default() };
-        let mut p = Pair::new(SimConfig::default(), [small(1364, 8); 2], cfg, true);
-        p.raw_recvs(8, 2000);
+        // Credits enough that every message goes at once.
+        let mut p = Pair::new(SimConfig::default(), [small(1364, 32); 2], cfg, true);
+        p.raw_recvs(32, 2000);
         let src = p.w.register(0, 100);
         let dst = p.w.register(0, 100);
         let (c, ep) = p.conn(0);
         c.recv(ep, span(&dst, 0, 100), 10).unwrap();
-        assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 1), Ok(()));
+        for ctx in [1, 2, 7, 5, 6] {
+            assert_eq!(c.try_send(ep, span(&src, 0, 50), None, ctx), Ok(()), "{ctx}");
+        }
         p.raw_send(&segment(0, Flags::empty(), 0, 24, b"first"), None);
         // Everything moves but the application's look at side 0's events.
         let mut rounds = 0;
@@ -1016,7 +1022,9 @@ fn a_message_sent_at_once_is_reported_in_its_place_among_the_events() {
             p.w.fabric.skip_to_next_due();
         }
         let (c, ep) = p.conn(0);
-        assert_eq!(c.try_send(ep, span(&src, 0, 50), None, 2), Ok(()));
+        for ctx in [3, 4, 9, u64::MAX, 0] {
+            assert_eq!(c.try_send(ep, span(&src, 0, 50), None, ctx), Ok(()), "{ctx}");
+        }
         let mut got = Vec::new();
         if drain {
             c.drain(ep, |_, d| {
@@ -1032,12 +1040,18 @@ fn a_message_sent_at_once_is_reported_in_its_place_among_the_events() {
         }
         let sent = |ctx| Event::Sent { ctx, status: SendStatus::Ok };
         let first = Event::Received { ctx: 10, len: 5, status: RecvStatus::Ok, invalidated: None };
+        let before = [1, 2, 7, 5, 6].map(sent);
+        let after = [3, 4, 9, u64::MAX, 0].map(sent);
         if fast {
-            assert_eq!(got, [sent(1), first, sent(2)], "drained: {drain}");
+            let want: Vec<_> = before.iter().chain([&first]).chain(&after).copied().collect();
+            assert_eq!(got, want, "drained: {drain}");
         } else {
-            // Sent as their sends complete, not yet the second.
-            assert!(got.contains(&sent(1)) && got.contains(&first), "drained: {drain}: {got:?}");
+            assert!(got.contains(&first), "drained: {drain}: {got:?}");
+            let sents: Vec<_> = got.iter().filter(|e| matches!(e, Event::Sent { .. })).collect();
+            let order: Vec<_> = before.iter().chain(&after).filter(|e| got.contains(e)).collect();
+            assert_eq!(sents, order, "drained: {drain}: in the order they went");
         }
+        assert!(!c.has_event(), "each reported once");
         assert_eq!(&p.w.eps[0].mem(dst.id)[..5], b"first");
     }
 }
