@@ -1083,7 +1083,7 @@ impl Connection {
                             fresh = true;
                             break 'taken Drained::Event(e);
                         }
-                        self.arm_run(ep, run, 1);
+                        self.end_run(ep, run, 1);
                         self.on_landed(ep, slot, a);
                         run = self.run_from_turn();
                         continue 'next;
@@ -1102,7 +1102,7 @@ impl Connection {
                     } else {
                         let got = ep.poll_cq().expect("peeked");
                         // Its handling may take segments in their turns.
-                        self.arm_run(ep, run, 0);
+                        self.end_run(ep, run, 0);
                         let handled = self.handle(ep, &got);
                         run = self.run_from_turn();
                         if handled {
@@ -1120,8 +1120,7 @@ impl Connection {
                     (Flow::Keep, true) => {
                         self.mark_lent(loan.0);
                         // The run ends before it.
-                        self.arm_run(ep, run, 1);
-                        run = self.run_from_turn();
+                        run = self.end_run(ep, run, 1);
                     }
                     (Flow::Keep, false) => {}
                     // `f` cannot reach the connection: still up, as
@@ -1135,7 +1134,7 @@ impl Connection {
                         }
                     }
                     (_, true) => {
-                        self.arm_run(ep, run, 1);
+                        self.end_run(ep, run, 1);
                         self.arm_now(ep, loan.0);
                         run = self.run_from_turn();
                     }
@@ -1154,9 +1153,7 @@ impl Connection {
     /// any others as a list.
     #[inline(always)]
     fn arm_given_back<D: Device>(&mut self, ep: &mut Endpoint<D>, run: GivenRun) {
-        if run.armed != self.rx_armed {
-            self.arm_run(ep, run, 0);
-        }
+        self.end_run(ep, run, 0);
         if !self.places && !self.rx_free.is_empty() {
             self.repost_in_slots(ep);
         }
@@ -1168,23 +1165,30 @@ impl Connection {
         GivenRun { first: self.rx_next, armed: self.rx_armed }
     }
 
-    /// [`Self::repost_in_slots`] of the slots of `run`: those the ring
-    /// took in turn since it began, lent and given back, but for the last
-    /// `held` taken (not given back). Refused, they are free to post again
-    /// later, as a refused repost leaves its slots.
-    #[inline(never)]
-    fn arm_run<D: Device>(&mut self, ep: &mut Endpoint<D>, run: GivenRun, held: u16) {
+    /// Ends `run` here: its slots armed again ([`Self::arm_run`]), those
+    /// the ring took in turn since it began but for the last `held` taken
+    /// (not given back); returns the run that begins now.
+    #[inline(always)]
+    fn end_run<D: Device>(&mut self, ep: &mut Endpoint<D>, run: GivenRun, held: u16) -> GivenRun {
         debug_assert!(run.armed >= self.rx_armed, "only turns taken since the run began");
         // A placing connection takes none in the ring.
         let count = run.armed.saturating_sub(self.rx_armed).saturating_sub(held);
-        if count == 0 {
-            return;
+        if count > 0 {
+            self.arm_run(ep, run.first, count);
         }
+        self.run_from_turn()
+    }
+
+    /// [`Self::repost_in_slots`] of `count` slots from `first`, in the
+    /// ring. Refused, they are free to post again later, as a refused
+    /// repost leaves its slots.
+    #[inline(never)]
+    fn arm_run<D: Device>(&mut self, ep: &mut Endpoint<D>, first: u16, count: u16) {
         let ring = self.rx_ring.expect("a ring when never placing");
-        if let Err(e) = ep.recv_ring_arm_run(ring, run.first, count) {
+        if let Err(e) = ep.recv_ring_arm_run(ring, first, count) {
             let n = self.arrivals.len();
             for i in 0..count as usize {
-                let slot = run.first as usize + i;
+                let slot = first as usize + i;
                 self.rearm(if slot >= n { slot - n } else { slot } as u16);
             }
             self.refused(e);
