@@ -164,6 +164,31 @@ proptest! {
         }
     }
 
+    /// The send path's eager header is the general emit's, byte for byte
+    /// over whatever the buffer held, and says where the payload goes.
+    #[test]
+    fn the_eager_emit_writes_what_the_general_emit_writes(
+        msg_id in any::<u32>(),
+        tag in proptest::option::of(any::<u64>()),
+        cq_data in proptest::option::of(any::<u64>()),
+        connid in proptest::option::of(any::<u32>()),
+        fill in any::<u8>(),
+    ) {
+        let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
+        let mut repr = ReqRepr::new(ptype);
+        repr.msg_id = msg_id;
+        repr.tag = tag.unwrap_or(0);
+        repr.cq_data = cq_data;
+        repr.connid = connid;
+        let (mut want, mut got) = ([fill; 48], [fill; 48]);
+        let n = repr.emit(&mut want);
+        prop_assert_eq!(EagerRtm::emit(&mut got, msg_id, tag, cq_data, connid), n);
+        prop_assert_eq!(got, want);
+        let e = EagerRtm::predict(&got[..n]).expect("the common form");
+        let read = (e.tagged, e.msg_id, e.tag, e.cq_data, e.connid, e.payload_off);
+        prop_assert_eq!(read, (tag.is_some(), msg_id, tag.unwrap_or(0), cq_data, connid, n));
+    }
+
     #[test]
     fn cts_round_trip(flags in any::<u16>(), connid in proptest::option::of(any::<u32>()),
                       send_id in any::<u32>(), recv_id in any::<u32>(), recv_length in any::<u64>()) {

@@ -563,7 +563,8 @@ impl ReqFields {
 }
 
 /// An eager RTM (EAGER_MSGRTM or EAGER_TAGRTM) read in one pass: the
-/// receive path's header prediction, for the packet it sees most.
+/// receive path's header prediction, for the packet it sees most (and
+/// [`EagerRtm::emit`], the send path's header in a few stores).
 ///
 /// [`EagerRtm::predict`] answers only for the common form, without a raw
 /// address header and without the READ_NACK flag; for anything else,
@@ -614,6 +615,49 @@ impl EagerRtm {
             connid: has_connid.then(|| get_u32(buf, connid_at)),
             payload_off,
         })
+    }
+
+    /// Writes the header of an eager RTM in the common form (no raw
+    /// address header, no READ_NACK) into `buf`, `tag` making it an
+    /// EAGER_TAGRTM; returns where application data goes. The send path's
+    /// counterpart of [`EagerRtm::predict`]: the bytes [`ReqRepr::emit`]
+    /// writes for the same fields (a property test holds it to that), in a
+    /// few stores whatever the caller knows of the type, where the general
+    /// emit folds to them only when its type is a constant there. Panics
+    /// if `buf` is shorter than the header.
+    #[inline(always)]
+    pub fn emit(
+        buf: &mut [u8],
+        msg_id: u32,
+        tag: Option<u64>,
+        cq_data: Option<u64>,
+        connid: Option<u32>,
+    ) -> usize {
+        use super::base::type_id as t;
+        let (type_id, fixed) = match tag {
+            Some(_) => (t::EAGER_TAGRTM, tagged(EAGER_RTM).header_len()),
+            None => (t::EAGER_MSGRTM, EAGER_RTM.header_len()),
+        };
+        let mut flags = ReqFlags::MSG;
+        flags.set(ReqFlags::TAGGED, tag.is_some());
+        flags.set(ReqFlags::CQ_DATA_HDR, cq_data.is_some());
+        flags.set(ReqFlags::CONNID_HDR, connid.is_some());
+        let connid_at = fixed + if cq_data.is_some() { CQ_DATA_LEN } else { 0 };
+        let payload_off = connid_at + if connid.is_some() { CONNID_LEN } else { 0 };
+        // One bounds check for every store below.
+        let hdr = &mut buf[..payload_off];
+        base::emit_base(hdr, type_id, flags.bits());
+        put_u32(hdr, EAGER_RTM.msg_id as usize, msg_id);
+        if let Some(tag) = tag {
+            put_u64(hdr, EAGER_RTM.header_len(), tag);
+        }
+        if let Some(cq_data) = cq_data {
+            put_u64(hdr, fixed, cq_data);
+        }
+        if let Some(connid) = connid {
+            put_u32(hdr, connid_at, connid);
+        }
+        payload_off
     }
 }
 
