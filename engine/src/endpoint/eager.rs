@@ -87,8 +87,7 @@ impl<D: Device> Endpoint<D> {
     ) -> (BufId, usize, &mut [u8]) {
         let msg_id = self.next_msg_id(peer);
         let buf = self.take_tx_buf(owner).expect("checked a free buffer");
-        let ptype = PacketType::EagerMsgRtm;
-        let (hdr, pkt) = self.emit_eager_as(ptype, buf, peer, msg_id, 0, cq_data);
+        let (hdr, pkt) = self.emit_eager_as(buf, peer, msg_id, None, cq_data);
         (buf, hdr, pkt)
     }
 
@@ -405,40 +404,40 @@ impl<D: Device> Endpoint<D> {
         tag: Option<u64>,
         cq_data: Option<u64>,
     ) -> usize {
-        // One call per type, each with its type a constant, so that the
-        // header's emit folds to its stores.
+        // One call per type, each with its tag's presence a constant, so
+        // that the header's emit folds to its stores.
         match tag {
-            Some(t) => self.emit_eager_as(PacketType::EagerTagRtm, buf, peer, msg_id, t, cq_data).0,
-            None => self.emit_eager_as(PacketType::EagerMsgRtm, buf, peer, msg_id, 0, cq_data).0,
+            Some(t) => self.emit_eager_as(buf, peer, msg_id, Some(t), cq_data).0,
+            None => self.emit_eager_as(buf, peer, msg_id, None, cq_data).0,
         }
     }
 
-    /// Writes an eager RTM header of type `ptype`; returns its length, and
-    /// the packet for what follows it. Once the peer's HANDSHAKE is in (no
-    /// raw address header) by [`EagerRtm::emit`]: the general emit folds to
-    /// its stores only where the type is a constant, and an application's
-    /// loop that posts sends of both types (the apps' `post`) left it
-    /// building the whole REQ on the stack and dispatching on its type:
-    /// some 45 instructions a message more (a 64 B stream's sender on sim).
+    /// Writes an eager RTM header, tagged with `tag` if any; returns its
+    /// length, and the packet for what follows it. Once the peer's
+    /// HANDSHAKE is in (no raw address header) by [`EagerRtm::emit`]: the
+    /// general emit folds to its stores only where the type is a constant,
+    /// and an application's loop that posts sends of both types (the apps'
+    /// `post`) left it building the whole REQ on the stack and dispatching
+    /// on its type: some 45 instructions a message more (a 64 B stream's
+    /// sender on sim).
     #[inline(always)]
     fn emit_eager_as(
         &mut self,
-        ptype: PacketType,
         buf: BufId,
         peer: PeerId,
         msg_id: u32,
-        tag: u64,
+        tag: Option<u64>,
         cq_data: Option<u64>,
     ) -> (usize, &mut [u8]) {
         let (raw, connid) = self.req_opt_headers(peer);
         if !raw {
-            let tag = (ptype == PacketType::EagerTagRtm).then_some(tag);
             let pkt = self.dev.held_mut(buf);
             return (EagerRtm::emit(pkt, msg_id, tag, cq_data, connid), pkt);
         }
+        let ptype = if tag.is_some() { PacketType::EagerTagRtm } else { PacketType::EagerMsgRtm };
         let mut r = ReqRepr::new(ptype);
         r.msg_id = msg_id;
-        r.tag = tag;
+        r.tag = tag.unwrap_or(0);
         r.cq_data = cq_data;
         r.raw_addr = Some(&self.addr_hdr);
         r.connid = connid;

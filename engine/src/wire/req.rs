@@ -602,8 +602,7 @@ impl EagerRtm {
         };
         let has_cq_data = flags.contains(ReqFlags::CQ_DATA_HDR);
         let has_connid = flags.contains(ReqFlags::CONNID_HDR);
-        let connid_at = fixed + if has_cq_data { CQ_DATA_LEN } else { 0 };
-        let payload_off = connid_at + if has_connid { CONNID_LEN } else { 0 };
+        let (connid_at, payload_off) = EagerRtm::opt_offsets(fixed, has_cq_data, has_connid);
         if buf.len() < payload_off {
             return None;
         }
@@ -615,6 +614,15 @@ impl EagerRtm {
             connid: has_connid.then(|| get_u32(buf, connid_at)),
             payload_off,
         })
+    }
+
+    /// Where the connid header and the application data of an eager RTM
+    /// in the common form start, its fixed header `fixed` bytes long:
+    /// the CQ data, if any, first (flag-bit order).
+    #[inline(always)]
+    fn opt_offsets(fixed: usize, has_cq_data: bool, has_connid: bool) -> (usize, usize) {
+        let connid_at = fixed + if has_cq_data { CQ_DATA_LEN } else { 0 };
+        (connid_at, connid_at + if has_connid { CONNID_LEN } else { 0 })
     }
 
     /// Writes the header of an eager RTM in the common form (no raw
@@ -642,8 +650,8 @@ impl EagerRtm {
         flags.set(ReqFlags::TAGGED, tag.is_some());
         flags.set(ReqFlags::CQ_DATA_HDR, cq_data.is_some());
         flags.set(ReqFlags::CONNID_HDR, connid.is_some());
-        let connid_at = fixed + if cq_data.is_some() { CQ_DATA_LEN } else { 0 };
-        let payload_off = connid_at + if connid.is_some() { CONNID_LEN } else { 0 };
+        let (connid_at, payload_off) =
+            EagerRtm::opt_offsets(fixed, cq_data.is_some(), connid.is_some());
         // One bounds check for every store below.
         let hdr = &mut buf[..payload_off];
         base::emit_base(hdr, type_id, flags.bits());
