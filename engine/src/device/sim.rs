@@ -57,7 +57,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use super::fault::{Fate, FaultQueue, FaultStats, Faults, Injector, Popped};
-use super::mem::{Bytes, Frames};
+use super::mem::{Bytes, Frames, frame_stride};
 use super::regions::{Attached, Registrations};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
@@ -251,12 +251,9 @@ struct Unplaced {
 }
 
 /// Where frame `n` starts in a pool of `mtu`-byte frames (with `n` the
-/// count, the pool's length). Frames are a cache line apart from a
-/// multiple of the page size: with an MTU-sized stride every frame's
-/// header would map to the same L1 sets, and only eight headers would stay
-/// in cache.
+/// count, the pool's length).
 fn frame_at(n: u32, mtu: usize) -> usize {
-    n as usize * (mtu + 64)
+    n as usize * frame_stride(mtu)
 }
 
 impl SimFabric {

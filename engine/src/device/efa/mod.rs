@@ -90,7 +90,7 @@ pub use self::tx::efa_io;
 use self::tx::{Outcome, RnrQueue, Slots, Work};
 pub use self::verbs::EfaInfo;
 use self::verbs::{Context, PORT, errno, null};
-use super::mem::{Bytes, Frames};
+use super::mem::{Bytes, Frames, frame_stride};
 use super::regions::{Attached, Registrations};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
@@ -502,7 +502,8 @@ impl EfaDevice {
         let connid = (random_u64() as u32) & 0x7fff_ffff;
         p.qp(tx_depth as u32, rx_depth as u32, info, cfg.rnr_retry, connid)?;
 
-        let pool_len = mtu.checked_mul(cfg.bufs as usize).ok_or(EfaError::Config("bufs"))?;
+        let stride = frame_stride(mtu);
+        let pool_len = stride.checked_mul(cfg.bufs as usize).ok_or(EfaError::Config("bufs"))?;
         let pool = Bytes::zeroed(pool_len);
         let local_write = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
         // SAFETY: the pool is valid and lives (a field) until the MR is
@@ -511,7 +512,7 @@ impl EfaDevice {
         if p.pool_mr.is_null() {
             return Err(verbs_err("ibv_reg_mr (packet buffers)"));
         }
-        let frames = Frames::new(&pool, cfg.bufs, mtu, mtu);
+        let frames = Frames::new(&pool, cfg.bufs, mtu, stride);
         // SAFETY: a live QP and MR made above.
         let (qpn, pool_lkey) = unsafe { ((*p.qp).qp_num, (*p.pool_mr).lkey) };
         let me = RawAddr { gid: info.gid, qpn: qpn as u16, connid };

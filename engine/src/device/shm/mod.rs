@@ -118,6 +118,7 @@ use map::{Mapping, hdr, pid_alive};
 use rendezvous::{Rendezvous, Serve, Waited};
 use ring::{Kind, Lane, LaneState, Record};
 
+use super::mem::frame_stride;
 use super::regions::{Attached, Registrations};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, Device, DeviceError, Domain, Mr, MrId, RdmaOp,
@@ -587,8 +588,10 @@ pub struct ShmDevice {
     seen_grants: u32,
     /// The lane the next poll reads first (round robin).
     next_lane: usize,
-    /// Packet buffers: private memory, `bufs * mtu` bytes.
+    /// Packet buffers: private memory, `bufs` frames of `mtu` bytes,
+    /// `stride` apart (`frame_stride`).
     pool: Box<[u8]>,
+    stride: usize,
     posted_rx: VecDeque<BufId>,
     /// Completions of our operations, not yet polled.
     cq: VecDeque<Cqe>,
@@ -631,8 +634,9 @@ impl ShmDevice {
         if cfg.lanes == 0 || cfg.lanes > MAX_LANES {
             return Err(ShmError::Config("lanes must be from 1 to 4096"));
         }
-        let pool_len =
-            cfg.mtu.checked_mul(cfg.bufs as usize).ok_or(ShmError::Config("bufs * mtu"))?;
+        let pool_len = frame_stride(cfg.mtu)
+            .checked_mul(cfg.bufs as usize)
+            .ok_or(ShmError::Config("bufs * mtu"))?;
         Lane::segment_len(cfg.ring_slots, cfg.mtu).ok_or(ShmError::Config("ring_slots * mtu"))?;
         let (qpn, connid, rendezvous) = ShmDevice::listen(&domain)?;
         let caps = Caps {
@@ -658,6 +662,7 @@ impl ShmDevice {
             rx_lanes: Vec::with_capacity(cfg.lanes as usize),
             next_lane: 0,
             pool: vec![0u8; pool_len].into_boxed_slice(),
+            stride: frame_stride(cfg.mtu),
             posted_rx: VecDeque::with_capacity(cfg.rx_depth),
             cq: VecDeque::with_capacity(cfg.tx_depth),
             tx_used: 0,
@@ -908,6 +913,12 @@ impl ShmDevice {
         n
     }
 
+    /// Where packet buffer `id` starts in the pool.
+    #[inline(always)]
+    fn frame_at(&self, id: BufId) -> usize {
+        id.index() * self.stride
+    }
+
     /// Takes ready slots off lane `rx_lanes[i]`; returns how many
     /// completions it wrote and whether it stopped for want of a receive
     /// buffer.
@@ -942,7 +953,7 @@ impl ShmDevice {
             };
             let src = self.source(qpn, connid);
             out[n] = if rec.kind == Kind::Packet {
-                let at = rx.index() * self.cfg.mtu;
+                let at = self.frame_at(rx);
                 lane.read(head, &mut self.pool[at..at + len]);
                 self.stats.delivered += 1;
                 Cqe {
@@ -1138,14 +1149,14 @@ impl Device for ShmDevice {
     #[inline(always)]
     unsafe fn buf(&self, id: BufId) -> &[u8] {
         assert!(id.0 < self.caps.bufs, "buffer {id} out of range");
-        let at = id.index() * self.cfg.mtu;
+        let at = self.frame_at(id);
         &self.pool[at..at + self.cfg.mtu]
     }
 
     #[inline(always)]
     unsafe fn buf_mut(&mut self, id: BufId) -> &mut [u8] {
         assert!(id.0 < self.caps.bufs, "buffer {id} out of range");
-        let at = id.index() * self.cfg.mtu;
+        let at = self.frame_at(id);
         &mut self.pool[at..at + self.cfg.mtu]
     }
 
@@ -1190,11 +1201,11 @@ impl Device for ShmDevice {
     ) {
         let r = self.regions.expect(mr);
         assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
-        let mtu = self.cfg.mtu;
+        let (mtu, stride) = (self.cfg.mtu, self.stride);
         let pool = &mut self.pool;
         let fetch = |at: usize, old: &[u8]| {
             if let Some((buf, to)) = fetch {
-                let pkt = &mut pool[buf.index() * mtu..][..mtu];
+                let pkt = &mut pool[buf.index() * stride..][..mtu];
                 pkt[to + at..to + at + old.len()].copy_from_slice(old);
             }
         };
@@ -1202,7 +1213,7 @@ impl Device for ShmDevice {
     }
 
     fn read_payload(&mut self, buf: BufId, from: usize, out: &mut [u8]) {
-        let pkt = &self.pool[buf.index() * self.cfg.mtu..][..self.cfg.mtu];
+        let pkt = &self.pool[self.frame_at(buf)..][..self.cfg.mtu];
         out.copy_from_slice(&pkt[from..from + out.len()]);
     }
 
@@ -1217,7 +1228,7 @@ impl Device for ShmDevice {
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
         let r = self.regions.expect(mr);
         assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
-        let pkt = &self.pool[buf.index() * self.cfg.mtu..][..self.cfg.mtu];
+        let pkt = &self.pool[self.frame_at(buf)..][..self.cfg.mtu];
         r.map.write_bytes(REGION_DATA + offset, &pkt[from..from + len]);
     }
 
@@ -1225,7 +1236,8 @@ impl Device for ShmDevice {
     fn copy_from_region(&mut self, mr: MrId, offset: usize, buf: BufId, to: usize, len: usize) {
         let r = self.regions.expect(mr);
         assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
-        let pkt = &mut self.pool[buf.index() * self.cfg.mtu..][..self.cfg.mtu];
+        let at = self.frame_at(buf);
+        let pkt = &mut self.pool[at..][..self.cfg.mtu];
         r.map.read_bytes(REGION_DATA + offset, &mut pkt[to..to + len]);
     }
 
@@ -1269,9 +1281,9 @@ impl Device for ShmDevice {
             if !self.lane_has_room(idx) {
                 break;
             }
+            let at = self.frame_at(wr.buf);
             let p = &mut self.peers[idx];
             let rec = Record { kind: Kind::Packet, len: wr.wire_len() as u32, imm: 0 };
-            let at = wr.buf.index() * self.cfg.mtu;
             let data = match wr.data {
                 None => None,
                 Some(d) => {

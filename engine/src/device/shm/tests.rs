@@ -1108,3 +1108,15 @@ fn remote_regions_find_each_key_through_lookups_and_removals() {
     let i = regions.find(keys[1]).unwrap();
     assert_eq!(first(&regions, i), 9, "mapped again");
 }
+
+/// A burst of packets does not evict its own headers: the first line of
+/// each of 48 consecutive buffers (the MTU a multiple of the page) falls
+/// in an L1 set of its own, as a frame a cache line past the MTU has it.
+#[test]
+fn consecutive_packet_buffers_start_in_different_cache_sets() {
+    let dev = ShmDevice::new(small()).unwrap();
+    assert_eq!(dev.cfg.mtu % 4096, 0, "the case the stride is for");
+    let sets: std::collections::HashSet<usize> =
+        (0..48).map(|i| (dev.held(BufId(i)).as_ptr() as usize / 64) % 64).collect();
+    assert_eq!(sets.len(), 48);
+}

@@ -105,7 +105,7 @@ use sock::{BURST, MAIN, Out, Sock};
 use window::{Rtt, RxWindow, SPAN, Seen, acked};
 
 use super::fault::{FaultStats, Faults, Faulty, Wire};
-use super::mem::{Bytes, Frames};
+use super::mem::{Bytes, Frames, frame_stride};
 use super::regions::{Attached, Registrations};
 use super::{
     Access, Ah, BufId, Caps, CqOp, CqStatus, Cqe, DataSeg, Device, DeviceError, Domain, Mr, MrId,
@@ -619,12 +619,12 @@ impl UdpDevice {
             qpn: local.port(),
             connid: random_u64() as u32 & 0x7fff_ffff,
         };
-        let pool = Bytes::zeroed(cfg.bufs as usize * cfg.mtu);
-        let frames = Frames::new(&pool, cfg.bufs, cfg.mtu, cfg.mtu);
+        let pool = Bytes::zeroed(cfg.bufs as usize * frame_stride(cfg.mtu));
+        let frames = Frames::new(&pool, cfg.bufs, cfg.mtu, frame_stride(cfg.mtu));
         // The largest datagram: a Send of `mtu` bytes with immediate data.
         let rx_cap = hdr::HDR_LEN + SendImmHdr::LEN + cfg.mtu;
-        let rx_pool = Bytes::zeroed(BURST * rx_cap);
-        let rx_frames = Frames::new(&rx_pool, BURST as u32, rx_cap, rx_cap);
+        let rx_pool = Bytes::zeroed(BURST * frame_stride(rx_cap));
+        let rx_frames = Frames::new(&rx_pool, BURST as u32, rx_cap, frame_stride(rx_cap));
         let mut rx_ptrs = [std::ptr::null_mut(); BURST];
         for (i, p) in rx_ptrs.iter_mut().enumerate() {
             *p = rx_frames.ptr(BufId(i as u32));
