@@ -2031,3 +2031,115 @@ fn a_whole_message_is_sent_as_the_call_returns_and_its_failed_send_terminates() 
     assert_eq!(p.sent(0), [(1, SendStatus::Ok), (2, second)]);
     assert_eq!(p.raw_segments(&recvs, 2000).len(), 1, "the failed one never arrived");
 }
+
+/// `inject` sends a short message as `send` sends it, copied into its
+/// packet as the call returns, and reports nothing: the peer gets the same
+/// segments, the connection no `Sent` for it. Its send failing later still
+/// ends the connection, as any failed send does (spec 3.1.5.4).
+#[test]
+fn an_injected_message_goes_as_a_send_would_and_nothing_reports_it() {
+    let fast = !cfg!(feature = "general-paths");
+    let mut p = Pair::raw(small(1364, 8));
+    let recvs = p.raw_recvs(16, 2000);
+    let src = p.w.register(0, 2000);
+    p.w.fill(0, &src, 3);
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.inject(ep, span(&src, 0, 64)), Ok(fast));
+    if !fast {
+        // The general paths inject nothing: the message is send's.
+        p.settle();
+        assert!(p.raw_segments(&recvs, 2000).is_empty(), "nothing sent");
+        return;
+    }
+    // Overwritten before anything was posted: the copy travels.
+    p.w.fill(0, &src, 4);
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.try_send(ep, span(&src, 0, 64), None, 1), Ok(()));
+    assert_eq!(c.inject(ep, span(&src, 100, 64)), Ok(true));
+    p.settle();
+    let segs = p.raw_segments(&recvs, 2000);
+    assert_eq!(segs.len(), 3, "in the order they went");
+    let data = |seed: u64, from: u64| (from..from + 64).map(|i| pattern(seed, i)).collect();
+    let want: [Vec<u8>; 3] = [data(3, 0), data(4, 0), data(4, 100)];
+    for (k, (bytes, cq_data)) in segs.iter().enumerate() {
+        assert_eq!(bytes.len(), 24 + 64, "segment {k}");
+        assert_eq!(bytes[..24], segs[1].0[..24], "segment {k}: the header send writes");
+        assert_eq!(bytes[24..], want[k], "segment {k}");
+        assert_eq!(*cq_data, None);
+    }
+    let (r, _) = Repr::parse(&segs[0].0).unwrap();
+    assert_eq!((r.data_offset, r.data_length, r.remaining_data_length), (24, 64, 0));
+    assert_eq!(p.sent(0), [(1, SendStatus::Ok)], "only the message sent is reported");
+    let s = p.conns[0].as_ref().unwrap().stats();
+    assert_eq!((s.messages_sent, s.segments_sent, s.injected), (3, 3, 2));
+    assert_eq!(p.conns[0].as_ref().unwrap().credits().send(), 8 - 3, "a credit each");
+    // The next one fails; a message of two segments goes behind it, and
+    // is not taken for it.
+    let a = p.w.eps[0].addr();
+    p.w.fabric.fail_sends(&a, 1);
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.inject(ep, span(&src, 0, 64)), Ok(true));
+    assert_eq!(c.send(ep, span(&src, 0, 2000), None, 7), Ok(()));
+    p.settle();
+    let Some(ProtocolError::SendFailed(status)) = p.terminated(0) else {
+        panic!("not terminated by the failed send: {:?}", p.events[0]);
+    };
+    assert!(!status.is_ok());
+    let sent = [(1, SendStatus::Ok), (7, SendStatus::Ok)];
+    assert_eq!(p.sent(0), sent, "nothing reports the injected ones");
+    // Nor those behind it: the peer's endpoint delivers in order.
+    assert_eq!(p.raw_segments(&recvs, 2000).len(), 3, "the failed one never arrived");
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.inject(ep, span(&src, 0, 64)), Err(SendError::Terminated(c.error().unwrap())));
+}
+
+/// `inject` sends nothing, and says so, when a message would not go whole
+/// at once: empty, longer than a segment or `Config::inject_max`, behind
+/// a message not yet sent, or without a credit to spare. `send` takes it
+/// then, as ever.
+#[test]
+fn inject_sends_nothing_when_the_message_would_not_go_whole_at_once() {
+    let fast = !cfg!(feature = "general-paths");
+    // The peer granted 3 credits and grants nothing until told to;
+    // segments of 100 bytes carry 76 of data.
+    let params = Params { send_credits: 3, ..small(100, 8) };
+    let cfg = Config { inject_max: 60, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [params; 2], cfg, true);
+    let recvs = p.raw_recvs(64, 200);
+    let src = p.w.register(0, 7600);
+    p.w.fill(0, &src, 5);
+    let (c, ep) = p.conn(0);
+    for len in [0, 61, 77, 7600] {
+        assert_eq!(c.inject(ep, span(&src, 0, len)), Ok(false), "{len} bytes");
+    }
+    assert_eq!(c.inject(ep, span(&src, 7600 - 32, 33)), Err(SendError::BadSpan));
+    assert_eq!(c.inject(ep, span(&src, 0, 60)), Ok(fast));
+    assert_eq!(c.inject(ep, span(&src, 0, 1)), Ok(fast));
+    // The last credit is kept for a message that grants: none to grant.
+    let kept = fast as usize;
+    for _ in 0..kept {
+        assert_eq!(c.inject(ep, span(&src, 0, 1)), Ok(false), "the last credit");
+    }
+    p.settle();
+    let went = if fast { 2 } else { 0 };
+    assert_eq!(p.raw_segments(&recvs, 200).len(), went);
+    assert_eq!(p.conns[0].as_ref().unwrap().stats().segments_sent, went as u64);
+    // One header slot: a message from it in flight, the next waiting for
+    // it; nothing is injected behind them, as nothing may pass them.
+    let cfg = Config { send_slots: 1, inject_max: 100, ..Config::default() };
+    let mut p = Pair::new(SimConfig::default(), [small(1364, 16); 2], cfg, true);
+    let recvs = p.raw_recvs(16, 2000);
+    let src = p.w.register(0, 1000);
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.send(ep, span(&src, 0, 1000), None, 1), Ok(()));
+    assert_eq!(c.send(ep, span(&src, 0, 900), None, 2), Ok(()));
+    assert_eq!(c.inject(ep, span(&src, 0, 50)), Ok(false), "behind a message not yet sent");
+    assert_eq!(c.send(ep, span(&src, 0, 50), None, 3), Ok(()));
+    p.settle();
+    let lens: Vec<_> = p.raw_segments(&recvs, 2000).iter().map(|s| s.0.len() - 24).collect();
+    assert_eq!(lens, [1000, 900, 50], "in the order given");
+    assert_eq!(p.sent(0).iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3]);
+    // With nothing before it, it goes.
+    let (c, ep) = p.conn(0);
+    assert_eq!(c.inject(ep, span(&src, 0, 50)), Ok(fast));
+}

@@ -218,6 +218,9 @@ pub struct Io<D: Device> {
     failure: Option<RunError>,
     /// The completion `poll_smbd` found, on its way to `poll_cq`'s caller.
     smbd_ready: Option<Completion>,
+    /// `-o smbd`: messages [`Io::post_streamed`] sent by inject, done as
+    /// they went with no completion, since [`Io::take_injected`].
+    injected: u64,
     /// `-o smbd`: messages lent and the receives they complete (boxed:
     /// the other operations' fields stay as close together as without).
     lending: Box<Lending>,
@@ -280,6 +283,7 @@ impl<D: Device> Io<D> {
             smbd_config,
             failure,
             smbd_ready: None,
+            injected: 0,
             lending,
         })
     }
@@ -581,6 +585,33 @@ impl<D: Device> Io<D> {
         self.post_any(local, remote_at, seq, notify)
     }
 
+    /// [`Io::post`] of a stream's operation: `-o smbd` sends a message by
+    /// inject when it can ([`Connection::inject`]), done as it goes with
+    /// no completion, and counted for [`Io::take_injected`]; as
+    /// [`Connection::try_send`] otherwise (a completion then, as ever).
+    #[inline(always)]
+    pub fn post_streamed(&mut self, local: Span, remote_at: u64, seq: u64) -> bool {
+        if self.op != OpKind::Smbd {
+            return self.post(local, remote_at, seq, false);
+        }
+        let Some((_, Some(conn))) = &mut self.smbd else { return self.send_smbd(local, seq) };
+        match conn.inject(&mut self.ep, local) {
+            Ok(true) => {
+                self.injected += 1;
+                true
+            }
+            Ok(false) => self.send_smbd(local, seq),
+            Err(e) => self.not_sent_smbd(e),
+        }
+    }
+
+    /// The messages [`Io::post_streamed`] sent by inject since the last
+    /// call: done, with no completion to come.
+    #[inline(always)]
+    pub fn take_injected(&mut self) -> u64 {
+        std::mem::take(&mut self.injected)
+    }
+
     /// [`Io::post`] out of line, for any operation (only sends are worth
     /// inlining).
     #[inline(never)]
@@ -758,6 +789,7 @@ impl<D: Device> Io<D> {
                 ("responses_requested", s.responses_requested),
                 ("in_place", s.in_place),
                 ("lent", s.lent),
+                ("injected", s.injected),
             ];
             let nonzero = smbd.into_iter().filter(|&(_, n)| n > 0);
             all.extend(nonzero.map(|(name, n)| (format!("smbd.{name}"), n)));

@@ -235,10 +235,11 @@ impl<D: Device> Sender<D> {
         let span = Span::new(&self.src, 0, self.size);
         let first = self.sent;
         let mut seq = first;
-        while seq < end && self.io.post(span, 0, seq, false) {
+        while seq < end && self.io.post_streamed(span, 0, seq) {
             seq += 1;
         }
         self.sent = seq;
+        self.done += self.io.take_injected();
         self.io.failure()?;
         Ok(seq > first)
     }
@@ -263,10 +264,14 @@ impl<D: Device> Sender<D> {
             }
             // Every fetch-add hits the one counter, as in ib_atomic_bw.
             let remote_at = if self.io.op == OpKind::Atomic { 0 } else { slot * size };
-            if !self.io.post(Span::new(&self.src, slot * size, size), remote_at, seq, false) {
+            if !self.io.post_streamed(Span::new(&self.src, slot * size, size), remote_at, seq) {
                 break;
             }
-            self.slot_busy[slot as usize] = true;
+            // A message sent by inject is done: its bytes were copied.
+            match self.io.take_injected() {
+                0 => self.slot_busy[slot as usize] = true,
+                n => self.done += n,
+            }
             self.sent += 1;
         }
         self.io.failure()?;

@@ -47,10 +47,11 @@ pub fn params(len: u64) -> Params {
 
 /// Messages of one size from a to b, `window` in flight, framed as SMB
 /// Direct data transfer; one operation is one message. As `efapoll
-/// streaming -o smbd` does, the sender holds back a message that cannot
-/// start now (`try_send`), as a plain send is pushed back rather than
-/// queued (with `queue`, it sends with `send`: a message that cannot start
-/// waits in the connection's queue for a credit), and the receiver has
+/// streaming -o smbd` does, the sender injects a message short enough,
+/// done as it goes (`inject`), and holds back one that cannot start now
+/// (`try_send`), as a plain send is pushed back rather than queued (with
+/// `queue`, it sends with `send`: a message that cannot start waits in
+/// the connection's queue for a credit), and the receiver has
 /// messages shorter than a placed buffer lent and gives them back, and
 /// keeps buffers posted for the others two windows and its credits ahead:
 /// more than its receives, so that they are posted into the buffers.
@@ -96,10 +97,16 @@ impl<D: Device> Runner for SmbdStream<D> {
                 cb.recv(&mut p.b, Span::new(dst, 0, len), posted).unwrap();
                 posted += 1;
             }
+            // A window at a time, as the app posts: the messages injected
+            // are done once it is posted.
+            let mut injected = 0;
             while sent < n && sent - sdone < window {
                 let src = Span::new(src, 0, len);
                 let posted = if queue {
                     ca.send(&mut p.a, src, None, sent)
+                } else if let Ok(true) = ca.inject(&mut p.a, src) {
+                    injected += 1;
+                    Ok(())
                 } else {
                     ca.try_send(&mut p.a, src, None, sent)
                 };
@@ -108,6 +115,7 @@ impl<D: Device> Runner for SmbdStream<D> {
                 }
                 sent += 1;
             }
+            sdone += injected;
             for (ep, c) in [(&mut p.a, &mut *ca), (&mut p.b, &mut *cb)] {
                 ep.progress();
                 while let Some(comp) = ep.poll_cq() {
@@ -138,7 +146,7 @@ impl<D: Device> Runner for SmbdStream<D> {
     }
 }
 
-/// [`SmbdStream`] of lent messages (with `try_send`), each side's
+/// [`SmbdStream`] of lent messages (injected), each side's
 /// completions taken by `Connection::drain`, a lent message read inside it
 /// and its slot armed again as the closure returns: the path of `efapoll
 /// streaming -o smbd`. A type of its own, so that the connection's
@@ -155,12 +163,17 @@ impl<D: Device> Runner for DrainedStream<D> {
         assert!(len <= cb.config().lend_max, "the messages are lent");
         let (mut sent, mut recvd, mut sdone) = (0u64, 0u64, 0u64);
         while recvd < n || sdone < n {
+            let mut injected = 0;
             while sent < n && sent - sdone < window {
-                if ca.try_send(&mut p.a, Span::new(src, 0, len), None, sent).is_err() {
+                let src = Span::new(src, 0, len);
+                if let Ok(true) = ca.inject(&mut p.a, src) {
+                    injected += 1;
+                } else if ca.try_send(&mut p.a, src, None, sent).is_err() {
                     break;
                 }
                 sent += 1;
             }
+            sdone += injected;
             for (ep, c) in [(&mut p.a, &mut *ca), (&mut p.b, &mut *cb)] {
                 ep.progress();
                 c.drain(ep, |_, d| {
@@ -328,11 +341,23 @@ mod tests {
         // Else `smbd/stream_64B/smbd_drain_sim` would measure copies into
         // buffers, not the lending the app's stream has.
         let mut s = DrainedStream(SmbdStream::new(sim_endpoints(), 64, 64, false));
-        let before = *s.0.c[1].stats();
+        let (before, injected) = (*s.0.c[1].stats(), s.0.c[0].stats().injected);
         s.run(20_000);
         let after = *s.0.c[1].stats();
         assert_eq!(after.lent - before.lent, 20_000, "every message lent");
         assert_eq!(after.in_place, before.in_place, "none placed in a buffer");
         assert_eq!(s.0.c[0].stats().credit_stalls, 0, "try_send queues nothing");
+        // As the app's sender: no report a message to take.
+        assert_eq!(s.0.c[0].stats().injected - injected, 20_000, "every message injected");
+    }
+
+    #[test]
+    fn the_held_back_64b_stream_injects_every_message() {
+        // Else `smbd/stream_64B/smbd` would measure a report a message
+        // that the app's stream does not take.
+        let mut s = SmbdStream::new(endpoints(), 64, 64, false);
+        let injected = s.c[0].stats().injected;
+        s.run(20_000);
+        assert_eq!(s.c[0].stats().injected - injected, 20_000);
     }
 }

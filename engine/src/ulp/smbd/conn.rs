@@ -134,9 +134,26 @@ pub struct Stats {
     pub in_place: u64,
     /// Messages lent where they landed ([`Event::Lent`]): no copy.
     pub lent: u64,
+    /// Messages sent by [`Connection::inject`], which nothing reports
+    /// (counted in `messages_sent` too).
+    pub injected: u64,
     /// Receives withdrawn to be posted again into buffers posted after
     /// them.
     pub replaced: u64,
+}
+
+/// What a message sent whole at once reports, as it goes
+/// (`Connection::send_whole_now`).
+#[derive(Debug, Clone, Copy)]
+enum Report {
+    /// Its [`Event::Sent`] with this context, now: nothing is in flight
+    /// before it.
+    Now(u64),
+    /// Its `Sent` with this context, after the messages in flight before
+    /// it.
+    Behind(u64),
+    /// Nothing ([`Connection::inject`]).
+    Nothing,
 }
 
 /// A message queued or being sent.
@@ -640,6 +657,41 @@ impl Connection {
         self.send_queued(ep, src, token, ctx)
     }
 
+    /// Sends `src` whole at once, copied into its packet, and reports
+    /// nothing: no [`Event::Sent`] follows, as an endpoint inject (or
+    /// `fi_inject`) makes no completion. True: the message is on its way
+    /// and `src` is the caller's again. False, with nothing sent, when it
+    /// does not go so now (longer than one packet or
+    /// [`Config::inject_max`], messages queued or in flight before it, no
+    /// credit for it, the last one being kept for a message that grants,
+    /// or the endpoint not taking it at once): [`Connection::send`] or
+    /// [`Connection::try_send`] takes it then, and tells any error. For a
+    /// sender of short messages that needs no word that each went, a
+    /// stream's: a report a message saved. A failure of its send, which
+    /// the endpoint reports later, terminates the connection as any failed
+    /// send does.
+    #[inline(always)]
+    pub fn inject<D: Device>(
+        &mut self,
+        ep: &mut Endpoint<D>,
+        src: Span,
+    ) -> Result<bool, SendError> {
+        if self.goes_whole(src.len, None) && self.tx.is_empty() && self.error.is_none() {
+            match self.send_whole_now(ep, src, Report::Nothing) {
+                Some(Ok(())) => return Ok(true),
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
+        }
+        self.not_injected()
+    }
+
+    /// [`Connection::inject`]'s message that did not go.
+    #[cold]
+    fn not_injected(&self) -> Result<bool, SendError> {
+        self.error.map_or(Ok(false), |e| Err(SendError::Terminated(e)))
+    }
+
     /// A stream's usual message, short, with nothing queued or in flight
     /// before it and a credit for it: sent whole at once and reported
     /// sent. None, with nothing done, for any other.
@@ -654,7 +706,7 @@ impl Connection {
         if !(self.goes_whole(src.len, token) && self.tx.is_empty() && self.error.is_none()) {
             return None;
         }
-        self.send_whole_now(ep, src, ctx, false)
+        self.send_whole_now(ep, src, Report::Now(ctx))
     }
 
     /// Whether a message of `len` bytes with `token` goes whole by inject
@@ -668,29 +720,28 @@ impl Connection {
     /// Sends `src`, a message of one segment with no token
     /// ([`TxMsg::whole`]) and nothing waiting to be posted before it, at
     /// once if a credit allows, as `post_segment` would, without queueing
-    /// it first: reported sent now, or, `behind` messages in flight, after
-    /// them. None, with nothing done, when it does not go so.
+    /// it first, reported as `report` says. None, with nothing done, when
+    /// it does not go so.
     #[inline(always)]
     fn send_whole_now<D: Device>(
         &mut self,
         ep: &mut Endpoint<D>,
         src: Span,
-        ctx: u64,
-        behind: bool,
+        report: Report,
     ) -> Option<Result<(), SendError>> {
         // A stream's usual message, told in one test: nothing to grant,
         // no response to ask for; the header's constants fold into a copy
         // of the send of its own.
         if self.credits.may_send_quiet() {
             let r = self.whole_repr_with(src.len, 0, Flags::empty());
-            return self.send_whole_with(ep, src, ctx, behind, &r);
+            return self.send_whole_with(ep, src, report, &r);
         }
         let grants = self.credits.to_grant();
         if !self.credits.may_send(grants) {
             return None;
         }
         let r = self.whole_repr(src.len, grants);
-        self.send_whole_with(ep, src, ctx, behind, &r)
+        self.send_whole_with(ep, src, report, &r)
     }
 
     /// [`Self::send_whole_now`] with header `r`, which a credit allows.
@@ -699,20 +750,19 @@ impl Connection {
         &mut self,
         ep: &mut Endpoint<D>,
         src: Span,
-        ctx: u64,
-        behind: bool,
+        report: Report,
         r: &Repr,
     ) -> Option<Result<(), SendError>> {
-        let i = if behind { self.tx.len() } else { 0 };
+        let i = if let Report::Behind(_) = report { self.tx.len() } else { 0 };
         match self.send_whole(ep, i, src, r) {
             // Copied into its packet: sent, as far as the application is
             // concerned.
-            Ok(true) if !behind => {
-                self.sent_now(ctx);
-                Some(Ok(()))
-            }
             Ok(true) => {
-                self.queue_sent(src, ctx);
+                match report {
+                    Report::Now(ctx) => self.sent_now(ctx),
+                    Report::Behind(ctx) => self.queue_sent(src, ctx),
+                    Report::Nothing => self.sent_unreported(),
+                }
                 Some(Ok(()))
             }
             Err(EpError::BadSpan) => Some(Err(SendError::BadSpan)),
@@ -765,7 +815,7 @@ impl Connection {
         if whole
             && self.next_post == self.tx.len()
             && !self.tx.is_empty()
-            && let Some(done) = self.send_whole_now(ep, src, ctx, true)
+            && let Some(done) = self.send_whole_now(ep, src, Report::Behind(ctx))
         {
             return done;
         }
@@ -1417,6 +1467,15 @@ impl Connection {
     fn sent_now(&mut self, ctx: u64) {
         self.stats.messages_sent += 1;
         self.sent.push_back(ctx);
+        self.tx_front_seq += 1;
+    }
+
+    /// [`Self::sent_now`] of a message [`Connection::inject`] sent, which
+    /// reports nothing.
+    #[inline(always)]
+    fn sent_unreported(&mut self) {
+        self.stats.messages_sent += 1;
+        self.stats.injected += 1;
         self.tx_front_seq += 1;
     }
 

@@ -35,6 +35,10 @@
 //! queued before it ([`SendError::Again`], nothing queued): back-pressure
 //! as a plain endpoint send has it, for a poll loop that holds a message
 //! back rather than have the connection queue it.
+//! [`Connection::inject`] sends a short message as the fast path below
+//! would, at once or not at all, and reports nothing: no
+//! [`Event::Sent`], as an endpoint inject (`fi_inject`) makes no
+//! completion, for a sender that needs no word that each message went.
 //!
 //! Fast path ([`Config::fast_path`]): a message of one segment with no
 //! token, up to [`Config::inject_max`] long, holds no header slot and
