@@ -250,12 +250,6 @@ struct Unplaced {
     epoch: u32,
 }
 
-/// Where frame `n` starts in a pool of `mtu`-byte frames (with `n` the
-/// count, the pool's length).
-fn frame_at(n: u32, mtu: usize) -> usize {
-    n as usize * frame_stride(mtu)
-}
-
 impl SimFabric {
     /// A fabric with `cfg`.
     pub fn new(cfg: SimConfig) -> SimFabric {
@@ -324,8 +318,9 @@ impl SimFabric {
         let mut f = self.inner.borrow_mut();
         let cfg = f.cfg;
         let connid = (f.next_random() >> 32) as u32;
-        let pool = Rc::new(Bytes::zeroed(frame_at(cfg.bufs, cfg.mtu)));
-        let frames = Rc::new(Frames::new(&pool, cfg.bufs, cfg.mtu, frame_at(1, cfg.mtu)));
+        let stride = frame_stride(cfg.mtu);
+        let pool = Rc::new(Bytes::zeroed(cfg.bufs as usize * stride));
+        let frames = Rc::new(Frames::new(&pool, cfg.bufs, cfg.mtu, stride));
         let addr = RawAddr { gid: SIM_GID, qpn: qpn as u16, connid };
         let incarnation = f.nodes.get(qpn).map_or(0, |n| n.incarnation + 1);
         let node = Node {

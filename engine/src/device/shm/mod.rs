@@ -589,8 +589,9 @@ pub struct ShmDevice {
     /// The lane the next poll reads first (round robin).
     next_lane: usize,
     /// Packet buffers: private memory, `bufs` frames of `mtu` bytes,
-    /// `stride` apart (`frame_stride`).
+    /// `stride` apart.
     pool: Box<[u8]>,
+    /// `frame_stride(mtu)`, kept rather than computed for every packet.
     stride: usize,
     posted_rx: VecDeque<BufId>,
     /// Completions of our operations, not yet polled.
@@ -634,9 +635,9 @@ impl ShmDevice {
         if cfg.lanes == 0 || cfg.lanes > MAX_LANES {
             return Err(ShmError::Config("lanes must be from 1 to 4096"));
         }
-        let pool_len = frame_stride(cfg.mtu)
-            .checked_mul(cfg.bufs as usize)
-            .ok_or(ShmError::Config("bufs * mtu"))?;
+        let stride = frame_stride(cfg.mtu);
+        let pool_len =
+            stride.checked_mul(cfg.bufs as usize).ok_or(ShmError::Config("bufs * mtu"))?;
         Lane::segment_len(cfg.ring_slots, cfg.mtu).ok_or(ShmError::Config("ring_slots * mtu"))?;
         let (qpn, connid, rendezvous) = ShmDevice::listen(&domain)?;
         let caps = Caps {
@@ -662,7 +663,7 @@ impl ShmDevice {
             rx_lanes: Vec::with_capacity(cfg.lanes as usize),
             next_lane: 0,
             pool: vec![0u8; pool_len].into_boxed_slice(),
-            stride: frame_stride(cfg.mtu),
+            stride,
             posted_rx: VecDeque::with_capacity(cfg.rx_depth),
             cq: VecDeque::with_capacity(cfg.tx_depth),
             tx_used: 0,

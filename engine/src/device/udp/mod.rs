@@ -619,12 +619,14 @@ impl UdpDevice {
             qpn: local.port(),
             connid: random_u64() as u32 & 0x7fff_ffff,
         };
-        let pool = Bytes::zeroed(cfg.bufs as usize * frame_stride(cfg.mtu));
-        let frames = Frames::new(&pool, cfg.bufs, cfg.mtu, frame_stride(cfg.mtu));
+        let stride = frame_stride(cfg.mtu);
+        let pool = Bytes::zeroed(cfg.bufs as usize * stride);
+        let frames = Frames::new(&pool, cfg.bufs, cfg.mtu, stride);
         // The largest datagram: a Send of `mtu` bytes with immediate data.
         let rx_cap = hdr::HDR_LEN + SendImmHdr::LEN + cfg.mtu;
-        let rx_pool = Bytes::zeroed(BURST * frame_stride(rx_cap));
-        let rx_frames = Frames::new(&rx_pool, BURST as u32, rx_cap, frame_stride(rx_cap));
+        let rx_stride = frame_stride(rx_cap);
+        let rx_pool = Bytes::zeroed(BURST * rx_stride);
+        let rx_frames = Frames::new(&rx_pool, BURST as u32, rx_cap, rx_stride);
         let mut rx_ptrs = [std::ptr::null_mut(); BURST];
         for (i, p) in rx_ptrs.iter_mut().enumerate() {
             *p = rx_frames.ptr(BufId(i as u32));
