@@ -142,6 +142,40 @@ pub struct Stats {
     pub replaced: u64,
 }
 
+impl Stats {
+    /// `messages` lent, of `bytes` in all.
+    #[inline]
+    fn count_lent(&mut self, messages: u64, bytes: u64) {
+        self.lent += messages;
+        self.messages_received += messages;
+        self.bytes_received += bytes;
+    }
+
+    /// What a drain lent whole, a segment each.
+    #[inline]
+    fn add_lent(&mut self, t: LentTally) {
+        self.segments_received += t.messages;
+        self.count_lent(t.messages, t.bytes);
+    }
+}
+
+/// The messages [`Connection::drain`] lent whole as it went, counted in
+/// registers and added to [`Stats`] as it returns: four counters updated
+/// in memory for each message cost its loop about a cycle a message.
+#[derive(Debug, Clone, Copy, Default)]
+struct LentTally {
+    messages: u64,
+    bytes: u64,
+}
+
+impl LentTally {
+    #[inline(always)]
+    fn add(&mut self, bytes: u64) {
+        self.messages += 1;
+        self.bytes += bytes;
+    }
+}
+
 /// What a message sent whole at once reports, as it goes
 /// (`Connection::send_whole_now`).
 #[derive(Debug, Clone, Copy)]
@@ -1107,6 +1141,7 @@ impl Connection {
     ) -> usize {
         let mut n = 0;
         let mut run = self.run_from_turn();
+        let mut tally = LentTally::default();
         'next: loop {
             // One call of `f` in the loop, which it can then take inline.
             let c;
@@ -1129,7 +1164,7 @@ impl Connection {
                         let slot = self.rx_next;
                         self.next_ring_turn();
                         let a = Arrival { status: Status::Ok, len, token: None };
-                        if let Some(e) = self.lend_read(slot, &a) {
+                        if let Some(e) = self.lend_read(slot, &a, &mut tally) {
                             fresh = true;
                             break 'taken Drained::Event(e);
                         }
@@ -1140,12 +1175,13 @@ impl Connection {
                     }
                     let Some(next) = ep.peek_cq() else {
                         self.arm_given_back(ep, run);
+                        self.stats.add_lent(tally);
                         return n;
                     };
                     // A short message lent in its turn, as a stream has
                     // them: handed out as it is taken, not queued first,
                     // its completion read where it lies.
-                    if let Some(e) = self.lend_now(ep, next) {
+                    if let Some(e) = self.lend_now(ep, next, &mut tally) {
                         ep.skip_cq();
                         fresh = true;
                         Drained::Event(e)
@@ -1193,6 +1229,7 @@ impl Connection {
             }
             if flow == Flow::Stop {
                 self.arm_given_back(ep, run);
+                self.stats.add_lent(tally);
                 return n;
             }
         }
@@ -2019,14 +2056,19 @@ impl Connection {
     /// marked lent (`drain` marks it if kept). None, with nothing
     /// changed, for any other completion.
     #[inline(always)]
-    fn lend_now<D: Device>(&mut self, ep: &Endpoint<D>, c: &Completion) -> Option<Event> {
+    fn lend_now<D: Device>(
+        &mut self,
+        ep: &Endpoint<D>,
+        c: &Completion,
+        tally: &mut LentTally,
+    ) -> Option<Event> {
         let k = c.ctx ^ self.tag;
         let slot = (k & SLOT_MASK) as u16;
         if k >> KIND_SHIFT != KIND_RECV || self.turn() != Some(slot) {
             return None;
         }
         let a = Arrival { status: c.status, len: c.len, token: c.cq_data };
-        let e = self.lend_whole(ep, slot, &a)?;
+        let e = self.lend_whole(ep, slot, &a, tally)?;
         self.next_turn();
         Some(e)
     }
@@ -2036,24 +2078,30 @@ impl Connection {
     /// it: its [`Event::Lent`], the turn left to the caller to pass. None,
     /// with nothing changed, for any other.
     #[inline(always)]
-    fn lend_whole<D: Device>(&mut self, ep: &Endpoint<D>, slot: u16, a: &Arrival) -> Option<Event> {
+    fn lend_whole<D: Device>(
+        &mut self,
+        ep: &Endpoint<D>,
+        slot: u16,
+        a: &Arrival,
+        tally: &mut LentTally,
+    ) -> Option<Event> {
         if self.landings[slot as usize].is_some() || !self.may_lend_whole(a) {
             return None;
         }
         let at = self.rx_slot_offset(slot);
         ep.read_mem(self.rx.id, at, &mut self.scratch[..HEADER_LEN]).ok()?;
-        self.lend_header(slot, a.len)
+        self.lend_header(slot, a.len, tally)
     }
 
     /// [`Self::lend_whole`] of a segment marked in the receive ring, whose
     /// header was read into the scratch bytes as the mark was taken.
     #[inline(always)]
-    fn lend_read(&mut self, slot: u16, a: &Arrival) -> Option<Event> {
+    fn lend_read(&mut self, slot: u16, a: &Arrival, tally: &mut LentTally) -> Option<Event> {
         debug_assert!(self.landings[slot as usize].is_none(), "a ring's slots are never placed");
         if !self.may_lend_whole(a) {
             return None;
         }
-        self.lend_header(slot, a.len)
+        self.lend_header(slot, a.len, tally)
     }
 
     /// [`Self::whole_may_arrive`], less the slot's landing, of a segment
@@ -2066,15 +2114,16 @@ impl Connection {
     }
 
     /// Slot `slot`'s segment of `len` bytes, its header in the scratch
-    /// bytes, lent when it is a whole message to lend.
+    /// bytes, lent when it is a whole message to lend; counted in `tally`.
     #[inline(always)]
-    fn lend_header(&mut self, slot: u16, len: u64) -> Option<Event> {
+    fn lend_header(&mut self, slot: u16, len: u64, tally: &mut LentTally) -> Option<Event> {
         let r = self.whole_header(len, true)?;
         let data = r.data_length as u64;
         if !self.lends(data) {
             return None;
         }
-        self.accept_whole(&r);
+        self.take_whole(&r);
+        tally.add(data);
         let at = self.rx_slot_offset(slot) + r.data_offset as u64;
         Some(self.loan(slot, at, data, None))
     }
@@ -2084,6 +2133,12 @@ impl Connection {
     #[inline(always)]
     fn accept_whole(&mut self, r: &Repr) {
         self.stats.segments_received += 1;
+        self.take_whole(r);
+    }
+
+    /// [`Self::accept_whole`] but for the count, which the caller keeps.
+    #[inline(always)]
+    fn take_whole(&mut self, r: &Repr) {
         let arrived = self.credits.on_arrival();
         debug_assert!(arrived.is_ok());
         self.credits.on_header(r.credits_granted, r.flags.contains(Flags::RESPONSE_REQUESTED));
@@ -2321,6 +2376,7 @@ impl Connection {
     #[inline]
     fn lend(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) {
         self.mark_lent(slot);
+        self.stats.count_lent(1, len);
         let e = self.loan(slot, offset, len, invalidated);
         self.push_event(e);
     }
@@ -2333,13 +2389,10 @@ impl Connection {
         self.lent_out += 1;
     }
 
-    /// The loan of slot `slot`'s message counted, and its event, to be
-    /// handed out ([`Self::mark_lent`] is the caller's).
+    /// The event of slot `slot`'s message lent, to be handed out (marking
+    /// it lent, [`Self::mark_lent`], and counting it are the caller's).
     #[inline(always)]
-    fn loan(&mut self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) -> Event {
-        self.stats.lent += 1;
-        self.stats.messages_received += 1;
-        self.stats.bytes_received += len;
+    fn loan(&self, slot: u16, offset: u64, len: u64, invalidated: Option<u64>) -> Event {
         let data = Span { mr: self.rx.id, offset, len };
         Event::Lent { loan: Loan(slot), data, invalidated }
     }
