@@ -160,8 +160,9 @@ impl Stats {
 }
 
 /// The messages [`Connection::drain`] lent whole as it went, counted in
-/// registers and added to [`Stats`] as it returns: four counters updated
-/// in memory for each message cost its loop about a cycle a message.
+/// registers and added to [`Stats`] as it returns, not four counters
+/// updated in memory a message (a cycle or so a message when the cores
+/// are far apart; perf/README, 2026-12-05).
 #[derive(Debug, Clone, Copy, Default)]
 struct LentTally {
     messages: u64,
