@@ -1794,6 +1794,9 @@ fn drain_hands_out_what_polling_does() {
         let messages = sizes.iter().filter(|&&l| l > 0).count() as u64;
         assert_eq!(s.messages_received, messages, "drain {drain}");
         assert_eq!(s.bytes_received, sizes.iter().sum::<u64>(), "drain {drain}");
+        // Every segment the sender sent, the messages lent whole among them.
+        let sent = p.conns[0].as_ref().unwrap().stats().segments_sent;
+        assert_eq!(s.segments_received, sent, "drain {drain}");
         runs.push(got);
     }
     assert_eq!(runs[0], runs[1]);
