@@ -12,14 +12,22 @@
 #   q1 q3     that ratio's quartiles: how far one sitting's answer goes
 # The issue's target is a ratio of 0.95 or more at 64 B and 1 MiB on shm.
 # On a VM whose cores move between runs the quartiles are wide; a quiet
-# host with fixed cores settles it in fewer rounds.
+# host with fixed cores settles it in fewer rounds. With -L, every round
+# runs the pair on each of N builds that differ only in where the code
+# lies, and the figures are over all those pairs: where the placement of
+# the hot loops moves a rate by a few percent (the 64 B framed stream's
+# does), one build gives one draw of it.
 #
-# Usage: scripts/compare-smbd.sh [-p shm|sim|udp] [-S 64,1m,...] [-r RUNS] [-I ITERS] [-t MIN] [-o FILE]
+# Usage: scripts/compare-smbd.sh [-p shm|sim|udp] [-S 64,1m,...] [-r RUNS] [-I ITERS] [-L N] [-t MIN] [-o FILE]
 #   -p  the device (default shm; sim runs both sides in one thread)
 #   -S  sizes in bytes, k/m/g suffixes binary (default 64,1m)
 #   -r  rounds (default 9, at least 5)
 #   -I  iterations per run (default about 3 GiB a run, 1000 to 3000000
 #       messages: 3000000 at 64 B, 3072 at 1 MiB)
+#   -L  over N code layouts (2 or more): the release build's LTO object
+#       linked N times with its functions shuffled (lld's
+#       --shuffle-sections, seeds 1..N); needs ld.lld (Debian: lld).
+#       Each layout's median ratio is printed under the size's line.
 #   -t  fail (exit 1) when a size's median ratio is under MIN (e.g. 0.95)
 #   -o  also write the medians to FILE in Bencher Metric Format:
 #       `smbd/<device>/<bytes>B/{plain,smbd}` with `throughput` (M msg/s)
@@ -38,12 +46,14 @@ runs=9
 iters=""
 min=""
 bmf=""
-while getopts "p:S:r:I:t:o:h" opt; do
+layouts=""
+while getopts "p:S:r:I:L:t:o:h" opt; do
   case "$opt" in
     p) device="$OPTARG" ;;
     S) sizes="$OPTARG" ;;
     r) runs="$OPTARG" ;;
     I) iters="$OPTARG" ;;
+    L) layouts="$OPTARG" ;;
     t) min="$OPTARG" ;;
     o) bmf="$OPTARG" ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
@@ -57,6 +67,16 @@ check_runs "$runs" rounds
 if [ -n "$iters" ] && ! [[ "$iters" =~ ^[1-9][0-9]*$ ]]; then
   echo "compare-smbd: -I: \`$iters\` is not a count of iterations" >&2
   exit 2
+fi
+if [ -n "$layouts" ]; then
+  if ! [[ "$layouts" =~ ^[0-9]+$ ]] || [ "$layouts" -lt 2 ]; then
+    echo "compare-smbd: -L: \`$layouts\` is not a count of layouts (2 or more)" >&2
+    exit 2
+  fi
+  if ! command -v ld.lld >/dev/null; then
+    echo "compare-smbd: -L needs ld.lld to shuffle the code (Debian: apt-get install lld)" >&2
+    exit 2
+  fi
 fi
 if [ -n "$min" ] && ! [[ "$min" =~ ^[0-9]*\.?[0-9]+$ ]]; then
   echo "compare-smbd: -t: \`$min\` is not a ratio (e.g. 0.95)" >&2
@@ -82,9 +102,16 @@ for spec in "${size_list[@]}"; do
   bytes_list+=("$bytes")
 done
 
-cargo build --release --quiet -p efapoll-apps
-efapoll="${CARGO_TARGET_DIR:-target}/release/efapoll"
 make_tmp
+if [ -z "$layouts" ]; then
+  cargo build --release --quiet -p efapoll-apps
+  bins=("${CARGO_TARGET_DIR:-target}/release/efapoll")
+else
+  build_layouts "$layouts" "$tmp"
+  bins=()
+  for i in $(seq "$layouts"); do bins+=("$tmp/efapoll-$i"); done
+fi
+efapoll="${bins[0]}"
 
 # One run's message rate, M msg/s, from the CSV's `mmsg_per_s` column.
 rate() {
@@ -103,22 +130,31 @@ echo "# $(date -u +%Y-%m-%d) $(uname -n): $(lscpu | sed -n 's/^Model name: *//p'
   "$(nproc) cores; $("$efapoll" streaming -p "$device" -S 64 -I 1000 2>&1 |
     sed -n 's/^# \(core-to-core: [0-9]* ns\).*/\1 one way (before the runs)/p' | head -1)"
 echo "# device $device, $runs rounds, the order swapped each round; rates in M msg/s"
+if [ -n "$layouts" ]; then
+  echo "# $layouts code layouts (lld --shuffle-sections, seeds 1..$layouts), each run every round"
+fi
 printf '%9s %9s %9s %9s %7s %7s %7s\n' bytes iters plain smbd ratio q1 q3
 entries=()
 below=""
 for size in "${bytes_list[@]}"; do
   n="$(iters_for "$size")"
   plain_all="" smbd_all="" ratio_all=""
+  by_layout=()
   for round in $(seq "$runs"); do
-    if [ $((round % 2)) -eq 1 ]; then
-      p="$(rate send "$size" "$n")"
-      s="$(rate smbd "$size" "$n")"
-    else
-      s="$(rate smbd "$size" "$n")"
-      p="$(rate send "$size" "$n")"
-    fi
-    plain_all+=" $p" smbd_all+=" $s"
-    ratio_all+=" $(awk -v s="$s" -v p="$p" 'BEGIN { printf "%.6f", s / p }')"
+    for i in "${!bins[@]}"; do
+      efapoll="${bins[$i]}"
+      if [ $(((round + i) % 2)) -eq 1 ]; then
+        p="$(rate send "$size" "$n")"
+        s="$(rate smbd "$size" "$n")"
+      else
+        s="$(rate smbd "$size" "$n")"
+        p="$(rate send "$size" "$n")"
+      fi
+      plain_all+=" $p" smbd_all+=" $s"
+      r="$(awk -v s="$s" -v p="$p" 'BEGIN { printf "%.6f", s / p }')"
+      ratio_all+=" $r"
+      by_layout[i]+=" $r"
+    done
   done
   plain="$(echo "$plain_all" | median)"
   smbd="$(echo "$smbd_all" | median)"
@@ -127,6 +163,13 @@ for size in "${bytes_list[@]}"; do
   q3="$(echo "$ratio_all" | quantile 0.75)"
   awk -v b="$size" -v n="$n" -v p="$plain" -v s="$smbd" -v r="$ratio" -v l="$q1" -v u="$q3" \
     'BEGIN { printf "%9d %9d %9.4f %9.4f %7.3f %7.3f %7.3f\n", b, n, p, s, r, l, u }'
+  if [ -n "$layouts" ]; then
+    line="#   ratio by layout:"
+    for i in "${!bins[@]}"; do
+      line+=" $(echo "${by_layout[i]}" | median | awk '{ printf "%.3f", $1 }')"
+    done
+    echo "$line"
+  fi
   if [ -n "$min" ] && awk -v r="$ratio" -v m="$min" 'BEGIN { exit !(r < m) }'; then
     below+=" $size"
   fi

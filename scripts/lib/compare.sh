@@ -59,3 +59,47 @@ write_bmf() {
     echo "}"
   } >"$file"
 }
+
+# Builds `efapoll` as N binaries that differ only in where its functions
+# lie: the release build's one LTO object, linked by lld N times with its
+# code sections in an order shuffled by seeds 1..N. A rate that moves
+# by a few percent with the code's placement (alignment, the branch
+# predictors' and the decoded-instruction cache's sets) is one draw of
+# that placement in any one build; run on each of these, it is measured
+# over N. Writes the binaries as DIR/efapoll-1..N; ends the script with
+# status 1 if the build or a link fails. Needs ld.lld.
+build_layouts() {
+  local n=$1 dir=$2 target="${CARGO_TARGET_DIR:-target}/layouts"
+  local line="$target/link-line"
+  # The object is kept (-C save-temps), and the link line rustc prints
+  # when it links; a build that was up to date prints none, so the line
+  # of the last one is kept beside it.
+  local build=(cargo rustc --release --quiet -p efapoll-apps --bin efapoll --
+    -C save-temps --print link-args -C link-arg=-fuse-ld=lld)
+  if ! CARGO_TARGET_DIR="$target" "${build[@]}" >"$dir/build.out" 2>&1; then
+    cat "$dir/build.out" >&2
+    exit 1
+  fi
+  if grep -q '^LC_ALL=' "$dir/build.out"; then
+    grep '^LC_ALL=' "$dir/build.out" | tail -1 >"$line"
+  elif ! [ -s "$line" ]; then
+    # Up to date, its line lost: linked again.
+    CARGO_TARGET_DIR="$target" cargo clean --release --quiet -p efapoll-apps
+    CARGO_TARGET_DIR="$target" "${build[@]}" >"$dir/build.out" 2>&1 || {
+      cat "$dir/build.out" >&2
+      exit 1
+    }
+    grep '^LC_ALL=' "$dir/build.out" | tail -1 >"$line"
+  fi
+  local i cmd
+  for i in $(seq "$n"); do
+    # The line is rustc's own, shell-quoted: its output renamed, the
+    # shuffle added.
+    cmd="$(sed -E 's#"-o" "[^"]+"#"-o" "'"$dir/efapoll-$i"'"#' "$line")"
+    if ! eval "$cmd \"-Wl,--shuffle-sections=.text.*=$i\"" >"$dir/link.out" 2>&1; then
+      echo "$prog: linking layout $i failed:" >&2
+      cat "$dir/link.out" >&2
+      exit 1
+    fi
+  done
+}
