@@ -91,7 +91,7 @@ pub mod wire;
 /// span or one target without a list, its caller's inline head; the
 /// sim's send landed in one pass; shm's receive from its one lane and its
 /// cached head of a ring; udp's lone datagram sent and received without
-/// the burst calls; the inline copy of a short atomic operand. With them
-/// off the suites check that it is the same. A constant, so that a normal
-/// build pays nothing for the switch.
+/// the burst calls; the inline copies of a short atomic operand and of a
+/// short packet's payload. With them off the suites check that it is the
+/// same. A constant, so that a normal build pays nothing for the switch.
 pub(crate) const FAST_PATHS: bool = !cfg!(feature = "general-paths");

@@ -323,7 +323,10 @@ impl<D: Device> Endpoint<D> {
             return Some(false);
         }
         let slot = ring.take_next()?;
-        super::msg::copy_in_span(&mut self.dev, buf, from, &ring.span(slot), 0, len);
+        let span = ring.span(slot);
+        if len > 0 {
+            self.dev.copy_to_slot(buf, from, span.mr, span.offset as usize, len as usize);
+        }
         // An eager payload, within one packet: far below `NOT_LANDED`.
         ring.landed[slot as usize] = len as u32;
         Some(true)

@@ -199,6 +199,18 @@ impl Mapping {
         }
     }
 
+    /// [`Self::write_bytes`] of a packet's payload, short lengths copied
+    /// in line ([`crate::device::mem::copy_packet`]).
+    #[inline(always)]
+    pub(crate) fn write_packet(&self, offset: usize, src: &[u8]) {
+        self.check(offset, src.len());
+        assert!(self.writable, "read-only mapping");
+        // SAFETY: as in `write_bytes`.
+        unsafe {
+            crate::device::mem::copy_packet(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
+        }
+    }
+
     /// Reads `len` bytes at `offset`, hands them to `fetch`, lets `combine`
     /// change them and writes them back ([`crate::device::mem::update`]).
     pub(crate) fn update(

@@ -920,6 +920,24 @@ impl ShmDevice {
         id.index() * self.stride
     }
 
+    /// Where `len` bytes of packet `buf` from its byte `from` land in
+    /// region `mr` at `offset`: its mapping and offset there, and the
+    /// bytes.
+    #[inline(always)]
+    fn landing(
+        &self,
+        buf: BufId,
+        from: usize,
+        mr: MrId,
+        offset: usize,
+        len: usize,
+    ) -> (&Mapping, usize, &[u8]) {
+        let r = self.regions.expect(mr);
+        assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
+        let pkt = &self.pool[self.frame_at(buf)..][..self.cfg.mtu];
+        (&r.map, REGION_DATA + offset, &pkt[from..from + len])
+    }
+
     /// Takes ready slots off lane `rx_lanes[i]`; returns how many
     /// completions it wrote and whether it stopped for want of a receive
     /// buffer.
@@ -1227,10 +1245,14 @@ impl Device for ShmDevice {
 
     #[inline(always)]
     fn copy_to_region(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
-        let r = self.regions.expect(mr);
-        assert!(offset.checked_add(len).is_some_and(|e| e <= r.len), "outside the region");
-        let pkt = &self.pool[self.frame_at(buf)..][..self.cfg.mtu];
-        r.map.write_bytes(REGION_DATA + offset, &pkt[from..from + len]);
+        let (map, at, payload) = self.landing(buf, from, mr, offset, len);
+        map.write_bytes(at, payload);
+    }
+
+    #[inline(always)]
+    fn copy_to_slot(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
+        let (map, at, payload) = self.landing(buf, from, mr, offset, len);
+        map.write_packet(at, payload);
     }
 
     #[inline(always)]
