@@ -409,7 +409,7 @@ mod tests {
         for n in 0..=160 {
             for (from, to) in [(0, 0), (3, 5), (17, 1)] {
                 let mut dst = [0xEEu8; 200];
-                // SAFETY: both ranges in bounds of distinct vectors.
+                // SAFETY: both ranges in bounds, of two distinct buffers.
                 unsafe { copy_packet(src[from..].as_ptr(), dst[to..].as_mut_ptr(), n) };
                 assert_eq!(&dst[to..to + n], &src[from..from + n], "{n} bytes from {from} to {to}");
                 assert!(dst[..to].iter().all(|&b| b == 0xEE), "{n}: before");

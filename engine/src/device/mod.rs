@@ -540,7 +540,7 @@ pub trait Device {
     /// segments, one a packet), which a device may copy in line where
     /// `memcpy` would cost it. Not every landing: on shm, plain sends'
     /// receiver copying 65-128 bytes in line ran no faster in the VM's
-    /// fast mode and 16% slower in its slow one (perf/README,
+    /// fast mode and 16-19% slower in its slow one (perf/README,
     /// 2026-12-06).
     #[inline(always)]
     fn copy_to_slot(&mut self, buf: BufId, from: usize, mr: MrId, offset: usize, len: usize) {
