@@ -89,7 +89,11 @@ build_layouts() {
       cat "$dir/build.out" >&2
       exit 1
     }
-    grep '^LC_ALL=' "$dir/build.out" | tail -1 >"$line"
+    grep '^LC_ALL=' "$dir/build.out" | tail -1 >"$line" || true
+  fi
+  if ! [ -s "$line" ]; then
+    echo "$prog: rustc printed no link line to link the layouts with (--print link-args)" >&2
+    exit 1
   fi
   local i cmd
   for i in $(seq "$n"); do
